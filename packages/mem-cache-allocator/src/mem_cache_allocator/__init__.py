@@ -1,0 +1,3 @@
+"""mem_cache_allocator."""
+
+__all__: list[str] = []

@@ -1,0 +1,3 @@
+"""mem_cache_kernels."""
+
+__all__: list[str] = []

@@ -1,0 +1,3 @@
+"""mem_cache_pool_host."""
+
+__all__: list[str] = []

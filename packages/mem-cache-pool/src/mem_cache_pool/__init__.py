@@ -1,0 +1,3 @@
+"""mem_cache_pool."""
+
+__all__: list[str] = []
