@@ -145,7 +145,7 @@ def find_eager_imports(
     return found
 
 
-class EagerForbiddenContract(Contract):  # type: ignore[misc]
+class EagerForbiddenContract(Contract):
     """Modules under ``source_modules`` must not import ``forbidden_modules`` at import time."""
 
     type_name = "eager_forbidden"
@@ -155,11 +155,16 @@ class EagerForbiddenContract(Contract):  # type: ignore[misc]
     exempt_modules = fields.ListField(subfield=fields.StringField(), required=False, default=[])
 
     def check(self, graph: Any, verbose: bool) -> ContractCheck:
+        # the base class turns the field declarations into parsed lists of strings
+        options: dict[str, list[str]] = {
+            name: list(getattr(self, name))
+            for name in ("source_modules", "forbidden_modules", "exempt_modules")
+        }
         violations = find_eager_imports(
             graph,
-            self.source_modules,
-            self.forbidden_modules,
-            self.exempt_modules,
+            options["source_modules"],
+            options["forbidden_modules"],
+            options["exempt_modules"],
         )
         return ContractCheck(
             kept=not violations,

@@ -1,0 +1,134 @@
+"""Rule 2 at run time: importing a package or any public module never imports triton.
+
+Static analysis (lint-imports) cannot see ``importlib.import_module`` or PEP 562 ``__getattr__``
+re-exports, so these tests import for real, each in a fresh interpreter:
+
+* per package: ``python -c "import pkg"`` and inspect ``sys.modules``;
+* per public module: one interpreter per package imports torch (allowed everywhere), then forks one
+  child per module, so each module is imported into a pristine ``sys.modules`` without paying the
+  torch import again; a meta-path tripwire names the file that tried to import triton;
+* with ``sys.modules["triton"] = None`` (triton "not installed") every package and public module
+  still imports, and the kernels run through their torch path.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests.contracts._modules import DISTS, FORBIDDEN_ON_IMPORT, Dist, public_modules
+
+_FORK_PROBE = textwrap.dedent(
+    """
+    import json, os, sys, traceback
+    import torch  # allowed everywhere; imported once before forking
+
+    FORBIDDEN = {forbidden!r}
+
+    class Tripwire:
+        def find_spec(self, name, path=None, target=None):
+            if any(name == f or name.startswith(f + ".") for f in FORBIDDEN):
+                raise ImportError("eager import of " + name + "\\n"
+                                  + "".join(traceback.format_stack(limit=15)[:-1]))
+            return None
+
+    results = {{}}
+    for module in {modules!r}:
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(r)
+            sys.meta_path.insert(0, Tripwire())
+            try:
+                __import__(module)
+                leaked = sorted(m for m in sys.modules
+                                if any(m == f or m.startswith(f + ".") for f in FORBIDDEN))
+                msg = json.dumps(leaked)
+            except BaseException as exc:
+                msg = json.dumps(["ERROR: " + "".join(traceback.format_exception(exc))])
+            os.write(w, msg.encode())
+            os.close(w)
+            os._exit(0)
+        os.close(w)
+        data = b""
+        while chunk := os.read(r, 65536):
+            data += chunk
+        os.close(r)
+        os.waitpid(pid, 0)
+        results[module] = json.loads(data.decode())
+    print(json.dumps(results))
+    """
+)
+
+
+def _run(code: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300
+    )
+    if proc.returncode != 0:
+        raise AssertionError(f"probe failed (exit {proc.returncode}):\n{proc.stderr}")
+    return proc.stdout
+
+
+@pytest.mark.parametrize("dist", DISTS, ids=lambda d: d.import_name)
+def test_package_import_is_free_of_triton(dist: Dist) -> None:
+    code = (
+        "import sys, json\n"
+        f"import {dist.import_name}\n"
+        f"print(json.dumps(sorted(m for m in sys.modules if any("
+        f"m == f or m.startswith(f + '.') for f in {FORBIDDEN_ON_IMPORT!r}))))"
+    )
+    assert json.loads(_run(code)) == [], f"import {dist.import_name} imported triton code"
+
+
+@pytest.mark.parametrize("dist", DISTS, ids=lambda d: d.import_name)
+def test_every_public_module_import_is_free_of_triton(dist: Dist) -> None:
+    modules = public_modules(dist)
+    assert dist.import_name in modules
+    code = _FORK_PROBE.format(forbidden=FORBIDDEN_ON_IMPORT, modules=modules)
+    results: dict[str, list[str]] = json.loads(_run(code).strip().splitlines()[-1])
+    offenders = {m: leaked for m, leaked in results.items() if leaked}
+    assert not offenders, "modules importing triton at import time:\n" + "\n".join(
+        f"{m}: {leaked}" for m, leaked in offenders.items()
+    )
+
+
+@pytest.mark.parametrize("dist", DISTS, ids=lambda d: d.import_name)
+def test_every_module_imports_without_triton_installed(dist: Dist) -> None:
+    modules = public_modules(dist)
+    code = (
+        "import sys, importlib\n"
+        "sys.modules['triton'] = None  # as if triton were not installed\n"
+        f"for m in {modules!r}:\n"
+        "    importlib.import_module(m)\n"
+        "print('ok')\n"
+    )
+    assert _run(code).strip() == "ok"
+
+
+def test_kernels_use_torch_path_without_triton() -> None:
+    code = textwrap.dedent(
+        """
+        import sys
+        sys.modules['triton'] = None
+        import torch
+        import mem_cache_kernels as k
+        seq = torch.tensor([5, 7]); last = torch.tensor([3, 5])
+        free = torch.tensor([4, 5], dtype=torch.int64)
+        out = torch.empty(2, dtype=torch.int64)
+        k.alloc_decode(seq, last, free, out, 4)
+        assert out.tolist() == [16, 6], out.tolist()
+        try:
+            k.alloc_decode(seq, last, free, out, 4, backend="triton")
+        except RuntimeError as exc:
+            assert "triton" in str(exc)
+        else:
+            raise SystemExit("backend='triton' without triton must fail clearly")
+        print('ok')
+        """
+    )
+    assert _run(code).strip() == "ok"

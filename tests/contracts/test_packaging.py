@@ -1,0 +1,155 @@
+""""Installed piecemeal": each wheel installs alone, with only its declared dependencies.
+
+For every distribution: build the four wheels from the tree, create a clean virtual environment,
+install that one distribution from the fresh wheels (siblings resolved from the same folder, no
+index), import it and run a tiny real use. torch is shared: one "torch base" environment (cached in
+``.cache/piecemeal``) holds torch and nothing of ours, and each clean environment sees it through a
+``.pth`` file, so torch is installed once, not four times. The test then checks that exactly the
+declared siblings (and nothing else of ours) were installed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import tomllib
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.contracts._modules import DISTS, ROOT, Dist
+
+pytestmark = pytest.mark.slow
+
+CACHE = ROOT / ".cache" / "piecemeal"
+
+#: a tiny real use per distribution, run in its clean environment
+SMOKE: dict[str, str] = {
+    "mem_cache_kernels": """
+        import torch, mem_cache_kernels as k
+        out = torch.empty(9, dtype=torch.int64)
+        k.alloc_extend(torch.tensor([2]), torch.tensor([11]), torch.tensor([1]),
+                       torch.tensor([3, 4]), out, 4)
+        assert out.tolist() == [2, 3, 12, 13, 14, 15, 16, 17, 18], out.tolist()
+    """,
+    "mem_cache_pool": """
+        import torch
+        from mem_cache_pool import MHATokenToKVPool
+        pool = MHATokenToKVPool(size=32, page_size=4, dtype=torch.bfloat16, head_num=2,
+                                head_dim=8, layer_num=2, device="cpu")
+        k = torch.randn(3, 2, 8).to(torch.bfloat16); v = torch.randn(3, 2, 8).to(torch.bfloat16)
+        loc = torch.tensor([4, 5, 9])
+        pool.set_kv_buffer(1, loc, k, v)
+        assert torch.equal(pool.get_key_buffer(1)[loc], k)
+        assert torch.equal(pool.get_value_buffer(1)[loc], v)
+    """,
+    "mem_cache_allocator": """
+        import torch
+        from mem_cache_allocator import PagedTokenToKVPoolAllocator
+        a = PagedTokenToKVPoolAllocator(64, 4, torch.float16, "cpu", None)
+        slots = a.alloc(8)
+        assert slots is not None and slots.min().item() >= 4
+        a.free(slots)
+        assert a.available_size() == 64
+    """,
+    "mem_cache_pool_host": """
+        import torch
+        from mem_cache_pool import MHATokenToKVPool
+        from mem_cache_pool_host import MHATokenToKVPoolHost
+        dev = MHATokenToKVPool(size=32, page_size=4, dtype=torch.float16, head_num=2,
+                               head_dim=8, layer_num=2, device="cpu")
+        for layer in range(2):
+            dev.set_kv_buffer(layer, torch.arange(4, 12), torch.randn(8, 2, 8).half(),
+                              torch.randn(8, 2, 8).half())
+        host = MHATokenToKVPoolHost(dev, 2.0, 0, 4, "layer_first")
+        h = host.alloc(8)
+        assert h is not None
+        dev_idx = torch.arange(4, 12)
+        host.backup_from_device_all_layer(dev, h, dev_idx, "direct")
+        before = [dev.get_key_buffer(l)[dev_idx].clone() for l in range(2)]
+        target = torch.arange(16, 24)
+        for layer in range(2):
+            host.load_to_device_per_layer(dev, h, target, layer, "direct")
+            assert torch.equal(dev.get_key_buffer(layer)[target], before[layer])
+    """,
+}
+
+
+def _run(*cmd: str | Path, **kw: object) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=600,
+                          **kw)  # type: ignore[call-overload]
+    if proc.returncode != 0:
+        raise AssertionError(f"{' '.join(map(str, cmd))} failed:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def _site_packages(venv: Path) -> Path:
+    return next((venv / "lib").glob("python*/site-packages"))
+
+
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("wheels")
+    for dist in DISTS:
+        _run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+             "-q", "-w", out, ROOT / "packages" / dist.name)
+    return out
+
+
+@pytest.fixture(scope="module")
+def torch_base() -> Path:
+    """A virtual environment holding torch (the version of this env) and nothing of ours."""
+    version = torch.__version__.split("+")[0]
+    base = CACHE / f"torch-{version}"
+    marker = base / ".complete"
+    if not marker.exists():
+        _run(sys.executable, "-m", "venv", "--clear", base)
+        _run(base / "bin" / "python", "-m", "pip", "install", "-q", f"torch=={version}")
+        marker.write_text(version)
+    return _site_packages(base)
+
+
+def test_sibling_pins_are_exact_and_versions_shared() -> None:
+    versions: set[str] = set()
+    for dist in DISTS:
+        meta = tomllib.loads((ROOT / "packages" / dist.name / "pyproject.toml").read_text())
+        project = meta["project"]
+        versions.add(project["version"])
+        deps = project["dependencies"]
+        assert any(re.fullmatch(r"torch\s*>=\s*[\d.]+", d) for d in deps), deps
+        for sib in dist.siblings:
+            assert f"{sib}=={project['version']}" in deps, (dist.name, deps)
+        ours = {d.split("=")[0] for d in deps if d.startswith("mem-cache-")}
+        assert ours == set(dist.siblings), (dist.name, ours)
+    assert len(versions) == 1, versions
+
+
+@pytest.mark.parametrize("dist", DISTS, ids=lambda d: d.import_name)
+def test_wheel_installs_alone(dist: Dist, wheels: Path, torch_base: Path,
+                              tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    # no pip/setuptools inside: this env's pip drives the install (`pip --python`), so the
+    # clean env holds nothing but what the wheel pulls in
+    _run(sys.executable, "-m", "venv", "--without-pip", venv)
+    (_site_packages(venv) / "_torch_base.pth").write_text(str(torch_base) + "\n")
+    py = venv / "bin" / "python"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "PIP_NO"))}
+    pip = (sys.executable, "-m", "pip", "--python", py)
+    _run(*pip, "install", "-q", "--no-index", "--find-links", wheels, dist.name, env=env)
+    listing = json.loads(_run(*pip, "list", "--path", _site_packages(venv),
+                              "--format", "json", env=env).stdout)
+    installed = {p["name"] for p in listing if p["name"].startswith("mem-cache-")}
+    assert installed == {dist.name, *dist.siblings}
+    probe = textwrap.dedent(SMOKE[dist.import_name]) + textwrap.dedent(
+        """
+        import sys
+        assert "triton" not in sys.modules
+        print("smoke ok")
+        """
+    )
+    assert "smoke ok" in _run(py, "-c", probe, env=env, cwd=tmp_path).stdout
