@@ -1,3 +1,33 @@
-"""mem_cache_pool."""
+"""mem_cache_pool: device KV-cache pools (L1) and the request-to-token table.
 
-__all__: list[str] = []
+Importing this package imports torch and ``mem_cache_kernels`` (which imports no Triton code);
+kernels pick their backend when called.
+"""
+
+from mem_cache_pool.base import (
+    FP8_DTYPES,
+    CpuKVCopy,
+    KVBufferDesc,
+    KVCache,
+    KVWriteLoc,
+    LayerReadyWaiter,
+    storage_dtype,
+    unwrap_write_loc,
+)
+from mem_cache_pool.mha import MHATokenToKVPool
+from mem_cache_pool.mla import MLATokenToKVPool
+from mem_cache_pool.req_to_token import ReqToTokenPool
+
+__all__ = [
+    "FP8_DTYPES",
+    "CpuKVCopy",
+    "KVBufferDesc",
+    "KVCache",
+    "KVWriteLoc",
+    "LayerReadyWaiter",
+    "MHATokenToKVPool",
+    "MLATokenToKVPool",
+    "ReqToTokenPool",
+    "storage_dtype",
+    "unwrap_write_loc",
+]

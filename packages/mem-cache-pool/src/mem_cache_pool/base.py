@@ -3,7 +3,7 @@
 Index conventions (shared by every pool, allocator and host pool of mem-cache):
 
 * A *slot* (token location, ``loc``) is a row index into every per-layer buffer of a pool. Slots
-  are int64 (int32 accepted on input) tensors on the pool's device.
+  are int64 (int32 accepted on input) 1-D tensors on the pool's device.
 * With page size ``ps``, page ``p`` owns slots ``[p * ps, (p + 1) * ps)``. Every per-layer buffer
   has ``size + ps`` rows: page 0 (slots ``[0, ps)``) is the padding page, a write sink for padded
   tokens that allocators never hand out.
@@ -12,6 +12,11 @@ Index conventions (shared by every pool, allocator and host pool of mem-cache):
   indexes its buffers by ``layer_id - start_layer``.
 * fp8 pools (``float8_e4m3fn``, ``float8_e5m2``, ...) store their rows as ``uint8``
   (``store_dtype``) and view them back as ``dtype`` on read.
+
+Checking policy: every call validates types, dtypes, shapes, devices and layer ids before it
+touches a buffer, so a failed call mutates nothing. Slot *values* are range-checked when the slot
+tensor is on the CPU (free) or when the pool is in debug mode (``debug=True`` or the environment
+variable ``MEM_CACHE_DEBUG=1``), because on a GPU that check synchronises with the device.
 """
 
 from __future__ import annotations
@@ -23,13 +28,18 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from mem_cache_pool import _ops
+from mem_cache_pool._checks import check_index, check_int, debug_from_env
+
 __all__ = [
     "FP8_DTYPES",
+    "CpuKVCopy",
     "KVBufferDesc",
     "KVCache",
     "KVWriteLoc",
     "LayerReadyWaiter",
     "storage_dtype",
+    "unwrap_write_loc",
 ]
 
 FP8_DTYPES: frozenset[torch.dtype] = frozenset(
@@ -42,6 +52,9 @@ FP8_DTYPES: frozenset[torch.dtype] = frozenset(
     )
     if d is not None
 )
+
+CpuKVCopy = dict[str, list[torch.Tensor]]
+"""A retraction copy: role name -> per-layer CPU tensors ``[n, *row]`` in the store dtype."""
 
 
 def storage_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -71,6 +84,11 @@ class KVWriteLoc:
 
     loc: torch.Tensor
     swa_loc: torch.Tensor | None = None
+
+
+def unwrap_write_loc(loc: torch.Tensor | KVWriteLoc) -> torch.Tensor:
+    """The full-pool slots of ``loc`` (a bare tensor or a ``KVWriteLoc``)."""
+    return loc.loc if isinstance(loc, KVWriteLoc) else loc
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -120,9 +138,31 @@ def _pointer_table(buffers: Sequence[Sequence[torch.Tensor]], device: torch.devi
 
 
 class KVCache(abc.ABC):
-    """Base class of device KV pools (mirrors SGLang's ``KVCache``)."""
+    """Base class of device KV pools (mirrors SGLang's ``KVCache``).
 
-    def __init__(
+    Args:
+        size: token capacity, excluding the padding page (``>= 0``).
+        page_size: tokens per page (``>= 1``); buffers have ``size + page_size`` rows.
+        dtype: the logical element dtype (fp8 dtypes are stored as ``uint8``, ``store_dtype``).
+        layer_num: number of layers held (``>= 1``).
+        device: where every buffer lives.
+        enable_memory_saver: accepted for SGLang compatibility; no memory-saver integration.
+        start_layer, end_layer: the global layer range ``[start_layer, end_layer)``;
+            ``end_layer - start_layer`` must equal ``layer_num``.
+        debug: range-check slot values on every device (syncs); also on with ``MEM_CACHE_DEBUG=1``.
+
+    Subclasses allocate their buffers and implement ``_role_buffers`` (the per-role, per-layer
+    tensors that ``get_buffer_desc``, ``move_kv_cache``, ``get_cpu_copy``, ``load_cpu_copy`` and
+    ``get_kv_size_bytes`` act on), the non-waiting accessors ``_get_key_buffer`` /
+    ``_get_value_buffer`` (which receive an already validated layer id) and ``set_kv_buffer``.
+
+    Reads: ``get_key_buffer``, ``get_value_buffer`` and ``get_kv_buffer`` validate the layer id
+    (``ValueError`` outside ``[start_layer, end_layer)``, ``TypeError`` for a non-int), call the
+    registered ``LayerReadyWaiter.wait_until(layer_id - start_layer)`` exactly once, and return
+    views of the layer's buffer (viewed as ``dtype``; they alias the pool's storage).
+    """
+
+    def __init__(  # noqa: PLR0917 (SGLang-compatible positional signature)
         self,
         size: int,
         page_size: int,
@@ -132,27 +172,43 @@ class KVCache(abc.ABC):
         enable_memory_saver: bool = False,
         start_layer: int | None = None,
         end_layer: int | None = None,
+        *,
+        debug: bool = False,
     ) -> None:
-        self.size = size
-        self.page_size = page_size
+        self.size = check_int("size", size, 0)
+        self.page_size = check_int("page_size", page_size, 1)
+        if not isinstance(dtype, torch.dtype):
+            raise TypeError(f"dtype must be a torch.dtype, got {type(dtype).__name__}")
         self.dtype = dtype
         self.store_dtype = storage_dtype(dtype)
-        self.layer_num = layer_num
+        self.layer_num = check_int("layer_num", layer_num, 1)
         self.device = torch.device(device)
         self.enable_memory_saver = enable_memory_saver
-        self.start_layer = start_layer or 0
+        self.start_layer = check_int("start_layer", start_layer or 0, 0)
         # half-open: the pool holds global layers [start_layer, end_layer)
-        self.end_layer = end_layer if end_layer is not None else self.start_layer + layer_num
+        self.end_layer = self.start_layer + layer_num if end_layer is None else end_layer
+        if self.end_layer - self.start_layer != layer_num:
+            raise ValueError(
+                f"end_layer must be start_layer + layer_num = {self.start_layer + layer_num}, "
+                f"got {self.end_layer}"
+            )
+        self.debug = debug or debug_from_env()
         self.layer_transfer_counter: LayerReadyWaiter | None = None
+        self.mem_usage = 0.0  # GB, set by _finalize_allocation
+        self._desc: KVBufferDesc | None = None
+
+    # ---------------------------------------------------------------- subclass hooks
+    @abc.abstractmethod
+    def _role_buffers(self) -> tuple[tuple[str, Sequence[torch.Tensor]], ...]:
+        """``((role, per-layer buffers), ...)``: every row-per-slot buffer of the pool."""
 
     @abc.abstractmethod
-    def get_key_buffer(self, layer_id: int) -> torch.Tensor: ...
+    def _get_key_buffer(self, layer_id: int) -> torch.Tensor:
+        """Key view of validated global layer ``layer_id`` without waiting."""
 
     @abc.abstractmethod
-    def get_value_buffer(self, layer_id: int) -> torch.Tensor: ...
-
-    @abc.abstractmethod
-    def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def _get_value_buffer(self, layer_id: int) -> torch.Tensor:
+        """Value view of validated global layer ``layer_id`` without waiting."""
 
     @abc.abstractmethod
     def set_kv_buffer(
@@ -161,8 +217,167 @@ class KVCache(abc.ABC):
         loc: torch.Tensor | KVWriteLoc,
         cache_k: torch.Tensor,
         cache_v: torch.Tensor,
-    ) -> None: ...
+    ) -> None:
+        """Write the rows of ``cache_k``/``cache_v`` (``[n, *row]``) at slots ``loc`` (``[n]``).
+
+        Mutates layer ``layer_id`` only. Inputs in another floating dtype are cast to ``dtype``.
+        Raises ``TypeError``/``ValueError`` on a bad layer id, slot tensor, shape, dtype or device
+        before writing anything.
+        """
+
+    # ---------------------------------------------------------------- geometry / checks
+    @property
+    def num_rows(self) -> int:
+        """Rows of every per-layer buffer: ``size + page_size`` (the slot limit)."""
+        return self.size + self.page_size
+
+    def layer_index(self, layer_id: int) -> int:
+        """``layer_id - start_layer`` after checking ``start_layer <= layer_id < end_layer``."""
+        if isinstance(layer_id, bool) or not isinstance(layer_id, int):
+            raise TypeError(f"layer_id must be an int, got {type(layer_id).__name__}")
+        if not self.start_layer <= layer_id < self.end_layer:
+            raise ValueError(
+                f"layer_id must lie in [{self.start_layer}, {self.end_layer}), got {layer_id}"
+            )
+        return layer_id - self.start_layer
+
+    def _check_loc(
+        self, name: str, loc: object, *, limit: int | None = None, length: int | None = None
+    ) -> torch.Tensor:
+        return check_index(
+            name,
+            loc,
+            self.device,
+            self.num_rows if limit is None else limit,
+            full=self.debug,
+            length=length,
+        )
+
+    def _wait_layer(self, layer_id: int) -> int:
+        index = self.layer_index(layer_id)
+        if self.layer_transfer_counter is not None:
+            self.layer_transfer_counter.wait_until(index)
+        return index
+
+    # ---------------------------------------------------------------- reads
+    def get_key_buffer(self, layer_id: int) -> torch.Tensor:
+        """Keys of layer ``layer_id`` (waits for the layer to be loaded first)."""
+        self._wait_layer(layer_id)
+        return self._get_key_buffer(layer_id)
+
+    def get_value_buffer(self, layer_id: int) -> torch.Tensor:
+        """Values of layer ``layer_id`` (waits for the layer to be loaded first)."""
+        self._wait_layer(layer_id)
+        return self._get_value_buffer(layer_id)
+
+    def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(keys, values)`` of layer ``layer_id``; waits once for the layer."""
+        self._wait_layer(layer_id)
+        return self._get_key_buffer(layer_id), self._get_value_buffer(layer_id)
 
     def register_layer_transfer_counter(self, counter: LayerReadyWaiter | None) -> None:
         """Install (or remove with ``None``) the per-layer readiness waiter."""
+        if counter is not None and not isinstance(counter, LayerReadyWaiter):
+            raise TypeError(
+                f"counter must implement wait_until(layer_index), got {type(counter).__name__}"
+            )
         self.layer_transfer_counter = counter
+
+    # ---------------------------------------------------------------- bulk operations
+    def _all_buffers(self) -> list[torch.Tensor]:
+        return [t for _, bufs in self._role_buffers() for t in bufs]
+
+    def _finalize_allocation(self) -> None:
+        """Record ``mem_usage`` (GB); subclasses call this after allocating their buffers."""
+        self.mem_usage = self.get_total_bytes() / (1 << 30)
+
+    def get_total_bytes(self) -> int:
+        """Bytes of every device buffer of the pool (including side buffers)."""
+        return sum(t.numel() * t.element_size() for t in self._all_buffers())
+
+    def get_kv_size_bytes(self) -> int | tuple[int, int]:
+        """Bytes of the KV buffers (MHA: ``(k_bytes, v_bytes)``; others: one int)."""
+        return self.get_total_bytes()
+
+    def get_buffer_desc(self) -> KVBufferDesc:
+        """Describe the row-per-slot buffers (see :class:`KVBufferDesc`); built once, cached."""
+        if self._desc is None:
+            roles = self._role_buffers()
+            buffers = tuple(tuple(bufs) for _, bufs in roles)
+            row_shape = tuple(tuple(bufs[0].shape[1:]) for bufs in buffers)
+            row_bytes = tuple(bufs[0][0].numel() * bufs[0].element_size() for bufs in buffers)
+            self._desc = KVBufferDesc(
+                roles=tuple(r for r, _ in roles),
+                buffers=buffers,
+                row_shape=row_shape,
+                row_bytes=row_bytes,
+                data_ptrs=_pointer_table(buffers, self.device),
+                size=self.size,
+                page_size=self.page_size,
+                layer_num=self.layer_num,
+                start_layer=self.start_layer,
+                dtype=self.dtype,
+                store_dtype=self.store_dtype,
+                device=self.device,
+            )
+        return self._desc
+
+    def move_kv_cache(self, tgt_loc: torch.Tensor, src_loc: torch.Tensor) -> None:
+        """For every layer and role, rows ``tgt_loc`` get the old contents of rows ``src_loc``.
+
+        ``tgt_loc``/``src_loc``: equal-length 1-D int32/int64 slot tensors on the pool's device;
+        they may overlap (all reads happen before the writes). Used by speculative decoding to
+        relocate accepted tokens. Mutates rows ``tgt_loc`` of every buffer.
+        """
+        tgt = self._check_loc("tgt_loc", tgt_loc)
+        src = self._check_loc("src_loc", src_loc, length=tgt.numel())
+        if tgt.numel():
+            _ops.copy_rows_all_layers(self._all_buffers(), tgt, src)
+
+    def get_cpu_copy(self, indices: torch.Tensor) -> CpuKVCopy:
+        """Copy rows ``indices`` of every buffer to the CPU (request retraction).
+
+        Returns ``{role: [layer tensors [n, *row]]}`` in the store dtype; the pool is not mutated.
+        """
+        idx = self._check_loc("indices", indices)
+        roles = self._role_buffers()
+        dst = [
+            [torch.empty((idx.numel(), *b.shape[1:]), dtype=b.dtype) for b in bufs]
+            for _, bufs in roles
+        ]
+        if idx.numel():
+            _ops.transfer_rows_all_layers(
+                [bufs for _, bufs in roles], dst, idx, torch.arange(idx.numel(), device=idx.device)
+            )
+        return {name: d for (name, _), d in zip(roles, dst)}
+
+    def load_cpu_copy(self, kv_cache_cpu: CpuKVCopy, indices: torch.Tensor) -> None:
+        """Write a ``get_cpu_copy`` result back at (new) slots ``indices``.
+
+        Raises ``ValueError`` when the copy's roles, layer counts or shapes do not match the pool
+        or ``indices`` (checked before any write). Mutates rows ``indices`` of every buffer.
+        """
+        idx = self._check_loc("indices", indices)
+        roles = self._role_buffers()
+        names = [name for name, _ in roles]
+        if not isinstance(kv_cache_cpu, dict) or sorted(kv_cache_cpu) != sorted(names):
+            got = sorted(kv_cache_cpu) if isinstance(kv_cache_cpu, dict) else kv_cache_cpu
+            raise ValueError(f"kv_cache_cpu must have roles {sorted(names)}, got {got}")
+        for name, bufs in roles:
+            layers = kv_cache_cpu[name]
+            if len(layers) != len(bufs):
+                raise ValueError(
+                    f"kv_cache_cpu[{name!r}] must hold {len(bufs)} layers, got {len(layers)}"
+                )
+            for t, b in zip(layers, bufs):
+                want = (idx.numel(), *b.shape[1:])
+                if tuple(t.shape) != want or t.dtype != b.dtype:
+                    raise ValueError(
+                        f"kv_cache_cpu[{name!r}] tensors must be {b.dtype} {want}, "
+                        f"got {t.dtype} {tuple(t.shape)}"
+                    )
+        if idx.numel():
+            src = [kv_cache_cpu[name] for name in names]
+            _ops.transfer_rows_all_layers(
+                src, [bufs for _, bufs in roles], torch.arange(idx.numel()), idx
+            )

@@ -1,0 +1,146 @@
+"""``MLATokenToKVPool``: one latent row per token and layer (mirrors SGLang's MLA pool)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from mem_cache_pool import _ops
+from mem_cache_pool._checks import check_int, check_rows
+from mem_cache_pool.base import KVCache, KVWriteLoc, unwrap_write_loc
+
+__all__ = ["MLATokenToKVPool"]
+
+
+class MLATokenToKVPool(KVCache):
+    """Multi-head latent attention pool: per layer ``kv_buffer[l]`` ``[size + page_size, 1,
+    kv_cache_dim]`` (store dtype, zero-initialised).
+
+    ``kv_cache_dim = kv_lora_rank + qk_rope_head_dim`` unless ``override_kv_cache_dim`` is given
+    (a packed row, e.g. DSA fp8: 656 bytes). A row is ``[nope (kv_lora_rank) | rope]``.
+    ``get_key_buffer`` returns the whole row, ``get_value_buffer`` its first ``kv_lora_rank``
+    elements (views). ``get_kv_size_bytes()`` returns one int. Descriptor role: ``("kv",)``.
+    """
+
+    def __init__(  # noqa: PLR0917 (SGLang-compatible positional signature)
+        self,
+        size: int,
+        page_size: int,
+        dtype: torch.dtype,
+        kv_lora_rank: int,
+        qk_rope_head_dim: int,
+        layer_num: int,
+        device: str | torch.device,
+        enable_memory_saver: bool = False,
+        start_layer: int | None = None,
+        end_layer: int | None = None,
+        override_kv_cache_dim: int | None = None,
+        *,
+        debug: bool = False,
+    ) -> None:
+        super().__init__(
+            size,
+            page_size,
+            dtype,
+            layer_num,
+            device,
+            enable_memory_saver,
+            start_layer,
+            end_layer,
+            debug=debug,
+        )
+        self.kv_lora_rank = check_int("kv_lora_rank", kv_lora_rank, 1)
+        self.qk_rope_head_dim = check_int("qk_rope_head_dim", qk_rope_head_dim, 0)
+        default_dim = kv_lora_rank + qk_rope_head_dim
+        self.kv_cache_dim = check_int(
+            "override_kv_cache_dim",
+            default_dim if override_kv_cache_dim is None else override_kv_cache_dim,
+            kv_lora_rank,
+        )
+        self.kv_buffer = [
+            torch.zeros(
+                (self.num_rows, 1, self.kv_cache_dim), dtype=self.store_dtype, device=self.device
+            )
+            for _ in range(layer_num)
+        ]
+        self.data_ptrs = self.get_buffer_desc().data_ptrs
+        self._finalize_allocation()
+
+    def _role_buffers(self) -> tuple[tuple[str, Sequence[torch.Tensor]], ...]:
+        return (("kv", self.kv_buffer),)
+
+    def _view(self, buf: torch.Tensor) -> torch.Tensor:
+        return buf.view(self.dtype) if self.store_dtype != self.dtype else buf
+
+    def _get_key_buffer(self, layer_id: int) -> torch.Tensor:
+        return self._view(self.kv_buffer[layer_id - self.start_layer])
+
+    def _get_value_buffer(self, layer_id: int) -> torch.Tensor:
+        return self._view(self.kv_buffer[layer_id - self.start_layer])[..., : self.kv_lora_rank]
+
+    def get_kv_size_bytes(self) -> int:
+        """Bytes of the latent buffers summed over layers."""
+        return sum(t.numel() * t.element_size() for t in self.kv_buffer)
+
+    def _device_loc(self, name: str, loc: torch.Tensor) -> torch.Tensor:
+        """Validated slots to write/read (HiSparse translates logical locations here)."""
+        return self._check_loc(name, loc)
+
+    def set_kv_buffer(
+        self,
+        layer_id: int,
+        loc: torch.Tensor | KVWriteLoc,
+        cache_k: torch.Tensor,
+        cache_v: torch.Tensor | None = None,
+    ) -> None:
+        """Write packed rows ``cache_k`` ``[n, 1, kv_cache_dim]`` at slots ``loc`` ``[n]``.
+
+        ``cache_v`` is ignored (MLA has no separate value). Inputs in another floating dtype
+        are cast to ``dtype``. Validates before writing; mutates rows ``loc`` of one layer.
+        """
+        index = self.layer_index(layer_id)
+        slots = self._device_loc("loc", unwrap_write_loc(loc))
+        n = slots.numel()
+        k = check_rows("cache_k", cache_k, (n, 1, self.kv_cache_dim), self.device)
+        if n:
+            nd = self.kv_lora_rank
+            _ops.set_mla(self.kv_buffer[index], slots, k[..., :nd], k[..., nd:], dtype=self.dtype)
+
+    def set_mla_kv_buffer(
+        self,
+        layer_id: int,
+        loc: torch.Tensor | KVWriteLoc,
+        cache_k_nope: torch.Tensor,
+        cache_k_rope: torch.Tensor,
+    ) -> None:
+        """Write ``cache_k_nope`` ``[n, 1, kv_lora_rank]`` and ``cache_k_rope`` ``[n, 1,
+        kv_cache_dim - kv_lora_rank]`` into the two halves of rows ``loc`` (no concatenation).
+
+        Validates before writing; mutates rows ``loc`` of one layer.
+        """
+        index = self.layer_index(layer_id)
+        slots = self._device_loc("loc", unwrap_write_loc(loc))
+        n = slots.numel()
+        nope = check_rows("cache_k_nope", cache_k_nope, (n, 1, self.kv_lora_rank), self.device)
+        rope_dim = self.kv_cache_dim - self.kv_lora_rank
+        rope = check_rows("cache_k_rope", cache_k_rope, (n, 1, rope_dim), self.device)
+        if n:
+            _ops.set_mla(self.kv_buffer[index], slots, nope, rope, dtype=self.dtype)
+
+    def get_mla_kv_buffer(
+        self, layer_id: int, loc: torch.Tensor, dst_dtype: torch.dtype | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Gather rows ``loc`` into new tensors ``(nope [n, 1, kv_lora_rank], rope [n, 1, ...])``.
+
+        The rows are returned in ``dtype`` (bit-exact), or cast to ``dst_dtype`` when given.
+        Waits once for the layer. Does not mutate the pool.
+        """
+        self._wait_layer(layer_id)
+        index = layer_id - self.start_layer
+        slots = self._device_loc("loc", loc)
+        view = self.dtype if self.store_dtype != self.dtype else None
+        nope, rope = _ops.get_mla(self.kv_buffer[index], slots, self.kv_lora_rank, view)
+        if dst_dtype is not None and dst_dtype != nope.dtype:
+            nope, rope = nope.to(dst_dtype), rope.to(dst_dtype)
+        return nope, rope
