@@ -1,0 +1,210 @@
+"""Host memory for host KV pools: exact-size, mmap-backed, optionally registered with CUDA.
+
+Why not ``torch.empty(..., pin_memory=True)``: PyTorch's caching host allocator rounds every
+pinned request up to the next power of two (a 33 GiB pool pins 64 GiB) and one huge
+``cudaHostAlloc`` fails above a few GiB on some drivers. Here every buffer is an anonymous
+``mmap`` of *exactly* the requested byte count, wrapped zero-copy by ``torch.frombuffer``; when
+CUDA is present the range is registered with ``cudaHostRegister`` in bounded chunks (one giant
+registration fails regardless of free memory) and unregistered by ``close()``.
+
+The allocator is pluggable: anything that satisfies :class:`HostTensorAllocator` (for example a
+storage backend handing out memory it registered with its own transfer engine) can back a host
+pool.
+"""
+
+from __future__ import annotations
+
+import mmap
+import threading
+from dataclasses import dataclass
+from typing import Literal, Protocol, runtime_checkable
+
+import torch
+
+from mem_cache_pool_host.registration import (
+    DEFAULT_REGISTER_CHUNK_BYTES,
+    HostRegistrar,
+    cuda_registrar,
+    register_chunked,
+)
+
+__all__ = [
+    "HostAllocation",
+    "HostTensorAllocator",
+    "HugePages",
+    "MmapHostAllocation",
+    "MmapHostTensorAllocator",
+    "default_host_tensor_allocator",
+]
+
+HugePages = Literal["none", "transparent", "hugetlb"]
+_MAP_HUGETLB = 0x40000  # Linux; not exported by Python's mmap module
+_HUGETLB_PAGE_BYTES = 2 * 1024 * 1024
+
+
+@runtime_checkable
+class HostAllocation(Protocol):
+    """One host buffer of exactly ``nbytes`` bytes.
+
+    ``tensor`` is a flat, contiguous ``uint8`` CPU tensor of ``nbytes`` elements. ``pinned`` is
+    true when devices may DMA to/from it (registered or page-locked). ``close()`` releases what the
+    allocation holds beyond plain memory (driver registration); it is idempotent. The memory itself
+    lives as long as any tensor viewing it, so closing never leaves a dangling view.
+    """
+
+    @property
+    def tensor(self) -> torch.Tensor: ...
+
+    @property
+    def nbytes(self) -> int: ...
+
+    @property
+    def pinned(self) -> bool: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class HostTensorAllocator(Protocol):
+    """Supplies host memory to host pools: ``allocate(nbytes)`` returns a :class:`HostAllocation`.
+
+    ``nbytes`` is a positive int; the allocation has exactly that size. Failure raises
+    (``MemoryError``/``RuntimeError``) and leaves nothing allocated.
+    """
+
+    def allocate(self, nbytes: int) -> HostAllocation: ...
+
+
+@dataclass(eq=False)
+class MmapHostAllocation:
+    """An anonymous mmap of exactly ``nbytes`` bytes (see :class:`HostAllocation`)."""
+
+    _map: mmap.mmap | None
+    _tensor: torch.Tensor | None
+    _nbytes: int
+    _registrar: HostRegistrar | None
+    _registered: tuple[tuple[int, int], ...]
+    _lock: threading.Lock
+
+    @property
+    def tensor(self) -> torch.Tensor:
+        if self._tensor is None:
+            raise RuntimeError("host allocation is closed")
+        return self._tensor
+
+    @property
+    def nbytes(self) -> int:
+        return self._nbytes
+
+    @property
+    def pinned(self) -> bool:
+        return bool(self._registered)
+
+    @property
+    def closed(self) -> bool:
+        return self._tensor is None
+
+    @property
+    def registered_chunks(self) -> tuple[tuple[int, int], ...]:
+        """``(address, nbytes)`` of every chunk registered with the driver (empty on CPU)."""
+        return self._registered
+
+    def close(self) -> None:
+        """Unregister every chunk and drop this allocation's references (idempotent).
+
+        The mapping is not unmapped explicitly: ``torch.frombuffer`` views keep the mmap object
+        alive, and it is unmapped when the last view is garbage collected.
+        """
+        with self._lock:
+            if self._tensor is None:
+                return
+            if self._registrar is not None:
+                for ptr, _ in reversed(self._registered):
+                    self._registrar.unregister(ptr)
+            self._registered = ()
+            self._tensor = None
+            self._map = None
+
+
+class MmapHostTensorAllocator:
+    """Default :class:`HostTensorAllocator`: anonymous mmap, optional huge pages and registration.
+
+    ``huge_pages``: ``"none"``; ``"transparent"`` (``madvise(MADV_HUGEPAGE)``, a hint); or
+    ``"hugetlb"`` (``MAP_HUGETLB``: the mapping is rounded up to whole 2 MiB huge pages as the
+    kernel requires; the tensor is still exactly ``nbytes``; raises if the system has no free
+    huge pages). ``populate`` pre-faults the pages (``MAP_POPULATE``). ``register``: ``"auto"``
+    registers with CUDA when ``torch.cuda.is_available()``, ``True`` requires it, ``False`` never.
+    ``registrar`` overrides how registration is done (tests, other runtimes); chunks are at most
+    ``register_chunk_bytes``.
+    """
+
+    def __init__(
+        self,
+        *,
+        huge_pages: HugePages = "none",
+        populate: bool = False,
+        register: bool | Literal["auto"] = "auto",
+        registrar: HostRegistrar | None = None,
+        register_chunk_bytes: int = DEFAULT_REGISTER_CHUNK_BYTES,
+    ) -> None:
+        if huge_pages not in ("none", "transparent", "hugetlb"):
+            raise ValueError(
+                f"huge_pages must be 'none', 'transparent' or 'hugetlb', got {huge_pages!r}"
+            )
+        if register not in (True, False, "auto"):
+            raise ValueError(f"register must be True, False or 'auto', got {register!r}")
+        if register_chunk_bytes <= 0:
+            raise ValueError(f"register_chunk_bytes must be > 0, got {register_chunk_bytes}")
+        self.huge_pages: HugePages = huge_pages
+        self.populate = populate
+        self.register_chunk_bytes = register_chunk_bytes
+        if registrar is None and register is not False:
+            registrar = cuda_registrar()
+            if registrar is None and register is True:
+                raise RuntimeError("register=True but CUDA is not available for cudaHostRegister")
+        self.registrar: HostRegistrar | None = None if register is False else registrar
+
+    def allocate(self, nbytes: int) -> MmapHostAllocation:
+        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0:
+            raise ValueError(f"nbytes must be a positive int, got {nbytes!r}")
+        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+        if self.populate:
+            flags |= getattr(mmap, "MAP_POPULATE", 0)
+        length = nbytes
+        if self.huge_pages == "hugetlb":
+            flags |= _MAP_HUGETLB
+            length = -(-nbytes // _HUGETLB_PAGE_BYTES) * _HUGETLB_PAGE_BYTES
+        try:
+            mapping = mmap.mmap(-1, length, flags=flags)
+        except OSError as exc:
+            raise MemoryError(
+                f"mmap of {length} bytes (huge_pages={self.huge_pages!r}) failed: {exc}"
+            ) from exc
+        if self.huge_pages == "transparent" and hasattr(mmap, "MADV_HUGEPAGE"):
+            mapping.madvise(mmap.MADV_HUGEPAGE)
+        tensor = torch.frombuffer(mapping, dtype=torch.uint8, count=nbytes)
+        registered: tuple[tuple[int, int], ...] = ()
+        if self.registrar is not None:
+            registered = register_chunked(
+                self.registrar, tensor.data_ptr(), nbytes, self.register_chunk_bytes
+            )
+        return MmapHostAllocation(
+            _map=mapping,
+            _tensor=tensor,
+            _nbytes=nbytes,
+            _registrar=self.registrar,
+            _registered=registered,
+            _lock=threading.Lock(),
+        )
+
+
+def default_host_tensor_allocator(pin_memory: bool = True) -> MmapHostTensorAllocator:
+    """The allocator host pools use when none is given.
+
+    ``pin_memory=True`` registers with CUDA when it is available (plain memory on CPU-only
+    machines); ``False`` never registers.
+    """
+    return MmapHostTensorAllocator(register="auto" if pin_memory else False)

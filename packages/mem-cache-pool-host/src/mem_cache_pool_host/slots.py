@@ -1,0 +1,144 @@
+"""Page-granular, thread-safe allocator of host slots with per-page ownership state.
+
+Host slots are ``[0, num_pages * page_size)``; page ``p`` owns slots ``[p * ps, (p + 1) * ps)``.
+Unlike device pools there is no padding page: every host page can be handed out. Indices are
+CPU int64 tensors.
+
+Contract:
+
+* ``alloc(n)``: ``n`` must be a multiple of ``page_size``; returns ``n`` slots (whole pages, each
+  page's slots ascending) or ``None`` with no state change when fewer than ``n`` slots are free.
+* ``free(indices)``: ``indices`` must be whole pages (each run of ``page_size`` entries is one
+  page's slots in order) of pages currently allocated, with no page twice. Anything else (double
+  free, never-allocated page, misaligned slots) raises ``ValueError`` and frees nothing.
+* Freed pages are merged lazily and handed out again in ascending page order, so later
+  allocations see long runs of consecutive pages (good for direct IO and storage backends).
+* All methods hold one ``threading.RLock``.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+__all__ = ["HostSlotAllocator"]
+
+
+class HostSlotAllocator:
+    """See the module docstring."""
+
+    def __init__(self, num_pages: int, page_size: int) -> None:
+        if num_pages <= 0:
+            raise ValueError(f"num_pages must be > 0, got {num_pages}")
+        if page_size <= 0:
+            raise ValueError(f"page_size must be > 0, got {page_size}")
+        self.num_pages = num_pages
+        self.page_size = page_size
+        self.size = num_pages * page_size
+        self.lock = threading.RLock()
+        self._offsets = torch.arange(page_size, dtype=torch.int64)
+        self._free_pages = torch.empty(0, dtype=torch.int64)
+        self._released: list[torch.Tensor] = []
+        self._num_free = 0
+        self._page_used = torch.zeros(num_pages, dtype=torch.bool)
+        self.clear()
+
+    def clear(self) -> None:
+        """Return every page to the free list (forgets all ownership)."""
+        with self.lock:
+            self._free_pages = torch.arange(self.num_pages, dtype=torch.int64)
+            self._released = []
+            self._num_free = self.num_pages
+            self._page_used.zero_()
+
+    def available_size(self) -> int:
+        """Free slots (a multiple of ``page_size``)."""
+        with self.lock:
+            return self._num_free * self.page_size
+
+    def alloc(self, need_size: int) -> torch.Tensor | None:
+        if isinstance(need_size, bool) or not isinstance(need_size, int) or need_size < 0:
+            raise ValueError(f"need_size must be a non-negative int, got {need_size!r}")
+        if need_size % self.page_size:
+            raise ValueError(
+                f"need_size must be a multiple of page_size={self.page_size}, got {need_size}"
+            )
+        need_pages = need_size // self.page_size
+        with self.lock:
+            if need_pages > self._num_free:
+                return None
+            if need_pages > self._free_pages.numel():
+                self._merge_released()
+            pages = self._free_pages[:need_pages]
+            self._free_pages = self._free_pages[need_pages:]
+            self._num_free -= need_pages
+            self._page_used[pages] = True
+            return self._pages_to_slots(pages)
+
+    def free(self, indices: torch.Tensor) -> int:
+        """Free whole pages given by their slots; returns the number of slots freed."""
+        pages = self.pages_of(indices)
+        with self.lock:
+            if pages.numel() == 0:
+                return 0
+            used = self._page_used[pages]
+            if not bool(used.all()):
+                bad = pages[~used][:8].tolist()
+                raise ValueError(
+                    f"indices include pages that are not allocated (double free or never "
+                    f"allocated): pages {bad}"
+                )
+            self._page_used[pages] = False
+            self._released.append(pages.clone())
+            self._num_free += pages.numel()
+            return int(pages.numel()) * self.page_size
+
+    def is_allocated(self, indices: torch.Tensor) -> bool:
+        """Whether every page of the (page-aligned) ``indices`` is currently allocated."""
+        pages = self.pages_of(indices)
+        with self.lock:
+            return bool(self._page_used[pages].all())
+
+    def pages_of(self, indices: torch.Tensor) -> torch.Tensor:
+        """Validate page-aligned slot ``indices`` and return their page ids (CPU int64).
+
+        ``ValueError`` unless ``indices`` is a 1-D int32/int64 tensor of whole pages in range,
+        each page's slots consecutive and ascending, no page twice.
+        """
+        if not isinstance(indices, torch.Tensor):
+            raise TypeError(f"indices must be a torch.Tensor, got {type(indices).__name__}")
+        if indices.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"indices must be int32 or int64, got {indices.dtype}")
+        if indices.dim() != 1:
+            raise ValueError(f"indices must be 1-D, got shape {tuple(indices.shape)}")
+        ps = self.page_size
+        if indices.numel() % ps:
+            raise ValueError(
+                f"indices length must be a multiple of page_size={ps}, got {indices.numel()}"
+            )
+        idx = indices.to("cpu", torch.int64)
+        if idx.numel() == 0:
+            return idx
+        lo, hi = int(idx.min()), int(idx.max())
+        if lo < 0 or hi >= self.size:
+            raise ValueError(f"indices must lie in [0, {self.size}), got range [{lo}, {hi}]")
+        rows = idx.view(-1, ps)
+        starts = rows[:, 0]
+        if bool((starts % ps).any()) or not torch.equal(rows, starts[:, None] + self._offsets):
+            raise ValueError(
+                f"indices must be whole pages: runs of page_size={ps} consecutive ascending "
+                "slots starting at a multiple of page_size"
+            )
+        pages = starts // ps
+        if torch.unique(pages).numel() != pages.numel():
+            raise ValueError("indices name the same page more than once")
+        return pages
+
+    def _pages_to_slots(self, pages: torch.Tensor) -> torch.Tensor:
+        return (pages[:, None] * self.page_size + self._offsets).reshape(-1)
+
+    def _merge_released(self) -> None:
+        merged = torch.cat([self._free_pages, *self._released])
+        self._free_pages = torch.sort(merged).values
+        self._released = []
