@@ -1,0 +1,194 @@
+"""Debug-mode ownership tracking for page allocators (host-side bitmaps; syncs freely).
+
+Enabled per allocator by ``debug=True`` or for every allocator by the environment variable
+``MEM_CACHE_DEBUG=1``. The tracker mirrors who owns what:
+
+* a page is *owned* from the moment it leaves the free list until it is freed;
+* a slot is *live* from the moment it is handed out (``alloc*`` returned it) until its page is
+  freed; ``ever`` remembers slots that were live once, to tell a double free from a bogus slot.
+
+Every check raises ``ValueError`` naming the offending slots or pages (at most ``_SHOW`` of them)
+before any allocator state changes.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+__all__ = ["DEBUG_ENV_VAR", "DebugTracker", "debug_enabled", "describe"]
+
+DEBUG_ENV_VAR = "MEM_CACHE_DEBUG"
+_SHOW = 16
+
+
+def debug_enabled(flag: bool) -> bool:
+    """``flag`` or the environment variable ``MEM_CACHE_DEBUG`` set to a non-empty, non-0 value."""
+    return flag or os.environ.get(DEBUG_ENV_VAR, "0") not in ("", "0")
+
+
+def describe(values: torch.Tensor) -> str:
+    """``[a, b, c, ...] (n total)`` for an error message."""
+    flat = values.reshape(-1).tolist()
+    shown = ", ".join(str(v) for v in flat[:_SHOW])
+    more = ", ..." if len(flat) > _SHOW else ""
+    return f"[{shown}{more}] ({len(flat)} total)"
+
+
+class DebugTracker:
+    """Host bitmaps of owned pages and live slots for an allocator of ``num_pages`` pages."""
+
+    __slots__ = ("_ever", "_live", "_owned", "name", "num_pages", "page_size")
+
+    def __init__(self, name: str, num_pages: int, page_size: int) -> None:
+        self.name = name
+        self.num_pages = num_pages
+        self.page_size = page_size
+        self._owned = torch.zeros(num_pages + 1, dtype=torch.bool)
+        self._live = torch.zeros((num_pages + 1) * page_size, dtype=torch.bool)
+        self._ever = torch.zeros((num_pages + 1) * page_size, dtype=torch.bool)
+
+    def reset(self) -> None:
+        self._owned.zero_()
+        self._live.zero_()
+        self._ever.zero_()
+
+    def snapshot(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self._owned.clone(), self._live.clone(), self._ever.clone()
+
+    def restore(self, snap: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
+        self._owned, self._live, self._ever = (t.clone() for t in snap)
+
+    # ---------------------------------------------------------------- allocation side
+    def on_take_pages(self, pages: torch.Tensor) -> None:
+        """Pages left the free list (internal consistency: they must not be owned already)."""
+        p = pages.detach().to("cpu", torch.int64)
+        if p.numel() == 0:
+            return
+        bad = p[self._owned[p] | (p <= 0) | (p > self.num_pages)]
+        if bad.numel():
+            raise RuntimeError(
+                f"{self.name}: free list handed out pages that are owned or out of range: "
+                f"{describe(bad)} (the free list is corrupt: a page was freed twice?)"
+            )
+        self._owned[p] = True
+
+    def on_hand_out(self, slots: torch.Tensor) -> None:
+        """``slots`` were returned to a caller: their pages must be owned, the slots not live."""
+        s = slots.detach().to("cpu", torch.int64)
+        if s.numel() == 0:
+            return
+        pages = s // self.page_size
+        in_range = (s > 0) & (pages <= self.num_pages)
+        if not bool(in_range.all()):
+            raise ValueError(
+                f"{self.name}: allocation produced out-of-range slots {describe(s[~in_range])}"
+            )
+        not_owned = s[~self._owned[pages]]
+        if not_owned.numel():
+            raise ValueError(
+                f"{self.name}: allocation wrote slots {describe(not_owned)} in pages this "
+                f"caller does not own (wrong last_loc?)"
+            )
+        dup = s[self._live[s]]
+        if dup.numel() == 0 and torch.unique(s).numel() != s.numel():
+            dup = s
+        if dup.numel():
+            raise ValueError(
+                f"{self.name}: allocation would hand out slots {describe(dup)} that are already "
+                f"in use (wrong last_loc or prefix_lens?)"
+            )
+        self._live[s] = True
+        self._ever[s] = True
+
+    # ---------------------------------------------------------------- free side
+    def check_free_slots(self, slots: torch.Tensor, pages: torch.Tensor, *, aligned: bool) -> None:
+        """Validate a free of ``slots`` that releases ``pages`` (the allocator's page derivation).
+
+        ``aligned``: the caller derived ``pages`` by stride (``slots[::page_size] // page_size``),
+        so the input must consist of page-aligned runs.
+        """
+        s = slots.detach().to("cpu", torch.int64).reshape(-1)
+        p = pages.detach().to("cpu", torch.int64).reshape(-1)
+        ps = self.page_size
+        zero = s[(s >= 0) & (s < ps)]
+        if zero.numel():
+            raise ValueError(f"{self.name}: free of slots in the padding page 0: {describe(zero)}")
+        oob = s[(s < 0) | (s // ps > self.num_pages)]
+        if oob.numel():
+            raise ValueError(f"{self.name}: free of out-of-range slots {describe(oob)}")
+        self._check_not_live_twice(s)
+        derived = s // ps
+        if aligned and (
+            p.numel() != torch.unique(derived).numel() or not bool(torch.isin(derived, p).all())
+        ):
+            raise ValueError(
+                f"{self.name}: free(slots) expects page-aligned runs (each page's slots together, "
+                f"the first slot of every page at a multiple of page_size={ps} in the input); "
+                f"got slots {describe(s)} (pages {describe(torch.unique(derived))}); "
+                f"use free_unaligned() for arbitrary slot sets"
+            )
+        self.check_free_pages(p)
+        # Freeing part of a page still in use: a live slot of a freed page that is not in `s`.
+        page_slots = (p[:, None] * ps + torch.arange(ps)[None, :]).reshape(-1)
+        still = page_slots[self._live[page_slots] & ~torch.isin(page_slots, s)]
+        if still.numel():
+            raise ValueError(
+                f"{self.name}: freeing part of page(s) {describe(torch.unique(still // ps))} "
+                f"whose slots {describe(still)} are still in use"
+            )
+
+    def _check_not_live_twice(self, s: torch.Tensor) -> None:
+        uniq, counts = torch.unique(s, return_counts=True)
+        if bool((counts > 1).any()):
+            raise ValueError(
+                f"{self.name}: double free: slots {describe(uniq[counts > 1])} "
+                f"appear more than once in one free"
+            )
+        dead = s[~self._live[s]]
+        if dead.numel():
+            twice = dead[self._ever[dead]]
+            if twice.numel():
+                raise ValueError(f"{self.name}: double free of slots {describe(twice)}")
+            raise ValueError(
+                f"{self.name}: free of slots {describe(dead)} that were never handed out"
+            )
+
+    def check_free_pages(self, pages: torch.Tensor) -> None:
+        """Validate releasing whole ``pages`` (no slot check)."""
+        p = pages.detach().to("cpu", torch.int64).reshape(-1)
+        if p.numel() == 0:
+            return
+        zero = p[p == 0]
+        if zero.numel():
+            raise ValueError(f"{self.name}: free of the padding page 0 (slot 0)")
+        oob = p[(p < 0) | (p > self.num_pages)]
+        if oob.numel():
+            raise ValueError(f"{self.name}: free of out-of-range pages {describe(oob)}")
+        uniq, counts = torch.unique(p, return_counts=True)
+        if bool((counts > 1).any()):
+            raise ValueError(
+                f"{self.name}: double free: pages {describe(uniq[counts > 1])} "
+                f"appear more than once in one free"
+            )
+        free = p[~self._owned[p]]
+        if free.numel():
+            raise ValueError(
+                f"{self.name}: double free (or never allocated) of pages {describe(free)}"
+            )
+
+    def on_free_pages(self, pages: torch.Tensor) -> None:
+        p = pages.detach().to("cpu", torch.int64).reshape(-1)
+        if p.numel() == 0:
+            return
+        self._owned[p] = False
+        slots = (p[:, None] * self.page_size + torch.arange(self.page_size)[None, :]).reshape(-1)
+        self._live[slots] = False
+
+    # ---------------------------------------------------------------- queries
+    def live_slots(self) -> torch.Tensor:
+        return torch.nonzero(self._live).reshape(-1)
+
+    def owned_pages(self) -> int:
+        return int(self._owned.sum())

@@ -1,0 +1,48 @@
+"""Host-side page arithmetic on the ``*_cpu`` length tensors (never touches device memory).
+
+Page counts are exact for every power-of-two page size, including 1 (SGLang's decode formula
+``sum(seq % ps == 1)`` is wrong for ``ps == 1``, where every decode token needs a new page).
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["check_cpu_lengths", "num_new_pages_decode", "num_new_pages_extend"]
+
+
+def check_cpu_lengths(name: str, t: torch.Tensor, bs: int | None = None) -> int:
+    """Validate a 1-D CPU integer length tensor; return its length."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != "cpu":
+        raise ValueError(f"{name} must be a CPU tensor (host-side page count), got {t.device}")
+    if t.dim() != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
+    if t.dtype.is_floating_point or t.dtype == torch.bool:
+        raise ValueError(f"{name} must be an integer tensor, got {t.dtype}")
+    n = t.shape[0]
+    if bs is not None and n != bs:
+        raise ValueError(f"{name} must have {bs} entries (one per request), got {n}")
+    return int(n)
+
+
+def num_new_pages_extend(
+    prefix_lens_cpu: torch.Tensor, seq_lens_cpu: torch.Tensor, page_size: int
+) -> tuple[int, int]:
+    """``(new pages, new tokens)`` for an extend: ``sum(ceil(seq/ps) - ceil(prefix/ps))``."""
+    seq = seq_lens_cpu.to(torch.int64)
+    pre = prefix_lens_cpu.to(torch.int64)
+    tokens = int((seq - pre).sum())
+    if page_size == 1:
+        return tokens, tokens
+    shift = page_size.bit_length() - 1
+    pages = int((((seq + (page_size - 1)) >> shift) - ((pre + (page_size - 1)) >> shift)).sum())
+    return pages, tokens
+
+
+def num_new_pages_decode(seq_lens_cpu: torch.Tensor, page_size: int) -> int:
+    """New pages for one decode token per request: requests whose new position starts a page."""
+    if page_size == 1:
+        return int(seq_lens_cpu.shape[0])
+    return int(torch.count_nonzero(((seq_lens_cpu - 1) & (page_size - 1)) == 0))

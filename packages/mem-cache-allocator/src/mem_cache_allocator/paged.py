@@ -1,0 +1,50 @@
+"""``PagedTokenToKVPoolAllocator``: page-granular slots, freed pages reused first.
+
+Same slots as SGLang's allocator for the same sequence of calls: the free list starts as pages
+``1..num_pages``; allocations consume its prefix (``alloc_extend``/``alloc_decode`` in request
+order, see :mod:`mem_cache_kernels` for the exact per-request layout); a free puts its page ids,
+ascending, in front of the free list (with ``need_sort``: staged, then merged and sorted when an
+allocation finds the free list short).
+
+Differences (all documented in the package README): the capacity check runs before any kernel;
+``free`` derives page ids by stride instead of ``torch.unique`` (no sync; the input must be
+page-aligned runs, see :meth:`PageAllocatorCore.free`, or use ``free_unaligned``); frees and
+allocations are O(pages touched), never O(free list); a debug mode checks ownership.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from mem_cache_allocator._page_allocator import PageAllocatorCore, PageAllocatorState
+
+if TYPE_CHECKING:
+    from mem_cache_pool.base import KVCache
+
+__all__ = ["PageAllocatorState", "PagedTokenToKVPoolAllocator"]
+
+
+class PagedTokenToKVPoolAllocator(PageAllocatorCore):
+    """Slots in pages of ``page_size``; ``size // page_size`` pages, page 0 reserved.
+
+    ``PagedTokenToKVPoolAllocator(size, page_size, dtype, device, kvcache, need_sort=False,
+    *, debug=False)``.
+    """
+
+    _FREE_TO_FRONT = True
+    _SORT_FREES = True
+
+    def __init__(  # noqa: PLR0917 - SGLang-compatible positional signature
+        self,
+        size: int,
+        page_size: int,
+        dtype: torch.dtype,
+        device: str | torch.device,
+        kvcache: KVCache | None,
+        need_sort: bool = False,
+        *,
+        debug: bool = False,
+    ) -> None:
+        super().__init__(size, page_size, dtype, device, kvcache, need_sort, debug=debug)
