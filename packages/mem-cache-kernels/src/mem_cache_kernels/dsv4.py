@@ -1,0 +1,308 @@
+"""DeepSeek-V4 compressed KV records: quantisation, pack/unpack and page-row addressing.
+
+The DeepSeek-V4 compressed KV cache stores one *record* of 584 bytes per token.
+
+Record layout (``DSV4_TOKEN_BYTES = 584`` bytes, uint8)::
+
+    [0, 448)    nope: 448 float8_e4m3fn values (one byte each)
+    [448, 576)  rope: 64 bfloat16 values (2 bytes each, native byte order)
+    [576, 583)  scales: 7 ue8m0 bytes, byte g is the scale of nope[64 g : 64 g + 64]
+    [583]       pad: always written as 0
+
+A ue8m0 scale byte ``b`` stands for the power of two ``2 ** (b - 127)``; the dequantised nope value
+is ``float(nope_fp8) * 2 ** (b - 127)``. The record's first 576 bytes are the *value* part, the
+last 8 bytes the *scale* part.
+
+Page rows (split layout). A page-major buffer holds one row of ``dsv4_page_bytes(page_size)``
+bytes per page: ``page_size * 584`` rounded up to a multiple of 576. Token slot ``t`` lives in page
+``t // page_size`` at offset ``o = t % page_size``::
+
+    [o * 576, o * 576 + 576)                            value part of the token's record
+    [page_size * 576 + o * 8, page_size * 576 + o * 8 + 8)  scale part of the token's record
+    [page_size * 584, page_bytes)                       tail padding, never written
+
+so a page row is ``[value_0 .. value_{ps-1}][scale_0 .. scale_{ps-1}][pad]`` and a token is *not*
+contiguous inside its row (its 584 bytes are two runs). Whole-row (page-aligned) copies move
+tokens intact; token-granular copies go through :func:`read_dsv4_records` /
+:func:`write_dsv4_records`.
+
+Who does what:
+
+* :func:`quantize_dsv4_nope` / :func:`dequantize_dsv4_nope` are plain torch arithmetic shared by
+  every backend, so quantisation is identical whichever backend moves the bytes.
+* :func:`pack_dsv4_records`, :func:`unpack_dsv4_records`, :func:`write_dsv4_records` and
+  :func:`read_dsv4_records` are pure byte movement with a torch reference and a Triton
+  implementation (``backend=``), bit-exact with each other.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mem_cache_kernels._dispatch import Backend, resolve_backend, triton_impl
+
+__all__ = [
+    "DSV4_NOPE_DIM",
+    "DSV4_PAGE_ALIGN",
+    "DSV4_QUANT_GROUP",
+    "DSV4_ROPE_DIM",
+    "DSV4_SCALE_BYTES",
+    "DSV4_SCALE_PART_BYTES",
+    "DSV4_TOKEN_BYTES",
+    "DSV4_UE8M0_BIAS",
+    "DSV4_VALUE_BYTES",
+    "dequantize_dsv4_nope",
+    "dsv4_page_bytes",
+    "pack_dsv4_records",
+    "quantize_dsv4_nope",
+    "read_dsv4_records",
+    "unpack_dsv4_records",
+    "write_dsv4_records",
+]
+
+DSV4_NOPE_DIM = 448
+DSV4_ROPE_DIM = 64
+DSV4_QUANT_GROUP = 64
+DSV4_SCALE_BYTES = DSV4_NOPE_DIM // DSV4_QUANT_GROUP  # 7
+DSV4_VALUE_BYTES = DSV4_NOPE_DIM + 2 * DSV4_ROPE_DIM  # 576
+DSV4_SCALE_PART_BYTES = DSV4_SCALE_BYTES + 1  # 7 scale bytes + 1 pad byte
+DSV4_TOKEN_BYTES = DSV4_VALUE_BYTES + DSV4_SCALE_PART_BYTES  # 584
+DSV4_PAGE_ALIGN = 576
+DSV4_UE8M0_BIAS = 127
+_FP8 = torch.float8_e4m3fn
+_FP8_MAX = 448.0
+
+
+def dsv4_page_bytes(page_size: int) -> int:
+    """Bytes of one page row: ``page_size * 584`` rounded up to a multiple of 576."""
+    if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
+        raise ValueError(f"page_size must be a positive int, got {page_size!r}")
+    raw = page_size * DSV4_TOKEN_BYTES
+    return -(-raw // DSV4_PAGE_ALIGN) * DSV4_PAGE_ALIGN
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def _check_2d(name: str, t: torch.Tensor, cols: int, dtypes: tuple[torch.dtype, ...]) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        raise ValueError(f"{name} must have dtype in {list(dtypes)}, got {t.dtype}")
+    if t.dim() != 2 or t.shape[1] != cols:
+        raise ValueError(f"{name} must have shape [n, {cols}], got {list(t.shape)}")
+
+
+def _check_index(name: str, t: torch.Tensor) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"{name} must be int32 or int64, got {t.dtype}")
+    if t.dim() != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {list(t.shape)}")
+
+
+def _check_same_device(**tensors: torch.Tensor) -> None:
+    devices = {name: t.device for name, t in tensors.items()}
+    if len(set(devices.values())) > 1:
+        desc = ", ".join(f"{k} on {v}" for k, v in devices.items())
+        raise ValueError(f"tensors must share one device, got {desc}")
+
+
+def _check_page_buffer(buffer: torch.Tensor, page_size: int) -> None:
+    page_bytes = dsv4_page_bytes(page_size)
+    if not isinstance(buffer, torch.Tensor):
+        raise TypeError(f"buffer must be a torch.Tensor, got {type(buffer).__name__}")
+    if buffer.dtype != torch.uint8 or buffer.dim() != 2 or buffer.shape[1] != page_bytes:
+        raise ValueError(
+            f"buffer must be uint8 [pages, {page_bytes}] for page_size={page_size}, "
+            f"got {buffer.dtype} {list(buffer.shape)}"
+        )
+    if not buffer.is_contiguous():
+        raise ValueError("buffer must be contiguous (page rows back to back)")
+
+
+def _as_bytes(t: torch.Tensor) -> torch.Tensor:
+    """Contiguous uint8 view of a 2-D tensor (``[n, cols * itemsize]``)."""
+    return t.contiguous().view(torch.uint8)
+
+
+# ----------------------------------------------------------------------------- quantisation
+
+
+def quantize_dsv4_nope(nope: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantise ``nope`` (float ``[n, 448]``) to fp8 e4m3 values with per-64 ue8m0 scales.
+
+    For each group of 64 values, the scale is the smallest power of two ``2 ** e`` with
+    ``amax / 2 ** e <= 448`` (``e`` clamped to ``[-127, 127]``; an all-zero group gets ``e = 0``),
+    the values become ``(x * 2 ** -e).clamp(-448, 448).to(float8_e4m3fn)`` and the scale byte is
+    ``e + 127``. Only finite values set the scale; NaN stays NaN and +-inf saturate to +-448.
+    Returns ``(nope_fp8 [n, 448] float8_e4m3fn, scales [n, 7] uint8)``
+    on ``nope``'s device. Plain torch arithmetic: identical for every backend.
+    """
+    _check_2d("nope", nope, DSV4_NOPE_DIM, (torch.float32, torch.bfloat16, torch.float16))
+    x = nope.float().view(nope.shape[0], DSV4_SCALE_BYTES, DSV4_QUANT_GROUP)
+    amax = torch.nan_to_num(x.abs(), nan=0.0, posinf=0.0).amax(dim=-1)  # finite values only
+    mant, expo = torch.frexp(amax / _FP8_MAX)  # amax / 448 = mant * 2 ** expo, mant in [0.5, 1)
+    e = torch.where(mant > 0.5, expo, expo - 1)
+    e = torch.where(amax == 0, torch.zeros_like(e), e).clamp(-DSV4_UE8M0_BIAS, DSV4_UE8M0_BIAS)
+    scaled = torch.ldexp(x, (-e).unsqueeze(-1).to(torch.float32))
+    q = scaled.clamp(-_FP8_MAX, _FP8_MAX).to(_FP8).view(nope.shape[0], DSV4_NOPE_DIM)
+    return q, (e + DSV4_UE8M0_BIAS).to(torch.uint8)
+
+
+def dequantize_dsv4_nope(nope_fp8: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`quantize_dsv4_nope`: float32 ``[n, 448]`` = ``fp8 * 2 ** (scale - 127)``.
+
+    ``nope_fp8`` is float8_e4m3fn or its uint8 bytes ``[n, 448]``; ``scales`` uint8 ``[n, 7]``.
+    """
+    _check_2d("nope_fp8", nope_fp8, DSV4_NOPE_DIM, (_FP8, torch.uint8))
+    _check_2d("scales", scales, DSV4_SCALE_BYTES, (torch.uint8,))
+    q = nope_fp8.view(_FP8) if nope_fp8.dtype == torch.uint8 else nope_fp8
+    x = q.float().view(q.shape[0], DSV4_SCALE_BYTES, DSV4_QUANT_GROUP)
+    e = scales.to(torch.int32) - DSV4_UE8M0_BIAS
+    return torch.ldexp(x, e.unsqueeze(-1).to(torch.float32)).view(q.shape[0], DSV4_NOPE_DIM)
+
+
+# ----------------------------------------------------------------------------- pack / unpack
+
+
+def pack_dsv4_records(
+    nope_fp8: torch.Tensor,
+    scales: torch.Tensor,
+    rope: torch.Tensor,
+    *,
+    backend: Backend = "auto",
+) -> torch.Tensor:
+    """Pack already-quantised parts into records: uint8 ``[n, 584]`` (layout in the module doc).
+
+    ``nope_fp8``: float8_e4m3fn or uint8 ``[n, 448]``; ``scales``: uint8 ``[n, 7]`` (ue8m0 bytes,
+    copied verbatim); ``rope``: bfloat16 ``[n, 64]``. All on one device. Pure byte copy: every fp8
+    bit pattern (NaN, -0, subnormals) and every bf16 bit pattern survives. The pad byte is 0.
+    """
+    _check_2d("nope_fp8", nope_fp8, DSV4_NOPE_DIM, (_FP8, torch.uint8))
+    _check_2d("scales", scales, DSV4_SCALE_BYTES, (torch.uint8,))
+    _check_2d("rope", rope, DSV4_ROPE_DIM, (torch.bfloat16,))
+    n = nope_fp8.shape[0]
+    if scales.shape[0] != n or rope.shape[0] != n:
+        raise ValueError(
+            f"nope_fp8, scales and rope must have the same number of rows, got "
+            f"{n}, {scales.shape[0]} and {rope.shape[0]}"
+        )
+    _check_same_device(nope_fp8=nope_fp8, scales=scales, rope=rope)
+    nope_b, scales_b, rope_b = _as_bytes(nope_fp8), scales.contiguous(), _as_bytes(rope)
+    out = torch.empty((n, DSV4_TOKEN_BYTES), dtype=torch.uint8, device=nope_fp8.device)
+    if n == 0:
+        return out
+    if resolve_backend(backend, nope_b, scales_b, rope_b) == "triton":
+        triton_impl("dsv4").pack_records(nope_b, scales_b, rope_b, out)
+        return out
+    out[:, :DSV4_NOPE_DIM] = nope_b
+    out[:, DSV4_NOPE_DIM:DSV4_VALUE_BYTES] = rope_b
+    out[:, DSV4_VALUE_BYTES : DSV4_VALUE_BYTES + DSV4_SCALE_BYTES] = scales_b
+    out[:, DSV4_TOKEN_BYTES - 1] = 0
+    return out
+
+
+def unpack_dsv4_records(
+    records: torch.Tensor, *, backend: Backend = "auto"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Split records uint8 ``[n, 584]`` into ``(nope_fp8, scales, rope)``.
+
+    Returns new tensors: float8_e4m3fn ``[n, 448]``, uint8 ``[n, 7]``, bfloat16 ``[n, 64]``
+    (the pad byte is dropped). Bit-exact inverse of :func:`pack_dsv4_records`.
+    """
+    _check_2d("records", records, DSV4_TOKEN_BYTES, (torch.uint8,))
+    rec = records.contiguous()
+    n, dev = rec.shape[0], rec.device
+    nope = torch.empty((n, DSV4_NOPE_DIM), dtype=torch.uint8, device=dev)
+    scales = torch.empty((n, DSV4_SCALE_BYTES), dtype=torch.uint8, device=dev)
+    rope = torch.empty((n, 2 * DSV4_ROPE_DIM), dtype=torch.uint8, device=dev)
+    if n > 0:
+        if resolve_backend(backend, rec) == "triton":
+            triton_impl("dsv4").unpack_records(rec, nope, scales, rope)
+        else:
+            nope.copy_(rec[:, :DSV4_NOPE_DIM])
+            rope.copy_(rec[:, DSV4_NOPE_DIM:DSV4_VALUE_BYTES])
+            scales.copy_(rec[:, DSV4_VALUE_BYTES : DSV4_VALUE_BYTES + DSV4_SCALE_BYTES])
+    return nope.view(_FP8), scales, rope.view(torch.bfloat16)
+
+
+# ----------------------------------------------------------------------------- page rows
+
+
+def _split_views(buffer: torch.Tensor, page_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Views ``[pages, ps, 576]`` (value parts) and ``[pages, ps, 8]`` (scale parts)."""
+    values_end = page_size * DSV4_VALUE_BYTES
+    scales_end = values_end + page_size * DSV4_SCALE_PART_BYTES
+    pages = buffer.shape[0]
+    values = buffer[:, :values_end].view(pages, page_size, DSV4_VALUE_BYTES)
+    scale_parts = buffer[:, values_end:scales_end].view(pages, page_size, DSV4_SCALE_PART_BYTES)
+    return values, scale_parts
+
+
+def write_dsv4_records(
+    buffer: torch.Tensor,
+    loc: torch.Tensor,
+    records: torch.Tensor,
+    page_size: int,
+    *,
+    backend: Backend = "auto",
+) -> None:
+    """Scatter ``records[i]`` into token slot ``loc[i]`` of a page-major buffer (split layout).
+
+    ``buffer``: contiguous uint8 ``[pages, dsv4_page_bytes(page_size)]`` (mutated in place);
+    ``loc``: int32/int64 ``[n]`` token slots, ``loc[i] < pages * page_size`` (not checked: no
+    device sync), no repeats; negative slots are skipped; ``records``: uint8 ``[n, 584]``. The
+    record's value part goes to the token's value run and its scale part to the scale run; the
+    row's tail padding is never touched.
+    """
+    _check_page_buffer(buffer, page_size)
+    _check_index("loc", loc)
+    _check_2d("records", records, DSV4_TOKEN_BYTES, (torch.uint8,))
+    if records.shape[0] != loc.shape[0]:
+        raise ValueError(
+            f"records must have one row per loc entry ({loc.shape[0]}), got {records.shape[0]}"
+        )
+    _check_same_device(buffer=buffer, loc=loc, records=records)
+    if loc.numel() == 0:
+        return
+    rec = records.contiguous()
+    if resolve_backend(backend, buffer, loc, rec) == "triton":
+        triton_impl("dsv4").write_records(buffer, loc, rec, page_size)
+        return
+    keep = loc >= 0
+    slots, rec = loc[keep].long(), rec[keep]
+    values, scale_parts = _split_views(buffer, page_size)
+    page, off = slots // page_size, slots % page_size
+    values[page, off] = rec[:, :DSV4_VALUE_BYTES]
+    scale_parts[page, off] = rec[:, DSV4_VALUE_BYTES:]
+
+
+def read_dsv4_records(
+    buffer: torch.Tensor,
+    loc: torch.Tensor,
+    page_size: int,
+    *,
+    backend: Backend = "auto",
+) -> torch.Tensor:
+    """Gather the records of token slots ``loc`` from a page-major buffer: uint8 ``[n, 584]``.
+
+    Same buffer/``loc`` contract as :func:`write_dsv4_records`; a negative slot yields a zero
+    record. Reads only; returns a new tensor on the buffer's device.
+    """
+    _check_page_buffer(buffer, page_size)
+    _check_index("loc", loc)
+    _check_same_device(buffer=buffer, loc=loc)
+    out = torch.zeros((loc.shape[0], DSV4_TOKEN_BYTES), dtype=torch.uint8, device=buffer.device)
+    if loc.numel() == 0:
+        return out
+    if resolve_backend(backend, buffer, loc) == "triton":
+        triton_impl("dsv4").read_records(buffer, loc, out, page_size)
+        return out
+    keep = loc >= 0
+    slots = loc[keep].long()
+    values, scale_parts = _split_views(buffer, page_size)
+    page, off = slots // page_size, slots % page_size
+    out[keep] = torch.cat([values[page, off], scale_parts[page, off]], dim=1)
+    return out
