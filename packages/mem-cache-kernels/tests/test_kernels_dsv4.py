@@ -195,8 +195,10 @@ def test_page_ops_validate_arguments() -> None:
         write_dsv4_records(buf, torch.tensor([1.0]), rec, 2)
     with pytest.raises(ValueError, match="one row per loc entry"):
         write_dsv4_records(buf, torch.tensor([1, 2]), rec, 2)
-    with pytest.raises(ValueError, match="contiguous"):
+    with pytest.raises(ValueError, match="rows must be contiguous"):
         read_dsv4_records(torch.zeros(1728, 2, dtype=torch.uint8).t(), torch.tensor([1]), 2)
+    with pytest.raises(ValueError, match="multiples of 4 bytes"):
+        read_dsv4_records(torch.zeros(2, 1729, dtype=torch.uint8)[:, :1728], torch.tensor([1]), 2)
 
 
 # ----------------------------------------------------------------------------- Triton
@@ -235,16 +237,18 @@ def test_triton_write_matches_torch(interpreted: None, page_size: int) -> None:
     pages = 12 // page_size + 1
     loc = torch.tensor([5, -1, 11, 4, 2], dtype=torch.int64)
     rec = torch.randint(0, 256, (5, 584), dtype=torch.uint8)
-    ref = torch.full((pages, dsv4_page_bytes(page_size)), 0xCD, dtype=torch.uint8)
+    ref = torch.full((pages, 2, dsv4_page_bytes(page_size)), 0xCD, dtype=torch.uint8)
     out = ref.clone()
-    write_dsv4_records(ref, loc, rec, page_size, backend="torch")
-    write_dsv4_records(out, loc, rec, page_size, backend="triton")
+    write_dsv4_records(ref[:, 1], loc, rec, page_size, backend="torch")
+    write_dsv4_records(out[:, 1], loc, rec, page_size, backend="triton")
     assert torch.equal(out, ref)
+    assert torch.all(out[:, 0] == 0xCD)
 
 
 @pytest.mark.triton
 def test_triton_read_matches_torch(interpreted: None) -> None:
-    buf = torch.randint(0, 256, (4, dsv4_page_bytes(4)), dtype=torch.uint8)
+    # one layer of a page_first host buffer [pages, layers, bytes]: strided rows
+    buf = torch.randint(0, 256, (4, 2, dsv4_page_bytes(4)), dtype=torch.uint8)[:, 1]
     loc = torch.tensor([15, -3, 0, 9, 6], dtype=torch.int32)
     ref = read_dsv4_records(buf, loc, 4, backend="torch")
     assert torch.equal(read_dsv4_records(buf, loc, 4, backend="triton"), ref)

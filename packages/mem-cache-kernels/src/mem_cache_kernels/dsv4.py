@@ -118,8 +118,11 @@ def _check_page_buffer(buffer: torch.Tensor, page_size: int) -> None:
             f"buffer must be uint8 [pages, {page_bytes}] for page_size={page_size}, "
             f"got {buffer.dtype} {list(buffer.shape)}"
         )
-    if not buffer.is_contiguous():
-        raise ValueError("buffer must be contiguous (page rows back to back)")
+    if buffer.stride(1) != 1 or buffer.stride(0) % 4 or buffer.storage_offset() % 4:
+        raise ValueError(
+            "buffer rows must be contiguous with a row stride and offset that are multiples "
+            f"of 4 bytes, got strides {buffer.stride()} and offset {buffer.storage_offset()}"
+        )
 
 
 def _as_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -251,7 +254,9 @@ def write_dsv4_records(
 ) -> None:
     """Scatter ``records[i]`` into token slot ``loc[i]`` of a page-major buffer (split layout).
 
-    ``buffer``: contiguous uint8 ``[pages, dsv4_page_bytes(page_size)]`` (mutated in place);
+    ``buffer``: uint8 ``[pages, dsv4_page_bytes(page_size)]`` (mutated in place) whose rows are
+    contiguous; the row stride may exceed a row (e.g. one layer of a ``[pages, layers, bytes]``
+    host buffer) but must be a multiple of 4 bytes, as must the storage offset;
     ``loc``: int32/int64 ``[n]`` token slots, ``loc[i] < pages * page_size`` (not checked: no
     device sync), no repeats; negative slots are skipped; ``records``: uint8 ``[n, 584]``. The
     record's value part goes to the token's value run and its scale part to the scale run; the

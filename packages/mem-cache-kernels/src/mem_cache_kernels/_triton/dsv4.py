@@ -51,12 +51,12 @@ def _unpack_kernel(  # type: ignore[no-untyped-def]
 
 
 @triton.jit
-def _row_words(loc_ptr, row, page_size, page_words, offs):  # type: ignore[no-untyped-def]
+def _row_words(loc_ptr, row, page_size, row_words, offs):  # type: ignore[no-untyped-def]
     """Word offsets in the page buffer of the 146 words of the record at ``loc[row]``."""
     slot = tl.load(loc_ptr + row).to(tl.int64)
     page = slot // page_size
     off = slot % page_size
-    base = page * page_words
+    base = page * row_words
     value_dst = base + off * 144 + offs
     scale_dst = base + page_size * 144 + off * 2 + (offs - 144)
     return slot, tl.where(offs < 144, value_dst, scale_dst)
@@ -64,11 +64,11 @@ def _row_words(loc_ptr, row, page_size, page_words, offs):  # type: ignore[no-un
 
 @triton.jit
 def _write_kernel(  # type: ignore[no-untyped-def]  # noqa: PLR0917
-    buf_ptr, loc_ptr, rec_ptr, page_size, page_words, BLOCK: tl.constexpr
+    buf_ptr, loc_ptr, rec_ptr, page_size, row_words, BLOCK: tl.constexpr
 ):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
-    slot, dst = _row_words(loc_ptr, row, page_size, page_words, offs)
+    slot, dst = _row_words(loc_ptr, row, page_size, row_words, offs)
     mask = (offs < 146) & ((offs * 0 + slot) >= 0)  # broadcast the slot test to the block
     val = tl.load(rec_ptr + row * 146 + offs, mask=mask, other=0)
     tl.store(buf_ptr + dst, val, mask=mask)
@@ -76,11 +76,11 @@ def _write_kernel(  # type: ignore[no-untyped-def]  # noqa: PLR0917
 
 @triton.jit
 def _read_kernel(  # type: ignore[no-untyped-def]  # noqa: PLR0917
-    buf_ptr, loc_ptr, out_ptr, page_size, page_words, BLOCK: tl.constexpr
+    buf_ptr, loc_ptr, out_ptr, page_size, row_words, BLOCK: tl.constexpr
 ):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
-    slot, src = _row_words(loc_ptr, row, page_size, page_words, offs)
+    slot, src = _row_words(loc_ptr, row, page_size, row_words, offs)
     mask = (offs < 146) & ((offs * 0 + slot) >= 0)  # broadcast the slot test to the block
     val = tl.load(buf_ptr + src, mask=mask, other=0)
     tl.store(out_ptr + row * 146 + offs, val, mask=mask)
@@ -106,7 +106,7 @@ def write_records(
     """Scatter records into page rows (split layout); negative ``loc`` skipped."""
     words = buffer.view(torch.int32)
     _write_kernel[(loc.shape[0],)](
-        words, loc, rec.view(torch.int32), page_size, words.shape[1], BLOCK=256
+        words, loc, rec.view(torch.int32), page_size, words.stride(0), BLOCK=256
     )
 
 
@@ -116,5 +116,5 @@ def read_records(
     """Gather records from page rows into ``out`` (rows of negative ``loc`` untouched)."""
     words = buffer.view(torch.int32)
     _read_kernel[(loc.shape[0],)](
-        words, loc, out.view(torch.int32), page_size, words.shape[1], BLOCK=256
+        words, loc, out.view(torch.int32), page_size, words.stride(0), BLOCK=256
     )
