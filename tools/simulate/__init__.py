@@ -1,0 +1,18 @@
+"""Serving-workload simulator: drives the four mem-cache packages through hierarchical caching.
+
+A continuous-batching engine loop without a model (``engine.py``) admits multi-turn sessions
+(``workload.py``) into ``ReqToTokenPool`` rows, allocates KV slots with the allocator, writes
+deterministic K/V rows (``content.py``) through the device pool, keeps finished turns' prefixes in
+an LRU store (``prefix_store.py``) that spills to the host pool and loads back layer by layer
+(``hicache.py``), injects transfer faults (``faults.py``), checks slot conservation and content
+integrity (``integrity.py``) and reports (``report.py``). Run ``python -m tools.simulate --help``.
+"""
+
+from __future__ import annotations
+
+from tools.simulate.cli import main
+from tools.simulate.config import SimConfig
+from tools.simulate.simulation import run_simulation
+from tools.simulate.stats import SimStats
+
+__all__ = ["SimConfig", "SimStats", "main", "run_simulation"]

@@ -1,0 +1,171 @@
+"""Simulation configuration: one frozen dataclass, its embedded default and the CLI parser.
+
+The default is what ``python3 tools/dev run`` executes: a small MHA model whose device pool is
+deliberately too small for the working set of the sessions, so finished prefixes are backed up to
+the host pool and loaded back while the run completes in well under a minute on two CPU cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, fields
+from typing import Literal
+
+import torch
+
+__all__ = [
+    "DTYPES",
+    "HOST_LAYOUTS",
+    "IO_BACKENDS",
+    "SimConfig",
+    "build_parser",
+    "config_from_args",
+]
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float8_e4m3fn": torch.float8_e4m3fn,
+    "float8_e5m2": torch.float8_e5m2,
+}
+HOST_LAYOUTS = ("layer_first", "page_first", "page_first_direct")
+IO_BACKENDS = ("kernel", "direct")
+
+Model = Literal["mha", "mla"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SimConfig:
+    """Everything one simulation run depends on (the run is a pure function of this and the code).
+
+    Sizes are in tokens; ``device_tokens`` and ``host_tokens`` are rounded down to whole pages by
+    the pools. ``faults`` is the probability that one host<->device transfer fails or is aborted.
+    """
+
+    model: Model = "mha"
+    layers: int = 8
+    heads: int = 8
+    head_dim: int = 64
+    kv_lora_rank: int = 256
+    qk_rope_head_dim: int = 64
+    dtype: str = "bfloat16"
+    page_size: int = 16
+    device_tokens: int = 12288
+    host_tokens: int = 49152
+    host_layout: str = "page_first"
+    io_backend: str = "kernel"
+    requests: int = 800
+    max_running: int = 48
+    mean_turns: float = 4.0
+    system_prompts: int = 4
+    prompt_mu: float = 4.6
+    prompt_sigma: float = 0.8
+    output_mu: float = 3.6
+    output_sigma: float = 0.7
+    max_prompt: int = 768
+    max_output: int = 256
+    arrival_per_step: float = 1.5
+    think_steps: int = 24
+    seed: int = 0
+    device: str = "cpu"
+    faults: float = 0.0
+    check_every: int = 1
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    def validate(self) -> None:
+        """``ValueError`` naming the first option whose value cannot work."""
+        positive = ("layers", "heads", "head_dim", "kv_lora_rank", "qk_rope_head_dim",
+                    "page_size", "device_tokens", "host_tokens", "requests", "max_running",
+                    "system_prompts", "max_prompt", "max_output", "check_every")
+        for name in positive:
+            value = getattr(self, name)
+            if value <= 0:
+                raise ValueError(f"{name} must be positive, got {value}")
+        if self.page_size & (self.page_size - 1):
+            raise ValueError(f"page_size must be a power of two, got {self.page_size}")
+        if self.device_tokens < 4 * self.page_size:
+            raise ValueError(
+                f"device_tokens must hold at least 4 pages ({4 * self.page_size}), "
+                f"got {self.device_tokens}"
+            )
+        if self.model not in ("mha", "mla"):
+            raise ValueError(f"model must be 'mha' or 'mla', got {self.model!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if self.host_layout not in HOST_LAYOUTS:
+            raise ValueError(f"host_layout must be one of {HOST_LAYOUTS}, got {self.host_layout!r}")
+        if self.io_backend not in IO_BACKENDS:
+            raise ValueError(f"io_backend must be one of {IO_BACKENDS}, got {self.io_backend!r}")
+        if not 0.0 <= self.faults <= 1.0:
+            raise ValueError(f"faults must be a probability in [0, 1], got {self.faults}")
+        if self.mean_turns < 1.0:
+            raise ValueError(f"mean_turns must be >= 1, got {self.mean_turns}")
+        if self.arrival_per_step <= 0.0:
+            raise ValueError(f"arrival_per_step must be positive, got {self.arrival_per_step}")
+
+
+def _default_device() -> str:
+    return "cpu"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``python -m tools.simulate`` argument parser (defaults = the embedded default run)."""
+    d = SimConfig()
+    p = argparse.ArgumentParser(
+        prog="python -m tools.simulate",
+        description="Serving-workload simulator driving the four mem-cache packages through "
+        "hierarchical caching (device pool <-> host pool), with integrity checks and a report.",
+    )
+    m = p.add_argument_group("model shape")
+    m.add_argument("--model", choices=("mha", "mla"), default=d.model)
+    m.add_argument("--layers", type=int, default=d.layers)
+    m.add_argument("--heads", type=int, default=d.heads, help="MHA KV heads")
+    m.add_argument("--head-dim", type=int, default=d.head_dim, help="MHA head dim")
+    m.add_argument("--kv-lora-rank", type=int, default=d.kv_lora_rank, help="MLA latent width")
+    m.add_argument("--qk-rope-head-dim", type=int, default=d.qk_rope_head_dim, help="MLA rope")
+    m.add_argument("--dtype", choices=sorted(DTYPES), default=d.dtype)
+    c = p.add_argument_group("memory")
+    c.add_argument("--page-size", type=int, default=d.page_size)
+    c.add_argument("--device-tokens", type=int, default=d.device_tokens,
+                   help="device KV pool size in tokens")
+    c.add_argument("--host-tokens", type=int, default=d.host_tokens,
+                   help="host KV pool size in tokens")
+    c.add_argument("--host-layout", choices=HOST_LAYOUTS, default=d.host_layout)
+    c.add_argument("--io-backend", choices=IO_BACKENDS, default=d.io_backend)
+    c.add_argument("--device", default=None,
+                   help="torch device for the device pool (default: cpu; 'cuda' when available)")
+    w = p.add_argument_group("workload")
+    w.add_argument("--requests", type=int, default=d.requests, help="turns to serve in total")
+    w.add_argument("--max-running", type=int, default=d.max_running)
+    w.add_argument("--mean-turns", type=float, default=d.mean_turns)
+    w.add_argument("--think-steps", type=int, default=d.think_steps,
+                   help="steps between a turn finishing and the session's next turn arriving")
+    w.add_argument("--seed", type=int, default=d.seed)
+    w.add_argument("--faults", type=float, default=d.faults,
+                   help="probability that a host<->device transfer fails or is aborted midway")
+    w.add_argument("--check-every", type=int, default=d.check_every,
+                   help="run the slot-conservation check every N steps")
+    o = p.add_argument_group("output")
+    o.add_argument("--json", metavar="PATH", default=None,
+                   help="also write the report as JSON to PATH ('-' for stdout only)")
+    o.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def config_from_args(ns: argparse.Namespace) -> SimConfig:
+    """Build and validate a ``SimConfig`` from parsed arguments."""
+    names = {f.name for f in fields(SimConfig)}
+    values = {k: v for k, v in vars(ns).items() if k in names and v is not None}
+    device = ns.device
+    if device is None:
+        device = _default_device()
+    elif device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' requested but torch.cuda.is_available() is False")
+    values["device"] = device
+    cfg = SimConfig(**values)
+    cfg.validate()
+    return cfg

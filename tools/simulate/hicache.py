@@ -1,0 +1,149 @@
+"""Host<->device transfers the way SGLang's HiCacheController drives them.
+
+* ``backup``: device rows of a prefix -> freshly allocated host slots, all layers in one call
+  (``backup_from_device_all_layer``).
+* ``load``: host slots -> freshly allocated device slots, one layer at a time on an IO thread
+  (``load_to_device_per_layer`` advances the host pool's ``LayerDoneCounter``), while the
+  scheduler thread plays attention: it reads every layer through ``get_key_buffer`` /
+  ``get_value_buffer`` (which wait on the counter registered with the device pool) and verifies
+  the loaded rows bit-exact against the content model as soon as the layer is ready.
+
+Faults (``faults.py``) make a transfer fail up front or abort midway; this module reports the
+outcome and leaves releasing the reserved slots to the caller.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+from mem_cache_pool_host import LayerLoadAbortedError
+from tools.simulate.faults import Fault, FaultInjector, InjectedTransferError
+from tools.simulate.stack import MemoryStack
+from tools.simulate.stats import SimStats
+
+__all__ = ["HostTransfers"]
+
+D2H = "d2h backup"
+H2D = "h2d load"
+
+
+class HostTransfers:
+    """Runs backups and layer-wise loads for one ``MemoryStack``; counts bytes, time and faults."""
+
+    def __init__(self, stack: MemoryStack, stats: SimStats, faults: FaultInjector) -> None:
+        self.stack = stack
+        self.stats = stats
+        self.faults = faults
+        self.io_backend = stack.cfg.io_backend
+        self.layers = stack.kv_pool.layer_num
+        self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hicache-load")
+
+    def close(self) -> None:
+        self._io.shutdown(wait=True)
+
+    def backup(self, device_slots: torch.Tensor, host_slots: torch.Tensor) -> bool:
+        """Copy all layers of ``device_slots`` to ``host_slots``; ``False`` if a fault hit.
+
+        On ``False`` the host slots hold garbage (the caller frees them); the device rows are
+        untouched either way.
+        """
+        stat = self.stats.transfer(D2H)
+        fault = self.faults.draw(self.layers)
+        host = self.stack.host_pool
+        pool = self.stack.kv_pool
+        if fault is not None:
+            self.stats.faults_injected += 1
+        t0 = time.perf_counter_ns()
+        try:
+            if fault is not None:
+                if fault.kind == "abort":  # the first half of the pages made it, then it stopped
+                    ps = self.stack.page_size
+                    half = device_slots.numel() // ps // 2 * ps
+                    if half:
+                        host.backup_from_device_all_layer(
+                            pool, host_slots[:half], device_slots[:half], self.io_backend
+                        )
+                raise InjectedTransferError(f"injected backup {fault.kind}")
+            host.backup_from_device_all_layer(pool, host_slots, device_slots, self.io_backend)
+        except InjectedTransferError:
+            if fault is not None and fault.kind == "abort":
+                stat.aborted += 1
+            else:
+                stat.failed += 1
+            return False
+        stat.total_ns += time.perf_counter_ns() - t0
+        stat.calls += 1
+        stat.tokens += device_slots.numel()
+        stat.bytes += device_slots.numel() * self.stack.bytes_per_token
+        return True
+
+    def _produce(
+        self, host_slots: torch.Tensor, device_slots: torch.Tensor, fault: Fault | None
+    ) -> int:
+        """IO thread: load layer by layer; returns the nanoseconds spent copying."""
+        host = self.stack.host_pool
+        counter = host.layer_done_counter
+        t0 = time.perf_counter_ns()
+        for layer in range(self.layers):
+            if fault is not None and (fault.kind == "fail" or layer == fault.at_layer):
+                counter.abort(InjectedTransferError(f"injected load {fault.kind} at layer {layer}"))
+                break
+            host.load_to_device_per_layer(
+                self.stack.kv_pool, host_slots, device_slots, layer, self.io_backend
+            )
+        return time.perf_counter_ns() - t0
+
+    def load(
+        self,
+        host_slots: torch.Tensor,
+        device_slots: torch.Tensor,
+        sessions: torch.Tensor,
+        positions: torch.Tensor,
+    ) -> bool:
+        """Load ``host_slots`` into ``device_slots`` layer by layer, verifying each layer as it
+        becomes ready. ``False`` if the load failed or was aborted (the caller then frees the
+        device slots it reserved); a verification mismatch is recorded as integrity failure."""
+        stack, stats = self.stack, self.stats
+        stat = stats.transfer(H2D)
+        fault = self.faults.draw(self.layers)
+        if fault is not None:
+            stats.faults_injected += 1
+        counter = stack.host_pool.layer_done_counter
+        stack.kv_pool.register_layer_transfer_counter(counter)
+        counter.begin()
+        job = self._io.submit(self._produce, host_slots, device_slots, fault)
+        aborted = False
+        bad = 0
+        try:
+            for layer in range(self.layers):
+                bad += stack.count_mismatches(layer, device_slots, sessions, positions)
+                stats.layer_waits += 1
+        except LayerLoadAbortedError:
+            aborted = True
+        finally:
+            try:
+                ns = job.result()  # re-raises a real (non-injected) transfer error
+            finally:
+                stack.kv_pool.register_layer_transfer_counter(None)
+                counter.reset()
+        if aborted:
+            if fault is not None and fault.kind == "abort":
+                stat.aborted += 1
+            else:
+                stat.failed += 1
+            return False
+        if fault is not None:
+            raise RuntimeError("an injected load fault did not abort the layer counter")
+        n = device_slots.numel()
+        stat.calls += 1
+        stat.total_ns += ns
+        stat.tokens += n
+        stat.bytes += n * stack.bytes_per_token
+        stats.pages_verified += n // stack.page_size
+        stats.tokens_verified += n
+        if bad:
+            stats.fail(f"{bad} loaded token rows differ from their content (layers summed)")
+        return True
