@@ -17,9 +17,11 @@ from mem_cache_pool.base import (
 from mem_cache_pool.mha import MHATokenToKVPool
 from mem_cache_pool.mla import MLATokenToKVPool
 from mem_cache_pool.req_to_token import ReqToTokenPool
+from mem_cache_pool.swa import BaseSWAKVPool, SWAKVPool
 
 __all__ = [
     "FP8_DTYPES",
+    "BaseSWAKVPool",
     "CpuKVCopy",
     "KVBufferDesc",
     "KVCache",
@@ -28,6 +30,7 @@ __all__ = [
     "MHATokenToKVPool",
     "MLATokenToKVPool",
     "ReqToTokenPool",
+    "SWAKVPool",
     "storage_dtype",
     "unwrap_write_loc",
 ]

@@ -351,13 +351,8 @@ class KVCache(abc.ABC):
             )
         return {name: d for (name, _), d in zip(roles, dst)}
 
-    def load_cpu_copy(self, kv_cache_cpu: CpuKVCopy, indices: torch.Tensor) -> None:
-        """Write a ``get_cpu_copy`` result back at (new) slots ``indices``.
-
-        Raises ``ValueError`` when the copy's roles, layer counts or shapes do not match the pool
-        or ``indices`` (checked before any write). Mutates rows ``indices`` of every buffer.
-        """
-        idx = self._check_loc("indices", indices)
+    def _check_cpu_copy(self, kv_cache_cpu: CpuKVCopy, idx: torch.Tensor) -> None:
+        """``ValueError`` unless ``kv_cache_cpu`` fits the pool (roles, layers, rows of ``idx``)."""
         roles = self._role_buffers()
         names = [name for name, _ in roles]
         if not isinstance(kv_cache_cpu, dict) or sorted(kv_cache_cpu) != sorted(names):
@@ -376,6 +371,17 @@ class KVCache(abc.ABC):
                         f"kv_cache_cpu[{name!r}] tensors must be {b.dtype} {want}, "
                         f"got {t.dtype} {tuple(t.shape)}"
                     )
+
+    def load_cpu_copy(self, kv_cache_cpu: CpuKVCopy, indices: torch.Tensor) -> None:
+        """Write a ``get_cpu_copy`` result back at (new) slots ``indices``.
+
+        Raises ``ValueError`` when the copy's roles, layer counts or shapes do not match the pool
+        or ``indices`` (checked before any write). Mutates rows ``indices`` of every buffer.
+        """
+        idx = self._check_loc("indices", indices)
+        self._check_cpu_copy(kv_cache_cpu, idx)
+        roles = self._role_buffers()
+        names = [name for name, _ in roles]
         if idx.numel():
             src = [kv_cache_cpu[name] for name in names]
             _ops.transfer_rows_all_layers(
