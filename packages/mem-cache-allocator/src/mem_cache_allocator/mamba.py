@@ -1,0 +1,140 @@
+"""``MambaSlotAllocator``: request-level state slots (one per request) for Mamba / linear attention.
+
+Deliberately not a :class:`BaseTokenToKVPoolAllocator` (no pages, no pool reference). Slots are
+``1..size`` (slot 0 is the dummy write target of padded requests); ``alloc(n)`` takes the prefix
+of the free list and ``free(slots)`` appends (SGLang's order), both O(slots) with a host-side count
+(no ``torch.cat`` of the whole free list per free).
+
+``alloc_group_begin(num_reqs)`` pre-allocates ``num_reqs`` slots in one call so that the
+following ``alloc(1)`` calls (one per request, during prefix matching) are O(1);
+``alloc_group_end()`` returns the unused ones (appended, as SGLang does). If the pre-allocation
+does not fit, the group is empty and ``alloc(1)`` falls through to the normal path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from mem_cache_allocator._debug import debug_enabled, describe
+from mem_cache_allocator._free_list import ChunkedFreeList, FreeListSnapshot
+
+__all__ = ["MambaSlotAllocator", "MambaSlotAllocatorState"]
+
+
+@dataclass(frozen=True, slots=True)
+class MambaSlotAllocatorState:
+    """Opaque result of :meth:`MambaSlotAllocator.backup_state`."""
+
+    owner: int
+    free: FreeListSnapshot
+    live: torch.Tensor | None
+
+
+class MambaSlotAllocator:
+    """Free list of request-level state slots ``1..size`` on ``device``."""
+
+    def __init__(self, size: int, device: str | torch.device, *, debug: bool = False) -> None:
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise ValueError(f"size must be a non-negative int, got {size!r}")
+        self.size = size
+        self.device = torch.device(device)
+        self._free = ChunkedFreeList(self.device)
+        self._group: torch.Tensor | None = None
+        self._group_pos = 0
+        self._live: torch.Tensor | None = (
+            torch.zeros(size + 1, dtype=torch.bool) if debug_enabled(debug) else None
+        )
+        self.clear()
+
+    @property
+    def debug(self) -> bool:
+        return self._live is not None
+
+    def available_size(self) -> int:
+        """Free slots (host-side; pre-allocated group slots are not counted)."""
+        return len(self._free)
+
+    def clear(self) -> None:
+        self._free.clear()
+        self._free.push_back(torch.arange(1, self.size + 1, dtype=torch.int64, device=self.device))
+        self._group = None
+        self._group_pos = 0
+        if self._live is not None:
+            self._live.zero_()
+
+    # ------------------------------------------------------------------ allocation
+    def alloc(self, need_size: int) -> torch.Tensor | None:
+        """``need_size`` slots (int64 on ``device``) or ``None`` when fewer are free."""
+        if isinstance(need_size, bool) or not isinstance(need_size, int) or need_size < 0:
+            raise ValueError(f"need_size must be a non-negative int, got {need_size!r}")
+        group = self._group
+        if group is not None and need_size == 1 and self._group_pos < group.shape[0]:
+            out = group[self._group_pos : self._group_pos + 1]
+            self._group_pos += 1
+            return out
+        return self._do_alloc(need_size)
+
+    def _do_alloc(self, need_size: int) -> torch.Tensor | None:
+        if need_size > len(self._free):
+            return None
+        out = self._free.take(need_size).clone()
+        if self._live is not None:
+            self._live[out.cpu()] = True
+        return out
+
+    def alloc_group_begin(self, num_reqs: int) -> None:
+        """Pre-allocate ``num_reqs`` slots for the next ``alloc(1)`` calls (nesting: error)."""
+        if self._group is not None:
+            raise RuntimeError("alloc_group_begin() called while an alloc group is open")
+        if isinstance(num_reqs, bool) or not isinstance(num_reqs, int) or num_reqs < 0:
+            raise ValueError(f"num_reqs must be a non-negative int, got {num_reqs!r}")
+        self._group_pos = 0
+        got = self._do_alloc(num_reqs) if num_reqs > 0 else None
+        self._group = got if got is not None else torch.empty(0, dtype=torch.int64)
+
+    def alloc_group_end(self) -> None:
+        """Return the unused pre-allocated slots (appended to the free list)."""
+        group = self._group
+        self._group = None
+        if group is not None and self._group_pos < group.shape[0]:
+            self.free(group[self._group_pos :])
+        self._group_pos = 0
+
+    # ------------------------------------------------------------------ free
+    def free(self, free_index: torch.Tensor) -> None:
+        """Append ``free_index`` (int32/int64 slots) to the free list (copied)."""
+        if not isinstance(free_index, torch.Tensor):
+            raise TypeError(f"free_index must be a torch.Tensor, got {type(free_index).__name__}")
+        if free_index.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"free_index must be int32 or int64, got {free_index.dtype}")
+        if free_index.numel() == 0:
+            return
+        slots = free_index.reshape(-1).to(device=self.device, dtype=torch.int64, copy=True)
+        if self._live is not None:
+            host = slots.cpu()
+            bad = host[(host <= 0) | (host > self.size)]
+            if bad.numel():
+                raise ValueError(f"MambaSlotAllocator: free of invalid slots {describe(bad)}")
+            uniq, counts = torch.unique(host, return_counts=True)
+            dup = torch.cat([uniq[counts > 1], host[~self._live[host]]])
+            if dup.numel():
+                raise ValueError(f"MambaSlotAllocator: double free of slots {describe(dup)}")
+            self._live[host] = False
+        self._free.push_back(slots)
+
+    # ------------------------------------------------------------------ state
+    def backup_state(self) -> MambaSlotAllocatorState:
+        live = None if self._live is None else self._live.clone()
+        return MambaSlotAllocatorState(owner=id(self), free=self._free.snapshot(), live=live)
+
+    def restore_state(self, state: Any) -> None:
+        if not isinstance(state, MambaSlotAllocatorState) or state.owner != id(self):
+            raise ValueError(
+                f"state must come from this allocator's backup_state(), got {type(state).__name__}"
+            )
+        self._free.restore(state.free)
+        if self._live is not None and state.live is not None:
+            self._live = state.live.clone()

@@ -1,0 +1,331 @@
+"""``SWATokenToKVPoolAllocator``: full-attention and sliding-window sub-allocators kept in step.
+
+Public slot ids are *full-pool* slots. Every allocation takes slots from both inner allocators
+with the same lengths (so both page "in step": identical in-page offsets) and records
+``full_to_swa_index_mapping[full] = swa``. The mapping (int64, ``size + page_size + 1`` entries,
+0 = unmapped, trailing -1 so that ``last_loc = -1`` translates to -1) is owned by the allocator
+and registered into the ``SWAKVPool`` (``kvcache.register_mapping``), which reads it.
+
+Safer than SGLang: the capacity of both sides is checked on the host before anything runs, and
+should an inner allocation still fail the side that succeeded is rolled back (SGLang's
+``alloc_decode`` leaks the full side); ``free_swa`` clears the mapping of every slot of the freed
+full pages.
+
+Cost note: releasing window slots needs the number of mapped window pages on the host, so
+``free``/``free_swa`` make one device->host sync per call (one per step inside a free group).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from mem_cache_allocator._composite import make_inner, new_mapping, slots_of_pages_touched
+from mem_cache_allocator._page_allocator import PageAllocatorState
+from mem_cache_allocator._pages import (
+    check_cpu_lengths,
+    num_new_pages_decode,
+    num_new_pages_extend,
+)
+from mem_cache_allocator.base import BaseTokenToKVPoolAllocator
+
+if TYPE_CHECKING:
+    from mem_cache_pool.swa import BaseSWAKVPool
+
+__all__ = ["SWAAllocatorState", "SWATokenToKVPoolAllocator"]
+
+
+@dataclass(frozen=True, slots=True)
+class SWAAllocatorState:
+    """Opaque result of :meth:`SWATokenToKVPoolAllocator.backup_state`."""
+
+    owner: int
+    full: PageAllocatorState
+    swa: PageAllocatorState
+    mapping: torch.Tensor
+
+
+class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
+    """``SWATokenToKVPoolAllocator(size, size_swa, page_size, dtype, device, kvcache,
+    need_sort=False, *, debug=False)``; ``kvcache`` is a ``BaseSWAKVPool`` or ``None``."""
+
+    def __init__(  # noqa: PLR0917 - SGLang-compatible positional signature
+        self,
+        size: int,
+        size_swa: int,
+        page_size: int,
+        dtype: torch.dtype,
+        device: str | torch.device,
+        kvcache: BaseSWAKVPool | None,
+        need_sort: bool = False,
+        *,
+        debug: bool = False,
+    ) -> None:
+        super().__init__(size, page_size, dtype, device, kvcache, need_sort)
+        if isinstance(size_swa, bool) or not isinstance(size_swa, int) or size_swa < 0:
+            raise ValueError(f"size_swa must be a non-negative int, got {size_swa!r}")
+        self._size_full = size
+        self._size_swa = size_swa
+        self.size = min(size, size_swa)
+        full_pool = None if kvcache is None else kvcache.full_kv_pool
+        swa_pool = None if kvcache is None else kvcache.swa_kv_pool
+        self.full_attn_allocator = make_inner(
+            size, page_size, dtype, self.device, full_pool, need_sort, debug
+        )
+        self.swa_attn_allocator = make_inner(
+            size_swa, page_size, dtype, self.device, swa_pool, need_sort, debug
+        )
+        self.full_to_swa_index_mapping = new_mapping(size + page_size, self.device)
+        self._swa_group: list[torch.Tensor] = []
+        if kvcache is not None:
+            kvcache.register_mapping(self.full_to_swa_index_mapping)
+
+    # ------------------------------------------------------------------ capacity
+    @property
+    def size_full(self) -> int:
+        return self._size_full
+
+    @property
+    def size_swa(self) -> int:
+        return self._size_swa
+
+    def available_size(self) -> int:
+        return min(self.full_available_size(), self.swa_available_size())
+
+    def full_available_size(self) -> int:
+        return self.full_attn_allocator.available_size()
+
+    def swa_available_size(self) -> int:
+        return self.swa_attn_allocator.available_size()
+
+    def _fits(self, full_pages: int, swa_pages: int) -> bool:
+        return (
+            full_pages <= self.full_attn_allocator.free_page_count()
+            and swa_pages <= self.swa_attn_allocator.free_page_count()
+        )
+
+    # ------------------------------------------------------------------ mapping
+    def translate_loc_from_full_to_swa(self, kv_indices: torch.Tensor) -> torch.Tensor:
+        """Window slots of full slots ``kv_indices`` (0 = not in the window, -1 for -1)."""
+        return self.full_to_swa_index_mapping[kv_indices]
+
+    def set_full_to_swa_mapping(
+        self, full_indices: torch.Tensor, swa_indices: torch.Tensor
+    ) -> None:
+        """``mapping[full_indices] = swa_indices`` (HiCache load-back rebuilds it this way)."""
+        if full_indices.shape != swa_indices.shape:
+            raise ValueError(
+                f"full_indices and swa_indices must have the same shape, got "
+                f"{tuple(full_indices.shape)} and {tuple(swa_indices.shape)}"
+            )
+        if full_indices.numel():
+            self.full_to_swa_index_mapping[full_indices] = swa_indices.to(torch.int64)
+
+    # ------------------------------------------------------------------ allocation
+    def _rollback(self, backups: tuple[PageAllocatorState, PageAllocatorState]) -> None:
+        self.full_attn_allocator.restore_state(backups[0])
+        self.swa_attn_allocator.restore_state(backups[1])
+
+    def _backups(self) -> tuple[PageAllocatorState, PageAllocatorState]:
+        return self.full_attn_allocator.backup_state(), self.swa_attn_allocator.backup_state()
+
+    def alloc(self, need_size: int) -> torch.Tensor | None:
+        if isinstance(need_size, bool) or not isinstance(need_size, int) or need_size < 0:
+            raise ValueError(f"need_size must be a non-negative int, got {need_size!r}")
+        pages = -(-need_size // self.page_size)
+        if not self._fits(pages, pages):
+            return None
+        backups = self._backups()
+        full = self.full_attn_allocator.alloc(need_size)
+        swa = self.swa_attn_allocator.alloc(need_size) if full is not None else None
+        if full is None or swa is None:
+            self._rollback(backups)
+            return None
+        self.full_to_swa_index_mapping[full] = swa
+        return full
+
+    def alloc_extend(  # noqa: PLR0917 - SGLang-compatible positional signature
+        self,
+        prefix_lens: torch.Tensor,
+        prefix_lens_cpu: torch.Tensor,
+        seq_lens: torch.Tensor,
+        seq_lens_cpu: torch.Tensor,
+        last_loc: torch.Tensor,
+        extend_num_tokens: int,
+    ) -> torch.Tensor | None:
+        check_cpu_lengths("seq_lens_cpu", seq_lens_cpu)
+        check_cpu_lengths("prefix_lens_cpu", prefix_lens_cpu, seq_lens_cpu.shape[0])
+        pages, _ = num_new_pages_extend(prefix_lens_cpu, seq_lens_cpu, self.page_size)
+        if not self._fits(pages, pages):
+            return None
+        swa_last_loc = self.translate_loc_from_full_to_swa(last_loc)
+        backups = self._backups()
+        full = self.full_attn_allocator.alloc_extend(
+            prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens
+        )
+        if full is None:
+            return None
+        try:
+            swa = self.swa_attn_allocator.alloc_extend(
+                prefix_lens,
+                prefix_lens_cpu,
+                seq_lens,
+                seq_lens_cpu,
+                swa_last_loc,
+                extend_num_tokens,
+            )
+        except BaseException:
+            self._rollback(backups)
+            raise
+        if swa is None:
+            self._rollback(backups)
+            return None
+        self.full_to_swa_index_mapping[full] = swa
+        return full
+
+    def alloc_extend_swa_tail(  # noqa: PLR0917 - SGLang-compatible positional signature
+        self,
+        prefix_lens: torch.Tensor,
+        prefix_lens_cpu: torch.Tensor,
+        seq_lens: torch.Tensor,
+        seq_lens_cpu: torch.Tensor,
+        last_loc: torch.Tensor,
+        extend_num_tokens: int,
+        swa_tail_len: int,
+    ) -> torch.Tensor | None:
+        """Full slots for the whole extend, window slots only for its last ``swa_tail_len``.
+
+        Batch size 1 (PD decode pre-allocation). The window slots are a fresh allocation
+        (prefix 0, ``last_loc`` -1 in the window space); earlier tokens stay unmapped (0).
+        """
+        bs = check_cpu_lengths("seq_lens_cpu", seq_lens_cpu)
+        if bs != 1:
+            raise ValueError(f"alloc_extend_swa_tail supports one request, got {bs}")
+        check_cpu_lengths("prefix_lens_cpu", prefix_lens_cpu, 1)
+        if not 0 <= swa_tail_len <= extend_num_tokens:
+            raise ValueError(
+                f"swa_tail_len must be in [0, extend_num_tokens={extend_num_tokens}], "
+                f"got {swa_tail_len}"
+            )
+        ps = self.page_size
+        full_pages, _ = num_new_pages_extend(prefix_lens_cpu, seq_lens_cpu, ps)
+        if not self._fits(full_pages, -(-swa_tail_len // ps)):
+            return None
+        backups = self._backups()
+        full = self.full_attn_allocator.alloc_extend(
+            prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens
+        )
+        if full is None or swa_tail_len == 0:
+            return full
+        dev = self.device
+        zero = torch.zeros(1, dtype=torch.int64)
+        tail = torch.tensor([swa_tail_len], dtype=torch.int64)
+        swa = self.swa_attn_allocator.alloc_extend(
+            zero.to(dev),
+            zero,
+            tail.to(dev),
+            tail,
+            torch.full((1,), -1, dtype=torch.int64, device=dev),
+            swa_tail_len,
+        )
+        if swa is None:
+            self._rollback(backups)
+            return None
+        self.full_to_swa_index_mapping[full[-swa_tail_len:]] = swa
+        return full
+
+    def alloc_decode(
+        self, seq_lens: torch.Tensor, seq_lens_cpu: torch.Tensor, last_loc: torch.Tensor
+    ) -> torch.Tensor | None:
+        check_cpu_lengths("seq_lens_cpu", seq_lens_cpu)
+        pages = num_new_pages_decode(seq_lens_cpu, self.page_size)
+        if not self._fits(pages, pages):
+            return None
+        swa_last_loc = self.translate_loc_from_full_to_swa(last_loc)
+        backups = self._backups()
+        full = self.full_attn_allocator.alloc_decode(seq_lens, seq_lens_cpu, last_loc)
+        swa = (
+            self.swa_attn_allocator.alloc_decode(seq_lens, seq_lens_cpu, swa_last_loc)
+            if full is not None
+            else None
+        )
+        if full is None or swa is None:
+            self._rollback(backups)
+            return None
+        self.full_to_swa_index_mapping[full] = swa
+        return full
+
+    # ------------------------------------------------------------------ free
+    def free(self, free_index: torch.Tensor) -> None:
+        """Free full slots (same contract as the paged ``free``) and their window slots."""
+        if free_index.numel() == 0:
+            return
+        self.full_attn_allocator.free(free_index)
+        if self._free_group is not None:
+            self._swa_group.append(free_index.to(device=self.device, dtype=torch.int64, copy=True))
+        else:
+            self.free_swa(free_index)
+
+    def free_swa(self, free_index: torch.Tensor) -> None:
+        """Release the window slots mapped from every full page ``free_index`` touches.
+
+        The full slots stay allocated; their mapping entries (whole pages) become 0. Syncs once.
+        """
+        if free_index.numel() == 0:
+            return
+        full_slots = slots_of_pages_touched(free_index.to(self.device), self.page_size)
+        swa = self.full_to_swa_index_mapping[full_slots]
+        swa = swa[swa > 0]
+        if swa.numel():
+            self.swa_attn_allocator.free_unaligned(swa)
+        self.full_to_swa_index_mapping[full_slots] = 0
+
+    def free_group_begin(self) -> None:
+        super().free_group_begin()
+        self.full_attn_allocator.free_group_begin()
+        self._swa_group = []
+
+    def free_group_end(self) -> None:
+        if self._free_group is None:
+            raise RuntimeError(
+                "SWATokenToKVPoolAllocator.free_group_end() called without free_group_begin()"
+            )
+        self._free_group = None
+        swa_group, self._swa_group = self._swa_group, []
+        self.full_attn_allocator.free_group_end()
+        if swa_group:
+            self.free_swa(torch.cat(swa_group))
+
+    # ------------------------------------------------------------------ state
+    def merge_and_sort_free(self) -> None:
+        self.full_attn_allocator.merge_and_sort_free()
+        self.swa_attn_allocator.merge_and_sort_free()
+
+    def clear(self) -> None:
+        self.full_attn_allocator.clear()
+        self.swa_attn_allocator.clear()
+        self.full_to_swa_index_mapping[:-1].fill_(0)
+        self._free_group = None
+        self._swa_group = []
+
+    def backup_state(self) -> SWAAllocatorState:
+        full, swa = self._backups()
+        return SWAAllocatorState(
+            owner=id(self), full=full, swa=swa, mapping=self.full_to_swa_index_mapping.clone()
+        )
+
+    def restore_state(self, state: Any) -> None:
+        if not isinstance(state, SWAAllocatorState) or state.owner != id(self):
+            raise ValueError(
+                f"state must come from this allocator's backup_state(), got {type(state).__name__}"
+            )
+        self._rollback((state.full, state.swa))
+        self.full_to_swa_index_mapping.copy_(state.mapping)
+
+    def debug_print(self) -> str:
+        return (
+            f"#full-available-size: {self.full_available_size()}, "
+            f"#swa-available-size: {self.swa_available_size()}, "
+        )
