@@ -1,3 +1,57 @@
-"""mem_cache_kernels."""
+"""mem_cache_kernels: slot allocation, KV stores and host/device KV transfers.
 
-__all__: list[str] = []
+Every op has a torch reference implementation (any device; the CPU path) and, except the
+host-driven ``direct_*`` copies, a Triton implementation (GPU tensors, or CPU under
+``TRITON_INTERPRET=1``). Each op validates its arguments first, then dispatches on
+``backend="auto" | "torch" | "triton"`` (see :func:`resolve_backend`; the environment variable
+``MEM_CACHE_KERNELS_BACKEND`` replaces ``"auto"``). Importing this package never imports triton.
+"""
+
+from mem_cache_kernels._alloc import alloc_decode, alloc_extend
+from mem_cache_kernels._direct import (
+    direct_backup_all_layers_to_page_first_direct,
+    direct_load_layer_from_page_first_direct,
+    direct_transfer_rows,
+)
+from mem_cache_kernels._dispatch import (
+    BACKEND_ENV_VAR,
+    Backend,
+    ResolvedBackend,
+    resolve_backend,
+    triton_available,
+)
+from mem_cache_kernels._move import copy_all_layer_kv_cache
+from mem_cache_kernels._registry import OpInfo, list_ops
+from mem_cache_kernels._req_table import get_last_loc, write_req_to_token
+from mem_cache_kernels._store import get_mla_kv_buffer, set_mla_kv_buffer, store_kv
+from mem_cache_kernels._transfer import (
+    backup_all_layers_to_page_first,
+    load_layer_from_page_first,
+    transfer_rows,
+    transfer_rows_all_layers,
+)
+
+__all__ = [
+    "BACKEND_ENV_VAR",
+    "Backend",
+    "OpInfo",
+    "ResolvedBackend",
+    "alloc_decode",
+    "alloc_extend",
+    "backup_all_layers_to_page_first",
+    "copy_all_layer_kv_cache",
+    "direct_backup_all_layers_to_page_first_direct",
+    "direct_load_layer_from_page_first_direct",
+    "direct_transfer_rows",
+    "get_last_loc",
+    "get_mla_kv_buffer",
+    "list_ops",
+    "load_layer_from_page_first",
+    "resolve_backend",
+    "set_mla_kv_buffer",
+    "store_kv",
+    "transfer_rows",
+    "transfer_rows_all_layers",
+    "triton_available",
+    "write_req_to_token",
+]

@@ -1,0 +1,199 @@
+"""Host-driven ("direct") transfers: one slice copy per maximal run of consecutive rows or pages.
+
+No kernel: the index tensors are moved to the CPU once, maximal runs where both the source and the
+destination indices advance by one are found with vectorised torch ops, and each run is one
+``copy_`` per buffer (``non_blocking`` so device copies overlap). The ``page_first_direct`` host
+layout is per role ``[pages, L, page_size, *row]``; its indices are *slot* indices (host page row =
+``idx // page_size``). Indices are page-granular: ``numel % page_size == 0`` and every page's
+``page_size`` indices are consecutive (checked). A negative index skips its row
+(``direct_transfer_rows``) or its whole page (page-first-direct ops: the first index decides).
+
+``backend`` is accepted for a uniform signature and validated, but every backend runs the same
+host-driven copies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import get_args
+
+import torch
+
+from mem_cache_kernels import _validate as v
+from mem_cache_kernels._dispatch import Backend
+from mem_cache_kernels._transfer import check_layers, check_page_first, check_role_pair
+
+__all__ = [
+    "direct_backup_all_layers_to_page_first_direct",
+    "direct_load_layer_from_page_first_direct",
+    "direct_transfer_rows",
+    "find_runs",
+]
+
+
+def find_runs(
+    src: torch.Tensor, dst: torch.Tensor, *, dst_step: int = 1
+) -> list[tuple[int, int, int]]:
+    """Maximal runs ``(src_start, dst_start, length)`` of pairs where ``src`` advances by one and
+    ``dst`` by ``dst_step``.
+
+    ``src``/``dst`` are CPU int64 tensors of equal length; pairs with a negative index are dropped
+    first (they also end a run).
+    """
+    keep = (src >= 0) & (dst >= 0)
+    if not bool(keep.all()):
+        pos = torch.nonzero(keep, as_tuple=True)[0]
+        # a dropped pair breaks a run even if the indices around it happen to be consecutive
+        gap = torch.ones(pos.numel(), dtype=torch.bool)
+        gap[1:] = pos[1:] != pos[:-1] + 1
+        src, dst = src[keep], dst[keep]
+    else:
+        gap = torch.zeros(src.numel(), dtype=torch.bool)
+    n = src.numel()
+    if n == 0:
+        return []
+    brk = torch.ones(n, dtype=torch.bool)
+    brk[1:] = (src[1:] != src[:-1] + 1) | (dst[1:] != dst[:-1] + dst_step) | gap[1:]
+    starts = torch.nonzero(brk, as_tuple=True)[0]
+    ends = torch.cat([starts[1:], torch.tensor([n])])
+    return list(
+        zip(src[starts].tolist(), dst[starts].tolist(), (ends - starts).tolist(), strict=True)
+    )
+
+
+def _check_backend(backend: object) -> None:
+    if backend not in get_args(Backend):
+        raise ValueError(f"backend must be one of {get_args(Backend)}, got {backend!r}")
+
+
+def _cpu_indices(
+    a: object, b: object, a_name: str, b_name: str, page_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    ai = v.check_index(a_name, a)
+    bi = v.check_index(b_name, b)
+    v.check_same_length(**{a_name: ai, b_name: bi})
+    if ai.numel() % page_size:
+        raise ValueError(
+            f"{a_name} length must be a multiple of page_size {page_size}, got {ai.numel()}"
+        )
+    return ai.to("cpu", torch.int64), bi.to("cpu", torch.int64)
+
+
+def _check_page_granular(name: str, idx: torch.Tensor, page_size: int, aligned: bool) -> None:
+    pages = idx.view(-1, page_size)
+    first = pages[:, :1]
+    live = first[:, 0] >= 0
+    step = torch.arange(page_size, dtype=torch.int64)
+    if not bool((pages[live] == first[live] + step).all()):
+        raise ValueError(f"{name} must hold whole pages of {page_size} consecutive indices")
+    if aligned and bool((first[live] % page_size != 0).any()):
+        raise ValueError(f"{name} pages must start at multiples of page_size {page_size}")
+
+
+def direct_transfer_rows(
+    src: Sequence[Sequence[torch.Tensor]],
+    dst: Sequence[Sequence[torch.Tensor]],
+    src_indices: torch.Tensor,
+    dst_indices: torch.Tensor,
+    page_size: int,
+    *,
+    backend: Backend = "auto",
+) -> None:
+    """Layer-first both sides, ``[role][layer]``:
+    ``dst[r][l][dst_indices] = src[r][l][src_indices]``, one slice copy per run (host-driven)."""
+    _check_backend(backend)
+    ps = v.check_page_size(page_size)
+    s = check_layers("src", src, None)
+    d = check_layers("dst", dst, len(s))
+    if len(s[0]) != len(d[0]):
+        raise ValueError(f"dst must have {len(s[0])} layers per role like src, got {len(d[0])}")
+    si, di = _cpu_indices(src_indices, dst_indices, "src_indices", "dst_indices", ps)
+    pairs = [(a, b) for sl, dl in zip(s, d) for a, b in zip(sl, dl)]
+    for i, (a, b) in enumerate(pairs):
+        check_role_pair(f"src (buffer {i})", a, f"dst (buffer {i})", b)
+        v.check_index_range("src_indices", si, a.shape[0], f"src (buffer {i})")
+        v.check_index_range("dst_indices", di, b.shape[0], f"dst (buffer {i})")
+    for s0, d0, n in find_runs(si, di):
+        for a, b in pairs:
+            b[d0 : d0 + n].copy_(a[s0 : s0 + n], non_blocking=True)
+
+
+def _page_runs(
+    host_idx: torch.Tensor, dev_idx: torch.Tensor, page_size: int
+) -> list[tuple[int, int, int]]:
+    """Runs ``(host_page, device_slot, n_pages)`` of consecutive pages on both sides."""
+    hp = host_idx.view(-1, page_size)[:, 0]
+    dp = dev_idx.view(-1, page_size)[:, 0]
+    live = (hp >= 0) & (dp >= 0)
+    minus = torch.full_like(hp, -1)
+    return find_runs(
+        torch.where(live, hp // page_size, minus), torch.where(live, dp, minus), dst_step=page_size
+    )
+
+
+def direct_load_layer_from_page_first_direct(  # noqa: PLR0917
+    host: Sequence[torch.Tensor],
+    device: Sequence[torch.Tensor],
+    host_indices: torch.Tensor,
+    device_indices: torch.Tensor,
+    layer_id: int,
+    page_size: int,
+    *,
+    backend: Backend = "auto",
+) -> None:
+    """Host page-first-direct ``[pages, L, page_size, *row]`` -> one device layer ``[rows, *row]``:
+    for each page, ``device[r][d:d+ps] = host[r][h // ps, layer_id]`` (runs coalesced)."""
+    _check_backend(backend)
+    ps = v.check_page_size(page_size)
+    h = check_page_first("host", host, None, min_dim=4)
+    d = v.check_tensor_list("device", device, length=len(h))
+    layer = v.check_int("layer_id", layer_id, minimum=0)
+    hi, di = _cpu_indices(host_indices, device_indices, "host_indices", "device_indices", ps)
+    _check_page_granular("host_indices", hi, ps, aligned=True)
+    _check_page_granular("device_indices", di, ps, aligned=False)
+    for r, (a, b) in enumerate(zip(h, d)):
+        if a.shape[2] != ps or layer >= a.shape[1]:
+            raise ValueError(
+                f"host[{r}] must be [pages, L > {layer}, {ps}, *row], got {tuple(a.shape)}"
+            )
+        check_role_pair(f"host[{r}][:, layer_id, 0]", a[:, layer, 0], f"device[{r}]", b)
+        v.check_index_range("host_indices", hi // ps, a.shape[0], f"host[{r}] pages")
+        v.check_index_range("device_indices", di, b.shape[0], f"device[{r}]")
+    for h0, d0, n in _page_runs(hi, di, ps):
+        for a, b in zip(h, d):
+            dst = b[d0 : d0 + n * ps].view(n, ps, *b.shape[1:])
+            dst.copy_(a[h0 : h0 + n, layer], non_blocking=True)
+
+
+def direct_backup_all_layers_to_page_first_direct(
+    device: Sequence[Sequence[torch.Tensor]],
+    host: Sequence[torch.Tensor],
+    device_indices: torch.Tensor,
+    host_indices: torch.Tensor,
+    page_size: int,
+    *,
+    backend: Backend = "auto",
+) -> None:
+    """Device layers ``[role][layer]`` -> host page-first-direct ``[pages, L, page_size, *row]``,
+    every layer: ``host[r][h // ps, l] = device[r][l][d:d+ps]`` per page (runs coalesced)."""
+    _check_backend(backend)
+    ps = v.check_page_size(page_size)
+    d = check_layers("device", device, None)
+    h = check_page_first("host", host, len(d), min_dim=4)
+    di, hi = _cpu_indices(device_indices, host_indices, "device_indices", "host_indices", ps)
+    _check_page_granular("host_indices", hi, ps, aligned=True)
+    _check_page_granular("device_indices", di, ps, aligned=False)
+    for r, (layers, a) in enumerate(zip(d, h)):
+        if a.shape[2] != ps or a.shape[1] != len(layers):
+            raise ValueError(
+                f"host[{r}] must be [pages, {len(layers)}, {ps}, *row], got {tuple(a.shape)}"
+            )
+        v.check_index_range("host_indices", hi // ps, a.shape[0], f"host[{r}] pages")
+        for i, b in enumerate(layers):
+            check_role_pair(f"device[{r}][{i}]", b, f"host[{r}][:, {i}, 0]", a[:, i, 0])
+            v.check_index_range("device_indices", di, b.shape[0], f"device[{r}][{i}]")
+    for h0, d0, n in _page_runs(hi, di, ps):
+        for layers, a in zip(d, h):
+            for i, b in enumerate(layers):
+                src = b[d0 : d0 + n * ps].view(n, ps, *b.shape[1:])
+                a[h0 : h0 + n, i].copy_(src, non_blocking=True)

@@ -1,0 +1,109 @@
+"""Byte-row views shared by both backends: every data-movement op becomes a list of row copies.
+
+A *job* is a pair ``(src, dst)`` of uint8 ``[rows, row_bytes]`` views (no data copied; rows
+contiguous, any row stride). Each backend executes jobs with one pair of index tensors, so the
+torch reference and the Triton kernels move exactly the same bytes. Casts (e.g. bf16 -> fp8) are
+arithmetic and happen here, in torch, before any byte is moved.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from mem_cache_kernels._validate import as_byte_rows
+
+__all__ = [
+    "RowJob",
+    "all_layer_jobs",
+    "backup_page_first_jobs",
+    "byte_rows",
+    "cast_for_storage",
+    "load_page_first_jobs",
+    "mla_jobs",
+    "role_jobs",
+]
+
+RowJob = tuple[torch.Tensor, torch.Tensor]
+
+
+def _rows_contiguous(t: torch.Tensor) -> bool:
+    expected = 1
+    for size, stride in zip(reversed(t.shape[1:]), reversed(t.stride()[1:])):
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def byte_rows(name: str, t: torch.Tensor, *, copy_ok: bool = False) -> torch.Tensor:
+    """uint8 ``[rows, row_bytes]`` view of ``t``; ``copy_ok``: copy non-contiguous rows."""
+    if copy_ok and not _rows_contiguous(t):
+        t = t.contiguous()
+    return as_byte_rows(name, t)
+
+
+def cast_for_storage(
+    x: torch.Tensor, storage: torch.dtype, dtype: torch.dtype | None
+) -> torch.Tensor:
+    """Cast ``x`` to the logical ``dtype`` (default ``storage``), then view as ``storage``."""
+    logical = storage if dtype is None else dtype
+    y = x.to(logical)
+    return y if logical == storage else y.view(storage)
+
+
+def role_jobs(src: Sequence[torch.Tensor], dst: Sequence[torch.Tensor]) -> list[RowJob]:
+    """One job per role: ``src[r] -> dst[r]`` (both ``[rows, *row]``)."""
+    return [
+        (as_byte_rows(f"src[{r}]", s), as_byte_rows(f"dst[{r}]", d))
+        for r, (s, d) in enumerate(zip(src, dst))
+    ]
+
+
+def all_layer_jobs(
+    src: Sequence[Sequence[torch.Tensor]], dst: Sequence[Sequence[torch.Tensor]]
+) -> list[RowJob]:
+    """One job per role and layer: ``src[r][l] -> dst[r][l]``."""
+    return [
+        (as_byte_rows(f"src[{r}][{i}]", s), as_byte_rows(f"dst[{r}][{i}]", d))
+        for r, (src_layers, dst_layers) in enumerate(zip(src, dst))
+        for i, (s, d) in enumerate(zip(src_layers, dst_layers))
+    ]
+
+
+def load_page_first_jobs(
+    host: Sequence[torch.Tensor], device: Sequence[torch.Tensor], layer_id: int
+) -> list[RowJob]:
+    """Page-first host ``[slots, L, *row]`` at ``layer_id`` -> device layer ``[rows, *row]``."""
+    return [
+        (as_byte_rows(f"host[{r}]", h.select(1, layer_id)), as_byte_rows(f"device[{r}]", d))
+        for r, (h, d) in enumerate(zip(host, device))
+    ]
+
+
+def backup_page_first_jobs(
+    device: Sequence[Sequence[torch.Tensor]], host: Sequence[torch.Tensor]
+) -> list[RowJob]:
+    """Device layers ``[role][layer]`` -> page-first host ``[slots, L, *row]`` (every layer)."""
+    return [
+        (as_byte_rows(f"device[{r}][{i}]", d), as_byte_rows(f"host[{r}]", h.select(1, i)))
+        for r, (layers, h) in enumerate(zip(device, host))
+        for i, d in enumerate(layers)
+    ]
+
+
+def mla_jobs(
+    kv_buffer: torch.Tensor, nope: torch.Tensor, rope: torch.Tensor, *, to_buffer: bool
+) -> list[RowJob]:
+    """Jobs between the nope/rope byte columns of an MLA buffer and separate nope/rope tensors.
+
+    ``to_buffer`` True: ``nope -> buffer[:, :nope_bytes]``, ``rope -> buffer[:, nope_bytes:]``;
+    False: the reverse (gather). ``nope``/``rope`` hold the storage dtype already.
+    """
+    buf = as_byte_rows("kv_buffer", kv_buffer)
+    n_rows = byte_rows("k_nope", nope, copy_ok=to_buffer)
+    r_rows = byte_rows("k_rope", rope, copy_ok=to_buffer)
+    nb = n_rows.shape[1]
+    parts = [(n_rows, buf[:, :nb]), (r_rows, buf[:, nb:])]
+    return parts if to_buffer else [(b, x) for x, b in parts]

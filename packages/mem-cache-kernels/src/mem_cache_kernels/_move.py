@@ -1,0 +1,45 @@
+"""Row relocation across all layers: ``copy_all_layer_kv_cache`` (speculative-decoding moves)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from mem_cache_kernels import _validate as v
+from mem_cache_kernels._dispatch import Backend, resolve_backend, triton_impl
+from mem_cache_kernels._torch import move as ref
+
+__all__ = ["copy_all_layer_kv_cache"]
+
+
+def copy_all_layer_kv_cache(
+    buffers: Sequence[torch.Tensor],
+    tgt_loc: torch.Tensor,
+    src_loc: torch.Tensor,
+    *,
+    backend: Backend = "auto",
+) -> None:
+    """For every buffer ``b``: ``b[tgt_loc] = old b[src_loc]`` (all reads happen before any write).
+
+    ``buffers``: per-layer (and per-role) ``[rows, *row]`` tensors on one device, rows contiguous;
+    buffers may differ in row shape and dtype (e.g. K and V). ``tgt_loc``/``src_loc``: int32/int64,
+    equal lengths, on the buffers' device. Correct when the source and target rows overlap; a pair
+    with a negative index is skipped. Target indices must be distinct (otherwise which source wins
+    is unspecified).
+    """
+    bufs = v.check_tensor_list("buffers", buffers)
+    tgt = v.check_index("tgt_loc", tgt_loc)
+    src = v.check_index("src_loc", src_loc)
+    v.check_same_length(tgt_loc=tgt, src_loc=src)
+    device = bufs[0].device
+    v.check_same_device(device, **{f"buffers[{i}]": b for i, b in enumerate(bufs)})
+    v.check_same_device(device, tgt_loc=tgt, src_loc=src)
+    for i, b in enumerate(bufs):
+        v.as_byte_rows(f"buffers[{i}]", b)
+        v.check_index_range("tgt_loc", tgt, b.shape[0], f"buffers[{i}]")
+        v.check_index_range("src_loc", src, b.shape[0], f"buffers[{i}]")
+    if resolve_backend(backend, *bufs, tgt, src) == "triton":
+        triton_impl("move").copy_all_layer_kv_cache(bufs, tgt, src)
+    else:
+        ref.copy_all_layer_kv_cache(bufs, tgt, src)

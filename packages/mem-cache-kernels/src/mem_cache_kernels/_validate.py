@@ -1,0 +1,186 @@
+"""Shared argument checks for the public ops.
+
+Every public op validates its arguments with these helpers *before* any work, so a failed call
+mutates nothing. Caller mistakes raise ``TypeError`` (wrong Python type or tensor dtype) or
+``ValueError`` (wrong shape, length, device, size or value); every message names the argument, the
+expected and the actual value.
+
+Checks that need tensor *values* (for example "``out`` holds exactly sum(seq - prefix) slots") are
+done only when the tensor lives on the CPU, where reading it is free; on a GPU they would force a
+host synchronisation, so device tensors are trusted there (documented per op).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+__all__ = [
+    "INDEX_DTYPES",
+    "as_byte_rows",
+    "check_backend_arg",
+    "check_dtype_arg",
+    "check_dtype_itemsize",
+    "check_index",
+    "check_index_range",
+    "check_int",
+    "row_bytes",
+    "check_page_size",
+    "check_same_device",
+    "check_same_length",
+    "check_tensor",
+    "check_tensor_list",
+    "is_power_of_two",
+]
+
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def check_tensor(name: str, value: object) -> torch.Tensor:
+    """Return ``value`` if it is a tensor, else raise ``TypeError`` naming ``name``."""
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    return value
+
+
+def check_index(name: str, value: object, *, allow_int64_only: bool = False) -> torch.Tensor:
+    """Check that ``value`` is a 1-D int32/int64 tensor (int64 only when ``allow_int64_only``)."""
+    t = check_tensor(name, value)
+    allowed = (torch.int64,) if allow_int64_only else INDEX_DTYPES
+    if t.dtype not in allowed:
+        expected = " or ".join(str(d).removeprefix("torch.") for d in allowed)
+        raise TypeError(f"{name} must be {expected}, got {t.dtype}")
+    if t.dim() != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
+    return t
+
+
+def check_same_length(**tensors: torch.Tensor) -> int:
+    """Check that all given 1-D tensors have the same length; return it."""
+    lengths = {name: t.shape[0] for name, t in tensors.items()}
+    if len(set(lengths.values())) > 1:
+        desc = ", ".join(f"{name}={n}" for name, n in lengths.items())
+        raise ValueError(f"index tensors must have equal lengths, got {desc}")
+    return next(iter(lengths.values())) if lengths else 0
+
+
+def check_same_device(device: torch.device, **tensors: torch.Tensor) -> None:
+    """Check that every tensor lives on ``device``."""
+    for name, t in tensors.items():
+        if t.device != device:
+            raise ValueError(f"{name} must be on {device}, got a tensor on {t.device}")
+
+
+def check_int(name: str, value: object, *, minimum: int | None = None) -> int:
+    """Check that ``value`` is a Python int (not bool), optionally ``>= minimum``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def is_power_of_two(n: int) -> bool:
+    """True for 1, 2, 4, ..."""
+    return n > 0 and n & (n - 1) == 0
+
+
+def check_page_size(value: object, name: str = "page_size") -> int:
+    """Check that the page size is a positive power of two (1 included)."""
+    n = check_int(name, value, minimum=1)
+    if not is_power_of_two(n):
+        raise ValueError(f"{name} must be a power of two, got {n}")
+    return n
+
+
+def check_backend_arg(value: object) -> str:
+    """Check the Python type of ``backend`` (its value is checked by ``resolve_backend``)."""
+    if not isinstance(value, str):
+        raise TypeError(f"backend must be a str, got {type(value).__name__}")
+    return value
+
+
+def check_tensor_list(name: str, value: object, *, length: int | None = None) -> list[torch.Tensor]:
+    """Check a non-empty sequence of tensors (optionally of a given length); return it as a list."""
+    if isinstance(value, torch.Tensor) or not isinstance(value, Sequence):
+        raise TypeError(f"{name} must be a sequence of tensors, got {type(value).__name__}")
+    items = list(value)
+    if not items:
+        raise ValueError(f"{name} must not be empty")
+    if length is not None and len(items) != length:
+        raise ValueError(f"{name} must hold {length} tensors, got {len(items)}")
+    for i, t in enumerate(items):
+        check_tensor(f"{name}[{i}]", t)
+    return items
+
+
+def check_dtype_itemsize(name: str, logical: torch.dtype, storage: torch.dtype) -> None:
+    """Check that ``logical`` values can be reinterpreted as ``storage`` (same item size)."""
+    if logical.itemsize != storage.itemsize:
+        raise ValueError(
+            f"{name} must have the item size of the storage dtype {storage} "
+            f"({storage.itemsize} bytes), got {logical} ({logical.itemsize} bytes)"
+        )
+
+
+def check_dtype_arg(name: str, value: object) -> torch.dtype | None:
+    """Check an optional ``torch.dtype`` keyword."""
+    if value is not None and not isinstance(value, torch.dtype):
+        raise TypeError(f"{name} must be a torch.dtype or None, got {type(value).__name__}")
+    return value
+
+
+def check_index_range(name: str, idx: torch.Tensor, rows: int, what: str) -> None:
+    """On CPU only (free to read): every index must be ``< rows`` (negatives mean "skip")."""
+    if idx.device.type != "cpu" or idx.numel() == 0:
+        return
+    top = int(idx.max())
+    if top >= rows:
+        raise ValueError(f"{name} must index rows of {what} (< {rows}), got index {top}")
+
+
+def row_bytes(t: torch.Tensor) -> int:
+    """Bytes of one row (everything after the leading dimension)."""
+    n = t.element_size()
+    for size in t.shape[1:]:
+        n *= size
+    return n
+
+
+def as_byte_rows(name: str, t: torch.Tensor) -> torch.Tensor:
+    """View ``t`` (``[rows, *row]``, any row stride, C-contiguous rows) as uint8 ``[rows, bytes]``.
+
+    No data is copied. Raises ``ValueError`` when a row is not contiguous in memory (the row
+    stride itself may be anything, e.g. a page-first host buffer sliced at one layer).
+    """
+    if t.dim() < 1:
+        raise ValueError(f"{name} must have a leading row dimension, got a 0-d tensor")
+    if t.dim() == 1:
+        t = t.unsqueeze(1)
+    expected = 1
+    for size, stride in zip(reversed(t.shape[1:]), reversed(t.stride()[1:])):
+        if size != 1 and stride != expected:
+            raise ValueError(
+                f"{name} must have C-contiguous rows (inner strides {_contig_strides(t)}), "
+                f"got strides {tuple(t.stride())} for shape {tuple(t.shape)}"
+            )
+        expected *= size
+    rows = t.shape[0]
+    row_elems = expected
+    if row_elems == 0:
+        raise ValueError(
+            f"{name} must have rows of at least one element, got shape {tuple(t.shape)}"
+        )
+    row_stride = t.stride(0) if rows > 1 else row_elems
+    flat = t.as_strided((rows, row_elems), (row_stride, 1))
+    return flat.view(torch.uint8)
+
+
+def _contig_strides(t: torch.Tensor) -> tuple[int, ...]:
+    out: list[int] = []
+    acc = 1
+    for size in reversed(t.shape[1:]):
+        out.append(acc)
+        acc *= size
+    return tuple(reversed(out))
