@@ -15,9 +15,11 @@ Contract:
 * Transfers: ``load_to_device_per_layer`` copies one layer host -> device and advances
   ``layer_done_counter``; ``backup_from_device_all_layer`` copies every layer device -> host. Rows
   are bit-exact byte copies in the store dtype. ``layer_id`` is the *local* layer index
-  (``0..layer_num-1``, as the cache controller loops). Host indices are validated against the
-  capacity when on the CPU; device indices are the kernels' to check. A failing load aborts the
-  counter's batch in flight so readers never deadlock.
+  (``0..layer_num-1``, as the cache controller loops). Indices (int32/int64, equal lengths, in
+  range; whole pages for direct IO; ``-1`` entries skipped) are validated by the kernel ops before
+  any copy, so a rejected call copies nothing. ``"kernel"`` IO gets its indices on the device
+  pool's device, ``"direct"`` on the CPU. A failing load aborts the counter's batch in flight so
+  readers never deadlock.
 * Thread safety: alloc/free/clear/available_size/close hold ``self.lock`` (an RLock); transfers do
   not (IO threads move disjoint slots concurrently).
 * ``close()`` unregisters host memory (idempotent); the pool is unusable afterwards.
@@ -27,13 +29,12 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 
 from mem_cache_pool.base import KVBufferDesc
-from mem_cache_pool_host import _pages, _transfer
+from mem_cache_pool_host import _transfer
 from mem_cache_pool_host.capacity import (
     DEFAULT_HOST_TO_DEVICE_RATIO,
     HostCapacity,
@@ -53,6 +54,7 @@ from mem_cache_pool_host.memory import (
     HostTensorAllocator,
     default_host_tensor_allocator,
 )
+from mem_cache_pool_host.pages import StoragePageMixin
 from mem_cache_pool_host.slots import HostSlotAllocator
 
 __all__ = ["DevicePoolLike", "HostKVCache", "resolve_buffer_desc"]
@@ -83,7 +85,7 @@ def resolve_buffer_desc(device_pool: DevicePoolLike | KVBufferDesc) -> KVBufferD
     return desc
 
 
-class HostKVCache:
+class HostKVCache(StoragePageMixin):
     """Base of the host pools (see the module docstring). Subclasses pin the expected roles."""
 
     expected_roles: ClassVar[tuple[str, ...] | None] = None
@@ -263,17 +265,11 @@ class HostKVCache:
             )
         return desc
 
-    def _check_host_indices(self, host_indices: torch.Tensor, device_indices: torch.Tensor) -> None:
+    @staticmethod
+    def _check_indices(host_indices: torch.Tensor, device_indices: torch.Tensor) -> None:
         for name, idx in (("host_indices", host_indices), ("device_indices", device_indices)):
             if not isinstance(idx, torch.Tensor):
                 raise TypeError(f"{name} must be a torch.Tensor, got {type(idx).__name__}")
-        if host_indices.device.type == "cpu" and host_indices.numel():
-            lo, hi = int(host_indices.min()), int(host_indices.max())
-            if hi >= self.size or lo < -1:
-                raise ValueError(
-                    f"host_indices must lie in [0, {self.size}) (or be -1 to skip), "
-                    f"got range [{lo}, {hi}]"
-                )
 
     def _io_backend(self, io_backend: str) -> IOBackend:
         backend = effective_io_backend(self.layout, io_backend)
@@ -307,7 +303,7 @@ class HostKVCache:
                 raise ValueError(f"layer_id must be in [0, {self.layer_num}), got {layer_id}")
             desc = self._desc_for(device_pool)
             backend = self._io_backend(io_backend)
-            self._check_host_indices(host_indices, device_indices)
+            self._check_indices(host_indices, device_indices)
             device_layer = [desc.buffers[r][layer_id] for r in range(len(self.roles))]
             _transfer.load_one_layer(
                 layout=self.layout,
@@ -339,7 +335,7 @@ class HostKVCache:
         self._check_open()
         desc = self._desc_for(device_pool)
         backend = self._io_backend(io_backend)
-        self._check_host_indices(host_indices, device_indices)
+        self._check_indices(host_indices, device_indices)
         _transfer.backup_all_layers(
             layout=self.layout,
             backend=backend,
@@ -349,81 +345,4 @@ class HostKVCache:
             device_indices=self._indices_for(backend, desc, device_indices),
             host_indices=self._indices_for(backend, desc, host_indices),
             page_size=self.page_size,
-        )
-
-    # -------------------------------------------------------- storage pages
-    def _page_of(self, index: int) -> int:
-        if isinstance(index, bool) or not isinstance(index, int):
-            raise TypeError(f"index must be an int host slot, got {type(index).__name__}")
-        if index % self.page_size or not 0 <= index < self.size:
-            raise ValueError(
-                f"index must be the first slot of a page: a multiple of page_size="
-                f"{self.page_size} in [0, {self.size}), got {index}"
-            )
-        return index // self.page_size
-
-    @property
-    def page_numel(self) -> int:
-        """Elements (store dtype) of one flat page: all roles, all layers, ``page_size`` tokens."""
-        return sum(b // self.buffers[0].element_size() for b in self.row_bytes) * (
-            self.layer_num * self.page_size
-        )
-
-    def get_data_page(self, index: int, flat: bool = True) -> torch.Tensor:
-        """The page starting at host slot ``index``, in the layout-independent page format.
-
-        ``flat=True``: 1-D, ``page_numel`` store-dtype elements (roles concatenated, each
-        ``[layer_num, page_size, *row]``). ``flat=False``: ``[roles, layer_num, page_size, *row]``
-        (``ValueError`` when roles have different row shapes). Always a copy.
-        """
-        self._check_open()
-        parts = _pages.read_page(self.layout, self.buffers, self._page_of(index), self.page_size)
-        if flat:
-            return torch.cat([p.reshape(-1) for p in parts])
-        if len(set(self.row_shapes)) != 1:
-            raise ValueError(f"flat=False needs equal row shapes per role, got {self.row_shapes}")
-        return torch.stack(parts)
-
-    def get_dummy_flat_data_page(self) -> torch.Tensor:
-        """A zeroed flat page (``page_numel`` elements of the store dtype)."""
-        return torch.zeros(self.page_numel, dtype=self.store_dtype)
-
-    def set_from_flat_data_page(self, index: int, data_page: torch.Tensor) -> None:
-        """Write a flat page (as from ``get_data_page``) into the page starting at ``index``."""
-        self._check_open()
-        page = self._page_of(index)
-        if not isinstance(data_page, torch.Tensor):
-            raise TypeError(f"data_page must be a torch.Tensor, got {type(data_page).__name__}")
-        flat = data_page.reshape(-1)
-        if flat.dtype != self.store_dtype:
-            if flat.element_size() != self.buffers[0].element_size():
-                raise ValueError(
-                    f"data_page dtype must be {self.store_dtype}, got {data_page.dtype}"
-                )
-            flat = flat.view(self.store_dtype)
-        if flat.numel() != self.page_numel:
-            raise ValueError(f"data_page must have {self.page_numel} elements, got {flat.numel()}")
-        _pages.write_page(self.layout, self.buffers, page, self.page_size, flat.cpu())
-
-    def get_page_buffer_meta(
-        self, indices: torch.Tensor | Sequence[int]
-    ) -> tuple[list[int], list[int]]:
-        """``(ptrs, sizes)`` in bytes for zero-copy backends, layout native (see ``_pages``).
-
-        ``indices``: host slots of whole pages (as returned by ``alloc``).
-        """
-        self._check_open()
-        idx = (
-            indices
-            if isinstance(indices, torch.Tensor)
-            else torch.tensor(list(indices), dtype=torch.int64)
-        )
-        pages = self._slots.pages_of(idx).tolist()
-        return _pages.page_buffer_meta(self.layout, self.buffers, pages, self.page_size)
-
-    def is_stride_page_aligned(self, page_size_bytes: int = 4096) -> bool:
-        """Whether every zero-copy range starts at a multiple of ``page_size_bytes``."""
-        self._check_open()
-        return _pages.stride_page_aligned(
-            self.layout, self.buffers, self.page_size, page_size_bytes
         )
