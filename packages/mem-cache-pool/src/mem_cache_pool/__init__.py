@@ -14,6 +14,7 @@ from mem_cache_pool.base import (
     storage_dtype,
     unwrap_write_loc,
 )
+from mem_cache_pool.dsa import DSATokenToKVPool
 from mem_cache_pool.mha import MHATokenToKVPool
 from mem_cache_pool.mla import MLATokenToKVPool
 from mem_cache_pool.req_to_token import ReqToTokenPool
@@ -23,6 +24,7 @@ __all__ = [
     "FP8_DTYPES",
     "BaseSWAKVPool",
     "CpuKVCopy",
+    "DSATokenToKVPool",
     "KVBufferDesc",
     "KVCache",
     "KVWriteLoc",

@@ -51,13 +51,15 @@ class MLATokenToKVPool(KVCache):
             debug=debug,
         )
         self.kv_lora_rank = check_int("kv_lora_rank", kv_lora_rank, 1)
-        self.qk_rope_head_dim = check_int("qk_rope_head_dim", qk_rope_head_dim, 0)
-        default_dim = kv_lora_rank + qk_rope_head_dim
-        self.kv_cache_dim = check_int(
-            "override_kv_cache_dim",
-            default_dim if override_kv_cache_dim is None else override_kv_cache_dim,
-            kv_lora_rank,
-        )
+        # a row is [nope | rope] with both parts non-empty
+        if override_kv_cache_dim is None:
+            self.qk_rope_head_dim = check_int("qk_rope_head_dim", qk_rope_head_dim, 1)
+            self.kv_cache_dim = kv_lora_rank + qk_rope_head_dim
+        else:
+            self.qk_rope_head_dim = check_int("qk_rope_head_dim", qk_rope_head_dim, 0)
+            self.kv_cache_dim = check_int(
+                "override_kv_cache_dim", override_kv_cache_dim, kv_lora_rank + 1
+            )
         self.kv_buffer = [
             torch.zeros(
                 (self.num_rows, 1, self.kv_cache_dim), dtype=self.store_dtype, device=self.device

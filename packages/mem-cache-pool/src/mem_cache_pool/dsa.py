@@ -1,0 +1,248 @@
+"""``DSATokenToKVPool``: MLA plus the page-major indexer-key cache of DeepSeek sparse attention."""
+
+from __future__ import annotations
+
+import torch
+
+from mem_cache_pool import _ops
+from mem_cache_pool._checks import check_index, check_int, check_rows
+from mem_cache_pool._index_pages import IndexPageLayout
+from mem_cache_pool.base import CpuKVCopy
+from mem_cache_pool.mla import MLATokenToKVPool
+
+__all__ = ["INDEX_HEAD_DIM", "DSATokenToKVPool"]
+
+INDEX_HEAD_DIM = 128
+_INDEX_ROLES = ("index_k", "index_k_scale")
+_FP8_INDEX = (torch.float8_e4m3fn, torch.uint8)
+
+
+class DSATokenToKVPool(MLATokenToKVPool):
+    """MLA latent rows plus, per layer, the lightning-indexer key buffer
+    ``index_k_with_scale_buffer[l]``: uint8 ``[num_pages, page_size * 132]``, **page-major** (each
+    page: ``page_size`` fp8 keys of 128 bytes, then ``page_size`` fp32 scales; 8448 bytes per
+    64-token page). Token ``t`` lives in page ``t // page_size``.
+
+    Args (beyond :class:`MLATokenToKVPool`):
+        index_head_dim: must be 128.
+        kv_cache_dim: override of the latent row width (SGLang's ``kv_cache_dim``).
+        index_buf_size: slots covered by the index buffer (default ``size``; the HiSparse pool
+            keeps keys for a logical space larger than the device pool).
+
+    Index slot tensors are checked against ``index_num_rows`` (``num_pages * page_size``).
+    ``move_kv_cache`` moves latent rows and index keys/scales at the right byte offsets for any
+    page size. ``get_kv_size_bytes()`` (int) includes the index buffers. CPU copies carry the
+    roles ``"kv"``, ``"index_k"`` (``[n, 128]`` uint8) and ``"index_k_scale"`` (``[n, 4]`` uint8).
+    """
+
+    def __init__(  # noqa: PLR0917 (SGLang-compatible positional signature)
+        self,
+        size: int,
+        page_size: int,
+        dtype: torch.dtype,
+        kv_lora_rank: int,
+        qk_rope_head_dim: int,
+        layer_num: int,
+        device: str | torch.device,
+        index_head_dim: int = INDEX_HEAD_DIM,
+        enable_memory_saver: bool = False,
+        start_layer: int | None = None,
+        end_layer: int | None = None,
+        kv_cache_dim: int | None = None,
+        index_buf_size: int | None = None,
+        *,
+        debug: bool = False,
+    ) -> None:
+        if index_head_dim != INDEX_HEAD_DIM:
+            raise ValueError(f"index_head_dim must be {INDEX_HEAD_DIM}, got {index_head_dim}")
+        super().__init__(
+            size,
+            page_size,
+            dtype,
+            kv_lora_rank,
+            qk_rope_head_dim,
+            layer_num,
+            device,
+            enable_memory_saver,
+            start_layer,
+            end_layer,
+            kv_cache_dim,
+            debug=debug,
+        )
+        self.index_head_dim = index_head_dim
+        self.index_buf_size = check_int(
+            "index_buf_size", size if index_buf_size is None else index_buf_size, 0
+        )
+        self.index_layout = IndexPageLayout(page_size, index_head_dim)
+        pages = self.index_layout.num_pages(self.index_buf_size)
+        self.index_num_rows = pages * page_size
+        self.index_k_with_scale_buffer = [
+            torch.zeros(
+                (pages, self.index_layout.page_bytes), dtype=torch.uint8, device=self.device
+            )
+            for _ in range(layer_num)
+        ]
+        self._finalize_allocation()
+
+    # ---------------------------------------------------------------- accounting
+    def get_total_bytes(self) -> int:
+        # MLA's constructor finalises before the index buffers exist; DSA finalises again
+        index = sum(t.numel() for t in getattr(self, "index_k_with_scale_buffer", ()))
+        return super().get_total_bytes() + index
+
+    def get_kv_size_bytes(self) -> int:
+        """Latent buffers plus index buffers, in bytes."""
+        return self.get_total_bytes()
+
+    # ---------------------------------------------------------------- index buffer
+    def _check_index_loc(self, name: str, loc: object) -> torch.Tensor:
+        return check_index(name, loc, self.device, self.index_num_rows, full=self.debug)
+
+    def get_index_k_with_scale_buffer(self, layer_id: int) -> torch.Tensor:
+        """The raw page-major uint8 buffer of layer ``layer_id`` (waits for the layer)."""
+        return self.index_k_with_scale_buffer[self._wait_layer(layer_id)]
+
+    def set_index_k_scale_buffer(
+        self,
+        layer_id: int,
+        loc: torch.Tensor,
+        index_k: torch.Tensor,
+        index_k_scale: torch.Tensor,
+    ) -> None:
+        """Write keys ``index_k`` (fp8 e4m3 or uint8 ``[n, 128]``) and scales ``index_k_scale``
+        (float32 ``[n]`` or ``[n, 1]``) of tokens ``loc`` ``[n]`` into their pages.
+
+        Validates before writing; mutates the key and scale bytes of tokens ``loc`` only.
+        """
+        index = self.layer_index(layer_id)
+        slots = self._check_index_loc("loc", loc)
+        n = slots.numel()
+        keys = check_rows("index_k", index_k, (n, INDEX_HEAD_DIM), self.device, dtypes=_FP8_INDEX)
+        if isinstance(index_k_scale, torch.Tensor) and index_k_scale.dim() == 2:
+            scale = check_rows(
+                "index_k_scale", index_k_scale, (n, 1), self.device, dtypes=(torch.float32,)
+            )
+        else:
+            scale = check_rows(
+                "index_k_scale", index_k_scale, (n,), self.device, dtypes=(torch.float32,)
+            )
+        if not n:
+            return
+        lay, buf = self.index_layout, self.index_k_with_scale_buffer[index]
+        key_src = keys.contiguous().view(torch.uint8).reshape(-1, lay.key_row_bytes)
+        scale_src = scale.contiguous().reshape(n).view(torch.uint8).reshape(n, lay.scale_bytes)
+        _ops.transfer_rows(
+            [key_src], [lay.key_view(buf)], self._arange(key_src.shape[0]), lay.key_rows(slots)
+        )
+        _ops.transfer_rows(
+            [scale_src], [lay.scale_view(buf)], self._arange(n), lay.scale_rows(slots)
+        )
+
+    def _arange(self, n: int) -> torch.Tensor:
+        return torch.arange(n, device=self.device)
+
+    def _gather_index(self, index: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        lay, buf = self.index_layout, self.index_k_with_scale_buffer[index]
+        n = slots.numel()
+        keys = torch.empty((n * lay.key_rows_per_token, lay.key_row_bytes), dtype=torch.uint8,
+                           device=self.device)  # fmt: skip
+        scales = torch.empty((n, lay.scale_bytes), dtype=torch.uint8, device=self.device)
+        if n:
+            rows = self._arange(keys.shape[0])
+            _ops.transfer_rows([lay.key_view(buf)], [keys], lay.key_rows(slots), rows)
+            _ops.transfer_rows([lay.scale_view(buf)], [scales], lay.scale_rows(slots), rows[:n])
+        return keys.view(n, INDEX_HEAD_DIM), scales
+
+    def get_index_k(self, layer_id: int, loc: torch.Tensor) -> torch.Tensor:
+        """New fp8 (e4m3) tensor ``[n, 128]``: the index keys of tokens ``loc`` (waits once)."""
+        index = self._wait_layer(layer_id)
+        keys, _ = self._gather_index(index, self._check_index_loc("loc", loc))
+        return keys.view(torch.float8_e4m3fn)
+
+    def get_index_k_scale(self, layer_id: int, loc: torch.Tensor) -> torch.Tensor:
+        """New float32 tensor ``[n]``: the index-key scales of tokens ``loc`` (waits once)."""
+        index = self._wait_layer(layer_id)
+        _, scales = self._gather_index(index, self._check_index_loc("loc", loc))
+        return scales.view(torch.float32).reshape(-1)
+
+    def _page_tokens(self, seq_len: int, page_indices: torch.Tensor) -> torch.Tensor:
+        check_index("page_indices", page_indices, self.device,
+                    self.index_num_rows // self.page_size, full=self.debug)  # fmt: skip
+        check_int("seq_len", seq_len, 0)
+        if seq_len > page_indices.numel() * self.page_size:
+            raise ValueError(
+                f"seq_len must be <= len(page_indices) * page_size = "
+                f"{page_indices.numel() * self.page_size}, got {seq_len}"
+            )
+        offsets = torch.arange(self.page_size, device=self.device)
+        tokens = page_indices.to(torch.int64)[:, None] * self.page_size + offsets
+        return tokens.reshape(-1)[:seq_len]
+
+    def get_index_k_continuous(
+        self, layer_id: int, seq_len: int, page_indices: torch.Tensor
+    ) -> torch.Tensor:
+        """fp8 ``[seq_len, 128]``: keys of the first ``seq_len`` tokens of ``page_indices``."""
+        return self.get_index_k(layer_id, self._page_tokens(seq_len, page_indices))
+
+    def get_index_k_scale_continuous(
+        self, layer_id: int, seq_len: int, page_indices: torch.Tensor
+    ) -> torch.Tensor:
+        """float32 ``[seq_len]``: scales of the first ``seq_len`` tokens of ``page_indices``."""
+        return self.get_index_k_scale(layer_id, self._page_tokens(seq_len, page_indices))
+
+    def _move_index_rows(self, tgt: torch.Tensor, src: torch.Tensor) -> None:
+        """Move index keys and scales of tokens ``src -> tgt`` in every layer (byte offsets per
+        the page-major layout, not token rows)."""
+        lay = self.index_layout
+        bufs = self.index_k_with_scale_buffer
+        _ops.copy_rows_all_layers([lay.key_view(b) for b in bufs], lay.key_rows(tgt),
+                                  lay.key_rows(src))  # fmt: skip
+        _ops.copy_rows_all_layers([lay.scale_view(b) for b in bufs], lay.scale_rows(tgt),
+                                  lay.scale_rows(src))  # fmt: skip
+
+    # ---------------------------------------------------------------- moves and retraction
+    def move_kv_cache(self, tgt_loc: torch.Tensor, src_loc: torch.Tensor) -> None:
+        """Move latent rows and index keys/scales of tokens ``src_loc`` to ``tgt_loc``."""
+        limit = min(self.num_rows, self.index_num_rows)
+        tgt = self._check_loc("tgt_loc", tgt_loc, limit=limit)
+        src = self._check_loc("src_loc", src_loc, limit=limit, length=tgt.numel())
+        if tgt.numel():
+            _ops.copy_rows_all_layers(self.kv_buffer, tgt, src)
+            self._move_index_rows(tgt, src)
+
+    def get_cpu_copy(self, indices: torch.Tensor) -> CpuKVCopy:
+        """Latent rows plus index keys/scales of tokens ``indices`` on the CPU."""
+        idx = self._check_loc("indices", indices, limit=min(self.num_rows, self.index_num_rows))
+        out = super().get_cpu_copy(idx)
+        gathered = [self._gather_index(i, idx) for i in range(self.layer_num)]
+        out["index_k"] = [k.cpu() for k, _ in gathered]
+        out["index_k_scale"] = [s.cpu() for _, s in gathered]
+        return out
+
+    def load_cpu_copy(self, kv_cache_cpu: CpuKVCopy, indices: torch.Tensor) -> None:
+        """Write a :meth:`get_cpu_copy` result back at tokens ``indices`` (validated first)."""
+        idx = self._check_loc("indices", indices, limit=min(self.num_rows, self.index_num_rows))
+        if not isinstance(kv_cache_cpu, dict) or not set(_INDEX_ROLES) <= set(kv_cache_cpu):
+            got = sorted(kv_cache_cpu) if isinstance(kv_cache_cpu, dict) else kv_cache_cpu
+            raise ValueError(f"kv_cache_cpu must have roles ['index_k', 'index_k_scale', 'kv'], "
+                             f"got {got}")  # fmt: skip
+        kv_part = {k: v for k, v in kv_cache_cpu.items() if k not in _INDEX_ROLES}
+        self._check_cpu_copy(kv_part, idx)
+        n = idx.numel()
+        for role, width in zip(_INDEX_ROLES, (INDEX_HEAD_DIM, self.index_layout.scale_bytes)):
+            layers = kv_cache_cpu[role]
+            if len(layers) != self.layer_num or any(
+                t.dtype != torch.uint8 or tuple(t.shape) != (n, width) for t in layers
+            ):
+                raise ValueError(
+                    f"kv_cache_cpu[{role!r}] must hold {self.layer_num} uint8 tensors of shape "
+                    f"{(n, width)}"
+                )
+        super().load_cpu_copy(kv_part, idx)
+        for i in range(self.layer_num):
+            self.set_index_k_scale_buffer(
+                self.start_layer + i,
+                idx,
+                kv_cache_cpu["index_k"][i].to(self.device),
+                kv_cache_cpu["index_k_scale"][i].to(self.device).view(torch.float32).reshape(n),
+            )
