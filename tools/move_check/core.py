@@ -118,7 +118,7 @@ class Report:
             d["blame_share"] = round(m.blame_share, 4)
             d["failures"] = m.failures
             moves.append(d)
-        return {
+        data = {
             "ref_a": self.ref_a,
             "ref_b": self.ref_b,
             "commit_a": self.commit_a,
@@ -128,6 +128,8 @@ class Report:
             "contracts": asdict(self.contracts),
             "failures": list(self.failures),
         }
+        result: dict[str, object] = json.loads(json.dumps(data))  # tuples become lists
+        return result
 
 
 def _broken_details(output: str) -> str:

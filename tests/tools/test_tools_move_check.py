@@ -1,0 +1,195 @@
+"""tools.move_check and tools.rewrite_imports on synthetic git repositories."""
+
+from __future__ import annotations
+
+import json
+
+from tests.tools._synth import SynthRepo, run_tool
+from tools.move_check import check, render_text
+
+WIDGET = '''
+    """Widgets."""
+
+    from lowpkg.core import scale
+
+
+    class Widget:
+        """A square widget."""
+
+        def __init__(self, size: int) -> None:
+            self.size = scale(size)
+
+        def area(self) -> int:
+            return self.size * self.size
+'''
+
+# The old module after the move: a PEP 562 shim built with the repository's helper.
+MODELS_SHIM = '''
+    """Models."""
+
+    from __future__ import annotations
+
+    from typing import TYPE_CHECKING
+
+    from lowpkg.widgets import Widget as _Widget
+    from mem_cache_kernels.shims import moved_names
+
+    if TYPE_CHECKING:
+        from lowpkg.widgets import Widget as Widget
+    else:
+        __getattr__ = moved_names(__name__, {"Widget": "lowpkg.widgets"})
+
+
+    def make() -> _Widget:
+        return _Widget(1)
+'''
+
+USE_NEW = '''
+    from lowpkg.widgets import Widget
+
+
+    def build(n: int) -> Widget:
+        return Widget(n)
+'''
+
+
+def _check(repo: SynthRepo, a: str, b: str, *extra: str) -> tuple[int, str]:
+    proc = run_tool("tools.move_check", a, b, "--root", str(repo.root), *extra)
+    assert proc.returncode in (0, 1), proc.stderr
+    return proc.returncode, proc.stdout
+
+
+def test_unchanged_move_between_packages_passes(synth: tuple[SynthRepo, str]) -> None:
+    repo, base = synth
+    repo.write({"lowpkg/widgets.py": WIDGET, "highpkg/models.py": MODELS_SHIM,
+                "highpkg/use.py": USE_NEW})
+    moved = repo.commit("move Widget down to lowpkg.widgets")
+    result = check(repo.root, base, moved)  # in-process: one probe, two renderings
+    report = result.to_json()
+    text = render_text(result)
+    assert result.ok, text
+    assert report["ok"] is True
+    [move] = report["moves"]
+    assert (move["name"], move["kind"]) == ("Widget", "class")
+    assert (move["old_module"], move["new_module"]) == ("highpkg.models", "lowpkg.widgets")
+    assert move["body_identical"] is True and move["diff"] == ""
+    assert move["stale_sites"] == []
+    assert move["old_path"]["status"] == "shim"
+    assert "lowpkg.widgets.Widget" in move["old_path"]["warning"]
+    assert move["old_path"]["mechanism"].startswith("module __getattr__")
+    # Every line of the class is traced by blame -C -C -C to the base commit.
+    assert move["blame_lines"] == 8
+    assert move["blame_before_move"] == 8
+    assert list(move["blame_sources"]) == [f"highpkg/models.py@{base[:10]}"]
+    assert report["contracts"]["ran"] is True
+    assert report["contracts"]["newly_broken"] == []
+    assert "Synthetic layering: highpkg > lowpkg" in report["contracts"]["kept"]
+    # The text report says the same.
+    assert "[ok] class Widget: highpkg.models -> lowpkg.widgets" in text
+    assert "git blame -C -C -C: 8/8 lines (100.0%)" in text
+
+
+def test_move_with_edited_body_fails_with_diff_unless_declared(
+    synth: tuple[SynthRepo, str],
+) -> None:
+    repo, base = synth
+    edited = WIDGET.replace("return self.size * self.size", "return self.size**2")
+    models = (repo.root / "highpkg/models.py").read_text()
+    start, end = models.index("class Widget"), models.index("def make")
+    reexport = models[:start] + models[end:]  # the old module re-exports the moved class
+    reexport = reexport.replace("lowpkg.core import scale", "lowpkg.widgets import Widget")
+    repo.write({"lowpkg/widgets.py": edited, "highpkg/models.py": reexport,
+                "highpkg/use.py": USE_NEW})
+    moved = repo.commit("move and edit Widget")
+    rc, out = _check(repo, base, moved)
+    assert rc == 1
+    assert "body: CHANGED, NOT allowed" in out
+    assert "-        return self.size * self.size" in out
+    assert "+        return self.size**2" in out
+    assert "body changed (declare with --allow-edit Widget)" in out
+    assert "7/8 lines (87.5%)" in out  # the edited line belongs to the move commit
+    assert "old path highpkg.models.Widget: reexport (same object" in out
+    rc, out = _check(repo, base, moved, "--allow-edit", "Widget")
+    assert rc == 0, out
+    assert "allowed by --allow-edit (move + edit)" in out
+
+
+def test_missed_import_site_fails_then_rewriter_fixes_it(synth: tuple[SynthRepo, str]) -> None:
+    repo, base = synth
+    # highpkg/use.py keeps `from highpkg.models import Widget`; the old module re-exports nothing.
+    repo.write({"lowpkg/widgets.py": WIDGET, "highpkg/models.py": '"""Models."""\n'})
+    repo.write({"highpkg/extra.py": '''
+        import highpkg.models as hm
+        from lowpkg.core import scale
+
+
+        def twice() -> object:
+            return hm.Widget(scale(1))
+    '''})
+    moved = repo.commit("move Widget, forget the import sites")
+    rc, out = _check(repo, base, moved)
+    assert rc == 1
+    assert "highpkg/use.py:1: still imports highpkg.models.Widget" in out
+    assert "highpkg/extra.py:6: still imports highpkg.models.Widget" in out
+    assert "old path highpkg.models.Widget: gone" in out
+
+    proc = run_tool("tools.rewrite_imports", "highpkg.models.Widget", "lowpkg.widgets.Widget",
+                    str(repo.root))
+    assert proc.returncode == 0, proc.stderr
+    assert "2 file(s) changed" in proc.stdout
+    assert (repo.root / "highpkg/use.py").read_text().startswith(
+        "from lowpkg.widgets import Widget\n"
+    )
+    extra = (repo.root / "highpkg/extra.py").read_text()
+    assert "import highpkg.models" not in extra  # no stale import left behind
+    assert "import lowpkg.widgets\n" in extra and "lowpkg.widgets.Widget(scale(1))" in extra
+    fixed = repo.commit("rewrite imports")
+    rc, out = _check(repo, base, fixed, "--json")
+    assert rc == 0, out
+    report = json.loads(out)
+    assert report["ok"] is True
+    assert [m["stale_sites"] for m in report["moves"]] == [[]]
+
+
+def test_move_that_reverses_the_layering_fails_naming_the_contract(
+    synth: tuple[SynthRepo, str],
+) -> None:
+    repo, base = synth
+    # scale moves up into highpkg, and lowpkg.core keeps a shim pointing upward.
+    repo.write({
+        "highpkg/scaling.py": '''
+            def scale(x: int) -> int:
+                """Double ``x``."""
+                return 2 * x
+        ''',
+        "lowpkg/core.py": '''
+            """Low-level helpers."""
+
+            from typing import TYPE_CHECKING
+
+            if TYPE_CHECKING:
+                from highpkg.scaling import scale as scale
+        ''',
+    })
+    models = (repo.root / "highpkg/models.py").read_text()
+    repo.write({"highpkg/models.py": models.replace("lowpkg.core", "highpkg.scaling")})
+    moved = repo.commit("move scale up")
+    rc, out = _check(repo, base, moved)
+    assert rc == 1
+    assert "BROKEN: Synthetic layering: highpkg > lowpkg" in out
+    assert "contract broken by the change: Synthetic layering: highpkg > lowpkg" in out
+    assert "lowpkg.core -> highpkg.scaling" in out  # lint-imports' own explanation
+    assert "old path lowpkg.core.scale: gone" in out
+
+
+def test_no_moves_and_bad_refs(synth: tuple[SynthRepo, str]) -> None:
+    repo, base = synth
+    repo.write({"lowpkg/core.py": '"""Low-level helpers."""\n\n\ndef scale(x: int) -> int:\n'
+                "    return x + x\n"})
+    edited = repo.commit("edit in place")
+    rc, out = _check(repo, base, edited)
+    assert rc == 0
+    assert "0 move(s)" in out
+    proc = run_tool("tools.move_check", base, "no-such-ref", "--root", str(repo.root))
+    assert proc.returncode == 2
+    assert "no-such-ref" in proc.stderr

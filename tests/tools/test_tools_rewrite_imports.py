@@ -1,0 +1,143 @@
+"""tools.rewrite_imports: table-driven source rewrites and the CLI."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.tools._synth import run_tool
+from tools.rewrite_imports import rewrite_source
+
+NAME = ("a.b.X", "c.d.X")
+MODULE = ("a.b", "c.d")
+
+CASES: list[tuple[str, tuple[str, str], str, str]] = [
+    ("from-import", NAME, "from a.b import X\n", "from c.d import X\n"),
+    (
+        "alias and trailing comment kept",
+        NAME,
+        "from a.b import X as Y  # note\nprint(Y)\n",
+        "from c.d import X as Y  # note\nprint(Y)\n",
+    ),
+    (
+        "multi-name import is split",
+        NAME,
+        "from a.b import W, X, Z\nx = 1\n",
+        "from a.b import W, Z\nfrom c.d import X\nx = 1\n",
+    ),
+    (
+        "parenthesized multi-line import is split",
+        NAME,
+        "from a.b import (\n    W,\n    X,\n    Z,\n)\n",
+        "from a.b import (\n    W,\n    Z,\n)\nfrom c.d import X\n",
+    ),
+    (
+        "import module + attribute: old import dropped when unused",
+        NAME,
+        "import a.b\n\nv = a.b.X(1)\nw = a.b.X\n",
+        "import c.d\n\nv = c.d.X(1)\nw = c.d.X\n",
+    ),
+    (
+        "import module + attribute: old import kept when still used",
+        NAME,
+        "import a.b\n\nv = a.b.X(1)\nw = a.b.Other\n",
+        "import a.b\nimport c.d\n\nv = c.d.X(1)\nw = a.b.Other\n",
+    ),
+    (
+        "aliased module import",
+        NAME,
+        "import a.b as m\n\nv = m.X(1)\n",
+        "import c.d\n\nv = c.d.X(1)\n",
+    ),
+    (
+        "existing alias of the new module is reused",
+        NAME,
+        "import a.b as m\nimport c.d as n\nv = m.X(1) + m.Y\n",
+        "import a.b as m\nimport c.d as n\nv = n.X(1) + m.Y\n",
+    ),
+    ("module bound by from-import", NAME, "from a import b\nv = b.X\n", "import c.d\nv = c.d.X\n"),
+    (
+        "module move: imports and attribute chains",
+        MODULE,
+        "import a.b\nimport a.b.q\nv = a.b.q.X\n",
+        "import c.d\nimport c.d.q\nv = c.d.q.X\n",
+    ),
+    (
+        "module move: from-import and alias",
+        MODULE,
+        "from a.b import X, Y\nimport a.b as m\n",
+        "from c.d import X, Y\nimport c.d as m\n",
+    ),
+    ("relative import becomes absolute", NAME, "from .b import X\n", "from c.d import X\n"),
+    (
+        "inside TYPE_CHECKING",
+        NAME,
+        "if TYPE_CHECKING:\n    from a.b import X, Y\n",
+        "if TYPE_CHECKING:\n    from a.b import Y\n    from c.d import X\n",
+    ),
+    ("renamed target keeps the local name", ("a.b.X", "c.d.Z"), "from a.b import X\n",
+     "from c.d import Z as X\n"),
+    (
+        "function-local import",
+        NAME,
+        "def f():\n    import a.b\n    return a.b.X\n",
+        "def f():\n    import c.d\n    return c.d.X\n",
+    ),
+    ("multi-module import line", NAME, "import os, a.b\nprint(a.b.X, os)\n",
+     "import os\nimport c.d\nprint(c.d.X, os)\n"),
+]
+
+
+@pytest.mark.parametrize(("old_new", "source", "expected"),
+                         [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_rewrite(old_new: tuple[str, str], source: str, expected: str) -> None:
+    old, new = old_new
+    assert rewrite_source(source, old, new, module="a.x") == expected
+
+
+def test_unrelated_code_is_byte_identical() -> None:
+    odd = (
+        "import  os   # spacing kept\n"
+        "from a.b import (X,\n        Other)  # trailing\n"
+        "\n\n"
+        "def  f( x ):\n"
+        "    return   X( x ) ;  # odd\n"
+        "y = a.b.X  # not an import binding of `a`: left alone\n"
+    )
+    out = rewrite_source(odd, "a.b.X", "c.d.X", module="a.x")
+    assert out == odd.replace("from a.b import (X,\n        Other)  # trailing\n",
+                              "from a.b import (Other)  # trailing\nfrom c.d import X\n")
+    untouched = "import a.b.Xylophone\nfrom a.bc import X\nprint(a.b.Xylophone)\n"
+    assert rewrite_source(untouched, "a.b.X", "c.d.X", module="a.x") == untouched
+
+
+@pytest.mark.parametrize("bad", ["a", "", "a..b", "a.1b"])
+def test_paths_must_be_dotted(bad: str) -> None:
+    with pytest.raises(ValueError, match="at least two components"):
+        rewrite_source("x = 1\n", bad, "c.d")
+
+
+def test_cli_rewrites_tree_and_resolves_relative_imports(tmp_path: Path) -> None:
+    (tmp_path / ".git").mkdir()  # the module names are derived from the repository root
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("from .old import Helper, keep\n")
+    (pkg / "user.py").write_text("from pkg import old\n\nh = old.Helper()\nk = old.keep\n")
+    (pkg / "other.py").write_text("x = 1\n")
+    hidden = tmp_path / ".venv" / "lib"
+    hidden.mkdir(parents=True)
+    (hidden / "dep.py").write_text("from pkg.old import Helper\n")
+    proc = run_tool("tools.rewrite_imports", "pkg.old.Helper", "pkg.new.Helper", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert "2 file(s) changed" in proc.stdout
+    assert (pkg / "__init__.py").read_text() == (
+        "from .old import keep\nfrom pkg.new import Helper\n"
+    )
+    assert (pkg / "user.py").read_text() == (
+        "from pkg import old\nimport pkg.new\n\nh = pkg.new.Helper()\nk = old.keep\n"
+    )
+    assert (hidden / "dep.py").read_text() == "from pkg.old import Helper\n"  # skipped folder
+    bad = run_tool("tools.rewrite_imports", "pkg", "pkg.new")
+    assert bad.returncode == 2
+    assert "at least two components" in bad.stderr
