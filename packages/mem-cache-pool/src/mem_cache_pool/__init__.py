@@ -15,6 +15,7 @@ from mem_cache_pool.base import (
     unwrap_write_loc,
 )
 from mem_cache_pool.dsa import DSATokenToKVPool
+from mem_cache_pool.hisparse import HiSparseDSATokenToKVPool
 from mem_cache_pool.mha import MHATokenToKVPool
 from mem_cache_pool.mla import MLATokenToKVPool
 from mem_cache_pool.req_to_token import ReqToTokenPool
@@ -25,6 +26,7 @@ __all__ = [
     "BaseSWAKVPool",
     "CpuKVCopy",
     "DSATokenToKVPool",
+    "HiSparseDSATokenToKVPool",
     "KVBufferDesc",
     "KVCache",
     "KVWriteLoc",

@@ -87,7 +87,8 @@ class DSATokenToKVPool(MLATokenToKVPool):
     # ---------------------------------------------------------------- accounting
     def get_total_bytes(self) -> int:
         # MLA's constructor finalises before the index buffers exist; DSA finalises again
-        index = sum(t.numel() for t in getattr(self, "index_k_with_scale_buffer", ()))
+        bufs: list[torch.Tensor] = getattr(self, "index_k_with_scale_buffer", [])
+        index = sum(t.numel() for t in bufs)
         return super().get_total_bytes() + index
 
     def get_kv_size_bytes(self) -> int:

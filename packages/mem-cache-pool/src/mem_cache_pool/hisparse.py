@@ -1,0 +1,109 @@
+"""``HiSparseDSATokenToKVPool``: a DSA pool whose latent rows cover only part of a larger logical
+slot space (hierarchical sparse attention; mirrors SGLang's ``HiSparseDSATokenToKVPool``)."""
+
+from __future__ import annotations
+
+import torch
+
+from mem_cache_pool import _ops
+from mem_cache_pool._checks import check_index, check_mapping
+from mem_cache_pool.base import CpuKVCopy
+from mem_cache_pool.dsa import DSATokenToKVPool
+
+__all__ = ["HiSparseDSATokenToKVPool"]
+
+
+class HiSparseDSATokenToKVPool(DSATokenToKVPool):
+    """Latent rows for ``size`` device slots; indexer keys for ``index_buf_size`` logical slots.
+
+    Callers address tokens by *logical* location (the full slot space of the allocator,
+    ``[0, index_buf_size + page_size)``). The allocator owns a logical -> device slot mapping
+    (int64 ``[index_buf_size + page_size + 1]`` on the pool's device, 0 = no device slot,
+    ``mapping[-1] == -1``) and installs it with ``register_mapping``; the pool reads it.
+
+    * ``set_kv_buffer`` / ``set_mla_kv_buffer`` / ``get_mla_kv_buffer`` take logical locations
+      and translate them (writes of unmapped tokens land in the padding page).
+    * Index-key methods (``set_index_k_scale_buffer``, ``get_index_k``...) take logical locations
+      directly: the index buffer spans the whole logical space.
+    * ``get_key_buffer`` & co. return device-slot buffers (attention kernels use device slots).
+    * ``transfer_values_on_device(dst, src)`` copies latent rows between device slots.
+    * ``move_kv_cache(tgt, src)`` takes logical locations: index rows move as is, latent rows at
+      the translated device slots (pairs where either side is unmapped are skipped).
+
+    Translating before ``register_mapping`` is a ``RuntimeError``. CPU copies (retraction) are
+    not supported (``NotImplementedError``), as in SGLang.
+    """
+
+    full_to_hisparse_device_index_mapping: torch.Tensor | None = None
+
+    # ---------------------------------------------------------------- mapping
+    def register_mapping(self, full_to_hisparse_device_index_mapping: torch.Tensor) -> None:
+        """Install the logical -> device slot mapping (see the class docstring)."""
+        self.full_to_hisparse_device_index_mapping = check_mapping(
+            "full_to_hisparse_device_index_mapping",
+            full_to_hisparse_device_index_mapping,
+            self.device,
+            self.index_buf_size + self.page_size + 1,
+            full=self.debug,
+        )
+
+    def _mapping(self) -> torch.Tensor:
+        if self.full_to_hisparse_device_index_mapping is None:
+            raise RuntimeError(
+                "no logical -> device mapping registered: call register_mapping(mapping) before "
+                "reading or writing latent rows by logical location"
+            )
+        return self.full_to_hisparse_device_index_mapping
+
+    def translate_loc_to_device(self, loc: torch.Tensor) -> torch.Tensor:
+        """Device slots (int64) of logical locations ``loc`` (0 where unmapped)."""
+        return self._device_loc("loc", loc)
+
+    def _device_loc(self, name: str, loc: torch.Tensor) -> torch.Tensor:
+        mapping = self._mapping()
+        logical = self._check_index_loc(name, loc)
+        out = mapping[logical]
+        if self.debug:
+            check_index(f"translated {name}", out, self.device, self.num_rows, full=True)
+        return out
+
+    # ---------------------------------------------------------------- device-side moves
+    def transfer_values_on_device(
+        self, dst_indices: torch.Tensor, src_indices: torch.Tensor
+    ) -> None:
+        """Copy latent rows of device slots ``src_indices`` to ``dst_indices`` in every layer.
+
+        Equal-length 1-D int32/int64 device-slot tensors; the two sets must not overlap (use
+        ``move_kv_cache`` for overlapping moves). Mutates rows ``dst_indices`` only.
+        """
+        dst = self._check_loc("dst_indices", dst_indices)
+        src = self._check_loc("src_indices", src_indices, length=dst.numel())
+        if dst.numel():
+            _ops.transfer_rows_all_layers([self.kv_buffer], [self.kv_buffer], src, dst)
+
+    def move_kv_cache(self, tgt_loc: torch.Tensor, src_loc: torch.Tensor) -> None:
+        """Move tokens ``src_loc -> tgt_loc`` (logical locations; see the class docstring)."""
+        mapping = self._mapping()
+        tgt = self._check_index_loc("tgt_loc", tgt_loc)
+        src = self._check_index_loc("src_loc", src_loc)
+        if src.numel() != tgt.numel():
+            raise ValueError(f"src_loc must have {tgt.numel()} elements, got {src.numel()}")
+        dev_tgt, dev_src = mapping[tgt], mapping[src]
+        skip = (dev_tgt <= 0) | (dev_src <= 0)
+        dev_tgt = torch.where(skip, torch.full_like(dev_tgt, -1), dev_tgt)
+        dev_src = torch.where(skip, torch.full_like(dev_src, -1), dev_src)
+        if self.debug:
+            for name, t in (("translated tgt_loc", dev_tgt), ("translated src_loc", dev_src)):
+                check_index(name, t.clamp(min=0), self.device, self.num_rows, full=True)
+        if tgt.numel():
+            _ops.copy_rows_all_layers(self.kv_buffer, dev_tgt, dev_src)
+            self._move_index_rows(tgt, src)
+
+    # ---------------------------------------------------------------- retraction
+    def get_cpu_copy(self, indices: torch.Tensor) -> CpuKVCopy:
+        """Not supported for HiSparse pools."""
+        raise NotImplementedError("HiSparseDSATokenToKVPool does not support get_cpu_copy")
+
+    def load_cpu_copy(self, kv_cache_cpu: CpuKVCopy, indices: torch.Tensor) -> None:
+        """Not supported for HiSparse pools."""
+        raise NotImplementedError("HiSparseDSATokenToKVPool does not support load_cpu_copy")
