@@ -1,0 +1,141 @@
+"""tools.api_snapshot and tools.griffe_check on a synthetic repository with one package."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.tools._synth import SynthRepo, run_tool
+
+INIT = '''
+    """Demo package."""
+
+    from __future__ import annotations
+
+    from typing import Literal, NewType
+
+    from demo_pkg.shapes import Square
+
+    __all__ = ["Backend", "PageId", "Square", "VERSION", "area"]
+
+    Backend = Literal["auto", "torch"]
+    PageId = NewType("PageId", int)
+    VERSION = "1.0"
+
+
+    def area(side: int, *, scale: float = 1.0) -> float:
+        return side * side * scale
+'''
+
+SHAPES = '''
+    """Shapes."""
+
+    from __future__ import annotations
+
+    from dataclasses import dataclass
+
+    __all__ = ["Square"]
+
+
+    @dataclass(frozen=True)
+    class Square:
+        side: int
+
+        def area(self) -> int:
+            return self.side * self.side
+
+        @property
+        def perimeter(self) -> int:
+            return 4 * self.side
+
+        @classmethod
+        def unit(cls) -> Square:
+            return cls(1)
+'''
+
+
+def _repo(tmp_path: Path) -> SynthRepo:
+    repo = SynthRepo(tmp_path / "repo")
+    repo.write({
+        "packages/demo-pkg/src/demo_pkg/__init__.py": INIT,
+        "packages/demo-pkg/src/demo_pkg/shapes.py": SHAPES,
+        # Private modules are never imported: this one would fail the run if it were.
+        "packages/demo-pkg/src/demo_pkg/_private.py": "raise RuntimeError('imported')\n",
+    })
+    return repo
+
+
+def test_snapshot_update_check_and_drift(tmp_path: Path) -> None:
+    repo = _repo(tmp_path)
+    root = str(repo.root)
+    missing = run_tool("tools.api_snapshot", "check", "--root", root)
+    assert missing.returncode == 1
+    assert "run python -m tools.api_snapshot update" in missing.stdout
+
+    assert run_tool("tools.api_snapshot", "update", "--root", root).returncode == 0
+    snap_path = repo.root / "tests/contracts/api/demo_pkg.json"
+    snap = json.loads(snap_path.read_text())
+    root_mod = snap["modules"]["demo_pkg"]
+    assert root_mod["__all__"] == ["Backend", "PageId", "Square", "VERSION", "area"]
+    names = root_mod["names"]
+    assert names["area"] == {
+        "kind": "function", "defined_in": "demo_pkg",
+        "signature": "(side: 'int', *, scale: 'float' = 1.0) -> 'float'",
+    }
+    assert names["VERSION"]["value"] == "'1.0'"
+    assert names["PageId"] == {"kind": "newtype", "supertype": "int"}
+    assert "Literal['auto', 'torch']" in names["Backend"]["value"]
+    square = names["Square"]
+    assert square["defined_in"] == "demo_pkg.shapes"
+    assert square["signature"] == "(side: 'int') -> None"
+    assert square["members"]["perimeter"]["kind"] == "property"
+    assert square["members"]["unit"]["kind"] == "classmethod"
+    assert set(snap["modules"]) == {"demo_pkg", "demo_pkg.shapes"}
+
+    ok = run_tool("tools.api_snapshot", "check", "--root", root)
+    assert ok.returncode == 0, ok.stdout
+    assert "demo_pkg matches" in ok.stdout
+
+    # A signature change is an API change: check fails with a diff and the regeneration hint.
+    shapes = repo.root / "packages/demo-pkg/src/demo_pkg/shapes.py"
+    shapes.write_text(shapes.read_text().replace("def area(self)", "def area(self, k: int)"))
+    drift = run_tool("tools.api_snapshot", "check", "--package", "demo-pkg", "--root", root)
+    assert drift.returncode == 1
+    assert "-              \"signature\": \"(self) -> 'int'\"" in drift.stdout
+    assert "+              \"signature\": \"(self, k: 'int') -> 'int'\"" in drift.stdout
+    assert "run python -m tools.api_snapshot update" in drift.stdout
+
+    unknown = run_tool("tools.api_snapshot", "check", "--package", "nope", "--root", root)
+    assert unknown.returncode == 2
+
+
+def test_griffe_check_against_base(tmp_path: Path) -> None:
+    repo = _repo(tmp_path)
+    base = repo.commit("base")
+    root = str(repo.root)
+    no_base = run_tool("tools.griffe_check", "--root", root)
+    assert no_base.returncode == 0
+    assert "no base: skipped" in no_base.stdout
+
+    init = repo.root / "packages/demo-pkg/src/demo_pkg/__init__.py"
+    init.write_text(init.read_text().replace("*, scale: float = 1.0", "*, scale: float"))
+    repo.commit("make scale required")
+    broken = run_tool("tools.griffe_check", "--root", root, env={"MEM_CACHE_API_BASE": base})
+    assert broken.returncode == 1, broken.stdout + broken.stderr
+    assert "area(scale)" in broken.stdout
+    assert "demo_pkg against" in broken.stdout and "BREAKING" in broken.stdout
+
+
+def test_griffe_check_uses_merge_base_with_origin_main(tmp_path: Path) -> None:
+    repo = _repo(tmp_path)
+    base = repo.commit("base")
+    root = str(repo.root)
+    repo.git("update-ref", "refs/remotes/origin/main", base)
+    same = run_tool("tools.griffe_check", "--root", root)  # HEAD == merge base: nothing to do
+    assert same.returncode == 0 and "no base: skipped" in same.stdout
+    shapes = repo.root / "packages/demo-pkg/src/demo_pkg/shapes.py"
+    shapes.write_text(shapes.read_text().replace("    side: int\n", "    side: int\n    n: int\n"))
+    repo.commit("add a required field")
+    broken = run_tool("tools.griffe_check", "--root", root)
+    assert broken.returncode == 1, broken.stdout + broken.stderr
+    assert f"against {base[:12]}" in broken.stdout

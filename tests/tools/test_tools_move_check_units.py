@@ -1,0 +1,88 @@
+"""Units of tools.move_check: path -> module names, import-site detection, move pairing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tools.move_check._defs import collect_definitions, find_moves
+from tools.move_check._sites import find_import_sites
+from tools.move_check.modpath import module_name_for_path, resolve_relative
+
+
+@pytest.mark.parametrize(
+    ("path", "module"),
+    [
+        ("packages/mem-cache-pool/src/mem_cache_pool/mha.py", "mem_cache_pool.mha"),
+        ("packages/mem-cache-pool/src/mem_cache_pool/__init__.py", "mem_cache_pool"),
+        ("pkga/sub/util.py", "pkga.sub.util"),
+        ("tools/move_check/core.py", "tools.move_check.core"),
+        ("packages/mem-cache-pool/tests/test_pool_mha.py", None),
+        ("README.md", None),
+    ],
+)
+def test_module_name_for_path(path: str, module: str | None) -> None:
+    assert module_name_for_path(path) == module
+
+
+def test_resolve_relative() -> None:
+    assert resolve_relative("a.b.c", False, 1, "d") == "a.b.d"
+    assert resolve_relative("a.b.c", False, 2, None) == "a"
+    assert resolve_relative("a.b", True, 1, "x") == "a.b.x"
+    assert resolve_relative("a.b", False, 3, "x") == ""
+    assert resolve_relative(None, False, 1, "x") == ""
+    assert resolve_relative("a.b", False, 0, "x.y") == "x.y"
+
+
+def test_import_sites_cover_every_spelling(tmp_path: Path) -> None:
+    files = {
+        "p/__init__.py": "",
+        "p/old.py": "",
+        "p/direct.py": "from p.old import Thing\n",
+        "p/aliased.py": "from p.old import Thing as T, other\n",
+        "p/relative.py": "from .old import Thing\n",
+        "p/star.py": "from p.old import *\n",
+        "p/modattr.py": "import p.old\n\nx = p.old.Thing\ny = p.old.other\n",
+        "p/modalias.py": "import p.old as o\n\n\ndef f():\n    return o.Thing()\n",
+        "p/frommod.py": "from p import old\nold.Thing\n",
+        "p/clean.py": "from p.new import Thing\nimport p.old\np.old.other\n",
+        "p/lookalike.py": "from p.older import Thing\nThing.old\n",
+    }
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    sites = find_import_sites(tmp_path, list(files), {"p.old.Thing"})
+    found = {(s.path, s.line) for s in sites}
+    assert found == {
+        ("p/direct.py", 1),
+        ("p/aliased.py", 1),
+        ("p/relative.py", 1),
+        ("p/star.py", 1),
+        ("p/modattr.py", 3),
+        ("p/modalias.py", 5),
+        ("p/frommod.py", 2),
+    }
+    star = next(s for s in sites if s.path == "p/star.py")
+    assert star.target == "p.old.*"
+    assert next(s for s in sites if s.path == "p/modalias.py").code == "return o.Thing()"
+
+
+def test_find_moves_pairs_identical_bodies_first(tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    body = "def helper(x):\n    return x + 1\n"
+    other = "def helper(x):\n    return x * 100 - 7\n"
+    for root, files in (
+        (a, {"p/one.py": body, "p/two.py": other, "p/stay.py": "def keep():\n    pass\n"}),
+        (b, {"q/near.py": other.replace("100", "101"), "q/far.py": body,
+             "p/stay.py": "def keep():\n    return 1\n"}),
+    ):
+        for rel, text in files.items():
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / rel).write_text(text)
+    changed = ["p/one.py", "p/two.py", "p/stay.py", "q/near.py", "q/far.py"]
+    pairs = find_moves(collect_definitions(a, changed), collect_definitions(b, changed))
+    assert [(o.module, n.module, o.dump == n.dump) for o, n in pairs] == [
+        ("p.one", "q.far", True),
+        ("p.two", "q.near", False),
+    ]
