@@ -28,7 +28,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from mem_cache_pool import _ops
+import mem_cache_kernels as kernels
 from mem_cache_pool._checks import check_index, check_int, debug_from_env
 
 __all__ = [
@@ -332,7 +332,7 @@ class KVCache(abc.ABC):
         tgt = self._check_loc("tgt_loc", tgt_loc)
         src = self._check_loc("src_loc", src_loc, length=tgt.numel())
         if tgt.numel():
-            _ops.copy_rows_all_layers(self._all_buffers(), tgt, src)
+            kernels.copy_all_layer_kv_cache(self._all_buffers(), tgt, src)
 
     def get_cpu_copy(self, indices: torch.Tensor) -> CpuKVCopy:
         """Copy rows ``indices`` of every buffer to the CPU (request retraction).
@@ -346,7 +346,7 @@ class KVCache(abc.ABC):
             for _, bufs in roles
         ]
         if idx.numel():
-            _ops.transfer_rows_all_layers(
+            kernels.transfer_rows_all_layers(
                 [bufs for _, bufs in roles], dst, idx, torch.arange(idx.numel(), device=idx.device)
             )
         return {name: d for (name, _), d in zip(roles, dst)}
@@ -384,6 +384,6 @@ class KVCache(abc.ABC):
         names = [name for name, _ in roles]
         if idx.numel():
             src = [kv_cache_cpu[name] for name in names]
-            _ops.transfer_rows_all_layers(
+            kernels.transfer_rows_all_layers(
                 src, [bufs for _, bufs in roles], torch.arange(idx.numel()), idx
             )

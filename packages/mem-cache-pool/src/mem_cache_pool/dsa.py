@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from mem_cache_pool import _ops
+import mem_cache_kernels as kernels
 from mem_cache_pool._checks import check_index, check_int, check_rows
 from mem_cache_pool._index_pages import IndexPageLayout
 from mem_cache_pool.base import CpuKVCopy
@@ -132,10 +132,10 @@ class DSATokenToKVPool(MLATokenToKVPool):
         lay, buf = self.index_layout, self.index_k_with_scale_buffer[index]
         key_src = keys.contiguous().view(torch.uint8).reshape(-1, lay.key_row_bytes)
         scale_src = scale.contiguous().reshape(n).view(torch.uint8).reshape(n, lay.scale_bytes)
-        _ops.transfer_rows(
+        kernels.transfer_rows(
             [key_src], [lay.key_view(buf)], self._arange(key_src.shape[0]), lay.key_rows(slots)
         )
-        _ops.transfer_rows(
+        kernels.transfer_rows(
             [scale_src], [lay.scale_view(buf)], self._arange(n), lay.scale_rows(slots)
         )
 
@@ -145,13 +145,14 @@ class DSATokenToKVPool(MLATokenToKVPool):
     def _gather_index(self, index: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         lay, buf = self.index_layout, self.index_k_with_scale_buffer[index]
         n = slots.numel()
-        keys = torch.empty((n * lay.key_rows_per_token, lay.key_row_bytes), dtype=torch.uint8,
-                           device=self.device)  # fmt: skip
+        keys = torch.empty(
+            (n * lay.key_rows_per_token, lay.key_row_bytes), dtype=torch.uint8, device=self.device
+        )
         scales = torch.empty((n, lay.scale_bytes), dtype=torch.uint8, device=self.device)
         if n:
             rows = self._arange(keys.shape[0])
-            _ops.transfer_rows([lay.key_view(buf)], [keys], lay.key_rows(slots), rows)
-            _ops.transfer_rows([lay.scale_view(buf)], [scales], lay.scale_rows(slots), rows[:n])
+            kernels.transfer_rows([lay.key_view(buf)], [keys], lay.key_rows(slots), rows)
+            kernels.transfer_rows([lay.scale_view(buf)], [scales], lay.scale_rows(slots), rows[:n])
         return keys.view(n, INDEX_HEAD_DIM), scales
 
     def get_index_k(self, layer_id: int, loc: torch.Tensor) -> torch.Tensor:
@@ -167,8 +168,13 @@ class DSATokenToKVPool(MLATokenToKVPool):
         return scales.view(torch.float32).reshape(-1)
 
     def _page_tokens(self, seq_len: int, page_indices: torch.Tensor) -> torch.Tensor:
-        check_index("page_indices", page_indices, self.device,
-                    self.index_num_rows // self.page_size, full=self.debug)  # fmt: skip
+        check_index(
+            "page_indices",
+            page_indices,
+            self.device,
+            self.index_num_rows // self.page_size,
+            full=self.debug,
+        )
         check_int("seq_len", seq_len, 0)
         if seq_len > page_indices.numel() * self.page_size:
             raise ValueError(
@@ -196,10 +202,12 @@ class DSATokenToKVPool(MLATokenToKVPool):
         the page-major layout, not token rows)."""
         lay = self.index_layout
         bufs = self.index_k_with_scale_buffer
-        _ops.copy_rows_all_layers([lay.key_view(b) for b in bufs], lay.key_rows(tgt),
-                                  lay.key_rows(src))  # fmt: skip
-        _ops.copy_rows_all_layers([lay.scale_view(b) for b in bufs], lay.scale_rows(tgt),
-                                  lay.scale_rows(src))  # fmt: skip
+        kernels.copy_all_layer_kv_cache(
+            [lay.key_view(b) for b in bufs], lay.key_rows(tgt), lay.key_rows(src)
+        )
+        kernels.copy_all_layer_kv_cache(
+            [lay.scale_view(b) for b in bufs], lay.scale_rows(tgt), lay.scale_rows(src)
+        )
 
     # ---------------------------------------------------------------- moves and retraction
     def move_kv_cache(self, tgt_loc: torch.Tensor, src_loc: torch.Tensor) -> None:
@@ -208,7 +216,7 @@ class DSATokenToKVPool(MLATokenToKVPool):
         tgt = self._check_loc("tgt_loc", tgt_loc, limit=limit)
         src = self._check_loc("src_loc", src_loc, limit=limit, length=tgt.numel())
         if tgt.numel():
-            _ops.copy_rows_all_layers(self.kv_buffer, tgt, src)
+            kernels.copy_all_layer_kv_cache(self.kv_buffer, tgt, src)
             self._move_index_rows(tgt, src)
 
     def get_cpu_copy(self, indices: torch.Tensor) -> CpuKVCopy:
@@ -225,8 +233,9 @@ class DSATokenToKVPool(MLATokenToKVPool):
         idx = self._check_loc("indices", indices, limit=min(self.num_rows, self.index_num_rows))
         if not isinstance(kv_cache_cpu, dict) or not set(_INDEX_ROLES) <= set(kv_cache_cpu):
             got = sorted(kv_cache_cpu) if isinstance(kv_cache_cpu, dict) else kv_cache_cpu
-            raise ValueError(f"kv_cache_cpu must have roles ['index_k', 'index_k_scale', 'kv'], "
-                             f"got {got}")  # fmt: skip
+            raise ValueError(
+                f"kv_cache_cpu must have roles ['index_k', 'index_k_scale', 'kv'], got {got}"
+            )
         kv_part = {k: v for k, v in kv_cache_cpu.items() if k not in _INDEX_ROLES}
         self._check_cpu_copy(kv_part, idx)
         n = idx.numel()

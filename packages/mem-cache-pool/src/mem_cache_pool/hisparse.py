@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from mem_cache_pool import _ops
+import mem_cache_kernels as kernels
 from mem_cache_pool._checks import check_index, check_mapping
 from mem_cache_pool.base import CpuKVCopy
 from mem_cache_pool.dsa import DSATokenToKVPool
@@ -79,7 +79,7 @@ class HiSparseDSATokenToKVPool(DSATokenToKVPool):
         dst = self._check_loc("dst_indices", dst_indices)
         src = self._check_loc("src_indices", src_indices, length=dst.numel())
         if dst.numel():
-            _ops.transfer_rows_all_layers([self.kv_buffer], [self.kv_buffer], src, dst)
+            kernels.transfer_rows_all_layers([self.kv_buffer], [self.kv_buffer], src, dst)
 
     def move_kv_cache(self, tgt_loc: torch.Tensor, src_loc: torch.Tensor) -> None:
         """Move tokens ``src_loc -> tgt_loc`` (logical locations; see the class docstring)."""
@@ -96,7 +96,7 @@ class HiSparseDSATokenToKVPool(DSATokenToKVPool):
             for name, t in (("translated tgt_loc", dev_tgt), ("translated src_loc", dev_src)):
                 check_index(name, t.clamp(min=0), self.device, self.num_rows, full=True)
         if tgt.numel():
-            _ops.copy_rows_all_layers(self.kv_buffer, dev_tgt, dev_src)
+            kernels.copy_all_layer_kv_cache(self.kv_buffer, dev_tgt, dev_src)
             self._move_index_rows(tgt, src)
 
     # ---------------------------------------------------------------- retraction

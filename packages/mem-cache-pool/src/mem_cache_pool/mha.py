@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
-from mem_cache_pool import _ops
+import mem_cache_kernels as kernels
 from mem_cache_pool._checks import check_int, check_rows
 from mem_cache_pool.base import KVCache, KVWriteLoc, unwrap_write_loc
 
@@ -51,9 +51,7 @@ class MHATokenToKVPool(KVCache):
         )
         self.head_num = check_int("head_num", head_num, 1)
         self.head_dim = check_int("head_dim", head_dim, 1)
-        self.v_head_dim = check_int(
-            "v_head_dim", head_dim if v_head_dim is None else v_head_dim, 1
-        )
+        self.v_head_dim = check_int("v_head_dim", head_dim if v_head_dim is None else v_head_dim, 1)
         rows = self.num_rows
         self.k_buffer = [
             torch.zeros((rows, head_num, self.head_dim), dtype=self.store_dtype, device=self.device)
@@ -124,6 +122,6 @@ class MHATokenToKVPool(KVCache):
         if v.dtype != self.dtype and v_scale is not None:
             v = v / v_scale
         if n:
-            _ops.store_kv(
+            kernels.store_kv(
                 self.k_buffer[index], self.v_buffer[index], slots, k, v, dtype=self.dtype
             )

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
-from mem_cache_pool import _ops
+import mem_cache_kernels as kernels
 from mem_cache_pool._checks import check_int, check_rows
 from mem_cache_pool.base import KVCache, KVWriteLoc, unwrap_write_loc
 
@@ -107,7 +107,9 @@ class MLATokenToKVPool(KVCache):
         k = check_rows("cache_k", cache_k, (n, 1, self.kv_cache_dim), self.device)
         if n:
             nd = self.kv_lora_rank
-            _ops.set_mla(self.kv_buffer[index], slots, k[..., :nd], k[..., nd:], dtype=self.dtype)
+            kernels.set_mla_kv_buffer(
+                self.kv_buffer[index], slots, k[..., :nd], k[..., nd:], dtype=self.dtype
+            )
 
     def set_mla_kv_buffer(
         self,
@@ -128,7 +130,7 @@ class MLATokenToKVPool(KVCache):
         rope_dim = self.kv_cache_dim - self.kv_lora_rank
         rope = check_rows("cache_k_rope", cache_k_rope, (n, 1, rope_dim), self.device)
         if n:
-            _ops.set_mla(self.kv_buffer[index], slots, nope, rope, dtype=self.dtype)
+            kernels.set_mla_kv_buffer(self.kv_buffer[index], slots, nope, rope, dtype=self.dtype)
 
     def get_mla_kv_buffer(
         self, layer_id: int, loc: torch.Tensor, dst_dtype: torch.dtype | None = None
@@ -142,7 +144,9 @@ class MLATokenToKVPool(KVCache):
         index = layer_id - self.start_layer
         slots = self._device_loc("loc", loc)
         view = self.dtype if self.store_dtype != self.dtype else None
-        nope, rope = _ops.get_mla(self.kv_buffer[index], slots, self.kv_lora_rank, view)
+        nope, rope = kernels.get_mla_kv_buffer(
+            self.kv_buffer[index], slots, self.kv_lora_rank, dtype=view
+        )
         if dst_dtype is not None and dst_dtype != nope.dtype:
             nope, rope = nope.to(dst_dtype), rope.to(dst_dtype)
         return nope, rope

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
-from mem_cache_pool import _ops
+import mem_cache_kernels as kernels
 from mem_cache_pool._checks import check_index, check_mapping
 from mem_cache_pool.base import CpuKVCopy, KVBufferDesc, KVCache, KVWriteLoc, unwrap_write_loc
 from mem_cache_pool.mha import MHATokenToKVPool
@@ -117,12 +117,19 @@ class SWAKVPool(BaseSWAKVPool):
         # a sub-pool needs >= 1 layer; an empty side gets no pool at all
         self._full = (
             token_to_kv_pool_class(
-                size, page_size, dtype, head_num, head_dim, len(full_ids), device,
-                v_head_dim=v_head_dim, **common,
+                size,
+                page_size,
+                dtype,
+                head_num,
+                head_dim,
+                len(full_ids),
+                device,
+                v_head_dim=v_head_dim,
+                **common,
             )
             if full_ids
             else None
-        )  # fmt: skip
+        )
         self._swa = (
             token_to_kv_pool_class(
                 size_swa,
@@ -247,8 +254,9 @@ class SWAKVPool(BaseSWAKVPool):
         out = self._mapping()[full_slots]
         out = torch.where(out > 0, out, torch.full_like(out, -1))
         if self.debug and self._swa is not None:
-            check_index("translated slots", out.clamp(min=0), self.device, self._swa.num_rows,
-                        full=True)  # fmt: skip
+            check_index(
+                "translated slots", out.clamp(min=0), self.device, self._swa.num_rows, full=True
+            )
         return out
 
     def move_kv_cache(self, tgt_loc: torch.Tensor, src_loc: torch.Tensor) -> None:
@@ -267,7 +275,7 @@ class SWAKVPool(BaseSWAKVPool):
         if self._full is not None:
             self._full.move_kv_cache(tgt, src)
         if self._swa is not None and tgt.numel():
-            _ops.copy_rows_all_layers(self._swa._all_buffers(), swa_tgt, swa_src)
+            kernels.copy_all_layer_kv_cache(self._swa._all_buffers(), swa_tgt, swa_src)
 
     # ---------------------------------------------------------------- retraction
     def get_cpu_copy(self, indices: torch.Tensor) -> CpuKVCopy:
@@ -307,7 +315,7 @@ class SWAKVPool(BaseSWAKVPool):
         rows = torch.arange(idx.numel())
         for name, pool, sub in parts:
             roles = pool._role_buffers()
-            _ops.transfer_rows_all_layers(
+            kernels.transfer_rows_all_layers(
                 [sub[r] for r, _ in roles],
                 [bufs for _, bufs in roles],
                 rows,
