@@ -1,0 +1,165 @@
+"""Triton row-copy kernel: the byte-moving core of every store, move and transfer op.
+
+One launch copies rows for a batch of *jobs* (see :mod:`mem_cache_kernels._layout`) that share
+the row size and word width: grid ``(row_blocks, jobs)``. A job is addressed relative to a base
+tensor through a small int64 table (word delta of its base pointer, row stride in words), so one
+launch serves every role and layer without int-to-pointer casts. Rows are moved as 8/4/2/1-byte
+words (the widest that divides the row size, the strides and the base offsets). Every index is
+cast to int64 before it is multiplied by a stride, so rows beyond 2**31 bytes from a buffer's start
+are addressed correctly. A pair with a negative index is skipped.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import torch
+import triton
+import triton.language as tl
+
+from mem_cache_kernels._layout import RowJob
+
+__all__ = ["run_jobs", "word_dtype"]
+
+# Words per program: BLOCK_ROWS * BLOCK_COLS ~= 4096 (32 KiB of int64 words) keeps enough
+# bytes in flight per program on a GPU while the interpreter (CPU) stays vectorised.
+_TILE_WORDS = 4096
+_MAX_COLS = 1024
+_WORDS = (torch.int64, torch.int32, torch.int16, torch.uint8)
+
+
+@triton.jit(do_not_specialize=["n", "src_idx_ptr", "dst_idx_ptr"])
+def _copy_rows_kernel(  # type: ignore[no-untyped-def]  # noqa: PLR0917
+    src_ptr,  # word pointer of the base source tensor (job 0)
+    dst_ptr,  # word pointer of the base destination tensor (job 0)
+    table_ptr,  # int64 [jobs, 4]: src word delta, dst word delta, src stride, dst stride
+    src_idx_ptr,  # int32/int64 [n] source rows (unused when not HAS_SRC_IDX)
+    dst_idx_ptr,  # int32/int64 [n] destination rows (unused when not HAS_DST_IDX)
+    n,  # number of index pairs
+    row_words,  # words per row
+    HAS_SRC_IDX: tl.constexpr,
+    HAS_DST_IDX: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_COLS: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    job = tl.program_id(1).to(tl.int64)
+    src_delta = tl.load(table_ptr + job * 4)
+    dst_delta = tl.load(table_ptr + job * 4 + 1)
+    src_stride = tl.load(table_ptr + job * 4 + 2)
+    dst_stride = tl.load(table_ptr + job * 4 + 3)
+    rows = pid.to(tl.int64) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS).to(tl.int64)
+    in_range = rows < n
+    if HAS_SRC_IDX:  # noqa: SIM108  (constexpr branch, resolved at compile time)
+        s = tl.load(src_idx_ptr + rows, mask=in_range, other=-1).to(tl.int64)
+    else:
+        s = rows
+    if HAS_DST_IDX:  # noqa: SIM108
+        d = tl.load(dst_idx_ptr + rows, mask=in_range, other=-1).to(tl.int64)
+    else:
+        d = rows
+    live = in_range & (s >= 0) & (d >= 0)
+    src_row = src_ptr + src_delta + s * src_stride
+    dst_row = dst_ptr + dst_delta + d * dst_stride
+    for c0 in range(0, row_words, BLOCK_COLS):
+        cols = c0 + tl.arange(0, BLOCK_COLS)
+        mask = live[:, None] & (cols < row_words)[None, :]
+        words = tl.load(src_row[:, None] + cols[None, :], mask=mask, other=0)
+        tl.store(dst_row[:, None] + cols[None, :], words, mask=mask)
+
+
+def word_dtype(jobs: Sequence[RowJob]) -> torch.dtype:
+    """Widest integer word that divides every row size, row stride and base address."""
+    for dtype in _WORDS:
+        w = dtype.itemsize
+        if all(
+            t.shape[1] % w == 0
+            and (t.shape[0] <= 1 or t.stride(0) % w == 0)
+            and t.data_ptr() % w == 0
+            for job in jobs
+            for t in job
+        ):
+            return dtype
+    return torch.uint8
+
+
+@functools.lru_cache(maxsize=256)
+def _table(
+    key: tuple[tuple[int, int, int, int], ...], word: int, device: torch.device
+) -> torch.Tensor:
+    """Job table for ``key`` = ((src_ptr, dst_ptr, src_stride, dst_stride) in bytes, ...)."""
+    s0, d0 = key[0][0], key[0][1]
+    rows = [((s - s0) // word, (d - d0) // word, ss // word, ds // word) for s, d, ss, ds in key]
+    return torch.tensor(rows, dtype=torch.int64).to(device)
+
+
+def _blocks(row_words: int) -> tuple[int, int]:
+    cols = min(triton.next_power_of_2(row_words), _MAX_COLS)
+    return max(1, _TILE_WORDS // cols), cols
+
+
+def run_jobs(
+    jobs: Sequence[RowJob], src_idx: torch.Tensor | None, dst_idx: torch.Tensor | None
+) -> None:
+    """Copy ``src[src_idx] -> dst[dst_idx]`` for every job in one launch (per row size).
+
+    Jobs must not write rows that another job (or the same job) reads in the same call; see
+    :func:`mem_cache_kernels._triton.move.copy_all_layer_kv_cache` for the overlap-safe variant.
+    """
+    if not jobs:
+        return
+    if src_idx is not None:
+        n = src_idx.shape[0]
+    elif dst_idx is not None:
+        n = dst_idx.shape[0]
+    else:
+        n = jobs[0][0].shape[0]
+    if n == 0:
+        return
+    groups: dict[int, list[RowJob]] = {}
+    for job in jobs:
+        groups.setdefault(job[0].shape[1], []).append(job)
+    device = jobs[0][1].device if jobs[0][1].is_cuda else jobs[0][0].device
+    sidx = None if src_idx is None else src_idx.to(device, non_blocking=True)
+    didx = None if dst_idx is None else dst_idx.to(device, non_blocking=True)
+    if device.type == "cuda":
+        with torch.cuda.device(device):
+            _launch_groups(groups, sidx, didx, n, device)
+    else:
+        _launch_groups(groups, sidx, didx, n, device)
+
+
+def _launch_groups(
+    groups: dict[int, list[RowJob]],
+    sidx: torch.Tensor | None,
+    didx: torch.Tensor | None,
+    n: int,
+    device: torch.device,
+) -> None:
+    for row_bytes, group in groups.items():
+        word = word_dtype(group)
+        w = word.itemsize
+        key = tuple(
+            (s.data_ptr(), d.data_ptr(), s.stride(0), d.stride(0)) for s, d in group
+        )
+        table = _table(key, w, device)
+        src0 = group[0][0].view(word)
+        dst0 = group[0][1].view(word)
+        row_words = row_bytes // w
+        block_rows, block_cols = _blocks(row_words)
+        grid = (triton.cdiv(n, block_rows), len(group))
+        dummy = table
+        _copy_rows_kernel[grid](
+            src0,
+            dst0,
+            table,
+            dummy if sidx is None else sidx,
+            dummy if didx is None else didx,
+            n,
+            row_words,
+            HAS_SRC_IDX=sidx is not None,
+            HAS_DST_IDX=didx is not None,
+            BLOCK_ROWS=block_rows,
+            BLOCK_COLS=block_cols,
+        )

@@ -1,0 +1,42 @@
+"""Triton launchers of the KV store ops (casts in torch, bytes moved by the row-copy kernel)."""
+
+from __future__ import annotations
+
+import torch
+
+from mem_cache_kernels import _movement
+from mem_cache_kernels._triton.rows import run_jobs
+
+__all__ = ["get_mla_kv_buffer", "set_mla_kv_buffer", "store_kv"]
+
+
+def store_kv(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    loc: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    dtype: torch.dtype | None = None,
+) -> None:
+    """``k_cache[loc] = k``, ``v_cache[loc] = v`` (one launch for both when rows match)."""
+    _movement.store_kv(run_jobs, k_cache, v_cache, loc, k, v, dtype)
+
+
+def set_mla_kv_buffer(
+    kv_buffer: torch.Tensor,
+    loc: torch.Tensor,
+    k_nope: torch.Tensor,
+    k_rope: torch.Tensor,
+    *,
+    dtype: torch.dtype | None = None,
+) -> None:
+    """Scatter the nope and rope parts into their byte columns of the ``loc`` rows."""
+    _movement.set_mla_kv_buffer(run_jobs, kv_buffer, loc, k_nope, k_rope, dtype)
+
+
+def get_mla_kv_buffer(
+    kv_buffer: torch.Tensor, loc: torch.Tensor, nope_dim: int, *, dtype: torch.dtype | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gather the nope and rope parts of the ``loc`` rows into new tensors."""
+    return _movement.get_mla_kv_buffer(run_jobs, kv_buffer, loc, nope_dim, dtype)
