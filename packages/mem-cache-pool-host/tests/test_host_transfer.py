@@ -4,6 +4,7 @@ oracle of the host layouts, and nothing outside the target rows is written."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -169,3 +170,13 @@ def test_direct_io_rejects_partial_pages(make_pool: MakePool) -> None:
     host = MHATokenToKVPoolHost(device, layout="page_first_direct")
     with pytest.raises(ValueError, match="page"):
         host.backup_from_device_all_layer(device, torch.arange(0, 3), torch.arange(4, 7), "direct")
+
+
+def test_kernel_io_to_an_accelerator_needs_pinned_memory(make_pool: MakePool) -> None:
+    device = make_pool("mha", torch.float16, page_size=4, size=16, seed=None)
+    host = MHATokenToKVPoolHost(device, pin_memory=False, layout="layer_first")
+    assert not host.pinned
+    remote = dataclasses.replace(device.get_buffer_desc(), device=torch.device("meta"))
+    slots = torch.arange(4, 8)
+    with pytest.raises(ValueError, match="needs it pinned"):
+        host.backup_from_device_all_layer(remote, slots, slots, "kernel")

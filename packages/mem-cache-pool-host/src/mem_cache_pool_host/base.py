@@ -271,8 +271,14 @@ class HostKVCache(StoragePageMixin):
             if not isinstance(idx, torch.Tensor):
                 raise TypeError(f"{name} must be a torch.Tensor, got {type(idx).__name__}")
 
-    def _io_backend(self, io_backend: str) -> IOBackend:
+    def _io_backend(self, io_backend: str, desc: KVBufferDesc) -> IOBackend:
         backend = effective_io_backend(self.layout, io_backend)
+        if backend == "kernel" and desc.device.type != "cpu" and not self.pinned:
+            raise ValueError(
+                f"io_backend 'kernel' on a {desc.device.type} device pool reads host memory "
+                "directly and needs it pinned (registered); this pool's memory is not "
+                "(pin_memory=False or an allocator without registration): use io_backend='direct'"
+            )
         if backend != io_backend and not self._warned_kernel_fixup:
             self._warned_kernel_fixup = True
             _log.info(
@@ -302,7 +308,7 @@ class HostKVCache(StoragePageMixin):
             if not 0 <= layer_id < self.layer_num:
                 raise ValueError(f"layer_id must be in [0, {self.layer_num}), got {layer_id}")
             desc = self._desc_for(device_pool)
-            backend = self._io_backend(io_backend)
+            backend = self._io_backend(io_backend, desc)
             self._check_indices(host_indices, device_indices)
             device_layer = [desc.buffers[r][layer_id] for r in range(len(self.roles))]
             _transfer.load_one_layer(
@@ -334,7 +340,7 @@ class HostKVCache(StoragePageMixin):
         """Copy device rows ``device_indices`` of every layer into host rows ``host_indices``."""
         self._check_open()
         desc = self._desc_for(device_pool)
-        backend = self._io_backend(io_backend)
+        backend = self._io_backend(io_backend, desc)
         self._check_indices(host_indices, device_indices)
         _transfer.backup_all_layers(
             layout=self.layout,
