@@ -1,0 +1,289 @@
+"""``DeepSeekV4SingleKVPool`` and ``HiSparseC4DevicePool`` (private; re-exported by
+:mod:`mem_cache_pool.deepseek_v4`)."""
+
+from __future__ import annotations
+
+import torch
+
+from mem_cache_kernels import dsv4
+from mem_cache_pool._checks import check_index, check_mapping
+from mem_cache_pool._deepseek_v4_rows import PageRowPool
+from mem_cache_pool.base import CpuKVCopy, KVWriteLoc, unwrap_write_loc
+
+__all__ = [
+    "DeepSeekV4SingleKVPool",
+    "HiSparseC4DevicePool",
+    "compressed_last_loc",
+    "translate_full_to_compressed",
+]
+
+
+def translate_full_to_compressed(full_loc: torch.Tensor, compress_ratio: int = 4) -> torch.Tensor:
+    """Compressed slots of the full slots that complete a compressed entry.
+
+    A full slot ``f`` has a compressed slot iff ``(f + 1) % compress_ratio == 0``, namely
+    ``f // compress_ratio``; the others are dropped (order kept). Returns int64 on ``full_loc``'s
+    device. Example (ratio 4): ``[3, 4, 7, 8, 11] -> [0, 1, 2]``. The boolean selection reads
+    device memory (a sync on GPUs).
+    """
+    check_index("full_loc", full_loc, full_loc.device, 2**62, full=False)
+    loc = full_loc.long()
+    return loc[(loc + 1) % compress_ratio == 0] // compress_ratio
+
+
+def compressed_last_loc(last_loc: torch.Tensor, compress_ratio: int = 4) -> torch.Tensor:
+    """Compressed ``last_loc`` of a full ``last_loc``: ``(L - (ratio - 1)) // ratio``; -1 stays -1.
+
+    ``L`` is the full slot of the last prefix token. When the prefix holds a complete compressed
+    entry, the result is the compressed slot of the last one; in every case it keeps the page
+    congruence the allocation kernels rely on: ``(result + 1) % (ps // ratio) == (P // ratio) %
+    (ps // ratio)`` for a prefix of ``P`` tokens with ``(L + 1) % ps == P % ps``. Example (ratio
+    4): ``[-1, 3, 6, 7, 8] -> [-1, 0, 0, 1, 1]``.
+    """
+    if not isinstance(last_loc, torch.Tensor) or last_loc.dtype not in (torch.int32, torch.int64):
+        got = last_loc.dtype if isinstance(last_loc, torch.Tensor) else type(last_loc).__name__
+        raise TypeError(f"last_loc must be an int32 or int64 tensor, got {got}")
+    loc = last_loc.long()
+    return torch.where(
+        loc < 0, torch.full_like(loc, -1), (loc - (compress_ratio - 1)) // compress_ratio
+    )
+
+
+class DeepSeekV4SingleKVPool(PageRowPool):
+    """DeepSeek-V4 compressed-KV pool: per layer uint8 ``[num_pages, dsv4_page_bytes(ps)]``.
+
+    One 584-byte record per token (448 fp8 e4m3 nope bytes, 64 bf16 rope values, 7 ue8m0 scale
+    bytes, 1 pad byte) in the split page layout of :mod:`mem_cache_kernels.dsv4`:
+    ``[values (576 B each)][scales (8 B each)][pad to a multiple of 576 B]``.
+
+    Args (SGLang order): ``size``, ``page_size``, ``dtype`` (must be ``torch.float8_e4m3fn``, the
+    nope dtype), ``qk_nope_head_dim`` (448), ``qk_rope_head_dim`` (64), ``layer_num``, ``device``,
+    ``enable_memory_saver``, ``start_layer``, ``end_layer``; keyword ``debug``.
+
+    Writes: :meth:`set_key_buffer` (records), :meth:`set_key_buffer_parts` (quantised parts) or
+    :meth:`set_kv_buffer` (float rows, quantised here). Reads: :meth:`get_key_buffer` (the page
+    rows), :meth:`get_key_records`, :meth:`get_key_parts`. Slots are checked against
+    ``slot_limit`` (values only on CPU / debug). ``move_kv_cache``, ``get_cpu_copy`` and
+    ``load_cpu_copy`` are token-granular (records).
+    """
+
+    bytes_per_token = dsv4.DSV4_TOKEN_BYTES
+
+    def __init__(  # noqa: PLR0917 (SGLang-compatible positional signature)
+        self,
+        size: int,
+        page_size: int,
+        dtype: torch.dtype,
+        qk_nope_head_dim: int,
+        qk_rope_head_dim: int,
+        layer_num: int,
+        device: str | torch.device,
+        enable_memory_saver: bool = False,
+        start_layer: int | None = None,
+        end_layer: int | None = None,
+        *,
+        debug: bool = False,
+    ) -> None:
+        if dtype != torch.float8_e4m3fn:
+            raise ValueError(f"dtype must be torch.float8_e4m3fn (the nope dtype), got {dtype}")
+        if (qk_nope_head_dim, qk_rope_head_dim) != (dsv4.DSV4_NOPE_DIM, dsv4.DSV4_ROPE_DIM):
+            raise ValueError(
+                "qk_nope_head_dim and qk_rope_head_dim must be 448 and 64 (a 584-byte record: "
+                f"448 fp8 + 64 x 2 bf16 + 7 scales + 1 pad), got {qk_nope_head_dim} and "
+                f"{qk_rope_head_dim}"
+            )
+        self.qk_nope_head_dim = qk_nope_head_dim
+        self.qk_rope_head_dim = qk_rope_head_dim
+        self.bytes_per_page_padded = dsv4.dsv4_page_bytes(page_size) if page_size >= 1 else 1
+        super().__init__(
+            size,
+            page_size,
+            dtype,
+            layer_num,
+            device,
+            enable_memory_saver,
+            start_layer,
+            end_layer,
+            page_bytes=self.bytes_per_page_padded,
+            debug=debug,
+        )
+
+    # ---------------------------------------------------------------- slot translation hook
+    def _device_loc(self, name: str, loc: torch.Tensor) -> torch.Tensor:
+        """Validated device slots for key writes/reads (HiSparse translates here)."""
+        return self._check_slots(name, loc)
+
+    # ---------------------------------------------------------------- writes
+    def set_key_buffer(
+        self, layer_id: int, loc: torch.Tensor | KVWriteLoc, records: torch.Tensor
+    ) -> None:
+        """Write packed records uint8 ``[n, 584]`` at slots ``loc`` ``[n]`` of one layer."""
+        index = self.layer_index(layer_id)
+        slots = self._device_loc("loc", unwrap_write_loc(loc))
+        if not isinstance(records, torch.Tensor) or records.device != self.kv_buffer[0].device:
+            got = records.device if isinstance(records, torch.Tensor) else type(records).__name__
+            raise ValueError(f"records must be a tensor on {self.device}, got {got}")
+        dsv4.write_dsv4_records(self.kv_buffer[index], slots, records, self.page_size)
+
+    def set_key_buffer_parts(
+        self,
+        layer_id: int,
+        loc: torch.Tensor | KVWriteLoc,
+        nope_fp8: torch.Tensor,
+        scales: torch.Tensor,
+        rope: torch.Tensor,
+    ) -> None:
+        """Pack ``nope_fp8`` (fp8/uint8 ``[n, 448]``), ``scales`` (uint8 ``[n, 7]``) and ``rope``
+        (bf16 ``[n, 64]``) and write them at slots ``loc``."""
+        self.layer_index(layer_id)
+        records = dsv4.pack_dsv4_records(nope_fp8, scales, rope)
+        self.set_key_buffer(layer_id, loc, records)
+
+    def set_kv_buffer(
+        self,
+        layer_id: int,
+        loc: torch.Tensor | KVWriteLoc,
+        cache_k: torch.Tensor,
+        cache_v: torch.Tensor | None = None,
+    ) -> None:
+        """Quantise float rows ``cache_k`` ``[n, 512]`` or ``[n, 1, 512]`` (nope | rope) and
+        write them at ``loc``. ``cache_v`` is ignored (no value buffer). The nope part is
+        quantised with :func:`mem_cache_kernels.dsv4.quantize_dsv4_nope`, rope cast to bf16."""
+        self.layer_index(layer_id)
+        width = self.qk_nope_head_dim + self.qk_rope_head_dim
+        if not isinstance(cache_k, torch.Tensor) or not cache_k.dtype.is_floating_point:
+            got = cache_k.dtype if isinstance(cache_k, torch.Tensor) else type(cache_k).__name__
+            raise TypeError(f"cache_k must be a floating-point tensor, got {got}")
+        ok = (cache_k.dim() == 2 and cache_k.shape[1] == width) or (
+            cache_k.dim() == 3 and tuple(cache_k.shape[1:]) == (1, width)
+        )
+        if not ok:
+            raise ValueError(
+                f"cache_k must have shape [n, {width}] or [n, 1, {width}], "
+                f"got {tuple(cache_k.shape)}"
+            )
+        k = cache_k.reshape(-1, width)
+        nope, scales = dsv4.quantize_dsv4_nope(k[:, : self.qk_nope_head_dim].float())
+        rope = k[:, self.qk_nope_head_dim :].to(torch.bfloat16)
+        self.set_key_buffer(layer_id, loc, dsv4.pack_dsv4_records(nope, scales, rope))
+
+    # ---------------------------------------------------------------- reads
+    def get_key_records(self, layer_id: int, loc: torch.Tensor) -> torch.Tensor:
+        """Records uint8 ``[n, 584]`` of slots ``loc`` (a copy). Waits once for the layer."""
+        index = self._wait_layer(layer_id)
+        slots = self._device_loc("loc", loc)
+        return dsv4.read_dsv4_records(self.kv_buffer[index], slots, self.page_size)
+
+    def get_key_parts(
+        self, layer_id: int, loc: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(nope fp8 [n, 448], scales uint8 [n, 7], rope bf16 [n, 64])`` of slots ``loc``."""
+        return dsv4.unpack_dsv4_records(self.get_key_records(layer_id, loc))
+
+    # ---------------------------------------------------------------- token-granular bulk ops
+    def move_kv_cache(self, tgt_loc: torch.Tensor, src_loc: torch.Tensor) -> None:
+        """Every layer: the records of slots ``tgt_loc`` get those of ``src_loc`` (device slots,
+        no translation; all reads of a layer happen before its writes)."""
+        tgt = self._check_slots("tgt_loc", tgt_loc)
+        src = self._check_slots("src_loc", src_loc, length=tgt.numel())
+        if not tgt.numel():
+            return
+        for buf in self.kv_buffer:
+            records = dsv4.read_dsv4_records(buf, src, self.page_size)
+            dsv4.write_dsv4_records(buf, tgt, records, self.page_size)
+
+    def get_cpu_copy(self, indices: torch.Tensor) -> CpuKVCopy:
+        """``{"kv": [per-layer CPU records uint8 [n, 584]]}`` of device slots ``indices``."""
+        idx = self._check_slots("indices", indices)
+        return {
+            "kv": [dsv4.read_dsv4_records(b, idx, self.page_size).cpu() for b in self.kv_buffer]
+        }
+
+    def load_cpu_copy(self, kv_cache_cpu: CpuKVCopy, indices: torch.Tensor) -> None:
+        """Write a :meth:`get_cpu_copy` result at device slots ``indices`` (checked first)."""
+        idx = self._check_slots("indices", indices)
+        if not isinstance(kv_cache_cpu, dict) or sorted(kv_cache_cpu) != ["kv"]:
+            got = sorted(kv_cache_cpu) if isinstance(kv_cache_cpu, dict) else kv_cache_cpu
+            raise ValueError(f"kv_cache_cpu must have roles ['kv'], got {got}")
+        layers = kv_cache_cpu["kv"]
+        if len(layers) != self.layer_num:
+            raise ValueError(
+                f"kv_cache_cpu['kv'] must hold {self.layer_num} layers, got {len(layers)}"
+            )
+        want = (idx.numel(), dsv4.DSV4_TOKEN_BYTES)
+        for t in layers:
+            if not isinstance(t, torch.Tensor) or t.dtype != torch.uint8 or tuple(t.shape) != want:
+                desc = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t)
+                raise ValueError(f"kv_cache_cpu['kv'] tensors must be uint8 {want}, got {desc}")
+        for buf, t in zip(self.kv_buffer, layers):
+            dsv4.write_dsv4_records(buf, idx, t.to(self.device), self.page_size)
+
+
+class HiSparseC4DevicePool(DeepSeekV4SingleKVPool):
+    """The device side of the HiSparse c4 pool: compress ratio 4, logical -> device slots.
+
+    ``size`` is the number of *device* compressed slots. The allocator owns a logical compressed
+    slot -> device slot mapping (int64, ``mapping[-1] == -1``, 0 = unmapped; any length >= 2) and
+    installs it with :meth:`register_mapping`. Key writes and reads (:meth:`set_key_buffer`,
+    :meth:`set_kv_buffer`, :meth:`get_key_records`, ...) take *logical* compressed slots and go
+    through the mapping (an unmapped slot lands in the padding page). ``move_kv_cache`` /
+    :meth:`transfer_values_on_device` and the CPU copy take device slots.
+    """
+
+    compress_ratio = 4
+
+    def __init__(  # noqa: PLR0917 (SGLang-compatible positional signature)
+        self,
+        size: int,
+        page_size: int,
+        dtype: torch.dtype,
+        qk_nope_head_dim: int,
+        qk_rope_head_dim: int,
+        layer_num: int,
+        device: str | torch.device,
+        enable_memory_saver: bool = False,
+        start_layer: int | None = None,
+        end_layer: int | None = None,
+        *,
+        debug: bool = False,
+    ) -> None:
+        super().__init__(
+            size,
+            page_size,
+            dtype,
+            qk_nope_head_dim,
+            qk_rope_head_dim,
+            layer_num,
+            device,
+            enable_memory_saver,
+            start_layer,
+            end_layer,
+            debug=debug,
+        )
+        self.full_to_hisparse_device_index_mapping: torch.Tensor | None = None
+
+    def register_mapping(self, mapping: torch.Tensor) -> None:
+        """Install the logical compressed -> device slot mapping (see the class doc)."""
+        length = mapping.numel() if isinstance(mapping, torch.Tensor) else 0
+        if length < 2:
+            raise ValueError(f"mapping must have at least 2 elements, got {length}")
+        self.full_to_hisparse_device_index_mapping = check_mapping(
+            "mapping", mapping, self.device, length, full=self.debug
+        )
+
+    def translate_loc_from_full_to_compressed(self, full_loc: torch.Tensor) -> torch.Tensor:
+        """Logical compressed slots of the full slots ``full_loc`` that complete an entry."""
+        return translate_full_to_compressed(full_loc, self.compress_ratio)
+
+    def _device_loc(self, name: str, loc: torch.Tensor) -> torch.Tensor:
+        mapping = self.full_to_hisparse_device_index_mapping
+        if mapping is None:
+            raise RuntimeError(
+                "no logical -> device mapping registered: call register_mapping(mapping) first"
+            )
+        logical = check_index(name, loc, self.device, mapping.numel() - 1, full=self.debug)
+        return mapping[logical.long()]
+
+    def transfer_values_on_device(self, dst_loc: torch.Tensor, src_loc: torch.Tensor) -> None:
+        """Copy the records of device slots ``src_loc`` to device slots ``dst_loc``, all layers."""
+        self.move_kv_cache(dst_loc, src_loc)

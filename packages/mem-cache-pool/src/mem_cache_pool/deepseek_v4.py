@@ -1,0 +1,366 @@
+"""DeepSeek-V4 device pools (mirrors SGLang's ``deepseek_v4_memory_pool``).
+
+* :class:`DeepSeekV4SingleKVPool`: page-major uint8 rows of 584-byte compressed records (split
+  layout ``[values][scales][pad]``, see :mod:`mem_cache_kernels.dsv4`).
+* :class:`HiSparseC4DevicePool`: the device c4 pool of HiSparse (logical -> device mapping;
+  :func:`translate_full_to_compressed`: full slot ``f`` has compressed slot ``f // 4`` iff
+  ``(f + 1) % 4 == 0``).
+* :class:`DeepSeekV4IndexerPool`: page-major indexer keys + fp32 scales.
+* :class:`CompressStatePool`: per-request ring buffers of compressor state.
+* :class:`DeepSeekV4TokenToKVPool`: the composite, routing each layer to the sliding-window pool
+  and, by its compress ratio (0, 4 or 128), to the c4 / c128 / indexer / state sub-pools.
+
+Page-row pools describe themselves in page-row units (``get_buffer_desc()``: one row per page,
+``page_size = 1``), so a host mirror moves whole page rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from mem_cache_pool._checks import check_index, check_int, check_mapping
+from mem_cache_pool._deepseek_v4_indexer import DeepSeekV4IndexerPool
+from mem_cache_pool._deepseek_v4_single import (
+    DeepSeekV4SingleKVPool,
+    HiSparseC4DevicePool,
+    compressed_last_loc,
+    translate_full_to_compressed,
+)
+from mem_cache_pool._deepseek_v4_state import CompressStatePool
+from mem_cache_pool.base import CpuKVCopy, KVBufferDesc, KVCache, KVWriteLoc
+from mem_cache_pool.swa import BaseSWAKVPool
+
+__all__ = [
+    "CompressStatePool",
+    "DeepSeekV4IndexerPool",
+    "DeepSeekV4SingleKVPool",
+    "DeepSeekV4TokenToKVPool",
+    "HiSparseC4DevicePool",
+    "compressed_last_loc",
+    "translate_full_to_compressed",
+]
+
+COMPRESS_RATIOS = (0, 4, 128)
+
+
+class DeepSeekV4TokenToKVPool(BaseSWAKVPool):
+    """Sliding-window + compressed (c4, c128) + indexer + compress-state pools, per layer.
+
+    Args (SGLang order, simplified): ``max_num_reqs``; ``swa_size`` (slots of the sliding-window
+    pool, page ``swa_page_size``); ``c4_size`` (device slots of the c4 pool, page
+    ``page_size // 4``); ``c128_size`` (slots of the c128 pool, page ``page_size // 128``);
+    ``c4_state_pool_size`` / ``c128_state_pool_size`` (request slots of the state rings);
+    ``page_size`` (the logical full page size); ``swa_page_size``; ``dtype``
+    (``torch.float8_e4m3fn``); ``c4_state_dtype`` / ``c128_state_dtype``; ``qk_nope_head_dim``
+    (448), ``qk_rope_head_dim`` (64), ``indexer_head_dim``; ``layer_num``; ``device``;
+    ``enable_memory_saver``; ``compression_ratios`` (one of 0, 4, 128 per layer);
+    ``sliding_window``; ``start_layer``/``end_layer``; ``enable_hisparse`` (the c4 pool becomes a
+    :class:`HiSparseC4DevicePool`); ``online_mtp_max_draft_tokens`` (> 0 doubles the rings:
+    16/256 instead of 8/128); keyword ``state_dim`` (default nope + rope), ``use_fp4_indexer``,
+    ``debug``.
+
+    Logical full size: ``size = c128_size * 128`` when there are c128 layers, else
+    ``c4_size * 4``; the indexer covers the logical c4 space (``size // 4`` slots) even when the
+    c4 KV pool is device-limited (HiSparse). Sub-pools with no layer are ``None``.
+
+    Routing: ``layer_mapping[layer_id] = (ratio, compress_layer_id, compressed pool or None)``;
+    every layer also has sliding-window records in ``swa_kv_pool`` (global layer ids). Reads wait
+    on this pool's readiness waiter (index ``layer_id - start_layer``). ``set_kv_buffer``
+    quantises ``cache_k`` into the window pool at ``KVWriteLoc.swa_loc`` (required).
+    ``get_buffer_desc()`` is the window pool's; :meth:`get_buffer_descs` names every sub-pool.
+    ``move_kv_cache`` and the CPU copy are not supported (``NotImplementedError``).
+    """
+
+    def __init__(  # noqa: PLR0917 (SGLang-compatible positional signature)
+        self,
+        max_num_reqs: int,
+        swa_size: int,
+        c4_size: int,
+        c128_size: int,
+        c4_state_pool_size: int,
+        c128_state_pool_size: int,
+        page_size: int,
+        swa_page_size: int,
+        dtype: torch.dtype,
+        c4_state_dtype: torch.dtype,
+        c128_state_dtype: torch.dtype,
+        qk_nope_head_dim: int,
+        qk_rope_head_dim: int,
+        indexer_head_dim: int,
+        layer_num: int,
+        device: str | torch.device,
+        enable_memory_saver: bool,
+        compression_ratios: Sequence[int],
+        sliding_window: int = 128,
+        start_layer: int | None = None,
+        end_layer: int | None = None,
+        enable_hisparse: bool = False,
+        online_mtp_max_draft_tokens: int = 0,
+        *,
+        state_dim: int | None = None,
+        use_fp4_indexer: bool = False,
+        debug: bool = False,
+    ) -> None:
+        ratios = [int(r) for r in compression_ratios]
+        if len(ratios) != layer_num or any(r not in COMPRESS_RATIOS for r in ratios):
+            raise ValueError(
+                f"compression_ratios must hold layer_num={layer_num} values in "
+                f"{COMPRESS_RATIOS}, got {list(compression_ratios)}"
+            )
+        c4_ids = [i for i, r in enumerate(ratios) if r == 4]
+        c128_ids = [i for i, r in enumerate(ratios) if r == 128]
+        for ratio, ids in ((4, c4_ids), (128, c128_ids)):
+            if ids and page_size % ratio:
+                raise ValueError(
+                    f"page_size must be a multiple of {ratio} with ratio-{ratio} layers, "
+                    f"got {page_size}"
+                )
+        full_size = c128_size * 128 if c128_ids else c4_size * 4
+        super().__init__(
+            full_size,
+            page_size,
+            dtype,
+            layer_num,
+            device,
+            enable_memory_saver,
+            start_layer,
+            end_layer,
+            debug=debug,
+        )
+        self.max_num_reqs = check_int("max_num_reqs", max_num_reqs, 0)
+        self.sliding_window = check_int("sliding_window", sliding_window, 1)
+        self.compression_ratios = ratios
+        self.qk_nope_head_dim, self.qk_rope_head_dim = qk_nope_head_dim, qk_rope_head_dim
+        self.enable_hisparse = bool(enable_hisparse)
+        spec = check_int("online_mtp_max_draft_tokens", online_mtp_max_draft_tokens, 0) > 0
+        self.c4_ring_size, self.c128_ring_size = (16, 256) if spec else (8, 128)
+        dim = qk_nope_head_dim + qk_rope_head_dim if state_dim is None else state_dim
+        heads = (qk_nope_head_dim, qk_rope_head_dim)
+        common = dict(enable_memory_saver=enable_memory_saver, debug=debug)
+        self._swa = DeepSeekV4SingleKVPool(
+            swa_size, swa_page_size, dtype, *heads, layer_num, device,
+            start_layer=self.start_layer, end_layer=self.end_layer, **common,
+        )  # fmt: skip
+        self.c4_kv_pool: DeepSeekV4SingleKVPool | None = None
+        self.c4_indexer_kv_pool: DeepSeekV4IndexerPool | None = None
+        self.c4_state_pool: CompressStatePool | None = None
+        if c4_ids:
+            c4_cls = HiSparseC4DevicePool if enable_hisparse else DeepSeekV4SingleKVPool
+            c4_ps = page_size // 4
+            self.c4_kv_pool = c4_cls(c4_size, c4_ps, dtype, *heads, len(c4_ids), device, **common)
+            self.c4_indexer_kv_pool = DeepSeekV4IndexerPool(
+                full_size // 4, c4_ps, dtype, indexer_head_dim, len(c4_ids), device,
+                use_fp4=use_fp4_indexer, **common,
+            )  # fmt: skip
+            self.c4_state_pool = CompressStatePool(
+                c4_state_pool_size, self.c4_ring_size, dim, len(c4_ids), device, c4_state_dtype,
+                debug=debug,
+            )  # fmt: skip
+        self.c128_kv_pool: DeepSeekV4SingleKVPool | None = None
+        self.c128_state_pool: CompressStatePool | None = None
+        if c128_ids:
+            self.c128_kv_pool = DeepSeekV4SingleKVPool(
+                c128_size, page_size // 128, dtype, *heads, len(c128_ids), device, **common
+            )
+            self.c128_state_pool = CompressStatePool(
+                c128_state_pool_size, self.c128_ring_size, dim, len(c128_ids), device,
+                c128_state_dtype, debug=debug,
+            )  # fmt: skip
+        self.layer_mapping: dict[int, tuple[int, int, DeepSeekV4SingleKVPool | None]] = {}
+        for local, ratio in enumerate(ratios):
+            ids = c4_ids if ratio == 4 else c128_ids
+            pool = self.c4_kv_pool if ratio == 4 else self.c128_kv_pool if ratio == 128 else None
+            self.layer_mapping[self.start_layer + local] = (
+                ratio,
+                ids.index(local) if ratio else -1,
+                pool,
+            )
+        self.full_to_swa_index_mapping: torch.Tensor | None = None
+        self._finalize_allocation()
+
+    # ---------------------------------------------------------------- sub-pools
+    @property
+    def swa_kv_pool(self) -> DeepSeekV4SingleKVPool:  # type: ignore[override]
+        """The sliding-window pool (all layers, global layer ids)."""
+        return self._swa
+
+    @property
+    def full_kv_pool(self) -> KVCache:  # type: ignore[override]
+        """Not available: DeepSeek-V4 keeps no full-attention pool (``RuntimeError``)."""
+        raise RuntimeError(
+            "DeepSeekV4TokenToKVPool has no full-attention pool; compressed layers live in "
+            "c4_kv_pool / c128_kv_pool"
+        )
+
+    def _named_pools(self) -> list[tuple[str, KVCache]]:
+        pools: list[tuple[str, KVCache | None]] = [
+            ("swa", self._swa),
+            ("c4", self.c4_kv_pool),
+            ("c128", self.c128_kv_pool),
+            ("c4_indexer", self.c4_indexer_kv_pool),
+        ]
+        return [(n, p) for n, p in pools if p is not None]
+
+    def _state_pools(self) -> list[tuple[str, CompressStatePool]]:
+        pools = [("c4_state", self.c4_state_pool), ("c128_state", self.c128_state_pool)]
+        return [(n, p) for n, p in pools if p is not None]
+
+    def _role_buffers(self) -> tuple[tuple[str, Sequence[torch.Tensor]], ...]:
+        return tuple(
+            (f"{name}.{role}", bufs)
+            for name, pool in self._named_pools()
+            for role, bufs in pool._role_buffers()
+        )
+
+    def get_total_bytes(self) -> int:
+        """Bytes of every sub-pool, compress-state rings included."""
+        return super().get_total_bytes() + sum(p.get_total_bytes() for _, p in self._state_pools())
+
+    def get_buffer_desc(self) -> KVBufferDesc:
+        """The sliding-window pool's descriptor (page-row units)."""
+        return self._swa.get_buffer_desc()
+
+    def get_buffer_descs(self) -> dict[str, KVBufferDesc]:
+        """Descriptors of every present sub-pool: ``swa``, ``c4``, ``c128``, ``c4_indexer``,
+        ``c4_state``, ``c128_state``."""
+        descs = {name: pool.get_buffer_desc() for name, pool in self._named_pools()}
+        descs.update({name: pool.get_buffer_desc() for name, pool in self._state_pools()})
+        return descs
+
+    def get_state_buf_infos(self) -> dict[str, KVBufferDesc]:
+        """Descriptors of the compress-state rings (the "state" PD transfer sends)."""
+        return {name: pool.get_buffer_desc() for name, pool in self._state_pools()}
+
+    # ---------------------------------------------------------------- routing
+    def _compressed(self, layer_id: int) -> tuple[int, int, DeepSeekV4SingleKVPool]:
+        self.layer_index(layer_id)
+        ratio, local, pool = self.layer_mapping[layer_id]
+        if pool is None:
+            raise ValueError(f"layer_id {layer_id} has compress ratio 0 (no compressed cache)")
+        return ratio, local, pool
+
+    def _c4(self, layer_id: int, what: str) -> int:
+        ratio, local, _ = self._compressed(layer_id)
+        if ratio != 4:
+            raise ValueError(f"layer_id {layer_id} has compress ratio {ratio}; {what} needs 4")
+        return local
+
+    def get_compress_ratio(self, layer_id: int) -> int:
+        """0, 4 or 128."""
+        self.layer_index(layer_id)
+        return self.layer_mapping[layer_id][0]
+
+    def _get_key_buffer(self, layer_id: int) -> torch.Tensor:
+        return self._swa._get_key_buffer(layer_id)
+
+    def _get_value_buffer(self, layer_id: int) -> torch.Tensor:
+        raise NotImplementedError("DeepSeekV4TokenToKVPool has no value buffer")
+
+    def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Not supported (no value buffer): ``NotImplementedError``."""
+        return self.get_key_buffer(layer_id), self._get_value_buffer(layer_id)
+
+    def get_swa_key_buffer(self, layer_id: int) -> torch.Tensor:
+        """Sliding-window page rows of ``layer_id`` (waits for the layer)."""
+        return self.get_key_buffer(layer_id)
+
+    def get_compressed_key_buffer(self, layer_id: int) -> torch.Tensor:
+        """Compressed page rows (c4 or c128 pool) of ``layer_id`` (waits for the layer)."""
+        self._wait_layer(layer_id)
+        _, local, pool = self._compressed(layer_id)
+        return pool.kv_buffer[local]
+
+    def get_indexer_key_buffer(self, layer_id: int) -> torch.Tensor:
+        """Indexer page rows of c4 layer ``layer_id`` (waits for the layer)."""
+        self._wait_layer(layer_id)
+        local = self._c4(layer_id, "the indexer")
+        assert self.c4_indexer_kv_pool is not None  # c4 layers imply the indexer pool
+        return self.c4_indexer_kv_pool.kv_buffer[local]
+
+    def get_state_pool(self, layer_id: int) -> tuple[CompressStatePool, int]:
+        """``(state pool, local layer index)`` of a compressed layer."""
+        ratio, local, _ = self._compressed(layer_id)
+        pool = self.c4_state_pool if ratio == 4 else self.c128_state_pool
+        assert pool is not None  # a compressed layer implies its state pool
+        return pool, local
+
+    # ---------------------------------------------------------------- mapping
+    def register_mapping(self, mapping: torch.Tensor) -> None:
+        """Install the full -> swa slot mapping (int64 ``[size + page_size + 1]``, last -1)."""
+        self.full_to_swa_index_mapping = check_mapping(
+            "mapping", mapping, self.device, self.num_rows + 1, full=self.debug
+        )
+
+    def translate_loc_from_full_to_swa(self, idx: torch.Tensor) -> torch.Tensor:
+        """``mapping[idx]``: window slots (int64) of full slots ``idx`` (0 where unmapped)."""
+        if self.full_to_swa_index_mapping is None:
+            raise RuntimeError("no full -> swa mapping registered: call register_mapping first")
+        check_index("idx", idx, self.device, self.num_rows, full=self.debug)
+        return self.full_to_swa_index_mapping[idx]
+
+    def translate_loc_from_full_to_compressed(
+        self, full_loc: torch.Tensor, compress_ratio: int = 4
+    ) -> torch.Tensor:
+        """Compressed slots of the full slots completing an entry (``(f + 1) % r == 0``)."""
+        if compress_ratio not in (4, 128):
+            raise ValueError(f"compress_ratio must be 4 or 128, got {compress_ratio}")
+        return translate_full_to_compressed(full_loc, compress_ratio)
+
+    # ---------------------------------------------------------------- writes
+    def set_kv_buffer(
+        self,
+        layer_id: int,
+        loc: torch.Tensor | KVWriteLoc,
+        cache_k: torch.Tensor,
+        cache_v: torch.Tensor | None = None,
+    ) -> None:
+        """Quantise ``cache_k`` (``[n, 512]``) into the window pool at ``loc.swa_loc``."""
+        self.layer_index(layer_id)
+        swa_loc = loc.swa_loc if isinstance(loc, KVWriteLoc) else None
+        if swa_loc is None:
+            raise ValueError(f"loc must be a KVWriteLoc with swa_loc set, got {type(loc).__name__}")
+        self._swa.set_kv_buffer(layer_id, swa_loc, cache_k)
+
+    def set_swa_key_buffer(
+        self, layer_id: int, swa_loc: torch.Tensor, records: torch.Tensor
+    ) -> None:
+        """Write packed records ``[n, 584]`` at window slots ``swa_loc`` of ``layer_id``."""
+        self.layer_index(layer_id)
+        self._swa.set_key_buffer(layer_id, swa_loc, records)
+
+    def set_compressed_key_buffer(
+        self, layer_id: int, compressed_loc: torch.Tensor, records: torch.Tensor
+    ) -> None:
+        """Write packed records at compressed slots of ``layer_id``'s c4 or c128 pool (HiSparse
+        c4: logical compressed slots, translated by the pool's mapping)."""
+        _, local, pool = self._compressed(layer_id)
+        pool.set_key_buffer(local, compressed_loc, records)
+
+    def set_index_k_scale_buffer(
+        self,
+        layer_id: int,
+        compressed_loc: torch.Tensor,
+        index_k: torch.Tensor,
+        index_k_scale: torch.Tensor,
+    ) -> None:
+        """Write indexer keys and scales at (logical) c4 slots of c4 layer ``layer_id``."""
+        local = self._c4(layer_id, "the indexer")
+        assert self.c4_indexer_kv_pool is not None
+        self.c4_indexer_kv_pool.set_index_k_scale_buffer(
+            local, compressed_loc, index_k, index_k_scale
+        )
+
+    # ---------------------------------------------------------------- unsupported bulk ops
+    def move_kv_cache(self, tgt_loc: torch.Tensor, src_loc: torch.Tensor) -> None:
+        """Not supported for the composite (compressed entries do not move per token)."""
+        raise NotImplementedError("DeepSeekV4TokenToKVPool does not support move_kv_cache")
+
+    def get_cpu_copy(self, indices: torch.Tensor) -> CpuKVCopy:
+        """Not supported (``NotImplementedError``)."""
+        raise NotImplementedError("DeepSeekV4TokenToKVPool does not support get_cpu_copy")
+
+    def load_cpu_copy(self, kv_cache_cpu: CpuKVCopy, indices: torch.Tensor) -> None:
+        """Not supported (``NotImplementedError``)."""
+        raise NotImplementedError("DeepSeekV4TokenToKVPool does not support load_cpu_copy")
