@@ -26,6 +26,7 @@ from mem_cache_pool_host.memory import (
 )
 from mem_cache_pool_host.mha import MHATokenToKVPoolHost
 from mem_cache_pool_host.mla import MLATokenToKVPoolHost
+from mem_cache_pool_host.pages import StoragePageMixin
 from mem_cache_pool_host.registration import CudaHostRegistrar, HostRegistrar
 from mem_cache_pool_host.slots import HostSlotAllocator
 
@@ -50,6 +51,7 @@ __all__ = [
     "MLATokenToKVPoolHost",
     "MmapHostAllocation",
     "MmapHostTensorAllocator",
+    "StoragePageMixin",
     "available_host_memory",
     "default_host_tensor_allocator",
     "plan_host_capacity",

@@ -301,7 +301,9 @@ class HostKVCache(StoragePageMixin):
         """Copy host rows ``host_indices`` of local layer ``layer_id`` into device rows
         ``device_indices`` and mark the layer done on ``layer_done_counter``.
 
-        On any error the counter's batch in flight is aborted (readers raise instead of hanging).
+        The counter only tracks a batch the caller began (``layer_done_counter.begin()`` or
+        ``load_batch()`` before the layer loop); without one, completing is a no-op. On any error
+        the batch in flight is aborted (readers raise instead of hanging).
         """
         try:
             self._check_open()
