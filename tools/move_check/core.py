@@ -132,10 +132,22 @@ class Report:
         return result
 
 
-def _broken_details(output: str) -> str:
-    marker = "Broken contracts"
-    idx = output.find(marker)
-    return output[idx:].strip() if idx >= 0 else ""
+def _broken_details(output: str, names: tuple[str, ...]) -> str:
+    """lint-imports' explanation blocks of the contracts ``names`` (a name line, then dashes)."""
+    lines = output.splitlines()
+    blocks: list[str] = []
+    for i, line in enumerate(lines[:-1]):
+        if line.strip() in names and set(lines[i + 1].strip()) == {"-"}:
+            end = i + 2
+            while end < len(lines) and not (
+                end + 1 < len(lines)
+                and lines[end + 1].strip()
+                and set(lines[end + 1].strip()) == {"-"}
+                and lines[end].strip()
+            ):
+                end += 1
+            blocks.append("\n".join(lines[i:end]).strip())
+    return "\n\n".join(blocks)
 
 
 def _contracts(
@@ -154,7 +166,7 @@ def _contracts(
     already = tuple(n for n in broken_b if not before.get(n, True))
     return ContractReport(
         True, "lint-imports at REF_B (and REF_A)", kept_b, newly, already,
-        _broken_details(run_b.output),
+        _broken_details(run_b.output, newly),
     )
 
 
