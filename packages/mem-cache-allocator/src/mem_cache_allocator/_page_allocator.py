@@ -276,20 +276,6 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
             self._debug.on_free_pages(pages)
         self._release_pages(pages, from_slots=True)
 
-    def free_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
-        """Free a request's slots of positions ``[start_pos, start_pos + len)``.
-
-        ``start_pos`` must be page-aligned; pages ``[start_pos // ps, ceil(end / ps))`` are
-        released (the last one whole even if partially listed). No sync, no ``unique``.
-        """
-        if isinstance(start_pos, bool) or not isinstance(start_pos, int) or start_pos < 0:
-            raise ValueError(f"start_pos must be a non-negative int, got {start_pos!r}")
-        if start_pos % self.page_size:
-            raise ValueError(
-                f"start_pos must be a multiple of page_size={self.page_size}, got {start_pos}"
-            )
-        self.free(free_index)
-
     def free_page_ids(self, page_ids: torch.Tensor) -> None:
         """Release exactly ``page_ids`` (no dedup, kept in the given order)."""
         _check_index("page_ids", page_ids)

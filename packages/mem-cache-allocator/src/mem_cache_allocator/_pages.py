@@ -27,22 +27,35 @@ def check_cpu_lengths(name: str, t: torch.Tensor, bs: int | None = None) -> int:
     return int(n)
 
 
+_SMALL_BATCH = 64  # below this many requests, Python ints beat a chain of small torch ops
+
+
 def num_new_pages_extend(
     prefix_lens_cpu: torch.Tensor, seq_lens_cpu: torch.Tensor, page_size: int
 ) -> tuple[int, int]:
     """``(new pages, new tokens)`` for an extend: ``sum(ceil(seq/ps) - ceil(prefix/ps))``."""
+    m = page_size - 1
+    shift = page_size.bit_length() - 1
+    if seq_lens_cpu.shape[0] <= _SMALL_BATCH:
+        seq_l: list[int] = seq_lens_cpu.tolist()
+        pre_l: list[int] = prefix_lens_cpu.tolist()
+        tokens = sum(seq_l) - sum(pre_l)
+        if page_size == 1:
+            return tokens, tokens
+        pages = sum((x + m) >> shift for x in seq_l) - sum((x + m) >> shift for x in pre_l)
+        return pages, tokens
     seq = seq_lens_cpu.to(torch.int64)
     pre = prefix_lens_cpu.to(torch.int64)
-    tokens = int((seq - pre).sum())
+    tokens = int(seq.sum()) - int(pre.sum())
     if page_size == 1:
         return tokens, tokens
-    shift = page_size.bit_length() - 1
-    pages = int((((seq + (page_size - 1)) >> shift) - ((pre + (page_size - 1)) >> shift)).sum())
-    return pages, tokens
+    return int(((seq + m) >> shift).sum()) - int(((pre + m) >> shift).sum()), tokens
 
 
 def num_new_pages_decode(seq_lens_cpu: torch.Tensor, page_size: int) -> int:
     """New pages for one decode token per request: requests whose new position starts a page."""
+    bs = int(seq_lens_cpu.shape[0])
     if page_size == 1:
-        return int(seq_lens_cpu.shape[0])
-    return int(torch.count_nonzero(((seq_lens_cpu - 1) & (page_size - 1)) == 0))
+        return bs
+    # (seq - 1) % ps == 0  <=>  ((seq - 1) & (ps - 1)) == 0
+    return bs - int(torch.count_nonzero((seq_lens_cpu - 1).bitwise_and_(page_size - 1)))

@@ -120,6 +120,20 @@ class BaseTokenToKVPoolAllocator(abc.ABC):
     def free(self, free_index: torch.Tensor) -> None:
         """Release the pages of ``free_index`` (see the concrete class for the exact contract)."""
 
+    def free_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
+        """Free a request's slots of positions ``[start_pos, start_pos + len(free_index))``.
+
+        ``start_pos`` must be a multiple of page_size (``ValueError`` otherwise); the pages
+        ``[start_pos // ps, ceil(end / ps))`` are released, the last one whole.
+        """
+        if isinstance(start_pos, bool) or not isinstance(start_pos, int) or start_pos < 0:
+            raise ValueError(f"start_pos must be a non-negative int, got {start_pos!r}")
+        if start_pos % self.page_size:
+            raise ValueError(
+                f"start_pos must be a multiple of page_size={self.page_size}, got {start_pos}"
+            )
+        self.free(free_index)
+
     def free_group_begin(self) -> None:
         """Start queueing frees until :meth:`free_group_end`; nesting raises ``RuntimeError``."""
         if self._free_group is not None:

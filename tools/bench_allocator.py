@@ -1,0 +1,478 @@
+"""Benchmark: mem_cache_allocator on a continuous-batching trace vs an SGLang-like naive baseline.
+
+A seeded trace (lognormal prompt and output lengths, about ``--running`` requests in flight, a
+share of requests hitting a cached page-aligned prefix, chunked prefill with a token budget per
+step) drives both allocators through the same calls: ``alloc_extend`` for prefill chunks,
+``alloc_decode`` for the decode batch, frees of finished requests inside a free group. Page
+size 1 uses ``alloc`` for both (as SGLang's scheduler does). Every op is timed per call
+(``perf_counter_ns``), and both allocators must return identical slots (checked on every call).
+
+The baseline (``NaiveAllocator`` below) is a straightforward vectorised torch allocator with
+SGLang 0.5.14's data structures: one free-list tensor rebuilt with ``torch.cat`` on every free,
+``torch.unique`` page dedup, free groups concatenated at the end.
+
+Usage: ``python -m tools.bench_allocator [--quick] [--json PATH] [--page-sizes 1,16,64]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+__all__ = ["NaiveAllocator", "TraceConfig", "main", "naive_alloc_decode", "naive_alloc_extend"]
+
+
+# ---------------------------------------------------------------------------- baseline
+def naive_alloc_extend(  # noqa: PLR0917 - mirrors the kernel signature
+    prefix_lens: torch.Tensor,
+    seq_lens: torch.Tensor,
+    last_loc: torch.Tensor,
+    free_pages: torch.Tensor,
+    page_size: int,
+    total: int,
+) -> torch.Tensor:
+    """Vectorised extend allocation (SGLang semantics), written independently of the kernels."""
+    ps = page_size
+    pre = prefix_lens.to(torch.int64)
+    seq = seq_lens.to(torch.int64)
+    ext = seq - pre
+    out_start = torch.cumsum(ext, 0) - ext
+    new_pages = (seq + ps - 1) // ps - (pre + ps - 1) // ps
+    page_start = torch.cumsum(new_pages, 0) - new_pages
+    owner = torch.repeat_interleave(torch.arange(pre.shape[0], device=pre.device), ext)
+    pos = torch.arange(total, device=pre.device) - out_start[owner] + pre[owner]
+    first_new = (pre + ps - 1) // ps  # first page index (in positions / ps) that is a new page
+    in_old = pos < first_new[owner] * ps
+    old_slot = last_loc.to(torch.int64)[owner] + 1 + (pos - pre[owner])
+    page_idx = page_start[owner] + pos // ps - first_new[owner]
+    if free_pages.numel():
+        page_idx = page_idx.clamp(0, free_pages.numel() - 1)
+        new_slot = free_pages[page_idx] * ps + pos % ps
+    else:
+        new_slot = old_slot
+    return torch.where(in_old, old_slot, new_slot)
+
+
+def naive_alloc_decode(
+    seq_lens: torch.Tensor, last_loc: torch.Tensor, free_pages: torch.Tensor, page_size: int
+) -> torch.Tensor:
+    """Vectorised decode allocation (one token per request)."""
+    need = (seq_lens.to(torch.int64) - 1) % page_size == 0
+    nxt = last_loc.to(torch.int64) + 1
+    if free_pages.numel() == 0:
+        return nxt
+    rank = torch.cumsum(need.to(torch.int64), 0) - need.to(torch.int64)
+    rank = rank.clamp(max=free_pages.numel() - 1)
+    return torch.where(need, free_pages[rank] * page_size, nxt)
+
+
+class NaiveAllocator:
+    """SGLang-0.5.14-like paged (``token=False``) or token (``token=True``) allocator."""
+
+    def __init__(
+        self,
+        size: int,
+        page_size: int,
+        device: str = "cpu",
+        *,
+        need_sort: bool = False,
+        token: bool = False,
+    ) -> None:
+        self.page_size = page_size
+        self.device = torch.device(device)
+        self.need_sort = need_sort
+        self.token = token
+        self.num_pages = size // page_size
+        self.group: list[torch.Tensor] | None = None
+        self.clear()
+
+    def clear(self) -> None:
+        self.free_pages = torch.arange(1, self.num_pages + 1, dtype=torch.int64, device=self.device)
+        self.release_pages = torch.empty(0, dtype=torch.int64, device=self.device)
+
+    def available_size(self) -> int:
+        return (len(self.free_pages) + len(self.release_pages)) * self.page_size
+
+    def merge_and_sort_free(self) -> None:
+        if len(self.release_pages) > 0:
+            self.free_pages = torch.sort(torch.cat((self.free_pages, self.release_pages))).values
+            self.release_pages = self.release_pages[:0]
+
+    def alloc(self, need_size: int) -> torch.Tensor | None:
+        ps = self.page_size
+        n = need_size // ps
+        if self.need_sort and n > len(self.free_pages):
+            self.merge_and_sort_free()
+        if n > len(self.free_pages):
+            return None
+        pages = self.free_pages[:n]
+        self.free_pages = self.free_pages[n:]
+        if ps == 1:
+            return pages
+        offs = torch.arange(ps, dtype=torch.int64, device=self.device)
+        return (pages[:, None] * ps + offs).reshape(-1)
+
+    def alloc_extend(  # noqa: PLR0917 - SGLang-compatible positional signature
+        self,
+        prefix_lens: torch.Tensor,
+        prefix_lens_cpu: torch.Tensor,
+        seq_lens: torch.Tensor,
+        seq_lens_cpu: torch.Tensor,
+        last_loc: torch.Tensor,
+        extend_num_tokens: int,
+    ) -> torch.Tensor | None:
+        ps = self.page_size
+        bs = len(seq_lens_cpu)
+        if self.need_sort and extend_num_tokens // ps + bs + 1 > len(self.free_pages):
+            self.merge_and_sort_free()
+        num_new = int(
+            ((seq_lens_cpu + ps - 1) // ps - (prefix_lens_cpu + ps - 1) // ps).sum().item()
+        )
+        if num_new > len(self.free_pages):
+            return None
+        out = naive_alloc_extend(
+            prefix_lens, seq_lens, last_loc, self.free_pages[:num_new], ps, extend_num_tokens
+        )
+        self.free_pages = self.free_pages[num_new:]
+        return out
+
+    def alloc_decode(
+        self, seq_lens: torch.Tensor, seq_lens_cpu: torch.Tensor, last_loc: torch.Tensor
+    ) -> torch.Tensor | None:
+        ps = self.page_size
+        bs = len(seq_lens_cpu)
+        if self.need_sort and bs > len(self.free_pages):
+            self.merge_and_sort_free()
+        num_new = int(((seq_lens_cpu - 1) % ps == 0).sum().item())
+        if num_new > len(self.free_pages):
+            return None
+        out = naive_alloc_decode(seq_lens, last_loc, self.free_pages[:num_new], ps)
+        self.free_pages = self.free_pages[num_new:]
+        return out
+
+    def free(self, free_index: torch.Tensor) -> None:
+        if free_index.numel() == 0:
+            return
+        if self.group is not None:
+            self.group.append(free_index.clone())
+            return
+        if self.token:
+            if self.need_sort:
+                self.release_pages = torch.cat((self.release_pages, free_index))
+            else:
+                self.free_pages = torch.cat((self.free_pages, free_index))
+            return
+        pages = torch.unique(free_index // self.page_size)
+        if self.need_sort:
+            self.release_pages = torch.cat((pages, self.release_pages))
+        else:
+            self.free_pages = torch.cat((pages, self.free_pages))
+
+    def free_group_begin(self) -> None:
+        self.group = []
+
+    def free_group_end(self) -> None:
+        group, self.group = self.group, None
+        if group:
+            self.free(torch.cat(group))
+
+
+# ---------------------------------------------------------------------------- trace
+@dataclass(frozen=True, slots=True)
+class TraceConfig:
+    num_requests: int = 3000
+    running: int = 256
+    prompt_median: float = 600.0
+    output_median: float = 160.0
+    sigma: float = 0.8
+    max_len: int = 4096
+    prefill_budget: int = 1280
+    prefix_hit_rate: float = 0.3
+    shared_prefix_len: int = 512
+    capacity: int = 1 << 19
+    seed: int = 0
+
+
+@dataclass(slots=True)
+class _Req:
+    prompt: int
+    output: int
+    shared: bool
+    slots: list[int] = field(default_factory=list)  # own slots (after the shared prefix)
+    prefix: int = 0  # shared prefix length (page-aligned)
+    done: int = 0  # tokens with slots (prefix included)
+
+    @property
+    def total(self) -> int:
+        return self.prompt + self.output
+
+
+def _make_requests(cfg: TraceConfig) -> list[_Req]:
+    g = torch.Generator().manual_seed(cfg.seed)
+
+    def lognormal(median: float) -> int:
+        z = float(torch.randn(1, generator=g))
+        return max(1, min(cfg.max_len, round(median * math.exp(cfg.sigma * z))))
+
+    reqs = []
+    for _ in range(cfg.num_requests):
+        shared = float(torch.rand(1, generator=g)) < cfg.prefix_hit_rate
+        prompt = lognormal(cfg.prompt_median) + (cfg.shared_prefix_len if shared else 0)
+        reqs.append(_Req(prompt=prompt, output=lognormal(cfg.output_median), shared=shared))
+    return reqs
+
+
+class _Timer:
+    def __init__(self) -> None:
+        self.ns: dict[str, list[int]] = {}
+
+    def call(self, op: str, fn: Callable[..., Any], *args: Any) -> Any:
+        t0 = time.perf_counter_ns()
+        out = fn(*args)
+        self.ns.setdefault(op, []).append(time.perf_counter_ns() - t0)
+        return out
+
+
+def _i64(values: Sequence[int], device: torch.device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int64, device=device)
+
+
+def run_trace(
+    allocs: Sequence[Any], page_size: int, cfg: TraceConfig
+) -> tuple[list[_Timer], list[list[int]], int]:
+    """Drive every allocator in ``allocs`` through one trace; returns timers, per-step ns, steps.
+
+    All allocators get identical calls; their results must be identical (``RuntimeError`` if not).
+    """
+    ps = page_size
+    dev = torch.device("cpu")
+    timers = [_Timer() for _ in allocs]
+    step_ns: list[list[int]] = [[] for _ in allocs]
+    # shared prefix held for the whole run (like a pinned system prompt in the radix cache)
+    shared_len = cfg.shared_prefix_len // ps * ps
+    shared = [a.alloc(shared_len) for a in allocs]
+    if any(s is None for s in shared):
+        raise RuntimeError("capacity too small for the shared prefix")
+    shared_slots: list[int] = shared[0].tolist()
+    waiting = list(reversed(_make_requests(cfg)))
+    running: list[_Req] = []
+    prefilling: list[_Req] = []
+    steps = 0
+
+    def same(outs: list[Any], op: str) -> Any:
+        first = outs[0]
+        for o in outs[1:]:
+            if (first is None) != (o is None) or (first is not None and not torch.equal(first, o)):
+                raise RuntimeError(f"allocators disagree on {op} at step {steps}")
+        return first
+
+    while waiting or running or prefilling:
+        steps += 1
+        before = [sum(len(v) for v in t.ns.values()) for t in timers]
+        marks = [{k: len(v) for k, v in t.ns.items()} for t in timers]
+        # ---- prefill: continue chunked requests, then admit new ones, within the budget
+        budget = cfg.prefill_budget
+        batch: list[tuple[_Req, int]] = []
+        for r in prefilling:
+            if budget <= 0:
+                break
+            n = min(budget, r.prompt - r.done)
+            batch.append((r, n))
+            budget -= n
+        while waiting and budget > 0 and len(running) + len(prefilling) < cfg.running:
+            r = waiting.pop()
+            if r.shared:
+                r.prefix = r.done = shared_len
+            n = min(budget, r.prompt - r.done)
+            batch.append((r, n))
+            prefilling.append(r)
+            budget -= n
+        if batch:
+            pre = [r.done for r, _ in batch]
+            seq = [r.done + n for r, n in batch]
+            last = [
+                (r.slots[-1] if r.slots else (shared_slots[r.prefix - 1] if r.prefix else -1))
+                for r, _ in batch
+            ]
+            total = sum(n for _, n in batch)
+            if ps == 1:
+                outs = [t.call("alloc_extend", a.alloc, total) for t, a in zip(timers, allocs)]
+            else:
+                args = (
+                    _i64(pre, dev),
+                    _i64(pre, dev),
+                    _i64(seq, dev),
+                    _i64(seq, dev),
+                    _i64(last, dev),
+                    total,
+                )
+                outs = [
+                    t.call("alloc_extend", a.alloc_extend, *args) for t, a in zip(timers, allocs)
+                ]
+            out = same(outs, "alloc_extend")
+            if out is None:
+                raise RuntimeError("trace capacity exhausted (increase TraceConfig.capacity)")
+            flat = out.tolist()
+            off = 0
+            for r, n in batch:
+                r.slots.extend(flat[off : off + n])
+                off += n
+                r.done += n
+                if r.done == r.prompt:
+                    prefilling.remove(r)
+                    running.append(r)
+        # ---- decode: one token for every running request
+        if running:
+            seq = [r.done + 1 for r in running]
+            last = [r.slots[-1] for r in running]
+            if ps == 1:
+                outs = [
+                    t.call("alloc_decode", a.alloc, len(running)) for t, a in zip(timers, allocs)
+                ]
+            else:
+                args3 = (_i64(seq, dev), _i64(seq, dev), _i64(last, dev))
+                outs = [
+                    t.call("alloc_decode", a.alloc_decode, *args3) for t, a in zip(timers, allocs)
+                ]
+            out = same(outs, "alloc_decode")
+            if out is None:
+                raise RuntimeError("trace capacity exhausted (increase TraceConfig.capacity)")
+            for r, s in zip(running, out.tolist()):
+                r.slots.append(s)
+                r.done += 1
+        # ---- free finished requests in one group
+        finished = [r for r in running if r.done >= r.total]
+        if finished:
+            running = [r for r in running if r.done < r.total]
+            tensors = [_i64(r.slots, dev) for r in finished]
+            for t, a in zip(timers, allocs):
+                t.call("free_group_begin", a.free_group_begin)
+                for x in tensors:
+                    t.call("free", a.free, x)
+                t.call("free_group_end", a.free_group_end)
+        for i, t in enumerate(timers):
+            total_ns = 0
+            for k, v in t.ns.items():
+                total_ns += sum(v[marks[i].get(k, 0) :])
+            if sum(len(v) for v in t.ns.values()) > before[i]:
+                step_ns[i].append(total_ns)
+    return timers, step_ns, steps
+
+
+# ---------------------------------------------------------------------------- report
+def _stats(ns: list[int]) -> dict[str, float]:
+    if not ns:
+        return {"calls": 0, "mean_us": float("nan"), "p50_us": float("nan"), "p99_us": float("nan")}
+    s = sorted(ns)
+    return {
+        "calls": len(ns),
+        "mean_us": statistics.fmean(ns) / 1e3,
+        "p50_us": s[len(s) // 2] / 1e3,
+        "p99_us": s[min(len(s) - 1, int(len(s) * 0.99))] / 1e3,
+    }
+
+
+TARGETS_US = {"alloc_decode": 60.0, "alloc_extend": 150.0, "free_group_end": 40.0}
+
+
+def bench_page_size(page_size: int, cfg: TraceConfig) -> dict[str, Any]:
+    from mem_cache_allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+
+    ours: Any
+    if page_size == 1:
+        ours = TokenToKVPoolAllocator(cfg.capacity, torch.float16, "cpu", None)
+    else:
+        ours = PagedTokenToKVPoolAllocator(cfg.capacity, page_size, torch.float16, "cpu", None)
+    naive = NaiveAllocator(cfg.capacity, page_size, token=page_size == 1)
+    # warm-up (first-call costs) on a tiny trace, then the measured run
+    warm = TraceConfig(num_requests=20, running=8, capacity=cfg.capacity, seed=cfg.seed + 1)
+    run_trace([ours, naive], page_size, warm)
+    ours.clear()
+    naive.clear()
+    timers, step_ns, steps = run_trace([ours, naive], page_size, cfg)
+    ops = sorted(set(timers[0].ns) | set(timers[1].ns))
+    result: dict[str, Any] = {"page_size": page_size, "steps": steps, "ops": {}}
+    for op in ops:
+        a, b = _stats(timers[0].ns.get(op, [])), _stats(timers[1].ns.get(op, []))
+        result["ops"][op] = {
+            "ours": a,
+            "baseline": b,
+            "speedup": b["mean_us"] / a["mean_us"] if a["mean_us"] else float("nan"),
+        }
+    a, b = _stats(step_ns[0]), _stats(step_ns[1])
+    result["ops"]["step"] = {"ours": a, "baseline": b, "speedup": b["mean_us"] / a["mean_us"]}
+    return result
+
+
+def _print_table(results: list[dict[str, Any]]) -> None:
+    hdr = (
+        f"{'ps':>3} {'op':<17}{'calls':>7} {'ours us':>9} {'p99':>8} {'base us':>9} "
+        f"{'p99':>8} {'speedup':>8}  target"
+    )
+    print(hdr)
+    print("-" * len(hdr))
+    for res in results:
+        for op, row in res["ops"].items():
+            a, b = row["ours"], row["baseline"]
+            target = TARGETS_US.get(op)
+            if res["page_size"] == 1 and op in ("alloc_extend", "alloc_decode"):
+                target = 10.0  # page size 1 goes through alloc()
+            tgt = (
+                ""
+                if target is None
+                else (f"<= {target:g} {'ok' if a['mean_us'] <= target else 'MISS'}")
+            )
+            print(
+                f"{res['page_size']:>3} {op:<17}{a['calls']:>7} {a['mean_us']:>9.1f} "
+                f"{a['p99_us']:>8.1f} {b['mean_us']:>9.1f} {b['p99_us']:>8.1f} "
+                f"{row['speedup']:>7.2f}x  {tgt}"
+            )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny trace (smoke test)")
+    parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    parser.add_argument("--page-sizes", default="1,16,64")
+    parser.add_argument("--requests", type=int, default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    if args.quick:
+        cfg = TraceConfig(num_requests=60, running=16, capacity=1 << 16, seed=args.seed)
+    else:
+        cfg = TraceConfig(seed=args.seed)
+    if args.requests is not None:
+        cfg = TraceConfig(
+            **{**{f: getattr(cfg, f) for f in cfg.__slots__}, "num_requests": args.requests}
+        )
+    page_sizes = [int(p) for p in args.page_sizes.split(",") if p]
+    results = [bench_page_size(ps, cfg) for ps in page_sizes]
+    print(
+        f"trace: {cfg.num_requests} requests, ~{cfg.running} running, prefill budget "
+        f"{cfg.prefill_budget} tokens/step, prefix hits {cfg.prefix_hit_rate:.0%}, CPU tensors, "
+        f"torch {torch.__version__}, {platform.processor() or platform.machine()}"
+    )
+    _print_table(results)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(
+                {"config": {f: getattr(cfg, f) for f in cfg.__slots__}, "results": results},
+                f,
+                indent=2,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
