@@ -193,3 +193,23 @@ def test_no_moves_and_bad_refs(synth: tuple[SynthRepo, str]) -> None:
     proc = run_tool("tools.move_check", base, "no-such-ref", "--root", str(repo.root))
     assert proc.returncode == 2
     assert "no-such-ref" in proc.stderr
+
+
+def test_sites_of_a_silent_reexport_are_listed_but_allowed(synth: tuple[SynthRepo, str]) -> None:
+    repo, base = synth
+    # Widget moves into a submodule and the old module re-exports it on purpose (no warning):
+    # `from highpkg.models import Widget` in highpkg/use.py stays valid.
+    models = (repo.root / "highpkg/models.py").read_text()
+    start, end = models.index("class Widget"), models.index("def make")
+    repo.write({
+        "highpkg/widgets.py": WIDGET,
+        "highpkg/models.py": models[:start].replace(
+            "from lowpkg.core import scale", "from highpkg.widgets import Widget"
+        ) + models[end:],
+    })
+    moved = repo.commit("move Widget into highpkg.widgets, re-export it")
+    rc, out = _check(repo, base, moved)
+    assert rc == 0, out
+    assert "old path highpkg.models.Widget: reexport" in out
+    assert "import sites of the old path (1), allowed" in out
+    assert "highpkg/use.py:1: from highpkg.models import Widget" in out

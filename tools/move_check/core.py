@@ -14,8 +14,11 @@ For every top-level class or function that left one module and appeared in anoth
 * the import-linter contracts that ``REF_B`` breaks and ``REF_A`` kept.
 
 It fails (exit 1) on a changed body not declared with ``--allow-edit NAME``, a stale import site,
-an old path that resolves to a different object, or a newly broken contract. Exit 2: usage or git
-error.
+an old path that resolves to a different object, or a newly broken contract. An import site of
+the old path is stale unless the old path is a silent re-export (the same object without a
+``DeprecationWarning``: the old path is deliberately still public, e.g. a package root that
+re-exports a definition moved into a submodule); such sites are listed but do not fail.
+Exit 2: usage or git error.
 """
 
 from __future__ import annotations
@@ -71,12 +74,17 @@ class MoveReport:
         return self.blame_before_move / self.blame_lines if self.blame_lines else 0.0
 
     @property
+    def sites_are_stale(self) -> bool:
+        """Old-path import sites fail unless the old path is a deliberate, silent re-export."""
+        return self.old_path.status != "reexport"
+
+    @property
     def failures(self) -> list[str]:
         out: list[str] = []
         where = f"{self.old_module}.{self.name} -> {self.new_module}.{self.name}"
         if not self.body_identical and not self.edit_allowed:
             out.append(f"{where}: body changed (declare with --allow-edit {self.name})")
-        for s in self.stale_sites:
+        for s in self.stale_sites if self.sites_are_stale else ():
             out.append(f"{s.path}:{s.line}: still imports {s.target} ({where})")
         if self.old_path.status == "different":
             out.append(f"{where}: old path resolves to a different object")
@@ -274,7 +282,13 @@ def render_text(report: Report) -> str:
         for src, n in m.blame_sources.items():
             out.append(f"    {n:4d} line(s) from {src}")
         if m.stale_sites:
-            out.append(f"  stale import sites ({len(m.stale_sites)}):")
+            if m.sites_are_stale:
+                out.append(f"  stale import sites ({len(m.stale_sites)}):")
+            else:
+                out.append(
+                    f"  import sites of the old path ({len(m.stale_sites)}), allowed: "
+                    "the old path is a silent re-export"
+                )
             out.extend(f"    {s.path}:{s.line}: {s.code}" for s in m.stale_sites)
         else:
             out.append("  stale import sites: none")
