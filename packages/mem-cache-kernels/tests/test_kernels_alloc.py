@@ -14,13 +14,21 @@ def _i64(*xs: int) -> torch.Tensor:
 
 
 def _extend(  # noqa: PLR0917
-    pre: list[int], seq: list[int], last: list[int], free: list[int], ps: int,
+    pre: list[int],
+    seq: list[int],
+    last: list[int],
+    free: list[int],
+    ps: int,
     dtype: torch.dtype = torch.int64,
 ) -> list[int]:
     out = torch.full((sum(s - p for p, s in zip(pre, seq)),), -7, dtype=torch.int64)
     mk.alloc_extend(
-        torch.tensor(pre, dtype=dtype), torch.tensor(seq, dtype=dtype),
-        torch.tensor(last, dtype=dtype), torch.tensor(free, dtype=dtype), out, ps,
+        torch.tensor(pre, dtype=dtype),
+        torch.tensor(seq, dtype=dtype),
+        torch.tensor(last, dtype=dtype),
+        torch.tensor(free, dtype=dtype),
+        out,
+        ps,
         backend="torch",
     )
     return out.tolist()
@@ -79,8 +87,12 @@ def test_reference_module_is_the_same_math() -> None:
 )
 def test_extend_bad_input(kwargs: dict[str, object], exc: type[Exception], match: str) -> None:
     args: dict[str, object] = {
-        "prefix_lens": _i64(2), "seq_lens": _i64(11), "last_loc": _i64(1),
-        "free_pages": _i64(3, 4), "out": torch.full((9,), -7, dtype=torch.int64), "page_size": 4,
+        "prefix_lens": _i64(2),
+        "seq_lens": _i64(11),
+        "last_loc": _i64(1),
+        "free_pages": _i64(3, 4),
+        "out": torch.full((9,), -7, dtype=torch.int64),
+        "page_size": 4,
     }
     args.update(kwargs)
     out = args["out"]
