@@ -1,6 +1,8 @@
 """Rewrite every import of an old dotted path to a new one (a libcst transformer, no formatter).
 
-``python -m tools.rewrite_imports OLD.DOTTED NEW.DOTTED [paths...]``
+``python -m tools.rewrite_imports OLD.DOTTED NEW.DOTTED [paths...] [--check]``
+
+(``--check`` changes nothing: it lists the files that would change and exits 1 if there are any.)
 
 ``OLD`` is a module (``mem_cache_pool.old_mod``) or a name in a module
 (``mem_cache_pool.old_mod.Helper``); so is ``NEW``. Both need at least two components. Paths are
@@ -375,8 +377,8 @@ def _module_of(file: Path) -> str | None:
     return None
 
 
-def rewrite_file(file: Path, old: str, new: str) -> bool:
-    """Rewrite ``file`` in place; True when it changed."""
+def rewrite_file(file: Path, old: str, new: str, *, write: bool = True) -> bool:
+    """Rewrite ``file`` in place (only report when ``write`` is False); True when it changes."""
     source = file.read_text(encoding="utf-8")
     try:
         result = rewrite_source(
@@ -387,7 +389,8 @@ def rewrite_file(file: Path, old: str, new: str) -> bool:
         return False
     if result == source:
         return False
-    file.write_text(result, encoding="utf-8")
+    if write:
+        file.write_text(result, encoding="utf-8")
     return True
 
 
@@ -399,6 +402,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("old", help="old dotted path, e.g. mem_cache_pool.util.helper")
     parser.add_argument("new", help="new dotted path, e.g. mem_cache_pool.layout.helper")
     parser.add_argument("paths", nargs="*", type=Path, help="files/dirs (default: .)")
+    parser.add_argument("--check", action="store_true",
+                        help="change nothing; list the files that still use OLD, exit 1 if any")
     args = parser.parse_args(argv)
     try:
         _check_path("OLD", args.old)
@@ -406,9 +411,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     files = iter_python_files(args.paths or [Path(".")])
-    changed = [f for f in files if rewrite_file(f, args.old, args.new)]
+    changed = [f for f in files if rewrite_file(f, args.old, args.new, write=not args.check)]
+    verb = "would rewrite" if args.check else "rewrote"
     for f in changed:
-        print(f"rewrote {f}")
+        print(f"{verb} {f}")
+    if args.check:
+        print(f"rewrite_imports: {len(changed)} file(s) still import {args.old}")
+        return 1 if changed else 0
     print(f"rewrite_imports: {len(changed)} file(s) changed")
     return 0
 

@@ -190,6 +190,10 @@ def test_no_moves_and_bad_refs(synth: tuple[SynthRepo, str]) -> None:
     rc, out = _check(repo, base, edited)
     assert rc == 0
     assert "0 move(s)" in out
+    typo = run_tool("tools.move_check", base, edited, "--root", str(repo.root),
+                    "--allow-edit", "Wigdet")
+    assert typo.returncode == 0
+    assert "--allow-edit Wigdet matches no moved definition" in typo.stderr
     proc = run_tool("tools.move_check", base, "no-such-ref", "--root", str(repo.root))
     assert proc.returncode == 2
     assert "no-such-ref" in proc.stderr

@@ -94,6 +94,7 @@ CASES: list[tuple[str, tuple[str, str], str, str]] = [
 def test_rewrite(old_new: tuple[str, str], source: str, expected: str) -> None:
     old, new = old_new
     assert rewrite_source(source, old, new, module="a.x") == expected
+    assert rewrite_source(expected, old, new, module="a.x") == expected  # idempotent
 
 
 def test_unrelated_code_is_byte_identical() -> None:
@@ -128,6 +129,11 @@ def test_cli_rewrites_tree_and_resolves_relative_imports(tmp_path: Path) -> None
     hidden = tmp_path / ".venv" / "lib"
     hidden.mkdir(parents=True)
     (hidden / "dep.py").write_text("from pkg.old import Helper\n")
+    dry = run_tool("tools.rewrite_imports", "pkg.old.Helper", "pkg.new.Helper", str(tmp_path),
+                   "--check")
+    assert dry.returncode == 1
+    assert "2 file(s) still import pkg.old.Helper" in dry.stdout
+    assert (pkg / "__init__.py").read_text() == "from .old import Helper, keep\n"  # untouched
     proc = run_tool("tools.rewrite_imports", "pkg.old.Helper", "pkg.new.Helper", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     assert "2 file(s) changed" in proc.stdout
@@ -138,6 +144,9 @@ def test_cli_rewrites_tree_and_resolves_relative_imports(tmp_path: Path) -> None
         "from pkg import old\nimport pkg.new\n\nh = pkg.new.Helper()\nk = old.keep\n"
     )
     assert (hidden / "dep.py").read_text() == "from pkg.old import Helper\n"  # skipped folder
+    clean = run_tool("tools.rewrite_imports", "pkg.old.Helper", "pkg.new.Helper", str(tmp_path),
+                     "--check")
+    assert clean.returncode == 0, clean.stdout
     bad = run_tool("tools.rewrite_imports", "pkg", "pkg.new")
     assert bad.returncode == 2
     assert "at least two components" in bad.stderr

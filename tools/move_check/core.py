@@ -340,6 +340,11 @@ def main(argv: list[str] | None = None) -> int:
     except GitError as exc:
         print(f"move_check: {exc}", file=sys.stderr)
         return 2
+    known = {n for m in report.moves for n in (
+        m.name, f"{m.old_module}.{m.name}", f"{m.new_module}.{m.name}")}
+    for name in args.allow_edit:
+        if name not in known:
+            print(f"move_check: --allow-edit {name} matches no moved definition", file=sys.stderr)
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
     else:
