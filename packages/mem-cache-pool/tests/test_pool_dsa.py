@@ -99,7 +99,7 @@ def test_move_kv_cache_moves_index_bytes(ps: int) -> None:
     kv_before = [t.clone() for t in pool.kv_buffer]
     # overlapping, crossing a page boundary when ps > 1
     src = torch.tensor([ps - 1, ps, ps + 1, 2 * ps + 2])
-    tgt = torch.tensor([ps, ps + 1, ps + 2, 1])
+    tgt = torch.tensor([ps, ps + 1, ps + 2, 2 * ps + 3])
     pool.move_kv_cache(tgt, src)
     expect = torch.arange(n_tokens)
     expect[tgt] = src

@@ -181,6 +181,10 @@ def test_bad_move_and_constructor_arguments() -> None:
         pool.move_kv_cache(torch.tensor([1, 2]), torch.tensor([3]))
     with pytest.raises(ValueError, match="tgt_loc values"):
         pool.move_kv_cache(torch.tensor([1, 99]), torch.tensor([3, 4]))
+    with pytest.raises(ValueError, match="tgt_loc must not repeat a slot"):
+        pool.move_kv_cache(torch.tensor([1, 1]), torch.tensor([3, 4]))
+    with pytest.raises(ValueError, match="indices must not repeat"):
+        pool.load_cpu_copy(pool.get_cpu_copy(torch.tensor([3, 4])), torch.tensor([5, 5]))
     with pytest.raises(ValueError, match="end_layer"):
         _pool(start_layer=1, end_layer=4)
     with pytest.raises(ValueError, match="page_size"):

@@ -17,6 +17,7 @@ import torch
 __all__ = [
     "DEBUG_ENV_VAR",
     "INDEX_DTYPES",
+    "check_distinct",
     "check_index",
     "check_int",
     "check_mapping",
@@ -83,6 +84,17 @@ def check_index(
         if lo < 0 or hi >= limit:
             raise ValueError(f"{name} values must lie in [0, {limit}), got min {lo}, max {hi}")
     return loc
+
+
+def check_distinct(name: str, loc: torch.Tensor, *, full: bool) -> None:
+    """``ValueError`` if a validated slot tensor repeats a value (checked when ``full`` or on
+    the CPU, like value ranges)."""
+    if (full or loc.device.type == "cpu") and loc.numel() > 1:
+        distinct = int(torch.unique(loc).numel())
+        if distinct != loc.numel():
+            raise ValueError(
+                f"{name} must not repeat a slot, got {loc.numel() - distinct} repeated entries"
+            )
 
 
 def check_rows(

@@ -29,7 +29,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 import mem_cache_kernels as kernels
-from mem_cache_pool._checks import check_index, check_int, debug_from_env
+from mem_cache_pool._checks import check_distinct, check_index, check_int, debug_from_env
 
 __all__ = [
     "FP8_DTYPES",
@@ -326,10 +326,12 @@ class KVCache(abc.ABC):
         """For every layer and role, rows ``tgt_loc`` get the old contents of rows ``src_loc``.
 
         ``tgt_loc``/``src_loc``: equal-length 1-D int32/int64 slot tensors on the pool's device;
-        they may overlap (all reads happen before the writes). Used by speculative decoding to
+        ``tgt_loc`` entries must be distinct; the two may overlap (all reads happen before the
+        writes). Used by speculative decoding to
         relocate accepted tokens. Mutates rows ``tgt_loc`` of every buffer.
         """
         tgt = self._check_loc("tgt_loc", tgt_loc)
+        check_distinct("tgt_loc", tgt, full=self.debug)
         src = self._check_loc("src_loc", src_loc, length=tgt.numel())
         if tgt.numel():
             kernels.copy_all_layer_kv_cache(self._all_buffers(), tgt, src)
@@ -379,6 +381,7 @@ class KVCache(abc.ABC):
         or ``indices`` (checked before any write). Mutates rows ``indices`` of every buffer.
         """
         idx = self._check_loc("indices", indices)
+        check_distinct("indices", idx, full=self.debug)
         self._check_cpu_copy(kv_cache_cpu, idx)
         roles = self._role_buffers()
         names = [name for name, _ in roles]

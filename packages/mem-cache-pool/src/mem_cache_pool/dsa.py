@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 import mem_cache_kernels as kernels
-from mem_cache_pool._checks import check_index, check_int, check_rows
+from mem_cache_pool._checks import check_distinct, check_index, check_int, check_rows
 from mem_cache_pool._index_pages import IndexPageLayout
 from mem_cache_pool.base import CpuKVCopy
 from mem_cache_pool.mla import MLATokenToKVPool
@@ -214,6 +214,7 @@ class DSATokenToKVPool(MLATokenToKVPool):
         """Move latent rows and index keys/scales of tokens ``src_loc`` to ``tgt_loc``."""
         limit = min(self.num_rows, self.index_num_rows)
         tgt = self._check_loc("tgt_loc", tgt_loc, limit=limit)
+        check_distinct("tgt_loc", tgt, full=self.debug)
         src = self._check_loc("src_loc", src_loc, limit=limit, length=tgt.numel())
         if tgt.numel():
             kernels.copy_all_layer_kv_cache(self.kv_buffer, tgt, src)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 import mem_cache_kernels as kernels
-from mem_cache_pool._checks import check_index, check_mapping
+from mem_cache_pool._checks import check_distinct, check_index, check_mapping
 from mem_cache_pool.base import CpuKVCopy
 from mem_cache_pool.dsa import DSATokenToKVPool
 
@@ -77,6 +77,7 @@ class HiSparseDSATokenToKVPool(DSATokenToKVPool):
         ``move_kv_cache`` for overlapping moves). Mutates rows ``dst_indices`` only.
         """
         dst = self._check_loc("dst_indices", dst_indices)
+        check_distinct("dst_indices", dst, full=self.debug)
         src = self._check_loc("src_indices", src_indices, length=dst.numel())
         if dst.numel():
             kernels.transfer_rows_all_layers([self.kv_buffer], [self.kv_buffer], src, dst)
@@ -85,6 +86,7 @@ class HiSparseDSATokenToKVPool(DSATokenToKVPool):
         """Move tokens ``src_loc -> tgt_loc`` (logical locations; see the class docstring)."""
         mapping = self._mapping()
         tgt = self._check_index_loc("tgt_loc", tgt_loc)
+        check_distinct("tgt_loc", tgt, full=self.debug)
         src = self._check_index_loc("src_loc", src_loc)
         if src.numel() != tgt.numel():
             raise ValueError(f"src_loc must have {tgt.numel()} elements, got {src.numel()}")

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import torch
 
 import mem_cache_kernels as kernels
-from mem_cache_pool._checks import check_index, check_mapping
+from mem_cache_pool._checks import check_distinct, check_index, check_mapping
 from mem_cache_pool.base import CpuKVCopy, KVBufferDesc, KVCache, KVWriteLoc, unwrap_write_loc
 from mem_cache_pool.mha import MHATokenToKVPool
 
@@ -266,6 +266,7 @@ class SWAKVPool(BaseSWAKVPool):
         window layers); a pair where either token has no window slot is skipped there.
         """
         tgt = self._check_loc("tgt_loc", tgt_loc)
+        check_distinct("tgt_loc", tgt, full=self.debug)
         src = self._check_loc("src_loc", src_loc, length=tgt.numel())
         if self._swa is not None:
             swa_tgt, swa_src = self._swa_slots(tgt), self._swa_slots(src)
