@@ -37,6 +37,9 @@ def test_geometry() -> None:
     assert pool.kv_buffer[0].shape == (SIZE + PS, 1, 12)
     assert pool.index_k_with_scale_buffer[0].shape == ((LOGICAL + PS) // PS, PS * 132)
     assert pool.index_num_rows == LOGICAL + PS
+    kv_bytes = 2 * (SIZE + PS) * 12 * 2
+    index_bytes = 2 * (LOGICAL + PS) * 132
+    assert pool.get_kv_size_bytes() == kv_bytes + index_bytes == pool.get_total_bytes()
 
 
 def test_writes_before_registration_raise() -> None:
