@@ -190,7 +190,7 @@ def test_bad_move_and_constructor_arguments() -> None:
     with pytest.raises(ValueError, match="page_size"):
         _pool(page_size=0)
     with pytest.raises(TypeError, match="dtype"):
-        _pool(dtype="float16")
+        _pool(dtype="float16")  # type: ignore[arg-type]
 
 
 def test_debug_mode_from_env(monkeypatch: pytest.MonkeyPatch) -> None:

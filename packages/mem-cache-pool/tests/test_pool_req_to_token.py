@@ -52,7 +52,7 @@ def test_alloc_rejects_foreign_rows_and_bad_types() -> None:
     with pytest.raises(ValueError, match="req_pool_idx"):
         pool.alloc([_Req(1)])  # row 1 is free, so this request cannot own it
     with pytest.raises(TypeError, match="reqs"):
-        pool.alloc("ab")  # type: ignore[call-overload]
+        pool.alloc("ab")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"reqs\[0\]"):
         pool.alloc([object()])  # type: ignore[list-item]
     assert pool.available_size() == 2
