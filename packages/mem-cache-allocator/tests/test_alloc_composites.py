@@ -170,7 +170,10 @@ def test_alloc_hisparse_extend_maps_logical_to_device() -> None:
     assert logical is not None
     dev = m[logical]
     assert bool((dev > 0).all()) and torch.equal(dev % 4, logical % 4)
+    from mem_cache_pool.hisparse import HiSparseDSATokenToKVPool
+
     pool = a.get_kvcache()
+    assert isinstance(pool, HiSparseDSATokenToKVPool)
     assert torch.equal(pool.translate_loc_to_device(logical), dev)
     assert a.available_size() == min(64 - 8, 32 - 8)
     dec = a.alloc_decode(t(7), t(7), t(int(logical[-1])))  # logical only

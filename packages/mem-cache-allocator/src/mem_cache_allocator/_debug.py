@@ -91,9 +91,8 @@ class DebugTracker:
                 f"{self.name}: allocation wrote slots {describe(not_owned)} in pages this "
                 f"caller does not own (wrong last_loc?)"
             )
-        dup = s[self._live[s]]
-        if dup.numel() == 0 and torch.unique(s).numel() != s.numel():
-            dup = s
+        uniq, counts = torch.unique(s, return_counts=True)
+        dup = torch.unique(torch.cat([s[self._live[s]], uniq[counts > 1]]))
         if dup.numel():
             raise ValueError(
                 f"{self.name}: allocation would hand out slots {describe(dup)} that are already "

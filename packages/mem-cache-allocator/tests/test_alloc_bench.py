@@ -1,0 +1,31 @@
+"""Smoke test of tools/bench_allocator.py (--quick): it runs, agrees slot-for-slot, writes JSON."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tools import bench_allocator
+
+
+def test_alloc_bench_quick_writes_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "bench.json"
+    assert bench_allocator.main(["--quick", "--json", str(out), "--page-sizes", "1,16"]) == 0
+    data = json.loads(out.read_text())
+    assert [r["page_size"] for r in data["results"]] == [1, 16]
+    ops = data["results"][1]["ops"]
+    for op in ("alloc_extend", "alloc_decode", "free_group_end", "step"):
+        assert ops[op]["ours"]["calls"] > 0 and ops[op]["baseline"]["calls"] > 0
+    assert "speedup" in capsys.readouterr().out
+
+
+def test_alloc_bench_baseline_matches_worked_example() -> None:
+    import torch
+
+    a = bench_allocator.NaiveAllocator(64, 4)
+    assert a.alloc(8) is not None
+    t = torch.tensor
+    out = a.alloc_extend(t([2]), t([2]), t([11]), t([11]), t([1]), 9)
+    assert out is not None and out.tolist() == [2, 3, 12, 13, 14, 15, 16, 17, 18]
