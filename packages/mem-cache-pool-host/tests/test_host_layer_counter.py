@@ -138,3 +138,34 @@ def test_device_pool_reads_wait_for_host_loads(make_pool: MakePool) -> None:
     counter.complete(1)
     t.join(10)
     assert got == [4, 5]
+
+
+def test_reader_sees_each_layer_loaded_when_its_wait_returns(make_pool: MakePool) -> None:
+    layers = 4
+    device = make_pool("mha", torch.float32, page_size=4, size=32, layer_num=layers, seed=7)
+    host = MHATokenToKVPoolHost(device, layout="page_first")
+    desc = device.get_buffer_desc()
+    slots = torch.arange(4, 20)
+    host.backup_from_device_all_layer(device, slots, slots)
+    want = [desc.buffers[0][layer][slots].view(torch.uint8).clone() for layer in range(layers)]
+    for b in desc.buffers[0] + desc.buffers[1]:
+        b.zero_()
+    device.register_layer_transfer_counter(host.layer_done_counter)
+    seen: list[bool] = []
+    gate = threading.Event()
+
+    def forward() -> None:
+        gate.set()
+        for layer in range(layers):
+            k = device.get_key_buffer(layer)  # blocks until the loader finished this layer
+            seen.append(torch.equal(k[slots].view(torch.uint8), want[layer]))
+
+    with host.layer_done_counter.load_batch():
+        t = threading.Thread(target=forward)
+        t.start()
+        gate.wait(10)
+        for layer in range(layers):
+            time.sleep(0.01)  # give the reader a chance to run ahead (it must not)
+            host.load_to_device_per_layer(device, slots, slots, layer)
+    t.join(10)
+    assert seen == [True] * layers

@@ -104,6 +104,19 @@ class HostKVCache(StoragePageMixin):
         allocator: HostTensorAllocator | None = None,
         reserve_bytes: int | None = None,
     ) -> None:
+        """Build the host mirror of ``device_pool`` (a pool with ``get_buffer_desc()`` or a
+        ``KVBufferDesc``).
+
+        ``host_to_device_ratio`` / ``host_size_bytes`` (bytes, wins when > 0; SGLang's
+        ``host_size`` is in GB): capacity, in whole pages rounded down. ``page_size``: must equal
+        the device pool's (default). ``layout``: see ``layout.py``; ``io_backend``: the backend
+        the pool will mostly use (``"direct"`` turns ``page_first`` into ``page_first_direct``).
+        ``pin_memory``: register the memory with CUDA when available (default allocator only).
+        ``allocator``: a :class:`HostTensorAllocator` supplying the memory (one allocation per
+        role). ``reserve_bytes``: host memory the preflight check leaves free. ``device`` must be
+        ``"cpu"``. Raises ``ValueError``/``TypeError`` (naming the argument) before allocating
+        anything.
+        """
         desc = resolve_buffer_desc(device_pool)
         if self.expected_roles is not None and desc.roles != self.expected_roles:
             raise ValueError(
