@@ -180,3 +180,19 @@ def test_kernel_io_to_an_accelerator_needs_pinned_memory(make_pool: MakePool) ->
     slots = torch.arange(4, 8)
     with pytest.raises(ValueError, match="needs it pinned"):
         host.backup_from_device_all_layer(remote, slots, slots, "kernel")
+
+
+@pytest.mark.parametrize("layout", ["layer_first", "page_first"])
+def test_negative_indices_are_skipped(make_pool: MakePool, layout: str) -> None:
+    device = make_pool("mla", torch.float16, page_size=1, size=16, seed=6)
+    host = MLATokenToKVPoolHost(device, layout=layout)
+    for b in host.buffers:
+        b.view(torch.uint8).fill_(0xAB)
+    hidx = torch.tensor([3, 4, 5, 6])
+    didx = torch.tensor([7, -1, 9, 10])
+    host.backup_from_device_all_layer(device, hidx, didx, "kernel")
+    desc = device.get_buffer_desc()
+    for layer in range(2):
+        rows = as_bytes(host_rows(host, 0, layer, hidx))
+        assert torch.equal(rows[[0, 2, 3]], as_bytes(desc.buffers[0][layer][didx[[0, 2, 3]]]))
+        assert bool((rows[1] == 0xAB).all())  # skipped pair: host row untouched
