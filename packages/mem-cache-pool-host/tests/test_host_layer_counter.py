@@ -169,3 +169,31 @@ def test_reader_sees_each_layer_loaded_when_its_wait_returns(make_pool: MakePool
             host.load_to_device_per_layer(device, slots, slots, layer)
     t.join(10)
     assert seen == [True] * layers
+
+
+def test_consumer_pinned_to_a_batch_ignores_the_next_one() -> None:
+    c = LayerDoneCounter(2, history=2)
+    b1 = c.begin()
+    c.complete(0)
+    c.complete(1)
+    c.set_consumer(b1)
+    b2 = c.begin()
+    assert b2 == b1 + 1 and c.in_flight
+    c.wait_until(1, timeout=0)  # batch 1 is loaded even though batch 2 is running
+    c.abort(RuntimeError("batch 2 failed"))
+    c.wait_until(0, timeout=0)  # batch 2's abort does not fail batch 1's readers
+    c.set_consumer(None)
+    with pytest.raises(LayerLoadAbortedError):
+        c.wait_until(0, timeout=0)
+    c.set_consumer(b2 + 1)  # not begun yet: readers wait for it
+    with pytest.raises(TimeoutError):
+        c.wait_until(0, timeout=0.01)
+    assert not c.is_done(0)
+    c.begin()
+    c.complete(0)
+    c.wait_until(0, timeout=0)
+    c.complete(1)
+    c.set_consumer(b1)  # evicted from the history of 2: long finished
+    c.wait_until(1, timeout=0)
+    with pytest.raises(ValueError, match="batch_id"):
+        c.set_consumer(0)

@@ -11,6 +11,11 @@ Errors never deadlock readers: :meth:`abort` (called by the loader when a transf
 every waiter with :class:`LayerLoadAbortedError`, and readers keep getting that error until the
 next :meth:`begin` or :meth:`reset`, so a forward never reads a half-loaded layer silently.
 
+Readers follow the latest batch by default. With CUDA events the loader can finish a batch on
+the host (all copies queued) and begin the next one while the forward pass of the previous batch
+is still being issued; :meth:`LayerDoneCounter.set_consumer` pins readers to a batch id so they
+are neither delayed nor failed by the next batch (the last ``history`` batches keep their state).
+
 On CUDA, ``complete(layer, event)`` can carry an event recorded on the load stream after the
 layer's copies were queued; ``wait_until`` then makes the reader's current stream wait on it
 instead of blocking the host until the copy finished.
@@ -19,8 +24,10 @@ instead of blocking the host until the copy finished.
 from __future__ import annotations
 
 import threading
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -32,121 +39,160 @@ class LayerLoadAbortedError(RuntimeError):
     """The load batch a reader waited on was aborted; the layer's data is not valid."""
 
 
+@dataclass(slots=True)
+class _Batch:
+    """State of one load batch."""
+
+    batch_id: int
+    done: list[bool]
+    events: list[Any]
+    num_done: int = 0
+    aborted: BaseException | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.aborted is None and self.num_done < len(self.done)
+
+
 class LayerDoneCounter:
     """Implements ``mem_cache_pool.base.LayerReadyWaiter`` (see the module docstring).
 
     ``num_layers``: layers per batch; ``layer_index`` arguments are local (``0..num_layers-1``).
+    ``history``: how many recent batches keep their state, so readers of batch *k* (see
+    :meth:`set_consumer`) are unaffected when the loader already began batch *k + 1* (with CUDA
+    events the loader finishes a batch on the host long before the copies ran).
     Thread-safe: one loader thread and any number of reader threads.
     """
 
-    def __init__(self, num_layers: int) -> None:
+    def __init__(self, num_layers: int, history: int = 3) -> None:
         if num_layers <= 0:
             raise ValueError(f"num_layers must be > 0, got {num_layers}")
+        if history <= 0:
+            raise ValueError(f"history must be > 0, got {history}")
         self.num_layers = num_layers
         self._cond = threading.Condition(threading.Lock())
-        self._in_flight = False
-        self._done = [True] * num_layers
-        self._events: list[Any] = [None] * num_layers
-        self._num_done = num_layers
-        self._aborted: BaseException | None = None
-        self._batch = 0
+        self._batches: deque[_Batch] = deque(maxlen=history)
+        self._last_id = 0
+        self._consumer: int | None = None
 
     @property
     def in_flight(self) -> bool:
-        """Whether a load batch is running."""
+        """Whether a load batch is running (begun, not complete, not aborted)."""
         with self._cond:
-            return self._in_flight
+            return bool(self._batches) and self._batches[-1].running
 
     @property
     def batch_id(self) -> int:
-        """Number of batches begun so far (the current batch's id)."""
+        """Id of the most recently begun batch (0 before the first)."""
         with self._cond:
-            return self._batch
+            return self._last_id
 
     def begin(self) -> int:
-        """Start a load batch (all layers pending); returns its id.
+        """Start a load batch (all layers pending); returns its id (1, 2, ...).
 
         ``RuntimeError`` if the previous batch is still in flight (complete or abort it first).
         """
         with self._cond:
-            if self._in_flight:
+            if self._batches and self._batches[-1].running:
+                last = self._batches[-1]
                 raise RuntimeError(
-                    f"load batch {self._batch} is still in flight ({self._num_done}/"
+                    f"load batch {last.batch_id} is still in flight ({last.num_done}/"
                     f"{self.num_layers} layers done); complete it or call abort() first"
                 )
-            self._batch += 1
-            self._in_flight = True
-            self._aborted = None
-            self._done = [False] * self.num_layers
-            self._events = [None] * self.num_layers
-            self._num_done = 0
-            return self._batch
+            self._last_id += 1
+            n = self.num_layers
+            self._batches.append(_Batch(self._last_id, [False] * n, [None] * n))
+            self._cond.notify_all()
+            return self._last_id
 
     def complete(self, layer_index: int, event: Any = None) -> None:
-        """Mark ``layer_index`` loaded (no-op when no batch is in flight).
+        """Mark ``layer_index`` loaded in the batch in flight (no-op when none is).
 
         ``event``: an optional CUDA event readers' streams wait on. Completing a layer twice in
         one batch raises ``RuntimeError``.
         """
         self._check_layer(layer_index)
         with self._cond:
-            if not self._in_flight:
+            if not (self._batches and self._batches[-1].running):
                 return
-            if self._done[layer_index]:
+            batch = self._batches[-1]
+            if batch.done[layer_index]:
                 raise RuntimeError(
-                    f"layer {layer_index} completed twice in load batch {self._batch}"
+                    f"layer {layer_index} completed twice in load batch {batch.batch_id}"
                 )
-            self._done[layer_index] = True
-            self._events[layer_index] = event
-            self._num_done += 1
-            if self._num_done == self.num_layers:
-                self._in_flight = False
+            batch.done[layer_index] = True
+            batch.events[layer_index] = event
+            batch.num_done += 1
             self._cond.notify_all()
 
     def abort(self, exc: BaseException | None = None) -> None:
-        """End the batch in flight as failed: waiters (now and until the next ``begin``/``reset``)
-        raise :class:`LayerLoadAbortedError` chained to ``exc``. No-op when nothing is in flight."""
+        """End the batch in flight as failed: its readers (now and later) raise
+        :class:`LayerLoadAbortedError` chained to ``exc``. No-op when nothing is in flight."""
         with self._cond:
-            if not self._in_flight:
+            if not (self._batches and self._batches[-1].running):
                 return
-            self._in_flight = False
-            self._aborted = exc if exc is not None else RuntimeError("load aborted")
+            self._batches[-1].aborted = exc if exc is not None else RuntimeError("load aborted")
             self._cond.notify_all()
 
     def reset(self) -> None:
-        """Forget any batch (in flight or aborted): every layer counts as ready."""
+        """Forget every batch (in flight or aborted) and the consumer: every layer is ready."""
         with self._cond:
-            self._in_flight = False
-            self._aborted = None
-            self._done = [True] * self.num_layers
-            self._events = [None] * self.num_layers
-            self._num_done = self.num_layers
+            self._batches.clear()
+            self._consumer = None
             self._cond.notify_all()
+
+    def set_consumer(self, batch_id: int | None) -> None:
+        """Make readers wait on batch ``batch_id`` (``None``: the latest begun batch).
+
+        A batch not begun yet is waited for; one older than ``history`` counts as loaded.
+        """
+        if batch_id is not None and (isinstance(batch_id, bool) or batch_id < 1):
+            raise ValueError(f"batch_id must be a positive int or None, got {batch_id!r}")
+        with self._cond:
+            self._consumer = batch_id
+            self._cond.notify_all()
+
+    def _target(self) -> tuple[bool, _Batch | None]:
+        """(begun, batch) of the batch readers wait on; batch None means "all ready"."""
+        if self._consumer is None:
+            return True, (self._batches[-1] if self._batches else None)
+        if self._consumer > self._last_id:
+            return False, None
+        for batch in self._batches:
+            if batch.batch_id == self._consumer:
+                return True, batch
+        return True, None
 
     def is_done(self, layer_index: int) -> bool:
         self._check_layer(layer_index)
         with self._cond:
-            return self._aborted is None and (not self._in_flight or self._done[layer_index])
+            begun, batch = self._target()
+            if not begun:
+                return False
+            return batch is None or (batch.aborted is None and batch.done[layer_index])
 
     def wait_until(self, layer_index: int, timeout: float | None = None) -> None:
-        """Block until ``layer_index`` is loaded in the batch in flight (if any).
+        """Block until ``layer_index`` is loaded in the consumer batch (if one is running).
 
-        Raises :class:`LayerLoadAbortedError` if the batch was aborted and ``TimeoutError`` if
+        Raises :class:`LayerLoadAbortedError` if that batch was aborted and ``TimeoutError`` if
         ``timeout`` seconds pass first.
         """
         self._check_layer(layer_index)
+
+        def ready() -> bool:
+            begun, batch = self._target()
+            return begun and (batch is None or batch.aborted is not None or batch.done[layer_index])
+
         with self._cond:
-            ok = self._cond.wait_for(
-                lambda: self._aborted is not None or not self._in_flight or self._done[layer_index],
-                timeout,
-            )
-            if self._aborted is not None:
+            ok = self._cond.wait_for(ready, timeout)
+            _, batch = self._target()
+            if batch is not None and batch.aborted is not None:
                 raise LayerLoadAbortedError(
-                    f"load batch {self._batch} was aborted before layer {layer_index} was loaded"
-                ) from self._aborted
+                    f"load batch {batch.batch_id} was aborted before layer {layer_index} was loaded"
+                ) from batch.aborted
             if not ok:
                 raise TimeoutError(f"layer {layer_index} not loaded within {timeout} s")
-            event = self._events[layer_index]
+            event = batch.events[layer_index] if batch is not None else None
         if event is not None and torch.cuda.is_available():
             torch.cuda.current_stream().wait_event(event)
 
@@ -161,8 +207,9 @@ class LayerDoneCounter:
             self.abort(exc)
             raise
         with self._cond:
-            unfinished = self._in_flight and self._batch == batch
-            done = self._num_done
+            last = self._batches[-1] if self._batches else None
+            unfinished = last is not None and last.batch_id == batch and last.running
+            done = last.num_done if last is not None else 0
         if unfinished:
             err = RuntimeError(
                 f"load batch {batch} ended with {done}/{self.num_layers} layers complete"
