@@ -21,44 +21,14 @@ import torch
 
 from mem_cache_kernels import _validate as v
 from mem_cache_kernels._dispatch import Backend
+from mem_cache_kernels._runs import find_runs
 from mem_cache_kernels._transfer import check_layers, check_page_first, check_role_pair
 
 __all__ = [
     "direct_backup_all_layers_to_page_first_direct",
     "direct_load_layer_from_page_first_direct",
     "direct_transfer_rows",
-    "find_runs",
 ]
-
-
-def find_runs(
-    src: torch.Tensor, dst: torch.Tensor, *, dst_step: int = 1
-) -> list[tuple[int, int, int]]:
-    """Maximal runs ``(src_start, dst_start, length)`` of pairs where ``src`` advances by one and
-    ``dst`` by ``dst_step``.
-
-    ``src``/``dst`` are CPU int64 tensors of equal length; pairs with a negative index are dropped
-    first (they also end a run).
-    """
-    keep = (src >= 0) & (dst >= 0)
-    if not bool(keep.all()):
-        pos = torch.nonzero(keep, as_tuple=True)[0]
-        # a dropped pair breaks a run even if the indices around it happen to be consecutive
-        gap = torch.ones(pos.numel(), dtype=torch.bool)
-        gap[1:] = pos[1:] != pos[:-1] + 1
-        src, dst = src[keep], dst[keep]
-    else:
-        gap = torch.zeros(src.numel(), dtype=torch.bool)
-    n = src.numel()
-    if n == 0:
-        return []
-    brk = torch.ones(n, dtype=torch.bool)
-    brk[1:] = (src[1:] != src[:-1] + 1) | (dst[1:] != dst[:-1] + dst_step) | gap[1:]
-    starts = torch.nonzero(brk, as_tuple=True)[0]
-    ends = torch.cat([starts[1:], torch.tensor([n])])
-    return list(
-        zip(src[starts].tolist(), dst[starts].tolist(), (ends - starts).tolist(), strict=True)
-    )
 
 
 def _check_backend(backend: object) -> None:

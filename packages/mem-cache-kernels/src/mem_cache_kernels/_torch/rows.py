@@ -3,15 +3,30 @@
 ``copy_rows(src, dst, src_idx, dst_idx)`` copies byte rows: ``dst[dst_idx[i]] = src[src_idx[i]]``
 for every ``i`` where both indices are non-negative (a negative index skips the pair). ``src`` and
 ``dst`` are uint8 ``[rows, row_bytes]`` views (any row stride, contiguous rows, possibly on
-different devices); ``None`` for an index means the identity ``0..n-1``. All reads happen
-before any write, so overlapping source and target rows of one buffer are safe.
+different devices); ``None`` for an index means the identity ``0..n-1``. All reads happen before
+any write, so overlapping source and target rows of one buffer are safe.
+
+Two strategies, chosen per call (both plain torch, bit-exact):
+
+* **runs** (indices on the CPU, distinct source and destination storage, runs averaging at least
+  ``_RUN_BYTES``): one slice ``copy_`` per maximal run of consecutive rows on both sides - a
+  single pass over the bytes (page-granular transfers are runs of at least one page);
+* **gather/scatter** otherwise: ``index_select`` then ``index_copy_`` on the widest integer view,
+  in chunks of ``_CHUNK_BYTES`` so the temporary stays in cache (measured 2-3x faster on CPU than
+  one batch-sized temporary for multi-MiB transfers).
 """
 
 from __future__ import annotations
 
 import torch
 
+from mem_cache_kernels._runs import run_starts
+
 __all__ = ["copy_rows", "drop_negative"]
+
+_RUN_BYTES = 16 << 10  # a slice copy_ costs a few microseconds: worth it from ~16 KiB per run
+_CHUNK_BYTES = 256 << 10  # gather/scatter temporary (L2-sized)
+_ONE_SHOT_BYTES = 1 << 20  # below this, one gather + one scatter
 
 
 def _wide(t: torch.Tensor) -> torch.Tensor:
@@ -51,6 +66,56 @@ def drop_negative(
     return pick(src_idx), pick(dst_idx)
 
 
+def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.device == b.device and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+def _copy_runs(
+    src: torch.Tensor, dst: torch.Tensor, src_idx: torch.Tensor, dst_idx: torch.Tensor
+) -> bool:
+    """Copy run by run when the runs are long enough; return False (nothing done) otherwise."""
+    if src_idx.device.type != "cpu" or dst_idx.device.type != "cpu" or _same_storage(src, dst):
+        return False
+    n = src_idx.numel()
+    if n * src.shape[1] < _RUN_BYTES:
+        return False
+    s = src_idx.to(torch.int64)
+    d = dst_idx.to(torch.int64)
+    starts = run_starts(s, d)
+    if starts.numel() * _RUN_BYTES > n * src.shape[1]:
+        return False
+    ends = torch.cat([starts[1:], torch.tensor([n])])
+    non_blocking = src.device != dst.device
+    for s0, d0, k in zip(s[starts].tolist(), d[starts].tolist(), (ends - starts).tolist()):
+        dst[d0 : d0 + k].copy_(src[s0 : s0 + k], non_blocking=non_blocking)
+    return True
+
+
+def _gather_scatter(
+    s: torch.Tensor, d: torch.Tensor, src_idx: torch.Tensor | None, dst_idx: torch.Tensor | None
+) -> None:
+    rows = s if src_idx is None else s.index_select(0, src_idx.to(s.device))
+    if rows.device != d.device:
+        rows = rows.to(d.device)
+    if dst_idx is None:
+        d[: rows.shape[0]].copy_(rows)
+    else:
+        d.index_copy_(0, dst_idx.to(device=d.device, dtype=torch.int64), rows)
+
+
+def _chunked(s: torch.Tensor, d: torch.Tensor, src_idx: torch.Tensor, dst_idx: torch.Tensor) -> None:
+    """Gather/scatter through one cache-sized temporary (CPU, distinct storages only)."""
+    n = src_idx.numel()
+    chunk = max(1, _CHUNK_BYTES // (s.shape[1] * s.element_size()))
+    tmp = torch.empty((min(chunk, n), s.shape[1]), dtype=s.dtype)
+    dst64 = dst_idx.to(torch.int64)
+    for lo in range(0, n, chunk):
+        hi = min(n, lo + chunk)
+        part = tmp[: hi - lo]
+        torch.index_select(s, 0, src_idx[lo:hi], out=part)
+        d.index_copy_(0, dst64[lo:hi], part)
+
+
 def copy_rows(
     src: torch.Tensor,
     dst: torch.Tensor,
@@ -59,13 +124,18 @@ def copy_rows(
 ) -> None:
     """Copy byte rows ``src[src_idx] -> dst[dst_idx]`` (see the module docstring)."""
     src_idx, dst_idx = drop_negative(src_idx, dst_idx)
+    if src_idx is not None and dst_idx is not None and _copy_runs(src, dst, src_idx, dst_idx):
+        return
     s, d = _wide(src), _wide(dst)
     if s.dtype != d.dtype:
         s, d = src, dst
-    rows = s if src_idx is None else s.index_select(0, src_idx.to(s.device))
-    if rows.device != d.device:
-        rows = rows.to(d.device)
-    if dst_idx is None:
-        d[: rows.shape[0]].copy_(rows)
-    else:
-        d.index_copy_(0, dst_idx.to(device=d.device, dtype=torch.int64), rows)
+    if (
+        src_idx is not None
+        and dst_idx is not None
+        and s.device.type == d.device.type == src_idx.device.type == dst_idx.device.type == "cpu"
+        and src_idx.numel() * src.shape[1] > _ONE_SHOT_BYTES
+        and not _same_storage(src, dst)
+    ):
+        _chunked(s, d, src_idx, dst_idx)
+        return
+    _gather_scatter(s, d, src_idx, dst_idx)
