@@ -269,6 +269,14 @@ def run_trace(
     prefilling: list[_Req] = []
     steps = 0
 
+    def both(op: str, name: str, *args: Any) -> list[Any]:
+        """Call ``name`` on every allocator (order alternating per step), timed as ``op``."""
+        order = range(len(allocs)) if steps % 2 else range(len(allocs) - 1, -1, -1)
+        outs: list[Any] = [None] * len(allocs)
+        for i in order:
+            outs[i] = timers[i].call(op, getattr(allocs[i], name), *args)
+        return outs
+
     def same(outs: list[Any], op: str) -> Any:
         first = outs[0]
         for o in outs[1:]:
@@ -306,7 +314,7 @@ def run_trace(
             ]
             total = sum(n for _, n in batch)
             if ps == 1:
-                outs = [t.call("alloc_extend", a.alloc, total) for t, a in zip(timers, allocs)]
+                outs = both("alloc_extend", "alloc", total)
             else:
                 args = (
                     _i64(pre, dev),
@@ -316,9 +324,7 @@ def run_trace(
                     _i64(last, dev),
                     total,
                 )
-                outs = [
-                    t.call("alloc_extend", a.alloc_extend, *args) for t, a in zip(timers, allocs)
-                ]
+                outs = both("alloc_extend", "alloc_extend", *args)
             out = same(outs, "alloc_extend")
             if out is None:
                 raise RuntimeError("trace capacity exhausted (increase TraceConfig.capacity)")
@@ -336,14 +342,10 @@ def run_trace(
             seq = [r.done + 1 for r in running]
             last = [r.slots[-1] for r in running]
             if ps == 1:
-                outs = [
-                    t.call("alloc_decode", a.alloc, len(running)) for t, a in zip(timers, allocs)
-                ]
+                outs = both("alloc_decode", "alloc", len(running))
             else:
                 args3 = (_i64(seq, dev), _i64(seq, dev), _i64(last, dev))
-                outs = [
-                    t.call("alloc_decode", a.alloc_decode, *args3) for t, a in zip(timers, allocs)
-                ]
+                outs = both("alloc_decode", "alloc_decode", *args3)
             out = same(outs, "alloc_decode")
             if out is None:
                 raise RuntimeError("trace capacity exhausted (increase TraceConfig.capacity)")
@@ -355,7 +357,9 @@ def run_trace(
         if finished:
             running = [r for r in running if r.done < r.total]
             tensors = [_i64(r.slots, dev) for r in finished]
-            for t, a in zip(timers, allocs):
+            order = range(len(allocs)) if steps % 2 else range(len(allocs) - 1, -1, -1)
+            for i in order:
+                t, a = timers[i], allocs[i]
                 t.call("free_group_begin", a.free_group_begin)
                 for x in tensors:
                     t.call("free", a.free, x)

@@ -160,7 +160,7 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
     # ------------------------------------------------------------------ allocation
     def _pages_to_slots(self, pages: torch.Tensor) -> torch.Tensor:
         if self.page_size == 1:
-            return pages.clone()
+            return pages  # a view of an immutable free-list chunk (as in SGLang)
         return (pages[:, None] * self.page_size + self._page_offsets).reshape(-1)
 
     def alloc(self, need_size: int) -> torch.Tensor | None:
@@ -218,7 +218,7 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
             self._debug_check_extend(prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc)
         head = self._free.head(pages)
         if ps == 1:
-            out = head.clone()
+            out = head
         else:
             out = torch.empty(tokens, dtype=torch.int64, device=self.device)
             if tokens:
@@ -245,7 +245,7 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
             self._debug_check_decode(seq_lens, seq_lens_cpu, last_loc)
         head = self._free.head(pages)
         if ps == 1:
-            out = head.clone()
+            out = head
         else:
             out = torch.empty(bs, dtype=torch.int64, device=self.device)
             if bs:
@@ -303,11 +303,12 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
         self._release_pages(pages, from_slots=True)
 
     def _stride_pages(self, free_index: torch.Tensor) -> torch.Tensor:
-        idx = free_index.to(device=self.device, dtype=torch.int64)
+        """Page ids of a page-aligned-runs input; always a new tensor (queued frees own it)."""
         ps = self.page_size
-        if ps == 1:
-            return idx.clone() if idx is free_index else idx
-        return idx[::ps] // ps
+        if free_index.dtype is torch.int64 and free_index.device == self.device:
+            return free_index.clone() if ps == 1 else free_index[::ps] // ps
+        idx = free_index.to(device=self.device, dtype=torch.int64)
+        return idx if ps == 1 else idx[::ps] // ps
 
     def _release_pages(self, pages: torch.Tensor, *, from_slots: bool) -> None:
         if self._free_group is not None:

@@ -6,7 +6,8 @@ Index space (shared with :mod:`mem_cache_pool`):
   With page size ``ps``, page ``p`` owns slots ``[p * ps, (p + 1) * ps)``; page 0 (slots
   ``[0, ps)``) is the padding page and is never handed out.
 * ``alloc*`` return int64 tensors on the allocator's ``device`` (or ``None`` when there is not
-  enough room; a ``None`` leaves every structure unchanged).
+  enough room; a ``None`` leaves every structure unchanged). A returned tensor may be a view of
+  the allocator's (never mutated) free-list storage, as in SGLang: treat it as read-only.
 * Position congruence: for a request, the slot of sequence position ``j`` satisfies
   ``slot % ps == j % ps``; ``last_loc = -1`` means "empty prefix".
 * ``available_size()`` is in tokens (free pages x ``ps``), computed on the host: it never reads
