@@ -103,7 +103,9 @@ def _gather_scatter(
         d.index_copy_(0, dst_idx.to(device=d.device, dtype=torch.int64), rows)
 
 
-def _chunked(s: torch.Tensor, d: torch.Tensor, src_idx: torch.Tensor, dst_idx: torch.Tensor) -> None:
+def _chunked(
+    s: torch.Tensor, d: torch.Tensor, src_idx: torch.Tensor, dst_idx: torch.Tensor
+) -> None:
     """Gather/scatter through one cache-sized temporary (CPU, distinct storages only)."""
     n = src_idx.numel()
     chunk = max(1, _CHUNK_BYTES // (s.shape[1] * s.element_size()))
