@@ -131,3 +131,11 @@ def test_pool_accepts_a_buffer_descriptor(make_pool: MakePool) -> None:
     host = MLATokenToKVPoolHost(device.get_buffer_desc(), layout="layer_first")
     assert host.kv_buffer.shape == (2, 32, 1, 24)
     assert host.kv_cache_dim == 24
+
+
+def test_sglang_positional_signature(make_pool: MakePool) -> None:
+    device = make_pool("mha", torch.float16, page_size=4, size=32, seed=None)
+    # (device_pool, host_to_device_ratio, host_size (bytes here; 0 = use the ratio), page_size,
+    #  layout, pin_memory, device)
+    host = MHATokenToKVPoolHost(device, 1.5, 0, 4, "layer_first", True, "cpu")
+    assert host.size == 48 and host.layout == "layer_first"

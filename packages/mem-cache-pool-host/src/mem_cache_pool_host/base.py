@@ -90,16 +90,16 @@ class HostKVCache(StoragePageMixin):
 
     expected_roles: ClassVar[tuple[str, ...] | None] = None
 
-    def __init__(
+    def __init__(  # noqa: PLR0917 (SGLang-compatible positional signature)
         self,
         device_pool: DevicePoolLike | KVBufferDesc,
-        *,
         host_to_device_ratio: float = DEFAULT_HOST_TO_DEVICE_RATIO,
         host_size_bytes: int | None = None,
         page_size: int | None = None,
         layout: str = "page_first",
         pin_memory: bool = True,
         device: str | torch.device = "cpu",
+        *,
         io_backend: str | None = None,
         allocator: HostTensorAllocator | None = None,
         reserve_bytes: int | None = None,
