@@ -50,15 +50,18 @@ def _mapped(a: DeepSeekV4HiSparseTokenToKVPoolAllocator) -> dict[int, int]:
 # ----------------------------------------------------------------------------- conformance kit
 
 
-def _kit_factory() -> DeepSeekV4HiSparseTokenToKVPoolAllocator:
+def _kit_factory(need_sort: bool) -> DeepSeekV4HiSparseTokenToKVPoolAllocator:
     # logical 64 tokens in pages of 16; c4 device 16 slots in pages of 4 (as many pages)
     pool = _pool((0, 4), page_size=16, c4_size=16, c128_size=0)
-    logical = PagedTokenToKVPoolAllocator(pool.size, 16, FP8, "cpu", pool, debug=True)
+    logical = PagedTokenToKVPoolAllocator(pool.size, 16, FP8, "cpu", pool, need_sort, debug=True)
     return DeepSeekV4HiSparseTokenToKVPoolAllocator(logical, debug=True)
 
 
-def test_conformance_kit() -> None:
-    machine = allocator_state_machine(_kit_factory, decode=False)
+@pytest.mark.parametrize("need_sort", [False, True])
+def test_conformance_kit(need_sort: bool) -> None:
+    # need_sort reorders logical pages: a prefix ending on a page boundary then has its last
+    # compressed entry on a non-adjacent page (regression: the device last_loc placeholder)
+    machine = allocator_state_machine(lambda: _kit_factory(need_sort), decode=False)
     run_state_machine_as_test(
         machine,
         settings=settings(
@@ -125,6 +128,30 @@ def test_alloc_extend_hand_worked_slots_and_mapping() -> None:
     assert (a.logical_attn_allocator.available_size(), _mapped(a)) == before
     # ... but 3 tokens need no compressed slot
     assert _extend(a, [0], [3], [-1]) is not None
+
+
+def test_extend_after_a_prefix_without_complete_entry() -> None:
+    a = _alloc()  # debug: the device allocator checks last_loc == -1 iff its prefix is empty
+    first = _extend(a, [0], [1], [-1])
+    assert first is not None and _mapped(a) == {}
+    second = _extend(a, [1], [2], [int(first[0])])  # compressed prefix still empty
+    assert second is not None and _mapped(a) == {}
+    third = _extend(a, [2], [9], [int(second[0])])
+    assert third is not None and _mapped(a) == {32: 32, 33: 33}
+
+
+def test_extend_from_a_page_boundary_after_a_non_adjacent_page() -> None:
+    a = _kit_factory(need_sort=False)  # logical pages of 16, device pages of 4, debug
+    r0 = _extend(a, [0], [16], [-1])  # logical page 1, entries 4..7 -> device page 1
+    r1 = _extend(a, [0], [2], [-1])  # logical page 2, no entry
+    assert r0 is not None and r1 is not None
+    r0b = _extend(a, [16], [17], [int(r0[-1])])  # logical page 3 (slot 48)
+    assert r0b is not None and r0b.tolist() == [48]
+    # prefix 17: L = 48 sits at a page start; (L - 3) // 4 = 11 names page 2's (unmapped)
+    # entry, yet the device side must continue fine: entries at positions 19, 23 -> page 2
+    r0c = _extend(a, [17], [24], [48])
+    assert r0c is not None and r0c.tolist() == list(range(49, 56))
+    assert _mapped(a) == {4: 4, 5: 5, 6: 6, 7: 7, 12: 8, 13: 9}
 
 
 def test_debug_rejects_unmapped_mid_page_prefix() -> None:

@@ -11,7 +11,8 @@ into the c4 pool, which translates through it on every key read/write.
 * ``available_size() = min(logical, 4 x device)`` (tokens).
 * ``alloc_extend``: logical slots, then device slots for the ``seq // 4 - prefix // 4`` new
   compressed tokens of every request (capacity of both checked on the host first; a failure
-  leaves nothing changed). The device ``last_loc`` is ``mapping[(L - 3) // 4]`` (-1 stays -1).
+  leaves nothing changed). The device ``last_loc`` is ``mapping[(L - 3) // 4]`` when the
+  compressed prefix ends inside a device page (see ``_device_last_loc`` for the other cases).
   Contract: when a request's compressed prefix ends inside a device page, its last compressed
   entry must still be device-mapped (true when the request's previous chunk came from
   ``alloc_extend``); debug mode checks it.
@@ -242,7 +243,7 @@ class DeepSeekV4HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         dev_pages, dev_tokens = num_new_pages_extend(c_pre_cpu, c_seq_cpu, self.hisparse_page_size)
         if not self._fits(logical_pages, dev_pages):
             return None
-        dev_last = self.get_last_loc_hisparse_device(last_loc)
+        dev_last = self._device_last_loc(prefix_lens, last_loc)
         if self.debug:
             self._check_device_prefix(c_pre_cpu, dev_last)
         backups = self._backups()
@@ -270,6 +271,23 @@ class DeepSeekV4HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             rows = _entry_offsets(prefix_lens_cpu, seq_lens_cpu).to(self.device, non_blocking=True)
             self.full_to_hisparse_device_index_mapping[logical[rows] // _RATIO] = dev
         return logical
+
+    def _device_last_loc(self, prefix_lens: torch.Tensor, last_loc: torch.Tensor) -> torch.Tensor:
+        """The device allocator's ``last_loc`` per request (sync-free).
+
+        * empty compressed prefix (``prefix < 4``): -1;
+        * compressed prefix ending inside a device page: ``mapping[(L - 3) // 4]``; the prefix's
+          last entry then shares ``L``'s logical page (its offset is >= 3), so this is its slot;
+        * compressed prefix ending on a device page boundary: the device allocator does not read
+          ``last_loc`` (no partial page to continue) and ``(L - 3) // 4`` may name another
+          page's entry, so a congruent placeholder ``c4_page - 1`` is passed.
+        """
+        cps = self.hisparse_page_size
+        c_prefix = prefix_lens.to(torch.int64) // _RATIO
+        mapped = self.get_last_loc_hisparse_device(last_loc)
+        aligned = torch.full_like(mapped, cps - 1)
+        dev_last = torch.where(c_prefix % cps == 0, aligned, mapped)
+        return torch.where(c_prefix == 0, torch.full_like(mapped, -1), dev_last)
 
     def _check_device_prefix(self, c_pre_cpu: torch.Tensor, dev_last: torch.Tensor) -> None:
         mid_page = (c_pre_cpu % self.hisparse_page_size != 0).to(dev_last.device)
