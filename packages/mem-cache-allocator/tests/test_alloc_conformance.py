@@ -18,8 +18,8 @@ from mem_cache_allocator.testing import allocator_state_machine, slot_allocator_
 
 F16 = torch.float16
 SETTINGS = settings(
-    max_examples=12,
-    stateful_step_count=20,
+    max_examples=20,
+    stateful_step_count=25,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
