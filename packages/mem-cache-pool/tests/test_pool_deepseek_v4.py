@@ -130,6 +130,10 @@ def test_move_kv_cache_overlapping_reads_before_writes() -> None:
     for layer in (0, 1):
         got = pool.get_key_records(layer, torch.tensor([5, 6, 7]))
         assert torch.equal(got, rec[[0, 0, 1]])
+    with pytest.raises(ValueError, match="tgt_loc must not repeat a slot"):
+        pool.move_kv_cache(torch.tensor([9, 9]), torch.tensor([5, 6]))
+    with pytest.raises(ValueError, match="indices must not repeat a slot"):
+        pool.load_cpu_copy(pool.get_cpu_copy(torch.tensor([5, 6])), torch.tensor([9, 9]))
 
 
 def test_cpu_copy_round_trip() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from mem_cache_pool._checks import check_int, check_rows
+from mem_cache_pool._checks import check_distinct, check_int, check_rows
 from mem_cache_pool._deepseek_v4_rows import PageRowPool
 from mem_cache_pool.base import CpuKVCopy, KVWriteLoc, unwrap_write_loc
 
@@ -139,6 +139,7 @@ class DeepSeekV4IndexerPool(PageRowPool):
     def move_kv_cache(self, tgt_loc: torch.Tensor, src_loc: torch.Tensor) -> None:
         """Every layer: tokens ``tgt_loc`` get the keys and scales of tokens ``src_loc``."""
         tgt = self._check_slots("tgt_loc", tgt_loc)
+        check_distinct("tgt_loc", tgt, full=self.debug)
         src = self._check_slots("src_loc", src_loc, length=tgt.numel())
         for index in range(self.layer_num):
             self._scatter(index, tgt, self._gather(index, src))
@@ -148,9 +149,8 @@ class DeepSeekV4IndexerPool(PageRowPool):
         idx = self._check_slots("indices", indices)
         return {"kv": [self._gather(i, idx).cpu() for i in range(self.layer_num)]}
 
-    def load_cpu_copy(self, kv_cache_cpu: CpuKVCopy, indices: torch.Tensor) -> None:
-        """Write a :meth:`get_cpu_copy` result at slots ``indices`` (checked first)."""
-        idx = self._check_slots("indices", indices)
+    def _check_cpu_copy(self, kv_cache_cpu: CpuKVCopy, idx: torch.Tensor) -> None:
+        """``ValueError`` unless ``kv_cache_cpu`` is ``{"kv": layer_num x uint8 [n, bytes]}``."""
         if not isinstance(kv_cache_cpu, dict) or sorted(kv_cache_cpu) != ["kv"]:
             got = sorted(kv_cache_cpu) if isinstance(kv_cache_cpu, dict) else kv_cache_cpu
             raise ValueError(f"kv_cache_cpu must have roles ['kv'], got {got}")
@@ -163,5 +163,11 @@ class DeepSeekV4IndexerPool(PageRowPool):
             raise ValueError(
                 f"kv_cache_cpu['kv'] must be {self.layer_num} uint8 tensors of shape {want}"
             )
-        for i, t in enumerate(layers):
+
+    def load_cpu_copy(self, kv_cache_cpu: CpuKVCopy, indices: torch.Tensor) -> None:
+        """Write a :meth:`get_cpu_copy` result at distinct slots ``indices`` (checked first)."""
+        idx = self._check_slots("indices", indices)
+        check_distinct("indices", idx, full=self.debug)
+        self._check_cpu_copy(kv_cache_cpu, idx)
+        for i, t in enumerate(kv_cache_cpu["kv"]):
             self._scatter(i, idx, t.to(self.device))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from mem_cache_kernels import dsv4
-from mem_cache_pool._checks import check_index, check_mapping
+from mem_cache_pool._checks import check_distinct, check_index, check_int, check_mapping
 from mem_cache_pool._deepseek_v4_rows import PageRowPool
 from mem_cache_pool.base import CpuKVCopy, KVWriteLoc, unwrap_write_loc
 
@@ -34,11 +34,12 @@ def translate_full_to_compressed(full_loc: torch.Tensor, compress_ratio: int = 4
 def compressed_last_loc(last_loc: torch.Tensor, compress_ratio: int = 4) -> torch.Tensor:
     """Compressed ``last_loc`` of a full ``last_loc``: ``(L - (ratio - 1)) // ratio``; -1 stays -1.
 
-    ``L`` is the full slot of the last prefix token. When the prefix holds a complete compressed
-    entry, the result is the compressed slot of the last one; in every case it keeps the page
-    congruence the allocation kernels rely on: ``(result + 1) % (ps // ratio) == (P // ratio) %
-    (ps // ratio)`` for a prefix of ``P`` tokens with ``(L + 1) % ps == P % ps``. Example (ratio
-    4): ``[-1, 3, 6, 7, 8] -> [-1, 0, 0, 1, 1]``.
+    ``L`` is the full slot of the last prefix token. When ``L``'s offset in its page is at least
+    ``ratio - 1``, the result is the compressed slot of the prefix's last complete entry (it
+    shares ``L``'s page); otherwise it may name an entry of another page. In every case it
+    keeps the page congruence the allocation kernels rely on: ``(result + 1) % (ps // ratio)
+    == (P // ratio) % (ps // ratio)`` for a prefix of ``P`` tokens with ``(L + 1) % ps == P %
+    ps``. Example (ratio 4): ``[-1, 3, 6, 7, 8] -> [-1, 0, 0, 1, 1]``.
     """
     if not isinstance(last_loc, torch.Tensor) or last_loc.dtype not in (torch.int32, torch.int64):
         got = last_loc.dtype if isinstance(last_loc, torch.Tensor) else type(last_loc).__name__
@@ -94,7 +95,7 @@ class DeepSeekV4SingleKVPool(PageRowPool):
             )
         self.qk_nope_head_dim = qk_nope_head_dim
         self.qk_rope_head_dim = qk_rope_head_dim
-        self.bytes_per_page_padded = dsv4.dsv4_page_bytes(page_size) if page_size >= 1 else 1
+        self.bytes_per_page_padded = dsv4.dsv4_page_bytes(check_int("page_size", page_size, 1))
         super().__init__(
             size,
             page_size,
@@ -185,6 +186,7 @@ class DeepSeekV4SingleKVPool(PageRowPool):
         """Every layer: the records of slots ``tgt_loc`` get those of ``src_loc`` (device slots,
         no translation; all reads of a layer happen before its writes)."""
         tgt = self._check_slots("tgt_loc", tgt_loc)
+        check_distinct("tgt_loc", tgt, full=self.debug)
         src = self._check_slots("src_loc", src_loc, length=tgt.numel())
         if not tgt.numel():
             return
@@ -199,9 +201,8 @@ class DeepSeekV4SingleKVPool(PageRowPool):
             "kv": [dsv4.read_dsv4_records(b, idx, self.page_size).cpu() for b in self.kv_buffer]
         }
 
-    def load_cpu_copy(self, kv_cache_cpu: CpuKVCopy, indices: torch.Tensor) -> None:
-        """Write a :meth:`get_cpu_copy` result at device slots ``indices`` (checked first)."""
-        idx = self._check_slots("indices", indices)
+    def _check_cpu_copy(self, kv_cache_cpu: CpuKVCopy, idx: torch.Tensor) -> None:
+        """``ValueError`` unless ``kv_cache_cpu`` is ``{"kv": layer_num x uint8 [n, 584]}``."""
         if not isinstance(kv_cache_cpu, dict) or sorted(kv_cache_cpu) != ["kv"]:
             got = sorted(kv_cache_cpu) if isinstance(kv_cache_cpu, dict) else kv_cache_cpu
             raise ValueError(f"kv_cache_cpu must have roles ['kv'], got {got}")
@@ -215,7 +216,14 @@ class DeepSeekV4SingleKVPool(PageRowPool):
             if not isinstance(t, torch.Tensor) or t.dtype != torch.uint8 or tuple(t.shape) != want:
                 desc = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t)
                 raise ValueError(f"kv_cache_cpu['kv'] tensors must be uint8 {want}, got {desc}")
-        for buf, t in zip(self.kv_buffer, layers):
+
+    def load_cpu_copy(self, kv_cache_cpu: CpuKVCopy, indices: torch.Tensor) -> None:
+        """Write a :meth:`get_cpu_copy` result at distinct device slots ``indices`` (checked
+        first)."""
+        idx = self._check_slots("indices", indices)
+        check_distinct("indices", idx, full=self.debug)
+        self._check_cpu_copy(kv_cache_cpu, idx)
+        for buf, t in zip(self.kv_buffer, kv_cache_cpu["kv"]):
             dsv4.write_dsv4_records(buf, idx, t.to(self.device), self.page_size)
 
 
