@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from mem_cache_kernels.dsv4 import dequantize_dsv4_nope, dsv4_page_bytes, pack_dsv4_records
 from mem_cache_pool.deepseek_v4 import (
@@ -370,3 +373,75 @@ def test_composite_rejects_bad_ratios_and_page_size() -> None:
         _composite(compression_ratios=[0, 4, 8, 4])
     with pytest.raises(ValueError, match="page_size must be a multiple of 128"):
         _composite(page_size=64)
+
+
+# ----------------------------------------------------------------------------- stateful model
+
+
+class _SingleKVModel(RuleBasedStateMachine):
+    """Writes, moves and CPU round trips of a page-row pool against a {(layer, slot): record}
+    model; every slot reads back its model record (zeros when never written)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pool = _single(size=12, ps=4, layers=2)  # slots [0, 16)
+        self.model: dict[tuple[int, int], torch.Tensor] = {}
+        self.seed = 0
+
+    def _record(self, n: int) -> torch.Tensor:
+        self.seed += 1
+        return _records(n, seed=self.seed)
+
+    @rule(
+        layer=st.integers(0, 1),
+        slots=st.lists(st.integers(0, 15), min_size=1, max_size=5, unique=True),
+    )
+    def write(self, layer: int, slots: list[int]) -> None:
+        rec = self._record(len(slots))
+        self.pool.set_key_buffer(layer, torch.tensor(slots), rec)
+        for i, s in enumerate(slots):
+            self.model[layer, s] = rec[i]
+
+    @rule(
+        pairs=st.lists(
+            st.tuples(st.integers(0, 15), st.integers(0, 15)),
+            min_size=1,
+            max_size=4,
+            unique_by=lambda p: p[0],
+        )
+    )
+    def move(self, pairs: list[tuple[int, int]]) -> None:
+        tgt, src = [t for t, _ in pairs], [s for _, s in pairs]
+        self.pool.move_kv_cache(torch.tensor(tgt), torch.tensor(src))
+        zero = torch.zeros(584, dtype=torch.uint8)
+        old = {(l, s): self.model.get((l, s), zero) for l in (0, 1) for s in src}
+        for layer in (0, 1):
+            for t, s in pairs:
+                self.model[layer, t] = old[layer, s]
+
+    @rule(
+        slots=st.lists(st.integers(0, 15), min_size=1, max_size=4, unique=True),
+        shift=st.integers(0, 15),
+    )
+    def retract_and_restore(self, slots: list[int], shift: int) -> None:
+        copy = self.pool.get_cpu_copy(torch.tensor(slots))
+        dst = [(s + shift) % 16 for s in slots]
+        self.pool.load_cpu_copy(copy, torch.tensor(dst))
+        zero = torch.zeros(584, dtype=torch.uint8)
+        old = {(l, s): self.model.get((l, s), zero) for l in (0, 1) for s in slots}
+        for layer in (0, 1):
+            for s, d in zip(slots, dst):
+                self.model[layer, d] = old[layer, s]
+
+    @invariant()
+    def reads_match_the_model(self) -> None:
+        zero = torch.zeros(584, dtype=torch.uint8)
+        for layer in (0, 1):
+            got = self.pool.get_key_records(layer, torch.arange(16))
+            want = torch.stack([self.model.get((layer, s), zero) for s in range(16)])
+            assert torch.equal(got, want)
+            assert int(self.pool.kv_buffer[layer][:, 4 * 584 :].sum()) == 0
+
+
+TestSingleKVModel = _SingleKVModel.TestCase
+TestSingleKVModel.settings = settings(max_examples=12, stateful_step_count=12, deadline=None)
