@@ -80,16 +80,20 @@ def allocator_state_machine(
         def _owned_pages(self) -> set[int]:
             return {s // self.ps for s in self.live}
 
-        def _check_new(self, slots: list[int], tensor: torch.Tensor) -> None:
+        def _check_new(
+            self, slots: list[int], tensor: torch.Tensor, continued: set[int] | None = None
+        ) -> None:
+            """New slots: unique, not page 0, not live; outside ``continued`` (slots that extend a
+            request's own partial page) they must lie in pages nobody owned before."""
             assert tensor.device == self.device, f"slots on {tensor.device}, want {self.device}"
             assert len(set(slots)) == len(slots), f"duplicate slots in one allocation: {slots}"
             assert all(s >= self.ps for s in slots), f"page 0 handed out: {slots}"
             again = self.live.intersection(slots)
             assert not again, f"slots handed out twice: {sorted(again)}"
             owned = self._owned_pages()
-            fresh_pages = {s // self.ps for s in slots} - owned
-            # fresh pages must not be shared with any live slot's page (checked via owned set)
-            assert not (fresh_pages & owned)
+            cont = continued or set()
+            shared = {s // self.ps for s in slots if s not in cont} & owned
+            assert not shared, f"new slots in pages already owned by others: {sorted(shared)}"
 
         def _pages_needed(self, prefix: int, seq: int) -> int:
             ps = self.ps
@@ -135,7 +139,14 @@ def allocator_state_machine(
             assert need <= before // self.ps, "alloc_extend succeeded beyond capacity"
             slots = _as_list(out)
             assert len(slots) == sum(ext)
-            self._check_new(slots, out)
+            continued: set[int] = set()
+            off = 0
+            for p, s, lst in zip(prefix, seq, last):
+                if lst >= 0:
+                    n_old = min(s, -(-p // self.ps) * self.ps) - p
+                    continued.update(slots[off : off + n_old])
+                off += s - p
+            self._check_new(slots, out, continued)
             off = 0
             for r, p, s, lst in zip(ids, prefix, seq, last):
                 mine = slots[off : off + s - p]
@@ -179,7 +190,7 @@ def allocator_state_machine(
                 return
             slots = _as_list(out)
             assert len(slots) == len(ids)
-            self._check_new(slots, out)
+            self._check_new(slots, out, {x for x, s in zip(slots, seq) if (s - 1) % self.ps})
             for r, s, lst, slot in zip(ids, seq, last, slots):
                 assert slot % self.ps == (s - 1) % self.ps, "decode congruence broken"
                 if (s - 1) % self.ps:
