@@ -45,14 +45,14 @@ class SimConfig:
 
     model: Model = "mha"
     layers: int = 8
-    heads: int = 8
+    heads: int = 4
     head_dim: int = 64
     kv_lora_rank: int = 256
     qk_rope_head_dim: int = 64
     dtype: str = "bfloat16"
     page_size: int = 16
-    device_tokens: int = 12288
-    host_tokens: int = 49152
+    device_tokens: int = 24576
+    host_tokens: int = 32768
     host_layout: str = "page_first"
     io_backend: str = "kernel"
     requests: int = 800
@@ -65,12 +65,13 @@ class SimConfig:
     output_sigma: float = 0.7
     max_prompt: int = 768
     max_output: int = 256
-    arrival_per_step: float = 1.5
-    think_steps: int = 24
+    arrival_per_step: float = 0.25
+    think_steps: int = 60
     seed: int = 0
     device: str = "cpu"
     faults: float = 0.0
     check_every: int = 1
+    threads: int = 1
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -80,7 +81,7 @@ class SimConfig:
         """``ValueError`` naming the first option whose value cannot work."""
         positive = ("layers", "heads", "head_dim", "kv_lora_rank", "qk_rope_head_dim",
                     "page_size", "device_tokens", "host_tokens", "requests", "max_running",
-                    "system_prompts", "max_prompt", "max_output", "check_every")
+                    "system_prompts", "max_prompt", "max_output", "check_every", "threads")
         for name in positive:
             value = getattr(self, name)
             if value <= 0:
@@ -142,6 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--requests", type=int, default=d.requests, help="turns to serve in total")
     w.add_argument("--max-running", type=int, default=d.max_running)
     w.add_argument("--mean-turns", type=float, default=d.mean_turns)
+    w.add_argument("--arrival-per-step", type=float, default=d.arrival_per_step,
+                   help="new sessions per engine step (Poisson)")
     w.add_argument("--think-steps", type=int, default=d.think_steps,
                    help="steps between a turn finishing and the session's next turn arriving")
     w.add_argument("--seed", type=int, default=d.seed)
@@ -149,6 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="probability that a host<->device transfer fails or is aborted midway")
     w.add_argument("--check-every", type=int, default=d.check_every,
                    help="run the slot-conservation check every N steps")
+    w.add_argument("--threads", type=int, default=d.threads,
+                   help="torch intra-op threads (1 is fastest for these small ops on a busy CPU)")
     o = p.add_argument_group("output")
     o.add_argument("--json", metavar="PATH", default=None,
                    help="also write the report as JSON to PATH ('-' for stdout only)")

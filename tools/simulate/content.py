@@ -1,11 +1,14 @@
 """Deterministic K/V content: each stored byte is a function of (session, position, layer, role).
 
-A row is ``pattern[role] XOR token_seed`` where ``token_seed`` is a 32-bit hash of
-(session, position, layer, role) truncated to the element width and ``pattern[role]`` a fixed
-seeded random vector. Two different tokens differ in every element, the values are generated in
-integer arithmetic (exact on any device), and the second-highest bit of every element is cleared
-so no element is NaN or Inf in any float format (fp8 e4m3fn/e5m2, fp16, bf16, fp32): copies and
-casts to the same dtype keep the bytes. Expected rows are compared as integers, never as floats.
+A row is ``pattern[role] XOR seed`` where ``seed`` comes from a 31-bit hash of
+(session, position, layer, role) and ``pattern[role]`` is a fixed seeded random vector. Two
+different tokens differ in (nearly) every element; everything is integer arithmetic (exact on any
+device); the second-highest bit of every element is cleared so that no element is NaN or Inf in
+any supported float format (fp8 e4m3fn/e5m2, fp16, bf16, fp32) and copies or same-dtype casts
+keep the bytes. Expected rows are compared as integers, never as floats.
+
+Hashes are computed for all layers and roles of a token batch at once (``hashes``), so writing or
+verifying ``L`` layers costs one small hashing pass plus one XOR per layer and role.
 """
 
 from __future__ import annotations
@@ -24,10 +27,6 @@ def int_view_dtype(dtype: torch.dtype) -> torch.dtype:
     """The integer dtype of the same width as ``dtype`` (for bit-exact comparisons)."""
     width = torch.empty((), dtype=dtype).element_size()
     return _INT_OF_WIDTH[width]
-
-
-def _signed(value: int, bits: int) -> int:
-    return value - (1 << bits) if value >= 1 << (bits - 1) else value
 
 
 def _mix(h: torch.Tensor) -> torch.Tensor:
@@ -55,73 +54,69 @@ class ContentModel:
         seed: int,
     ) -> None:
         self.row_shapes = tuple(tuple(s) for s in row_shapes)
+        self.roles = len(self.row_shapes)
         self.dtype = dtype
         self.device = device
         self.int_dtype = int_view_dtype(dtype)
-        bits = 8 * torch.empty((), dtype=dtype).element_size()
-        self._bits = bits
+        width = torch.empty((), dtype=dtype).element_size()
+        self._bits = 8 * width
         # clear the second-highest bit: the top exponent bit of every float format we support
-        self._mask = _signed(((1 << bits) - 1) ^ (1 << (bits - 2)), bits)
+        self._lane_mask = ((1 << self._bits) - 1) ^ (1 << (self._bits - 2))
         gen = torch.Generator().manual_seed(seed)
         self._patterns: list[torch.Tensor] = []
-        self._shifts: list[torch.Tensor] = []
         for shape in self.row_shapes:
-            numel = 1
+            row_bytes = width
             for d in shape:
-                numel *= d
-            raw = torch.randint(0, 1 << 31, (numel,), generator=gen, dtype=torch.int64)
-            self._patterns.append(self._to_width(raw).to(device))
-            self._shifts.append((torch.arange(numel, dtype=torch.int64) % 3 * 8).to(device))
+                row_bytes *= d
+            if row_bytes % 8:
+                raise ValueError(f"row bytes must be a multiple of 8, got {row_bytes} for {shape}")
+            # rows are generated as int64 words (8 // width lanes each) and viewed as elements
+            raw = torch.randint(0, 256, (row_bytes,), generator=gen, dtype=torch.uint8)
+            words = raw.view(torch.int64) & self._word(torch.full((1,), -1, dtype=torch.int64))
+            self._patterns.append(words.to(device))
 
-    def _to_width(self, values: torch.Tensor) -> torch.Tensor:
-        """Low ``bits`` bits of int64 ``values`` as the same-width integer dtype."""
-        low = values & ((1 << self._bits) - 1)
-        if self.int_dtype != torch.uint8:
-            low = torch.where(low >= 1 << (self._bits - 1), low - (1 << self._bits), low)
-        return low.to(self.int_dtype)
+    def _word(self, h: torch.Tensor) -> torch.Tensor:
+        """One int64 word per hash: the hash spread over every lane, each lane masked."""
+        lanes = 64 // self._bits
+        word = torch.zeros_like(h)
+        for k in range(lanes):
+            shift = 8 * (k % 3) if self._bits == 8 else 0  # 8-bit lanes: different hash bytes
+            lane = (h >> shift) & self._lane_mask
+            word |= lane << (self._bits * k)
+        return word
 
-    @staticmethod
-    def _hash(
-        sessions: torch.Tensor, positions: torch.Tensor, layer: int, role: int
-    ) -> torch.Tensor:
-        h = ((sessions & _M31) * 0x5BD1E995 + (positions & _M31) * 0x27D4EB2F) & _M31
-        return _mix(h ^ ((layer * 8 + role + 1) * 0x165667B1 & _M31))
+    def hashes(self, sessions: torch.Tensor, positions: torch.Tensor, layers: int) -> torch.Tensor:
+        """Token seed words ``[layers, roles, n]`` (int64: a 31-bit hash spread over the lanes of
+        one word) for int64 ``sessions``/``positions`` (local layers ``0..layers-1``)."""
+        base = ((sessions & _M31) * 0x5BD1E995 + (positions & _M31) * 0x27D4EB2F) & _M31
+        lr = torch.arange(layers * self.roles, dtype=torch.int64, device=base.device)
+        salt = ((lr // self.roles * 8 + lr % self.roles + 1) * 0x165667B1) & _M31
+        mixed = _mix(base.unsqueeze(0) ^ salt.unsqueeze(1))
+        return self._word(mixed).view(layers, self.roles, -1)
 
-    def seeds(
-        self, sessions: torch.Tensor, positions: torch.Tensor, layer: int, role: int
-    ) -> torch.Tensor:
-        """Per-token seeds (int of the element width) for int64 ``sessions``/``positions``."""
-        return self._to_width(self._hash(sessions, positions, layer, role))
+    def rows_int_from(self, h: torch.Tensor, role: int) -> torch.Tensor:
+        """Expected rows as integers, ``[n, *row_shapes[role]]``, from seed words ``h`` ``[n]``
+        (a ``hashes(...)[layer, role]`` slice)."""
+        words = self._patterns[role].unsqueeze(0) ^ h.unsqueeze(1)
+        return words.view(self.int_dtype).view(-1, *self.row_shapes[role])
 
-    def rows_int(
-        self, sessions: torch.Tensor, positions: torch.Tensor, layer: int, role: int
-    ) -> torch.Tensor:
-        """Expected rows as integers: shape ``[n, *row_shapes[role]]``."""
-        if self._bits >= 16:
-            seed = self.seeds(sessions, positions, layer, role).unsqueeze(1)
-        else:  # 8-bit: spread 24 hash bits over the row so two tokens rarely share a row
-            shifts = self._shifts[role]
-            seed = self._to_width(self._hash(sessions, positions, layer, role)[:, None] >> shifts)
-        rows = (self._patterns[role].unsqueeze(0) ^ seed) & self._mask
-        return rows.view(-1, *self.row_shapes[role])
+    def rows_from(self, h: torch.Tensor, role: int) -> torch.Tensor:
+        """Expected rows in the logical dtype (what a model passes to ``set_kv_buffer``)."""
+        return self.rows_int_from(h, role).view(self.dtype)
 
     def rows(
         self, sessions: torch.Tensor, positions: torch.Tensor, layer: int, role: int
     ) -> torch.Tensor:
-        """Expected rows in the logical dtype (what a model would pass to ``set_kv_buffer``)."""
-        return self.rows_int(sessions, positions, layer, role).view(self.dtype)
+        """Expected rows of one (layer, role) in the logical dtype."""
+        return self.rows_from(self.hashes(sessions, positions, layer + 1)[layer, role], role)
 
-    def mismatches(
-        self,
-        stored: torch.Tensor,
-        sessions: torch.Tensor,
-        positions: torch.Tensor,
-        layer: int,
-        role: int,
-    ) -> int:
-        """Number of tokens whose ``stored`` row (any dtype of the same width) is not bit-exact."""
+    def mismatches(self, stored: torch.Tensor, h: torch.Tensor, role: int) -> int:
+        """Tokens whose ``stored`` row (any dtype of the element width) differs from the
+        expected row for hashes ``h`` ``[n]``."""
         got = stored.reshape(stored.shape[0], -1).view(self.int_dtype)
-        want = self.rows_int(sessions, positions, layer, role).reshape(got.shape[0], -1)
+        want = self.rows_int_from(h, role).reshape(got.shape[0], -1)
         if got.device != want.device:
             got = got.to(want.device)
+        if torch.equal(got, want):
+            return 0
         return int((got != want).any(dim=1).sum().item())

@@ -260,8 +260,8 @@ class Engine:
         stack.write_kv(out, sessions, positions)
         for r in reqs:
             r.seq_len = r.input_len
-            history = r.spec.history_len(r.turn)
-            stats.recomputed_tokens += max(0, history - r.prefix_len)
+            if r.turn > 0:  # history a cache could have served but did not
+                stats.recomputed_tokens += r.spec.history_len(r.turn) - r.prefix_len
         stats.prefill_tokens += extend
 
     def _decode(self, reqs: list[Req]) -> None:
@@ -326,7 +326,8 @@ class Engine:
         layer = (int(r.spec.session) + r.turn) % self.stack.kv_pool.layer_num
         positions = self._arange(0, r.seq_len)
         sessions = torch.full_like(positions, int(r.spec.session))
-        bad = self.stack.count_mismatches(layer, slots, sessions, positions)
+        h = self.stack.content.hashes(sessions, positions, layer + 1)
+        bad = self.stack.count_mismatches(layer, slots, h)
         self.stats.sequences_verified += 1
         if bad:
             self.stats.fail(

@@ -117,9 +117,10 @@ class HostTransfers:
         job = self._io.submit(self._produce, host_slots, device_slots, fault)
         aborted = False
         bad = 0
+        h = stack.hashes(sessions, positions)
         try:
             for layer in range(self.layers):
-                bad += stack.count_mismatches(layer, device_slots, sessions, positions)
+                bad += stack.count_mismatches(layer, device_slots, h)
                 stats.layer_waits += 1
         except LayerLoadAbortedError:
             aborted = True

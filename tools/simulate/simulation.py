@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+import torch
+
 from tools.simulate.config import SimConfig
 from tools.simulate.engine import Engine
 from tools.simulate.faults import FaultInjector
@@ -26,6 +28,15 @@ def run_simulation(cfg: SimConfig, progress: ProgressFn | None = None) -> SimSta
     simulator itself could not continue (e.g. a reservation it relies on was broken).
     """
     cfg.validate()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(cfg.threads)
+    try:
+        return _run(cfg, progress)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(cfg: SimConfig, progress: ProgressFn | None) -> SimStats:
     t0 = time.perf_counter()
     workload = generate_workload(cfg)
     stack = build_stack(cfg, workload.max_context_len + 1)

@@ -3,7 +3,6 @@ writes/reads K/V rows with the deterministic content through the device pool's p
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -53,13 +52,15 @@ class MemoryStack:
         (nope/rope halves) by layer, so both write paths carry verified data.
         """
         pool = self.kv_pool
+        content = self.content
+        h = content.hashes(sessions, positions, pool.layer_num)
         for i, layer_id in enumerate(self.layer_ids):
             if isinstance(pool, MHATokenToKVPool):
-                k = self.content.rows(sessions, positions, i, 0)
-                v = self.content.rows(sessions, positions, i, 1)
+                k = content.rows_from(h[i, 0], 0)
+                v = content.rows_from(h[i, 1], 1)
                 pool.set_kv_buffer(layer_id, loc, k, v)
             else:
-                kv = self.content.rows(sessions, positions, i, 0)
+                kv = content.rows_from(h[i, 0], 0)
                 if i % 2 == 0:
                     pool.set_kv_buffer(layer_id, loc, kv, None)
                 else:
@@ -75,27 +76,17 @@ class MemoryStack:
             return [key[loc], self.kv_pool.get_value_buffer(layer_id)[loc]]
         return [key[loc]]
 
-    def count_mismatches(
-        self,
-        layer_index: int,
-        loc: torch.Tensor,
-        sessions: torch.Tensor,
-        positions: torch.Tensor,
-    ) -> int:
-        """Tokens whose stored rows in ``layer_index`` (any role) differ from the content model."""
+    def hashes(self, sessions: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Content hashes ``[layers, roles, n]`` of the given tokens (see ``ContentModel``)."""
+        return self.content.hashes(sessions, positions, self.kv_pool.layer_num)
+
+    def count_mismatches(self, layer_index: int, loc: torch.Tensor, h: torch.Tensor) -> int:
+        """Tokens at ``loc`` whose stored rows of ``layer_index`` (any role) differ from the
+        content with hashes ``h`` (``[layers, roles, n]``)."""
         bad = 0
         for role, rows in enumerate(self.layer_rows(layer_index, loc)):
-            bad = max(bad, self.content.mismatches(rows, sessions, positions, layer_index, role))
+            bad = max(bad, self.content.mismatches(rows, h[layer_index, role], role))
         return bad
-
-    def verify_layers(
-        self,
-        layers: Iterable[int],
-        loc: torch.Tensor,
-        sessions: torch.Tensor,
-        positions: torch.Tensor,
-    ) -> int:
-        return sum(self.count_mismatches(i, loc, sessions, positions) for i in layers)
 
 
 def build_stack(cfg: SimConfig, max_context_len: int) -> MemoryStack:
