@@ -12,7 +12,7 @@ into the c4 pool, which translates through it on every key read/write.
 * ``alloc_extend``: logical slots, then device slots for the ``seq // 4 - prefix // 4`` new
   compressed tokens of every request (capacity of both checked on the host first; a failure
   leaves nothing changed). The device ``last_loc`` is ``mapping[(L - 3) // 4]`` when the
-  compressed prefix ends inside a device page (see ``_device_last_loc`` for the other cases).
+  compressed prefix ends inside a device page (see ``_deepseek_v4_slots.device_last_loc``).
   Contract: when a request's compressed prefix ends inside a device page, its last compressed
   entry must still be device-mapped (true when the request's previous chunk came from
   ``alloc_extend``); debug mode checks it.
@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from mem_cache_allocator._composite import new_mapping
+from mem_cache_allocator._deepseek_v4_slots import device_last_loc, entry_offsets
 from mem_cache_allocator._pages import check_cpu_lengths, num_new_pages_extend
 from mem_cache_allocator.base import BaseTokenToKVPoolAllocator
 from mem_cache_allocator.paged import PagedTokenToKVPoolAllocator
@@ -60,24 +61,6 @@ class DeepSeekV4HiSparseAllocatorState:
     logical: Any
     device: Any
     mapping: torch.Tensor
-
-
-def _entry_offsets(prefix_cpu: torch.Tensor, seq_cpu: torch.Tensor) -> torch.Tensor:
-    """Indices into an ``alloc_extend`` output of the tokens that complete a compressed entry.
-
-    Request ``i`` owns output rows ``[o_i, o_i + seq_i - prefix_i)`` for positions
-    ``prefix_i..seq_i-1``; entry ``e`` completes at position ``4 e + 3``. Host-side (CPU int64).
-    """
-    pre, seq = prefix_cpu.to(torch.int64), seq_cpu.to(torch.int64)
-    counts = seq // _RATIO - pre // _RATIO
-    starts = torch.cumsum(seq - pre, 0) - (seq - pre)
-    total = int(counts.sum())
-    first_entry = torch.repeat_interleave(pre // _RATIO, counts)
-    entry_rank = torch.arange(total) - torch.repeat_interleave(
-        torch.cumsum(counts, 0) - counts, counts
-    )
-    base = torch.repeat_interleave(starts - pre, counts)
-    return base + _RATIO * (first_entry + entry_rank) + (_RATIO - 1)
 
 
 class DeepSeekV4HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
@@ -268,26 +251,16 @@ class DeepSeekV4HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             self._rollback(backups)
             return None
         if dev_tokens:
-            rows = _entry_offsets(prefix_lens_cpu, seq_lens_cpu).to(self.device, non_blocking=True)
+            rows = entry_offsets(prefix_lens_cpu, seq_lens_cpu, _RATIO).to(
+                self.device, non_blocking=True
+            )
             self.full_to_hisparse_device_index_mapping[logical[rows] // _RATIO] = dev
         return logical
 
     def _device_last_loc(self, prefix_lens: torch.Tensor, last_loc: torch.Tensor) -> torch.Tensor:
-        """The device allocator's ``last_loc`` per request (sync-free).
-
-        * empty compressed prefix (``prefix < 4``): -1;
-        * compressed prefix ending inside a device page: ``mapping[(L - 3) // 4]``; the prefix's
-          last entry then shares ``L``'s logical page (its offset is >= 3), so this is its slot;
-        * compressed prefix ending on a device page boundary: the device allocator does not read
-          ``last_loc`` (no partial page to continue) and ``(L - 3) // 4`` may name another
-          page's entry, so a congruent placeholder ``c4_page - 1`` is passed.
-        """
-        cps = self.hisparse_page_size
-        c_prefix = prefix_lens.to(torch.int64) // _RATIO
+        """The device allocator's ``last_loc`` (see :func:`device_last_loc`)."""
         mapped = self.get_last_loc_hisparse_device(last_loc)
-        aligned = torch.full_like(mapped, cps - 1)
-        dev_last = torch.where(c_prefix % cps == 0, aligned, mapped)
-        return torch.where(c_prefix == 0, torch.full_like(mapped, -1), dev_last)
+        return device_last_loc(prefix_lens, mapped, self.hisparse_page_size, _RATIO)
 
     def _check_device_prefix(self, c_pre_cpu: torch.Tensor, dev_last: torch.Tensor) -> None:
         mid_page = (c_pre_cpu % self.hisparse_page_size != 0).to(dev_last.device)
