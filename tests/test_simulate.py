@@ -1,0 +1,216 @@
+"""The serving-workload simulator (tools.simulate) on tiny configurations.
+
+Each end-to-end run drives all four packages (allocator, device pool, request table, host pool,
+kernels) through admission, prefill, decode, eviction to the host and layer-wise loads back,
+and must finish with zero integrity failures and zero leaks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tools.simulate import SimConfig, run_simulation
+from tools.simulate.cli import main
+from tools.simulate.content import ContentModel
+from tools.simulate.faults import FaultInjector
+from tools.simulate.integrity import check_conservation
+from tools.simulate.prefix_store import PrefixEntry, PrefixStore
+from tools.simulate.report import report_dict
+from tools.simulate.stack import build_stack
+from tools.simulate.stats import SimStats
+from tools.simulate.workload import SessionId, generate_workload
+
+TINY = SimConfig(
+    layers=2,
+    heads=2,
+    head_dim=16,
+    kv_lora_rank=32,
+    qk_rope_head_dim=16,
+    device_tokens=1024,
+    host_tokens=2048,
+    requests=24,
+    max_running=8,
+    system_prompts=2,
+    prompt_mu=3.5,
+    output_mu=2.5,
+    max_prompt=128,
+    max_output=32,
+    arrival_per_step=0.5,
+    think_steps=4,
+)
+
+CASES = {
+    "mha-ps16-kernel-page_first": {},
+    "mla-ps16-kernel-layer_first": {"model": "mla", "host_layout": "layer_first"},
+    "mha-ps1-direct-layer_first": {"page_size": 1, "io_backend": "direct",
+                                   "host_layout": "layer_first"},
+    "mla-ps1-kernel-page_first": {"model": "mla", "page_size": 1},
+    "mha-ps16-direct-page_first_direct-fp8": {"io_backend": "direct",
+                                              "host_layout": "page_first_direct",
+                                              "dtype": "float8_e4m3fn"},
+    "mla-ps16-direct-page_first_direct-faults": {"model": "mla", "io_backend": "direct",
+                                                 "host_layout": "page_first_direct",
+                                                 "faults": 0.3},
+    "mha-ps16-kernel-page_first-faults-fp16": {"faults": 0.3, "dtype": "float16"},
+    "mha-ps1-kernel-layer_first-faults": {"page_size": 1, "host_layout": "layer_first",
+                                          "faults": 0.3},
+}
+
+
+def _assert_clean(cfg: SimConfig, stats: SimStats) -> None:
+    assert stats.failures == []
+    assert stats.integrity_failures == 0
+    assert set(stats.leaks) == {"device", "host", "req_to_token"}
+    for pool, (available, capacity) in stats.leaks.items():
+        assert available == capacity, pool
+    assert stats.requests_done == cfg.requests
+    assert stats.conservation_checks >= stats.steps
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_tiny_run_is_clean(name: str) -> None:
+    cfg = dataclasses.replace(TINY, **CASES[name])
+    stats = run_simulation(cfg)
+    _assert_clean(cfg, stats)
+    # the hierarchical path really ran: prefixes went to the host and came back verified
+    assert stats.evictions_to_host > 0
+    assert stats.transfers["d2h backup"].calls > 0
+    assert stats.host_hits > 0
+    assert stats.pages_verified > 0
+    assert stats.sequences_verified == cfg.requests
+    assert stats.layer_waits >= stats.host_hits * cfg.layers
+    load = stats.transfers["h2d load"]
+    assert load.bytes == load.tokens * stats.bytes_per_token
+    if cfg.faults:
+        assert stats.faults_injected > 0
+        backup = stats.transfers["d2h backup"]
+        assert load.failed + load.aborted + backup.failed + backup.aborted == stats.faults_injected
+        assert load.aborted + backup.aborted > 0
+
+
+def test_runs_are_reproducible() -> None:
+    cfg = dataclasses.replace(TINY, faults=0.2)
+    a, b = report_dict(cfg, run_simulation(cfg)), report_dict(cfg, run_simulation(cfg))
+    for key in ("steps", "tokens", "hits", "evictions"):
+        assert a[key] == b[key], key
+    assert a["checks"]["faults_injected"] == b["checks"]["faults_injected"]
+
+
+def test_cli_writes_json(tmp_path: Path) -> None:
+    out = tmp_path / "sim.json"
+    argv = ["--layers", "2", "--heads", "2", "--head-dim", "16", "--device-tokens", "1024",
+            "--host-tokens", "2048", "--requests", "12", "--max-running", "8",
+            "--no-progress", "--json", str(out)]
+    assert main(argv) == 0
+    doc = json.loads(out.read_text())
+    assert doc["ok"] is True
+    assert doc["requests"] == 12
+    assert doc["config"]["device_tokens"] == 1024
+    assert set(doc["allocator"]) >= {"alloc_extend", "alloc_decode", "free_group_end"}
+
+
+def test_cli_rejects_bad_option(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--page-size", "12", "--no-progress"]) == 2
+    assert "page_size must be a power of two, got 12" in capsys.readouterr().err
+
+
+def test_workload_is_seeded_and_exact() -> None:
+    w1, w2 = generate_workload(TINY), generate_workload(TINY)
+    assert w1 == w2
+    assert w1.requests == TINY.requests
+    assert w1 != generate_workload(dataclasses.replace(TINY, seed=1))
+    for s in w1.sessions:
+        assert s.total_len <= TINY.device_tokens // 2
+        assert all(1 <= t.prompt_len <= TINY.max_prompt for t in s.turns)
+        assert all(1 <= t.output_len <= TINY.max_output for t in s.turns)
+        assert s.history_len(1) == s.system_len + s.turns[0].prompt_len + s.turns[0].output_len
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16,
+                                   torch.float8_e4m3fn, torch.float8_e5m2])
+def test_content_is_finite_distinct_and_checked(dtype: torch.dtype) -> None:
+    model = ContentModel([(2, 16), (1, 8)], dtype, torch.device("cpu"), seed=3)
+    sessions = torch.arange(40) // 8
+    positions = torch.arange(40) % 8
+    h = model.hashes(sessions, positions, layers=3)
+    rows = model.rows_from(h[2, 1], 1)
+    assert rows.dtype == dtype and rows.shape == (40, 1, 8)
+    assert torch.isfinite(rows.float()).all()
+    assert model.mismatches(rows, h[2, 1], 1) == 0
+    assert model.mismatches(rows, h[1, 1], 1) == 40  # another layer's content
+    ints = rows.view(model.int_dtype).reshape(40, -1)
+    assert len({tuple(r.tolist()) for r in ints}) == 40
+    corrupted = rows.clone()
+    corrupted.view(model.int_dtype)[7, 0, 3] ^= 1
+    assert model.mismatches(corrupted, h[2, 1], 1) == 1
+
+
+def test_verification_detects_corrupted_device_rows() -> None:
+    stack = build_stack(TINY, max_context_len=64)
+    try:
+        slots = stack.allocator.alloc(32)
+        assert slots is not None
+        sessions = torch.full((32,), 5, dtype=torch.int64)
+        positions = torch.arange(32)
+        stack.write_kv(slots, sessions, positions)
+        h = stack.hashes(sessions, positions)
+        assert stack.count_mismatches(1, slots, h) == 0
+        stack.kv_pool.get_value_buffer(1)[int(slots[3])].view(torch.int16)[0, 0] ^= 4
+        assert stack.count_mismatches(1, slots, h) == 1
+        assert stack.count_mismatches(0, slots, h) == 0
+    finally:
+        stack.host_pool.close()
+
+
+def test_conservation_check_detects_a_lost_slot() -> None:
+    stack = build_stack(TINY, max_context_len=64)
+    try:
+        store, stats = PrefixStore(), SimStats()
+        check_conservation(stack, store, [], stats)
+        assert stats.integrity_failures == 0
+        lost = stack.allocator.alloc(TINY.page_size)  # handed out, owned by nobody
+        assert lost is not None
+        check_conservation(stack, store, [], stats)
+        assert stats.integrity_failures == 1
+        assert "device slots not conserved" in stats.failures[0]
+        store.put(PrefixEntry(SessionId(0), TINY.page_size, "device", lost))
+        check_conservation(stack, store, [], stats)
+        assert stats.integrity_failures == 1
+    finally:
+        stack.host_pool.close()
+
+
+def test_prefix_store_lru_and_accounting() -> None:
+    store = PrefixStore()
+    for s in range(3):
+        store.put(PrefixEntry(SessionId(s), 16, "device", torch.arange(16)))
+    assert store.tokens("device") == 48
+    oldest = store.oldest("device")
+    assert oldest is not None and oldest.session == 0
+    device_slots = store.move_to_host(SessionId(0), torch.arange(100, 116))
+    assert torch.equal(device_slots, torch.arange(16))
+    assert (store.tokens("device"), store.tokens("host")) == (32, 16)
+    oldest = store.oldest("device")
+    assert oldest is not None and oldest.session == 1
+    taken = store.take(SessionId(1))
+    assert taken is not None and store.tokens("device") == 16
+    with pytest.raises(RuntimeError, match="already has a cached prefix"):
+        store.put(PrefixEntry(SessionId(2), 16, "device", torch.arange(16)))
+    assert store.sessions() == [SessionId(0), SessionId(2)]
+
+
+def test_fault_injector_rates() -> None:
+    assert FaultInjector(0.0, 1).draw(4) is None
+    inj = FaultInjector(1.0, 1)
+    faults = [inj.draw(4) for _ in range(50)]
+    assert all(f is not None for f in faults)
+    kinds = {f.kind for f in faults if f is not None}
+    assert kinds == {"fail", "abort"}
+    assert all(0 <= f.at_layer < 4 for f in faults if f is not None)
+    with pytest.raises(ValueError, match=r"rate must be in \[0, 1\], got 1.5"):
+        FaultInjector(1.5, 0)
