@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -44,7 +45,7 @@ TINY = SimConfig(
     think_steps=4,
 )
 
-CASES = {
+CASES: dict[str, dict[str, Any]] = {
     "mha-ps16-kernel-page_first": {},
     "mla-ps16-kernel-layer_first": {"model": "mla", "host_layout": "layer_first"},
     "mha-ps1-direct-layer_first": {"page_size": 1, "io_backend": "direct",
