@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import mem_cache_kernels as mk
+from mem_cache_kernels._torch import alloc as ref_alloc
 
 
 @st.composite
@@ -59,3 +61,34 @@ def test_decode_invariants(seq: list[int], ps: int) -> None:
     assert new_pages == free[: len(new_pages)]
     for slot, q in zip(out.tolist(), seq):
         assert slot % ps == (q - 1) % ps
+
+
+@settings(max_examples=40, deadline=None)
+@given(_batches(), st.sampled_from([torch.int32, torch.int64]))
+def test_list_and_vectorised_paths_agree(
+    batch: tuple[list[int], list[int], int], idx: torch.dtype
+) -> None:
+    """The small-batch list path and the vectorised path of the reference give the same slots."""
+    pre, seq, ps = batch
+    last = [(40 + i) * ps + (p - 1) % ps if p else -1 for i, p in enumerate(pre)]
+    need = sum(-(-s // ps) - (-(-p // ps)) for p, s in zip(pre, seq))
+    free = torch.randperm(need + len(seq) + 2).to(idx) + 1
+    args = [torch.tensor(x, dtype=idx) for x in (pre, seq, last)]
+    n = sum(s - p for p, s in zip(pre, seq))
+    outs = []
+    for small in (10**9, -1):  # force the list path, then the vectorised path
+        out = torch.full((n,), -5, dtype=torch.int64)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(ref_alloc, "SMALL", small)
+            ref_alloc.alloc_extend(*args, free, out, ps)
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1])
+    seq_d = [s + 1 for s in seq]
+    dec = []
+    for small in (10**9, -1):
+        out = torch.full((len(seq),), -5, dtype=torch.int64)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(ref_alloc, "SMALL", small)
+            ref_alloc.alloc_decode(torch.tensor(seq_d, dtype=idx), args[2], free, out, ps)
+        dec.append(out)
+    assert torch.equal(dec[0], dec[1])

@@ -20,12 +20,27 @@ from mem_cache_kernels._torch import alloc as ref
 __all__ = ["alloc_decode", "alloc_extend"]
 
 
-def _check_free_pages(free_pages: torch.Tensor, needed: torch.Tensor) -> None:
-    total = int(needed.sum())
-    if total > free_pages.numel():
+def _check_free_pages(available: int, needed: int) -> None:
+    if needed > available:
         raise ValueError(
-            f"free_pages must hold the {total} pages this batch needs, got {free_pages.numel()}"
+            f"free_pages must hold the {needed} pages this batch needs, got {available}"
         )
+
+
+def _check_extend_values(pre: list[int], seq: list[int], free: int, out: int, ps: int) -> None:
+    """Value checks of an extend batch (CPU only; as lists, cheaper than small tensor ops)."""
+    total = 0
+    pages = 0
+    for p, q in zip(pre, seq):
+        if not 0 <= p <= q:
+            raise ValueError(
+                f"prefix_lens and seq_lens must satisfy 0 <= prefix <= seq, got {p}, {q}"
+            )
+        total += q - p
+        pages += -(-q // ps) + (p // -ps)  # ceil(q / ps) - ceil(p / ps)
+    if total != out:
+        raise ValueError(f"out must have sum(seq_lens - prefix_lens) = {total} elements, got {out}")
+    _check_free_pages(free, pages)
 
 
 def alloc_extend(  # noqa: PLR0917
@@ -61,15 +76,7 @@ def alloc_extend(  # noqa: PLR0917
     ps = v.check_page_size(page_size)
     v.check_same_device(dst.device, prefix_lens=pre, seq_lens=seq, last_loc=last, free_pages=free)
     if dst.device.type == "cpu":
-        ext = seq.to(torch.int64) - pre.to(torch.int64)
-        if bool((ext < 0).any()):
-            raise ValueError("seq_lens must be >= prefix_lens for every request")
-        if int(ext.sum()) != dst.numel():
-            raise ValueError(
-                f"out must have sum(seq_lens - prefix_lens) = {int(ext.sum())} elements, "
-                f"got {dst.numel()}"
-            )
-        _check_free_pages(free, (seq + ps - 1) // ps - (pre + ps - 1) // ps)
+        _check_extend_values(pre.tolist(), seq.tolist(), free.numel(), dst.numel(), ps)
     if resolve_backend(backend, pre, seq, last, free, dst) == "triton":
         triton_impl("alloc").alloc_extend(pre, seq, last, free, dst, ps)
     else:
@@ -99,9 +106,12 @@ def alloc_decode(
     ps = v.check_page_size(page_size)
     v.check_same_device(dst.device, seq_lens=seq, last_loc=last, free_pages=free)
     if dst.device.type == "cpu":
-        if bool((seq < 1).any()):
-            raise ValueError("seq_lens must be >= 1 (they include the new token)")
-        _check_free_pages(free, ((seq - 1) % ps == 0).to(torch.int64))
+        seq_list = seq.tolist()
+        if seq_list and min(seq_list) < 1:
+            raise ValueError(
+                f"seq_lens must be >= 1 (they include the new token), got {min(seq_list)}"
+            )
+        _check_free_pages(free.numel(), sum(1 for q in seq_list if (q - 1) % ps == 0))
     if resolve_backend(backend, seq, last, free, dst) == "triton":
         triton_impl("alloc").alloc_decode(seq, last, free, dst, ps)
     else:
