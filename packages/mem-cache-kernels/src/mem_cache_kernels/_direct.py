@@ -79,10 +79,11 @@ def direct_transfer_rows(
         raise ValueError(f"dst must have {len(s[0])} layers per role like src, got {len(d[0])}")
     si, di = _cpu_indices(src_indices, dst_indices, "src_indices", "dst_indices", ps)
     pairs = [(a, b) for sl, dl in zip(s, d) for a, b in zip(sl, dl)]
+    s_top, d_top = v.IndexBound("src_indices", si), v.IndexBound("dst_indices", di)
     for i, (a, b) in enumerate(pairs):
         check_role_pair(f"src (buffer {i})", a, f"dst (buffer {i})", b)
-        v.check_index_range("src_indices", si, a.shape[0], f"src (buffer {i})")
-        v.check_index_range("dst_indices", di, b.shape[0], f"dst (buffer {i})")
+        s_top.check(a.shape[0], f"src (buffer {i})")
+        d_top.check(b.shape[0], f"dst (buffer {i})")
     for s0, d0, n in find_runs(si, di):
         for a, b in pairs:
             b[d0 : d0 + n].copy_(a[s0 : s0 + n], non_blocking=True)
@@ -121,14 +122,15 @@ def direct_load_layer_from_page_first_direct(  # noqa: PLR0917
     hi, di = _cpu_indices(host_indices, device_indices, "host_indices", "device_indices", ps)
     _check_page_granular("host_indices", hi, ps, aligned=True)
     _check_page_granular("device_indices", di, ps, aligned=False)
+    h_top, d_top = v.IndexBound("host_indices", hi // ps), v.IndexBound("device_indices", di)
     for r, (a, b) in enumerate(zip(h, d)):
         if a.shape[2] != ps or layer >= a.shape[1]:
             raise ValueError(
                 f"host[{r}] must be [pages, L > {layer}, {ps}, *row], got {tuple(a.shape)}"
             )
         check_role_pair(f"host[{r}][:, layer_id, 0]", a[:, layer, 0], f"device[{r}]", b)
-        v.check_index_range("host_indices", hi // ps, a.shape[0], f"host[{r}] pages")
-        v.check_index_range("device_indices", di, b.shape[0], f"device[{r}]")
+        h_top.check(a.shape[0], f"host[{r}] pages")
+        d_top.check(b.shape[0], f"device[{r}]")
     for h0, d0, n in _page_runs(hi, di, ps):
         for a, b in zip(h, d):
             dst = b[d0 : d0 + n * ps].view(n, ps, *b.shape[1:])
@@ -153,15 +155,16 @@ def direct_backup_all_layers_to_page_first_direct(
     di, hi = _cpu_indices(device_indices, host_indices, "device_indices", "host_indices", ps)
     _check_page_granular("host_indices", hi, ps, aligned=True)
     _check_page_granular("device_indices", di, ps, aligned=False)
+    h_top, d_top = v.IndexBound("host_indices", hi // ps), v.IndexBound("device_indices", di)
     for r, (layers, a) in enumerate(zip(d, h)):
         if a.shape[2] != ps or a.shape[1] != len(layers):
             raise ValueError(
                 f"host[{r}] must be [pages, {len(layers)}, {ps}, *row], got {tuple(a.shape)}"
             )
-        v.check_index_range("host_indices", hi // ps, a.shape[0], f"host[{r}] pages")
+        h_top.check(a.shape[0], f"host[{r}] pages")
         for i, b in enumerate(layers):
             check_role_pair(f"device[{r}][{i}]", b, f"host[{r}][:, {i}, 0]", a[:, i, 0])
-            v.check_index_range("device_indices", di, b.shape[0], f"device[{r}][{i}]")
+            d_top.check(b.shape[0], f"device[{r}][{i}]")
     for h0, d0, n in _page_runs(hi, di, ps):
         for layers, a in zip(d, h):
             for i, b in enumerate(layers):

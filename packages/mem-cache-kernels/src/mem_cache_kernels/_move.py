@@ -35,10 +35,11 @@ def copy_all_layer_kv_cache(
     device = bufs[0].device
     v.check_same_device(device, **{f"buffers[{i}]": b for i, b in enumerate(bufs)})
     v.check_same_device(device, tgt_loc=tgt, src_loc=src)
+    t_top, s_top = v.IndexBound("tgt_loc", tgt), v.IndexBound("src_loc", src)
     for i, b in enumerate(bufs):
         v.as_byte_rows(f"buffers[{i}]", b)
-        v.check_index_range("tgt_loc", tgt, b.shape[0], f"buffers[{i}]")
-        v.check_index_range("src_loc", src, b.shape[0], f"buffers[{i}]")
+        t_top.check(b.shape[0], f"buffers[{i}]")
+        s_top.check(b.shape[0], f"buffers[{i}]")
     if resolve_backend(backend, *bufs, tgt, src) == "triton":
         triton_impl("move").copy_all_layer_kv_cache(bufs, tgt, src)
     else:

@@ -100,10 +100,11 @@ def transfer_rows(
     si, di = _indices(src_indices, dst_indices, "src_indices", "dst_indices")
     _one_device("src", s)
     _one_device("dst", d)
+    s_top, d_top = v.IndexBound("src_indices", si), v.IndexBound("dst_indices", di)
     for r, (a, b) in enumerate(zip(s, d)):
         check_role_pair(f"src[{r}]", a, f"dst[{r}]", b)
-        v.check_index_range("src_indices", si, a.shape[0], f"src[{r}]")
-        v.check_index_range("dst_indices", di, b.shape[0], f"dst[{r}]")
+        s_top.check(a.shape[0], f"src[{r}]")
+        d_top.check(b.shape[0], f"dst[{r}]")
     if resolve_backend(backend, *s, *d, si, di) == "triton":
         triton_impl("transfer").transfer_rows(s, d, si, di)
     else:
@@ -128,11 +129,12 @@ def transfer_rows_all_layers(
     flat_d = [t for layers in d for t in layers]
     _one_device("src", flat_s)
     _one_device("dst", flat_d)
+    s_top, d_top = v.IndexBound("src_indices", si), v.IndexBound("dst_indices", di)
     for r in range(len(s)):
         for i, (a, b) in enumerate(zip(s[r], d[r])):
             check_role_pair(f"src[{r}][{i}]", a, f"dst[{r}][{i}]", b)
-            v.check_index_range("src_indices", si, a.shape[0], f"src[{r}][{i}]")
-            v.check_index_range("dst_indices", di, b.shape[0], f"dst[{r}][{i}]")
+            s_top.check(a.shape[0], f"src[{r}][{i}]")
+            d_top.check(b.shape[0], f"dst[{r}][{i}]")
     if resolve_backend(backend, *flat_s, *flat_d, si, di) == "triton":
         triton_impl("transfer").transfer_rows_all_layers(s, d, si, di)
     else:
@@ -157,12 +159,13 @@ def load_layer_from_page_first(
     layer = v.check_int("layer_id", layer_id, minimum=0)
     _one_device("host", h)
     _one_device("device", d)
+    h_top, d_top = v.IndexBound("host_indices", hi), v.IndexBound("device_indices", di)
     for r, (a, b) in enumerate(zip(h, d)):
         if layer >= a.shape[1]:
             raise ValueError(f"layer_id must be < host[{r}].shape[1] = {a.shape[1]}, got {layer}")
         check_role_pair(f"host[{r}][:, layer_id]", a.select(1, layer), f"device[{r}]", b)
-        v.check_index_range("host_indices", hi, a.shape[0], f"host[{r}]")
-        v.check_index_range("device_indices", di, b.shape[0], f"device[{r}]")
+        h_top.check(a.shape[0], f"host[{r}]")
+        d_top.check(b.shape[0], f"device[{r}]")
     if resolve_backend(backend, *h, *d, hi, di) == "triton":
         triton_impl("transfer").load_layer_from_page_first(h, d, hi, di, layer)
     else:
@@ -185,15 +188,16 @@ def backup_all_layers_to_page_first(
     flat_d = [t for layers in d for t in layers]
     _one_device("device", flat_d)
     _one_device("host", h)
+    h_top, d_top = v.IndexBound("host_indices", hi), v.IndexBound("device_indices", di)
     for r, (layers, a) in enumerate(zip(d, h)):
         if a.shape[1] != len(layers):
             raise ValueError(
                 f"host[{r}].shape[1] must equal the {len(layers)} device layers, got {a.shape[1]}"
             )
-        v.check_index_range("host_indices", hi, a.shape[0], f"host[{r}]")
+        h_top.check(a.shape[0], f"host[{r}]")
         for i, b in enumerate(layers):
             check_role_pair(f"device[{r}][{i}]", b, f"host[{r}][:, {i}]", a.select(1, i))
-            v.check_index_range("device_indices", di, b.shape[0], f"device[{r}][{i}]")
+            d_top.check(b.shape[0], f"device[{r}][{i}]")
     if resolve_backend(backend, *flat_d, *h, di, hi) == "triton":
         triton_impl("transfer").backup_all_layers_to_page_first(d, h, di, hi)
     else:

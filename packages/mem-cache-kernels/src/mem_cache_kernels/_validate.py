@@ -18,6 +18,7 @@ import torch
 
 __all__ = [
     "INDEX_DTYPES",
+    "IndexBound",
     "as_byte_rows",
     "check_backend_arg",
     "check_dtype_arg",
@@ -131,13 +132,30 @@ def check_dtype_arg(name: str, value: object) -> torch.dtype | None:
     return value
 
 
+class IndexBound:
+    """The largest entry of an index tensor, read once and checked against many buffers.
+
+    Only CPU tensors are read (free); for device tensors the check is skipped (it would cost a
+    host synchronisation) and the range is the caller's guarantee. Negative entries mean "skip".
+    """
+
+    __slots__ = ("name", "top")
+
+    def __init__(self, name: str, idx: torch.Tensor) -> None:
+        self.name = name
+        self.top = int(idx.max()) if idx.device.type == "cpu" and idx.numel() else None
+
+    def check(self, rows: int, what: str) -> None:
+        """Raise ``ValueError`` if an entry is ``>= rows`` (the row count of ``what``)."""
+        if self.top is not None and self.top >= rows:
+            raise ValueError(
+                f"{self.name} must index rows of {what} (< {rows}), got index {self.top}"
+            )
+
+
 def check_index_range(name: str, idx: torch.Tensor, rows: int, what: str) -> None:
     """On CPU only (free to read): every index must be ``< rows`` (negatives mean "skip")."""
-    if idx.device.type != "cpu" or idx.numel() == 0:
-        return
-    top = int(idx.max())
-    if top >= rows:
-        raise ValueError(f"{name} must index rows of {what} (< {rows}), got index {top}")
+    IndexBound(name, idx).check(rows, what)
 
 
 def row_bytes(t: torch.Tensor) -> int:

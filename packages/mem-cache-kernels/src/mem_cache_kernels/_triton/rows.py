@@ -121,6 +121,8 @@ def run_jobs(
     for job in jobs:
         groups.setdefault(job[0].shape[1], []).append(job)
     device = jobs[0][1].device if jobs[0][1].is_cuda else jobs[0][0].device
+    if device.type == "cuda":
+        _check_pinned(jobs)
     sidx = None if src_idx is None else src_idx.to(device, non_blocking=True)
     didx = None if dst_idx is None else dst_idx.to(device, non_blocking=True)
     if device.type == "cuda":
@@ -128,6 +130,18 @@ def run_jobs(
             _launch_groups(groups, sidx, didx, n, device)
     else:
         _launch_groups(groups, sidx, didx, n, device)
+
+
+def _check_pinned(jobs: Sequence[RowJob]) -> None:
+    """A GPU kernel reaches host memory only when it is pinned (mapped into the GPU's address
+    space); anything else would be an illegal address at run time, so refuse before launching."""
+    for i, job in enumerate(jobs):
+        for side, t in zip(("source", "destination"), job):
+            if t.device.type == "cpu" and not t.is_pinned():
+                raise ValueError(
+                    f"host tensors must be pinned for the Triton backend (buffer {i}, {side}): "
+                    "allocate them with pin_memory=True, or use backend='torch'"
+                )
 
 
 def _launch_groups(
