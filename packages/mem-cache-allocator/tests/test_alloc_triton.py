@@ -38,7 +38,10 @@ x = s.alloc_extend(t(0), t(0), t(3), t(3), t(-1), 3)
 res["swa_extend"] = x.tolist()
 res["swa_decode"] = s.alloc_decode(t(4), t(4), x[-1:]).tolist()
 h = HiSparseTokenToKVPoolAllocator(16, 2, torch.float16, "cpu", None)
-res["hisparse_extend"] = h.alloc_extend(t(0), t(0), t(3), t(3), t(-1), 3).tolist()
+y = h.alloc_extend(t(0), t(0), t(3), t(3), t(-1), 3)
+res["hisparse_extend"] = y.tolist()
+res["hisparse_decode"] = h.alloc_decode(t(4), t(4), y[-1:]).tolist()
+res["hisparse_logical_only"] = h.alloc_logical_only(t(0), t(0), t(3), t(3), t(-1), 3).tolist()
 print(json.dumps(res))
 """
 
