@@ -1,0 +1,219 @@
+"""All benchmarks behind one entry: ``python -m tools.bench`` (``python3 tools/dev bench``).
+
+Runs every benchmark tool of the repository in this process (each exposes
+``main(argv) -> int`` with ``--quick`` and ``--json PATH``), writes each one's JSON to
+``<out>/<name>.json`` plus ``<out>/summary.json`` (exit status and wall time per tool), and, when
+matplotlib is importable, plots:
+
+* ``transfer_gbps_vs_item.png``: kernel transfer GB/s against item (row) size, one line per op
+  and index pattern, with the memcpy roofline measured in the same run;
+* ``alloc_ns_vs_batch.png``: allocation kernel ns per call against batch size;
+* ``host_gbps_vs_page_size.png``: host pool backup/load GB/s against page size per layout.
+
+Usage: ``python -m tools.bench [--quick] [--only NAME[,NAME]] [--out DIR] [--list]
+[--no-plots]``. ``--list`` prints what would run without running anything. Exit status: 0 when
+every selected tool returned 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["BENCHMARKS", "Benchmark", "main", "plot_results"]
+
+
+@dataclass(frozen=True, slots=True)
+class Benchmark:
+    """One benchmark tool: ``module.main(argv) -> int`` writes its JSON to ``--json PATH``."""
+
+    name: str
+    module: str
+    what: str
+
+
+BENCHMARKS: tuple[Benchmark, ...] = (
+    Benchmark("kernels", "tools.bench_kernels", "KV transfer GB/s vs memcpy, allocation kernels"),
+    Benchmark("allocator", "tools.bench_allocator", "allocator trace vs SGLang-like baseline"),
+    Benchmark("host", "tools.bench_host", "host pool backup/load GB/s per layout and backend"),
+)
+
+DEFAULT_OUT = Path(__file__).resolve().parent.parent / "bench-results"
+
+
+def _select(only: str | None) -> list[Benchmark]:
+    if not only:
+        return list(BENCHMARKS)
+    names = [n.strip() for n in only.split(",") if n.strip()]
+    known = {b.name: b for b in BENCHMARKS}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"--only must name benchmarks among {sorted(known)}, got {unknown}")
+    return [known[n] for n in names]
+
+
+def _run_one(bench: Benchmark, argv: list[str]) -> int:
+    """Import and run one tool; any exception or ``SystemExit`` becomes an exit status."""
+    try:
+        module = importlib.import_module(bench.module)
+        entry: Callable[[list[str] | None], int] = module.main
+        return int(entry(argv))
+    except SystemExit as exc:  # argparse errors and explicit exits
+        code = exc.code
+        return code if isinstance(code, int) else 1
+    except Exception:
+        traceback.print_exc()
+        return 1
+
+
+def _load(path: Path) -> dict[str, Any] | None:
+    try:
+        with path.open(encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _plot_lines(
+    plt: Any,
+    path: Path,
+    series: dict[str, list[tuple[float, float]]],
+    *,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    logy: bool = False,
+) -> bool:
+    if not series:
+        return False
+    fig, ax = plt.subplots(figsize=(11, 5))
+    for label, points in sorted(series.items()):
+        points.sort()
+        style: dict[str, Any] = {"marker": "o"}
+        if "roofline" in label:
+            style = {"color": "black", "linestyle": "--", "linewidth": 2}
+        ax.plot([p[0] for p in points], [p[1] for p in points], label=label, **style)
+    ax.set_xscale("log", base=2)
+    if logy:
+        ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def plot_results(out: Path) -> list[Path]:
+    """Draw the plots from the JSON files under ``out``; returns the PNGs written.
+
+    Returns ``[]`` when matplotlib is not importable. Missing or malformed inputs skip their plot.
+    """
+    try:  # optional dependency, imported by name so type checking does not need its stubs
+        mpl = importlib.import_module("matplotlib")
+        mpl.use("Agg")
+        plt = importlib.import_module("matplotlib.pyplot")
+    except ImportError:
+        return []
+    written: list[Path] = []
+    kernels = _load(out / "kernels.json") or {}
+    gbps: dict[str, list[tuple[float, float]]] = {}
+    roof: dict[float, list[float]] = {}
+    for row in kernels.get("transfers", []):
+        key = f"{row['op']} ({row['pattern']})"
+        gbps.setdefault(key, []).append((float(row["item_bytes"]), float(row["gbps"])))
+        roof.setdefault(float(row["item_bytes"]), []).append(float(row["roofline_gbps"]))
+    if roof:
+        gbps["memcpy roofline (median)"] = [(x, sorted(v)[len(v) // 2]) for x, v in roof.items()]
+    target = out / "transfer_gbps_vs_item.png"
+    if _plot_lines(plt, target, gbps, title="KV transfer throughput", xlabel="item size (bytes)",
+                   ylabel="GB/s", logy=True):
+        written.append(target)
+    alloc: dict[str, list[tuple[float, float]]] = {}
+    for row in kernels.get("alloc", []):
+        key = f"{row['op']} ({row['backend']})"
+        alloc.setdefault(key, []).append((float(row["batch"]), float(row["ns_per_call"])))
+    target = out / "alloc_ns_vs_batch.png"
+    if _plot_lines(plt, target, alloc, title="allocation cost", xlabel="batch size (requests)",
+                   ylabel="ns per call", logy=True):
+        written.append(target)
+    host = _load(out / "host.json") or {}
+    hseries: dict[str, list[tuple[float, float]]] = {}
+    for row in host.get("rows", []):
+        key = f"{row['direction']} {row['layout']}/{row['io_backend']} ({row['pattern']})"
+        hseries.setdefault(key, []).append((float(row["page_size"]), float(row["gbps"])))
+    target = out / "host_gbps_vs_page_size.png"
+    if _plot_lines(plt, target, hseries, title="host pool transfers", xlabel="page size (tokens)",
+                   ylabel="GB/s", logy=True):
+        written.append(target)
+    return written
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.bench", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, passed to every tool")
+    parser.add_argument("--only", metavar="NAMES", help="comma-separated subset of: "
+                        + ", ".join(b.name for b in BENCHMARKS))
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                        help=f"result folder (default {DEFAULT_OUT}/)")
+    parser.add_argument("--list", action="store_true", help="print what would run, run nothing")
+    parser.add_argument("--no-plots", action="store_true", help="skip the matplotlib plots")
+    args = parser.parse_args(None if argv is None else list(argv))
+    try:
+        selected = _select(args.only)
+    except ValueError as exc:
+        parser.error(str(exc))
+    out: Path = args.out
+    if args.list:
+        for b in selected:
+            cmd = ["python", "-m", b.module, *(["--quick"] if args.quick else []),
+                   "--json", str(out / f"{b.name}.json")]
+            print(f"{b.name:<10} {' '.join(cmd):<70} {b.what}")
+        return 0
+    out.mkdir(parents=True, exist_ok=True)
+    summary: dict[str, Any] = {"quick": args.quick, "benchmarks": {}}
+    failed: list[str] = []
+    for b in selected:
+        path = out / f"{b.name}.json"
+        print(f"\n=== {b.name}: {b.module} ({b.what})", flush=True)
+        t0 = time.perf_counter()
+        rc = _run_one(b, [*(["--quick"] if args.quick else []), "--json", str(path)])
+        seconds = time.perf_counter() - t0
+        ok = rc == 0 and _load(path) is not None
+        summary["benchmarks"][b.name] = {
+            "module": b.module, "exit_status": rc, "seconds": round(seconds, 3),
+            "json": str(path), "ok": ok,
+        }
+        if not ok:
+            failed.append(b.name)
+    plots = [] if args.no_plots else plot_results(out)
+    summary["plots"] = [str(p) for p in plots]
+    with (out / "summary.json").open("w", encoding="utf-8") as fh:
+        json.dump(summary, fh, indent=2)
+    print(f"\nresults in {out}/: " + ", ".join(f"{b.name}.json" for b in selected)
+          + ", summary.json")
+    if plots:
+        print("plots: " + ", ".join(p.name for p in plots))
+    elif not args.no_plots:
+        print("plots: skipped (matplotlib is not installed)")
+    if failed:
+        print(f"FAILED: {', '.join(failed)}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
