@@ -77,6 +77,7 @@ def word_dtype(jobs: Sequence[RowJob]) -> torch.dtype:
             t.shape[1] % w == 0
             and (t.shape[0] <= 1 or t.stride(0) % w == 0)
             and t.data_ptr() % w == 0
+            and t.storage_offset() % w == 0
             for job in jobs
             for t in job
         ):
