@@ -76,6 +76,7 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
     ) -> None:
         super().__init__(size, page_size, dtype, device, kvcache, need_sort)
         self.num_pages = size // page_size
+        self._page_shift = page_size.bit_length() - 1  # slot >> shift == slot // page_size
         self._free = ChunkedFreeList(self.device)
         self._release: list[torch.Tensor] = []
         self._num_release = 0
@@ -306,9 +307,9 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
         """Page ids of a page-aligned-runs input; always a new tensor (queued frees own it)."""
         ps = self.page_size
         if free_index.dtype is torch.int64 and free_index.device == self.device:
-            return free_index.clone() if ps == 1 else free_index[::ps] // ps
+            return free_index.clone() if ps == 1 else free_index[::ps] >> self._page_shift
         idx = free_index.to(device=self.device, dtype=torch.int64)
-        return idx if ps == 1 else idx[::ps] // ps
+        return idx if ps == 1 else idx[::ps] >> self._page_shift
 
     def _release_pages(self, pages: torch.Tensor, *, from_slots: bool) -> None:
         if self._free_group is not None:
