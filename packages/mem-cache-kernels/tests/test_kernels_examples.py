@@ -130,3 +130,15 @@ def test_direct_transfers_coalesce_runs() -> None:
     with pytest.raises(ValueError, match="multiple of page_size 2"):
         mk.direct_transfer_rows(dev, host_lf, src[:3], dst[:3], ps)
     assert mk.list_ops()[0].name == "alloc_extend"
+
+
+def test_direct_negative_indices_skip_rows_and_pages() -> None:
+    dev = [[torch.arange(8 * 2, dtype=torch.float32).view(8, 2) + 1]]
+    host = [[torch.zeros(8, 2)]]
+    mk.direct_transfer_rows(dev, host, _i(0, -1, 2, 3), _i(4, 5, -1, 7), 2)
+    assert torch.equal(host[0][0][4], dev[0][0][0]) and torch.equal(host[0][0][7], dev[0][0][3])
+    assert host[0][0][[0, 1, 2, 3, 5, 6]].abs().sum() == 0
+    pfd = [torch.zeros(3, 1, 2, 2)]
+    # page 0 of the device goes to host page 2; the second page pair is skipped (negative)
+    mk.direct_backup_all_layers_to_page_first_direct(dev, pfd, _i(0, 1, -1, -1), _i(4, 5, 0, 1), 2)
+    assert torch.equal(pfd[0][2, 0], dev[0][0][0:2]) and pfd[0][:2].abs().sum() == 0
