@@ -269,11 +269,18 @@ def run_trace(
     prefilling: list[_Req] = []
     steps = 0
 
+    flip = [0]
+
+    def order() -> range:
+        """Alternate which allocator goes first on every call: the first one to touch freshly
+        built input tensors pays the cache misses."""
+        flip[0] ^= 1
+        return range(len(allocs)) if flip[0] else range(len(allocs) - 1, -1, -1)
+
     def both(op: str, name: str, *args: Any) -> list[Any]:
-        """Call ``name`` on every allocator (order alternating per step), timed as ``op``."""
-        order = range(len(allocs)) if steps % 2 else range(len(allocs) - 1, -1, -1)
+        """Call ``name`` on every allocator (alternating order), timed as ``op``."""
         outs: list[Any] = [None] * len(allocs)
-        for i in order:
+        for i in order():
             outs[i] = timers[i].call(op, getattr(allocs[i], name), *args)
         return outs
 
@@ -357,13 +364,13 @@ def run_trace(
         if finished:
             running = [r for r in running if r.done < r.total]
             tensors = [_i64(r.slots, dev) for r in finished]
-            order = range(len(allocs)) if steps % 2 else range(len(allocs) - 1, -1, -1)
-            for i in order:
-                t, a = timers[i], allocs[i]
-                t.call("free_group_begin", a.free_group_begin)
-                for x in tensors:
-                    t.call("free", a.free, x)
-                t.call("free_group_end", a.free_group_end)
+            for i in order():
+                timers[i].call("free_group_begin", allocs[i].free_group_begin)
+            for x in tensors:
+                for i in order():
+                    timers[i].call("free", allocs[i].free, x)
+            for i in order():
+                timers[i].call("free_group_end", allocs[i].free_group_end)
         for i, t in enumerate(timers):
             total_ns = 0
             for k, v in t.ns.items():
