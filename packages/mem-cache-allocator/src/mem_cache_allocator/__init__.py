@@ -7,6 +7,7 @@ pool families they need nor any kernel code:
 * ``mem_cache_allocator.swa.SWATokenToKVPoolAllocator``
 * ``mem_cache_allocator.mamba.MambaSlotAllocator``
 * ``mem_cache_allocator.hisparse.HiSparseTokenToKVPoolAllocator``
+* ``mem_cache_allocator.deepseek_v4_hisparse.DeepSeekV4HiSparseTokenToKVPoolAllocator``
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ _LAZY = {
     "SWATokenToKVPoolAllocator": "mem_cache_allocator.swa",
     "MambaSlotAllocator": "mem_cache_allocator.mamba",
     "HiSparseTokenToKVPoolAllocator": "mem_cache_allocator.hisparse",
+    "DeepSeekV4HiSparseTokenToKVPoolAllocator": "mem_cache_allocator.deepseek_v4_hisparse",
 }
 
 
