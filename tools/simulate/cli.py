@@ -64,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     to_stdout = args.json == "-"
     console = Console(stderr=to_stdout)
+    if not console.is_terminal:  # piped or captured: do not squeeze the table into 80 columns
+        console.width = 120
     progress = _LazyProgress(console, enabled=not args.no_progress)
     try:
         stats = run_simulation(cfg, progress)

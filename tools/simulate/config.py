@@ -65,7 +65,7 @@ class SimConfig:
     output_sigma: float = 0.7
     max_prompt: int = 768
     max_output: int = 256
-    arrival_per_step: float = 0.25
+    arrival_per_step: float = 0.15
     think_steps: int = 60
     seed: int = 0
     device: str = "cpu"

@@ -236,13 +236,12 @@ class Engine:
         rows = self._tensor([r.row for r in reqs])
         prefix_slots = torch.cat([r.prefix_slots for r in reqs])
         allocator = stack.allocator
-        with stats.timed("alloc" if self.ps == 1 else "alloc_extend", extend):
-            if isinstance(allocator, TokenToKVPoolAllocator):
+        if isinstance(allocator, TokenToKVPoolAllocator):
+            with stats.timed("alloc (extend)", extend):
                 out = allocator.alloc(extend)
-            else:
-                last_loc = self._tensor(
-                    [int(r.prefix_slots[-1]) if r.prefix_len else -1 for r in reqs]
-                )
+        else:
+            last_loc = self._tensor([int(r.prefix_slots[-1]) if r.prefix_len else -1 for r in reqs])
+            with stats.timed("alloc_extend", extend):
                 out = allocator.alloc_extend(
                     prefix_lens, prefix_cpu, seq_lens, seq_cpu, last_loc, extend
                 )
@@ -273,11 +272,12 @@ class Engine:
         before, after = before_cpu.to(self.device), after_cpu.to(self.device)
         allocator = stack.allocator
         req_to_token = stack.req_pool.req_to_token
-        with stats.timed("alloc" if self.ps == 1 else "alloc_decode", bs):
-            if isinstance(allocator, TokenToKVPoolAllocator):
+        if isinstance(allocator, TokenToKVPoolAllocator):
+            with stats.timed("alloc (decode)", bs):
                 out = allocator.alloc(bs)
-            else:
-                last_loc = get_last_loc(req_to_token, rows, before)
+        else:
+            last_loc = get_last_loc(req_to_token, rows, before)
+            with stats.timed("alloc_decode", bs):
                 out = allocator.alloc_decode(after, after_cpu, last_loc)
         if out is None:
             raise RuntimeError(f"decode of {bs} requests failed despite the reservation")

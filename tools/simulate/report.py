@@ -13,7 +13,10 @@ from tools.simulate.stats import SimStats
 
 __all__ = ["render_report", "report_dict"]
 
-_ALLOC_ORDER = ("alloc", "alloc_extend", "alloc_decode", "free", "free_group_end")
+_ALLOC_ORDER = (
+    "alloc", "alloc_extend", "alloc (extend)", "alloc_decode", "alloc (decode)", "free",
+    "free_group_end",
+)
 
 
 def _pct(part: int, whole: int) -> str:
