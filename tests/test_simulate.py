@@ -19,10 +19,11 @@ from tools.simulate import SimConfig, run_simulation
 from tools.simulate.cli import main
 from tools.simulate.content import ContentModel
 from tools.simulate.faults import FaultInjector
+from tools.simulate.hicache import HostTransfers
 from tools.simulate.integrity import check_conservation
 from tools.simulate.prefix_store import PrefixEntry, PrefixStore
 from tools.simulate.report import report_dict
-from tools.simulate.stack import build_stack
+from tools.simulate.stack import MemoryStack, build_stack
 from tools.simulate.stats import SimStats
 from tools.simulate.workload import SessionId, generate_workload
 
@@ -215,3 +216,54 @@ def test_fault_injector_rates() -> None:
     assert all(0 <= f.at_layer < 4 for f in faults if f is not None)
     with pytest.raises(ValueError, match=r"rate must be in \[0, 1\], got 1.5"):
         FaultInjector(1.5, 0)
+
+
+def _backed_up_prefix(stack: MemoryStack) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """32 tokens of session 5 written on the device and backed up; (host slots, sessions, pos)."""
+    slots = stack.allocator.alloc(32)
+    host_slots = stack.host_pool.alloc(32)
+    assert slots is not None and host_slots is not None
+    sessions = torch.full((32,), 5, dtype=torch.int64)
+    positions = torch.arange(32)
+    stack.write_kv(slots, sessions, positions)
+    stack.host_pool.backup_from_device_all_layer(stack.kv_pool, host_slots, slots, "kernel")
+    stack.allocator.free(slots)
+    return host_slots, sessions, positions
+
+
+def test_load_verification_catches_a_corrupted_host_byte() -> None:
+    stack = build_stack(TINY, max_context_len=64)
+    stats = SimStats()
+    transfers = HostTransfers(stack, stats, FaultInjector(0.0, 0))
+    try:
+        host_slots, sessions, positions = _backed_up_prefix(stack)
+        # page_first host layout: buffer[slot] holds that token's rows of every layer
+        stack.host_pool.buffers[1][int(host_slots[9])].view(torch.uint8).view(-1)[5] ^= 1
+        device_slots = stack.allocator.alloc(32)
+        assert device_slots is not None
+        assert transfers.load(host_slots, device_slots, sessions, positions) is True
+        assert stats.integrity_failures == 1
+        assert stats.pages_verified == 32 // TINY.page_size
+    finally:
+        transfers.close()
+        stack.host_pool.close()
+
+
+def test_aborted_load_reports_and_leaves_reads_working() -> None:
+    stack = build_stack(TINY, max_context_len=64)
+    stats = SimStats()
+    transfers = HostTransfers(stack, stats, FaultInjector(1.0, 0))
+    try:
+        host_slots, sessions, positions = _backed_up_prefix(stack)
+        device_slots = stack.allocator.alloc(32)
+        assert device_slots is not None
+        assert transfers.load(host_slots, device_slots, sessions, positions) is False
+        load = stats.transfers["h2d load"]
+        assert load.failed + load.aborted == 1 and load.calls == 0
+        assert stats.integrity_failures == 0
+        # the counter was reset and unregistered: the next forward reads without raising
+        stack.kv_pool.get_key_buffer(0)
+        assert stack.kv_pool.layer_transfer_counter is None
+    finally:
+        transfers.close()
+        stack.host_pool.close()

@@ -130,6 +130,8 @@ class HostTransfers:
             finally:
                 stack.kv_pool.register_layer_transfer_counter(None)
                 counter.reset()
+        if bad:  # layers verified before an abort count too
+            stats.fail(f"{bad} loaded token rows differ from their content (layers summed)")
         if aborted:
             if fault is not None and fault.kind == "abort":
                 stat.aborted += 1
@@ -145,6 +147,4 @@ class HostTransfers:
         stat.bytes += n * stack.bytes_per_token
         stats.pages_verified += n // stack.page_size
         stats.tokens_verified += n
-        if bad:
-            stats.fail(f"{bad} loaded token rows differ from their content (layers summed)")
         return True
