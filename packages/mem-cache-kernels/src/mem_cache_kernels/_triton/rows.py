@@ -42,6 +42,7 @@ def _copy_rows_kernel(  # type: ignore[no-untyped-def]  # noqa: PLR0917
     HAS_DST_IDX: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
     BLOCK_COLS: tl.constexpr,
+    PAIRS: tl.constexpr,  # every base, stride and row size is a multiple of 2 words (16 bytes)
 ):
     pid = tl.program_id(0)
     job = tl.program_id(1).to(tl.int64)
@@ -49,6 +50,11 @@ def _copy_rows_kernel(  # type: ignore[no-untyped-def]  # noqa: PLR0917
     dst_delta = tl.load(table_ptr + job * 4 + 1)
     src_stride = tl.load(table_ptr + job * 4 + 2)
     dst_stride = tl.load(table_ptr + job * 4 + 3)
+    if PAIRS:  # alignment hints: lets the compiler emit 16-byte vector loads and stores
+        src_delta = tl.multiple_of(src_delta, 2)
+        dst_delta = tl.multiple_of(dst_delta, 2)
+        src_stride = tl.multiple_of(src_stride, 2)
+        dst_stride = tl.multiple_of(dst_stride, 2)
     rows = pid.to(tl.int64) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS).to(tl.int64)
     in_range = rows < n
     if HAS_SRC_IDX:  # noqa: SIM108  (constexpr branch, resolved at compile time)
@@ -62,9 +68,13 @@ def _copy_rows_kernel(  # type: ignore[no-untyped-def]  # noqa: PLR0917
     live = in_range & (s >= 0) & (d >= 0)
     src_row = src_ptr + src_delta + s * src_stride
     dst_row = dst_ptr + dst_delta + d * dst_stride
+    # BLOCK_COLS divides row_words, so there is no column tail: the mask is per row only, which
+    # keeps the loads and stores vectorisable (a per-column mask would split them)
+    mask = live[:, None]
     for c0 in range(0, row_words, BLOCK_COLS):
-        cols = c0 + tl.arange(0, BLOCK_COLS)
-        mask = live[:, None] & (cols < row_words)[None, :]
+        cols = tl.max_contiguous(
+            tl.multiple_of(c0 + tl.arange(0, BLOCK_COLS), BLOCK_COLS), BLOCK_COLS
+        )
         words = tl.load(src_row[:, None] + cols[None, :], mask=mask, other=0)
         tl.store(dst_row[:, None] + cols[None, :], words, mask=mask)
 
@@ -73,14 +83,7 @@ def word_dtype(jobs: Sequence[RowJob]) -> torch.dtype:
     """Widest integer word that divides every row size, row stride and base address."""
     for dtype in _WORDS:
         w = dtype.itemsize
-        if all(
-            t.shape[1] % w == 0
-            and (t.shape[0] <= 1 or t.stride(0) % w == 0)
-            and t.data_ptr() % w == 0
-            and t.storage_offset() % w == 0
-            for job in jobs
-            for t in job
-        ):
+        if _aligned(jobs, w) and all(t.storage_offset() % w == 0 for job in jobs for t in job):
             return dtype
     return torch.uint8
 
@@ -96,7 +99,9 @@ def _table(
 
 
 def _blocks(row_words: int) -> tuple[int, int]:
-    cols = min(triton.next_power_of_2(row_words), _MAX_COLS)
+    """(BLOCK_ROWS, BLOCK_COLS): BLOCK_COLS is the largest power of two dividing ``row_words``
+    (capped), so rows split into whole column blocks; the tile holds ~_TILE_WORDS words."""
+    cols = min(row_words & -row_words, _MAX_COLS)
     return max(1, _TILE_WORDS // cols), cols
 
 
@@ -145,6 +150,17 @@ def _check_pinned(jobs: Sequence[RowJob]) -> None:
                 )
 
 
+def _aligned(jobs: Sequence[RowJob], nbytes: int) -> bool:
+    """Every row size, row stride and base address of ``jobs`` is a multiple of ``nbytes``."""
+    return all(
+        t.shape[1] % nbytes == 0
+        and (t.shape[0] <= 1 or t.stride(0) % nbytes == 0)
+        and t.data_ptr() % nbytes == 0
+        for job in jobs
+        for t in job
+    )
+
+
 def _launch_groups(
     groups: dict[int, list[RowJob]],
     sidx: torch.Tensor | None,
@@ -155,9 +171,7 @@ def _launch_groups(
     for row_bytes, group in groups.items():
         word = word_dtype(group)
         w = word.itemsize
-        key = tuple(
-            (s.data_ptr(), d.data_ptr(), s.stride(0), d.stride(0)) for s, d in group
-        )
+        key = tuple((s.data_ptr(), d.data_ptr(), s.stride(0), d.stride(0)) for s, d in group)
         table = _table(key, w, device)
         src0 = group[0][0].view(word)
         dst0 = group[0][1].view(word)
@@ -177,4 +191,5 @@ def _launch_groups(
             HAS_DST_IDX=didx is not None,
             BLOCK_ROWS=block_rows,
             BLOCK_COLS=block_cols,
+            PAIRS=w == 8 and _aligned(group, 16),
         )
