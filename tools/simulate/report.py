@@ -107,7 +107,8 @@ def render_report(console: Console, cfg: SimConfig, stats: SimStats) -> None:
     kinds += sorted(k for k in stats.alloc_ops if k not in _ALLOC_ORDER)
     for kind in kinds:
         op = stats.alloc_ops[kind]
-        t.add_row(f"allocator {kind}", f"{op.ns_per_call / 1e3:,.1f} us/call",
+        label = "alloc (host loads)" if kind == "alloc" else kind
+        t.add_row(f"allocator {label}", f"{op.ns_per_call / 1e3:,.1f} us/call",
                   f"{op.calls:,} calls, {op.items:,} slots")
     for direction in sorted(stats.transfers):
         x = stats.transfers[direction]
