@@ -121,6 +121,12 @@ def test_cli_rejects_bad_option(capsys: pytest.CaptureFixture[str]) -> None:
     assert "page_size must be a power of two, got 12" in capsys.readouterr().err
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cli_rejects_cuda_without_cuda(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--device", "cuda", "--no-progress"]) == 2
+    assert "device 'cuda' requested" in capsys.readouterr().err
+
+
 def test_workload_is_seeded_and_exact() -> None:
     w1, w2 = generate_workload(TINY), generate_workload(TINY)
     assert w1 == w2

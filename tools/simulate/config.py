@@ -109,10 +109,6 @@ class SimConfig:
             raise ValueError(f"arrival_per_step must be positive, got {self.arrival_per_step}")
 
 
-def _default_device() -> str:
-    return "cpu"
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The ``python -m tools.simulate`` argument parser (defaults = the embedded default run)."""
     d = SimConfig()
@@ -167,9 +163,9 @@ def config_from_args(ns: argparse.Namespace) -> SimConfig:
     values = {k: v for k, v in vars(ns).items() if k in names and v is not None}
     device = ns.device
     if device is None:
-        device = _default_device()
-    elif device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device 'cuda' requested but torch.cuda.is_available() is False")
+        device = "cpu"
+    elif device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} requested but torch.cuda.is_available() is False")
     values["device"] = device
     cfg = SimConfig(**values)
     cfg.validate()
