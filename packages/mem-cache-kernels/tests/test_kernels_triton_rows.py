@@ -163,3 +163,17 @@ def test_direct_ops_match_kernels(ps: int) -> None:
     out = [torch.zeros_like(dev[0][0])]
     mk.direct_load_layer_from_page_first_direct(host_pfd, out, host_idx, dev_idx, 1, ps)
     assert _equal_bits(out[0][dev_idx], dev[0][1][dev_idx])
+
+
+def test_grid_stride_loop_under_a_tiny_quota(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With one program per job, each program walks every row block (grid-stride loop)."""
+    import importlib
+
+    rows_mod = importlib.import_module("mem_cache_kernels._triton.rows")
+    monkeypatch.setattr(rows_mod, "HOST_QUOTA", 1)
+    src = [_rand((20, 2048), torch.float32), _rand((20, 2048), torch.float32)]  # 8 KiB rows
+    dst = [torch.zeros(20, 2048), torch.zeros(20, 2048)]
+    si = torch.tensor([19, 0, 7, 3, 11, 2, 5, 13, 17, 1, 4, 8, 9])  # 13 rows = 4 row blocks of 4
+    di = torch.arange(13)
+    mk.transfer_rows(src, dst, si, di, backend="triton")
+    assert all(_equal_bits(d[:13], s[si]) for s, d in zip(src, dst))

@@ -27,6 +27,13 @@ __all__ = ["run_jobs", "word_dtype"]
 _TILE_WORDS = 4096
 _MAX_COLS = 1024
 _WORDS = (torch.int64, torch.int32, torch.int16, torch.uint8)
+# Program quotas (CTAs per launch, all jobs together), so a transfer overlaps compute instead of
+# taking every SM (the idea of SGLang's block_quota). Host<->device copies are bound by the
+# interconnect (~50 GB/s): a few dozen programs with 32 KiB tiles keep it busy. Device<->device
+# copies need far more bytes in flight to approach HBM bandwidth. Unmeasured on a GPU so far:
+# revisit with tools/bench_kernels.py --device cuda.
+HOST_QUOTA = 64
+DEVICE_QUOTA = 1024
 
 
 @triton.jit(do_not_specialize=["n", "src_idx_ptr", "dst_idx_ptr"])
@@ -55,28 +62,30 @@ def _copy_rows_kernel(  # type: ignore[no-untyped-def]  # noqa: PLR0917
         dst_delta = tl.multiple_of(dst_delta, 2)
         src_stride = tl.multiple_of(src_stride, 2)
         dst_stride = tl.multiple_of(dst_stride, 2)
-    rows = pid.to(tl.int64) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS).to(tl.int64)
-    in_range = rows < n
-    if HAS_SRC_IDX:  # noqa: SIM108  (constexpr branch, resolved at compile time)
-        s = tl.load(src_idx_ptr + rows, mask=in_range, other=-1).to(tl.int64)
-    else:
-        s = rows
-    if HAS_DST_IDX:  # noqa: SIM108
-        d = tl.load(dst_idx_ptr + rows, mask=in_range, other=-1).to(tl.int64)
-    else:
-        d = rows
-    live = in_range & (s >= 0) & (d >= 0)
-    src_row = src_ptr + src_delta + s * src_stride
-    dst_row = dst_ptr + dst_delta + d * dst_stride
-    # BLOCK_COLS divides row_words, so there is no column tail: the mask is per row only, which
-    # keeps the loads and stores vectorisable (a per-column mask would split them)
-    mask = live[:, None]
-    for c0 in range(0, row_words, BLOCK_COLS):
-        cols = tl.max_contiguous(
-            tl.multiple_of(c0 + tl.arange(0, BLOCK_COLS), BLOCK_COLS), BLOCK_COLS
-        )
-        words = tl.load(src_row[:, None] + cols[None, :], mask=mask, other=0)
-        tl.store(dst_row[:, None] + cols[None, :], words, mask=mask)
+    mask_cols = tl.arange(0, BLOCK_COLS)
+    # grid-stride loop: the launcher caps the number of programs (see _quota)
+    for blk in range(pid, tl.cdiv(n, BLOCK_ROWS), tl.num_programs(0)):
+        first = (blk + tl.zeros((), dtype=tl.int64)) * BLOCK_ROWS  # int64 before the multiply
+        rows = first + tl.arange(0, BLOCK_ROWS).to(tl.int64)
+        in_range = rows < n
+        if HAS_SRC_IDX:
+            s = tl.load(src_idx_ptr + rows, mask=in_range, other=-1).to(tl.int64)
+        else:
+            s = rows
+        if HAS_DST_IDX:
+            d = tl.load(dst_idx_ptr + rows, mask=in_range, other=-1).to(tl.int64)
+        else:
+            d = rows
+        live = in_range & (s >= 0) & (d >= 0)
+        src_row = src_ptr + src_delta + s * src_stride
+        dst_row = dst_ptr + dst_delta + d * dst_stride
+        # BLOCK_COLS divides row_words, so there is no column tail: the mask is per row only,
+        # which keeps the loads and stores vectorisable (a per-column mask would split them)
+        mask = live[:, None]
+        for c0 in range(0, row_words, BLOCK_COLS):
+            cols = tl.max_contiguous(tl.multiple_of(c0 + mask_cols, BLOCK_COLS), BLOCK_COLS)
+            words = tl.load(src_row[:, None] + cols[None, :], mask=mask, other=0)
+            tl.store(dst_row[:, None] + cols[None, :], words, mask=mask)
 
 
 def word_dtype(jobs: Sequence[RowJob]) -> torch.dtype:
@@ -177,7 +186,12 @@ def _launch_groups(
         dst0 = group[0][1].view(word)
         row_words = row_bytes // w
         block_rows, block_cols = _blocks(row_words)
-        grid = (triton.cdiv(n, block_rows), len(group))
+        quota = (
+            HOST_QUOTA
+            if any(t.device.type == "cpu" for job in group for t in job)
+            else DEVICE_QUOTA
+        )
+        grid = (max(1, min(triton.cdiv(n, block_rows), quota // len(group))), len(group))
         dummy = table
         _copy_rows_kernel[grid](
             src0,
