@@ -2,11 +2,13 @@
 
 No kernel: the index tensors are moved to the CPU once, maximal runs where both the source and the
 destination indices advance by one are found with vectorised torch ops, and each run is one
-``copy_`` per buffer (``non_blocking`` so device copies overlap). The ``page_first_direct`` host
-layout is per role ``[pages, L, page_size, *row]``; its indices are *slot* indices (host page row =
-``idx // page_size``). Indices are page-granular: ``numel % page_size == 0`` and every page's
-``page_size`` indices are consecutive (checked). A negative index skips its row
-(``direct_transfer_rows``) or its whole page (page-first-direct ops: the first index decides).
+``copy_`` per buffer, issued with ``non_blocking=True`` like a kernel launch (synchronise the
+current stream before reading pinned host memory written by a device-to-host copy). The
+``page_first_direct`` host layout is per role ``[pages, L, page_size, *row]``; its indices are
+*slot* indices (host page row = ``idx // page_size``). Indices are page-granular:
+``numel % page_size == 0`` and every page's ``page_size`` indices are consecutive (checked). A
+negative index skips its row (``direct_transfer_rows``) or its whole page (page-first-direct ops:
+the page's first index decides).
 
 ``backend`` is accepted for a uniform signature and validated, but every backend runs the same
 host-driven copies.
