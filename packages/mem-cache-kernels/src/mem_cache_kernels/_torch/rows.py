@@ -22,7 +22,7 @@ import torch
 
 from mem_cache_kernels._runs import run_starts
 
-__all__ = ["copy_rows", "drop_negative"]
+__all__ = ["Runs", "copy_rows", "drop_negative", "plan_runs"]
 
 _RUN_BYTES = 16 << 10  # a slice copy_ costs a few microseconds: worth it from ~16 KiB per run
 _CHUNK_BYTES = 256 << 10  # gather/scatter temporary (L2-sized)
@@ -70,23 +70,37 @@ def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.device == b.device and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
-def _copy_runs(
-    src: torch.Tensor, dst: torch.Tensor, src_idx: torch.Tensor, dst_idx: torch.Tensor
-) -> bool:
-    """Copy run by run when the runs are long enough; return False (nothing done) otherwise."""
-    if src_idx.device.type != "cpu" or dst_idx.device.type != "cpu" or _same_storage(src, dst):
-        return False
-    n = src_idx.numel()
-    if n * src.shape[1] < _RUN_BYTES:
-        return False
+Runs = tuple[list[int], list[int], list[int]]
+"""Maximal runs of an index pair as lists: (source starts, destination starts, lengths)."""
+
+
+def plan_runs(src_idx: torch.Tensor, dst_idx: torch.Tensor, row_bytes: int) -> Runs | None:
+    """The runs of a (negative-free) CPU index pair, or None when they are not on the CPU or
+    too short on average for rows of ``row_bytes`` (see ``_RUN_BYTES``).
+
+    Computed once per op and shared by every buffer (role x layer) the op copies.
+    """
+    if src_idx.device.type != "cpu" or dst_idx.device.type != "cpu":
+        return None
     s = src_idx.to(torch.int64)
     d = dst_idx.to(torch.int64)
     starts = run_starts(s, d)
-    if starts.numel() * _RUN_BYTES > n * src.shape[1]:
+    if starts.numel() * _RUN_BYTES > s.numel() * row_bytes:
+        return None  # decided before building the (possibly long) Python lists
+    ends = torch.cat([starts[1:], torch.tensor([s.numel()])])
+    return s[starts].tolist(), d[starts].tolist(), (ends - starts).tolist()
+
+
+def _copy_runs(src: torch.Tensor, dst: torch.Tensor, runs: Runs | None) -> bool:
+    """Copy run by run when the runs are long enough; return False (nothing done) otherwise."""
+    if runs is None or _same_storage(src, dst):
         return False
-    ends = torch.cat([starts[1:], torch.tensor([n])])
+    s_starts, d_starts, lengths = runs
+    row_bytes = src.shape[1]
+    if sum(lengths) * row_bytes < _RUN_BYTES * max(1, len(lengths)):
+        return False  # runs too short: one copy_ call per run would cost more than it moves
     non_blocking = src.device != dst.device
-    for s0, d0, k in zip(s[starts].tolist(), d[starts].tolist(), (ends - starts).tolist()):
+    for s0, d0, k in zip(s_starts, d_starts, lengths):
         dst[d0 : d0 + k].copy_(src[s0 : s0 + k], non_blocking=non_blocking)
     return True
 
@@ -123,11 +137,21 @@ def copy_rows(
     dst: torch.Tensor,
     src_idx: torch.Tensor | None,
     dst_idx: torch.Tensor | None,
+    runs: Runs | None = None,
+    *,
+    planned: bool = False,
 ) -> None:
-    """Copy byte rows ``src[src_idx] -> dst[dst_idx]`` (see the module docstring)."""
+    """Copy byte rows ``src[src_idx] -> dst[dst_idx]`` (see the module docstring).
+
+    ``planned``: the caller already ran :func:`plan_runs` on the (negative-free) indices and
+    passes its result as ``runs`` (None: no usable runs).
+    """
     src_idx, dst_idx = drop_negative(src_idx, dst_idx)
-    if src_idx is not None and dst_idx is not None and _copy_runs(src, dst, src_idx, dst_idx):
-        return
+    if src_idx is not None and dst_idx is not None:
+        if not planned and src_idx.numel() * src.shape[1] >= _RUN_BYTES:
+            runs = plan_runs(src_idx, dst_idx, src.shape[1])
+        if _copy_runs(src, dst, runs):
+            return
     s, d = _wide(src), _wide(dst)
     if s.dtype != d.dtype:
         s, d = src, dst
