@@ -315,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default=default_device, help="device-buffer device")
     parser.add_argument("--backend", default="auto", choices=("auto", "torch", "triton"))
     parser.add_argument("--repeat", type=int, default=None)
+    parser.add_argument("--items", default=None, help="comma-separated item sizes in bytes")
     parser.add_argument(
         "--threads",
         type=int,
@@ -330,7 +331,13 @@ def main(argv: list[str] | None = None) -> int:
         backend=cast(mk.Backend, args.backend),
         budget=(256 << 10) if args.quick else (64 << 20),
         layers=2 if args.quick else 4,
-        items=(512, 4096) if args.quick else (512, 4096, 16384, 65536),
+        items=(
+            tuple(int(x) for x in args.items.split(","))
+            if args.items
+            else (512, 4096)
+            if args.quick
+            else (512, 4096, 16384, 65536)
+        ),
         repeat=args.repeat or (2 if args.quick else 9),
         alloc_batches=(1, 32) if args.quick else (1, 32, 256, 1024),
     )

@@ -24,7 +24,7 @@ from mem_cache_kernels._runs import run_starts
 
 __all__ = ["Runs", "copy_rows", "drop_negative", "plan_runs"]
 
-_RUN_BYTES = 16 << 10  # a slice copy_ costs a few microseconds: worth it from ~16 KiB per run
+_RUN_BYTES = 32 << 10  # a slice copy_ costs several microseconds: worth it from ~32 KiB per run
 _CHUNK_BYTES = 256 << 10  # gather/scatter temporary (L2-sized)
 _ONE_SHOT_BYTES = 1 << 20  # below this, one gather + one scatter
 
