@@ -142,3 +142,21 @@ def test_direct_negative_indices_skip_rows_and_pages() -> None:
     # page 0 of the device goes to host page 2; the second page pair is skipped (negative)
     mk.direct_backup_all_layers_to_page_first_direct(dev, pfd, _i(0, 1, -1, -1), _i(4, 5, 0, 1), 2)
     assert torch.equal(pfd[0][2, 0], dev[0][0][0:2]) and pfd[0][:2].abs().sum() == 0
+
+
+@pytest.mark.parametrize("dev_start", [0, 1])  # page-aligned device pages, or not (fallback path)
+def test_direct_page_first_roundtrip(dev_start: int) -> None:
+    ps, layers = 4, 2
+    dev = [[torch.randn(24, 3) for _ in range(layers)], [torch.randn(24, 3) for _ in range(layers)]]
+    dev_slots = torch.cat([torch.arange(ps) + dev_start + 4 * p for p in (3, 1, 2)])
+    host_slots = torch.cat([torch.arange(ps) + 4 * p for p in (0, 4, 2)])
+    host = [torch.zeros(5, layers, ps, 3), torch.zeros(5, layers, ps, 3)]
+    mk.direct_backup_all_layers_to_page_first_direct(dev, host, dev_slots, host_slots, ps)
+    for r in range(2):
+        for layer in range(layers):
+            got = host[r][:, layer].reshape(-1, 3)[host_slots]
+            assert torch.equal(got, dev[r][layer][dev_slots])
+    back = [torch.zeros(24, 3), torch.zeros(24, 3)]
+    mk.direct_load_layer_from_page_first_direct(host, back, host_slots, dev_slots, 1, ps)
+    assert torch.equal(back[1][dev_slots], dev[1][1][dev_slots])
+    assert back[1][[i for i in range(24) if i not in dev_slots.tolist()]].abs().sum() == 0

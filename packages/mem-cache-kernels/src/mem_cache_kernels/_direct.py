@@ -1,9 +1,12 @@
 """Host-driven ("direct") transfers: one slice copy per maximal run of consecutive rows or pages.
 
 No kernel: the index tensors are moved to the CPU once, maximal runs where both the source and the
-destination indices advance by one are found with vectorised torch ops, and each run is one
-``copy_`` per buffer, issued with ``non_blocking=True`` like a kernel launch (synchronise the
-current stream before reading pinned host memory written by a device-to-host copy). The
+destination indices advance by one are found with vectorised torch ops, and each run of at least
+32 KiB is one ``copy_`` per buffer (shorter runs are gathered and scattered with torch index ops,
+the torch reference's row copy, which is faster for them; page-first-direct ops treat whole pages
+as rows when the device pages are page-aligned), issued with ``non_blocking=True`` like a kernel
+launch (synchronise the current stream before reading pinned host memory written by a
+device-to-host copy). The
 ``page_first_direct`` host layout is per role ``[pages, L, page_size, *row]``; its indices are
 *slot* indices (host page row = ``idx // page_size``). Indices are page-granular:
 ``numel % page_size == 0`` and every page's ``page_size`` indices are consecutive (checked). A
@@ -21,9 +24,12 @@ from typing import get_args
 
 import torch
 
+from mem_cache_kernels import _layout as lay
 from mem_cache_kernels import _validate as v
 from mem_cache_kernels._dispatch import Backend
+from mem_cache_kernels._layout import RowJob
 from mem_cache_kernels._runs import find_runs
+from mem_cache_kernels._torch.jobs import run_jobs
 from mem_cache_kernels._transfer import check_layers, check_page_first, check_role_pair
 
 __all__ = [
@@ -86,9 +92,8 @@ def direct_transfer_rows(
         check_role_pair(f"src (buffer {i})", a, f"dst (buffer {i})", b)
         s_top.check(a.shape[0], f"src (buffer {i})")
         d_top.check(b.shape[0], f"dst (buffer {i})")
-    for s0, d0, n in find_runs(si, di):
-        for a, b in pairs:
-            b[d0 : d0 + n].copy_(a[s0 : s0 + n], non_blocking=True)
+    # one slice copy per run of >= 32 KiB; shorter runs are gathered/scattered (the torch path)
+    run_jobs(lay.all_layer_jobs(s, d), si, di)
 
 
 def _page_runs(
@@ -102,6 +107,43 @@ def _page_runs(
     return find_runs(
         torch.where(live, hp // page_size, minus), torch.where(live, dp, minus), dst_step=page_size
     )
+
+
+def _page_ids(
+    host_idx: torch.Tensor, dev_idx: torch.Tensor, page_size: int
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(host page, device page) per page (-1: skipped), or None if a device page is unaligned."""
+    hp = host_idx.view(-1, page_size)[:, 0]
+    dp = dev_idx.view(-1, page_size)[:, 0]
+    live = (hp >= 0) & (dp >= 0)
+    if bool((dp[live] % page_size != 0).any()):
+        return None
+    minus = torch.full_like(hp, -1)
+    return torch.where(live, hp // page_size, minus), torch.where(live, dp // page_size, minus)
+
+
+def _device_pages(name: str, t: torch.Tensor, page_size: int) -> torch.Tensor | None:
+    """uint8 ``[rows // ps, ps * row_bytes]`` page view of a device layer (None if rows are not
+    densely packed, so pages are not contiguous)."""
+    rows = v.as_byte_rows(name, t)
+    n = rows.shape[0] // page_size * page_size
+    if n == 0 or (rows.shape[0] > 1 and rows.stride(0) != rows.shape[1]):
+        return None
+    return rows[:n].view(n // page_size, page_size * rows.shape[1])
+
+
+def _page_jobs(
+    pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], page_size: int, *, to_host: bool
+) -> list[RowJob] | None:
+    """Page-granular row jobs for (host layer view ``[pages, ps, *row]``, device layer) pairs."""
+    jobs: list[RowJob] = []
+    for i, (host_layer, dev) in enumerate(pairs):
+        pages = _device_pages(f"device buffer {i}", dev, page_size)
+        if pages is None:
+            return None
+        h = v.as_byte_rows(f"host buffer {i}", host_layer)
+        jobs.append((pages, h) if to_host else (h, pages))
+    return jobs
 
 
 def direct_load_layer_from_page_first_direct(  # noqa: PLR0917
@@ -133,6 +175,11 @@ def direct_load_layer_from_page_first_direct(  # noqa: PLR0917
         check_role_pair(f"host[{r}][:, layer_id, 0]", a[:, layer, 0], f"device[{r}]", b)
         h_top.check(a.shape[0], f"host[{r}] pages")
         d_top.check(b.shape[0], f"device[{r}]")
+    ids = _page_ids(hi, di, ps)
+    jobs = _page_jobs([(a[:, layer], b) for a, b in zip(h, d)], ps, to_host=False)
+    if ids is not None and jobs is not None:  # pages as rows: runs coalesced, else gathered
+        run_jobs(jobs, ids[0], ids[1])
+        return
     for h0, d0, n in _page_runs(hi, di, ps):
         for a, b in zip(h, d):
             dst = b[d0 : d0 + n * ps].view(n, ps, *b.shape[1:])
@@ -167,6 +214,12 @@ def direct_backup_all_layers_to_page_first_direct(
         for i, b in enumerate(layers):
             check_role_pair(f"device[{r}][{i}]", b, f"host[{r}][:, {i}, 0]", a[:, i, 0])
             d_top.check(b.shape[0], f"device[{r}][{i}]")
+    ids = _page_ids(hi, di, ps)
+    pairs = [(a[:, i], b) for layers, a in zip(d, h) for i, b in enumerate(layers)]
+    jobs = _page_jobs(pairs, ps, to_host=True)
+    if ids is not None and jobs is not None:  # pages as rows: runs coalesced, else gathered
+        run_jobs(jobs, ids[1], ids[0])
+        return
     for h0, d0, n in _page_runs(hi, di, ps):
         for layers, a in zip(d, h):
             for i, b in enumerate(layers):

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from mem_cache_kernels import _movement
-from mem_cache_kernels._torch._jobs import run_jobs
+from mem_cache_kernels._torch.jobs import run_jobs
 
 __all__ = ["copy_all_layer_kv_cache"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from mem_cache_kernels import _movement
-from mem_cache_kernels._torch._jobs import run_jobs
+from mem_cache_kernels._torch.jobs import run_jobs
 
 __all__ = ["get_mla_kv_buffer", "set_mla_kv_buffer", "store_kv"]
 

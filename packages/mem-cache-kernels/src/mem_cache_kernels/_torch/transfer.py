@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from mem_cache_kernels import _movement
-from mem_cache_kernels._torch._jobs import run_jobs
+from mem_cache_kernels._torch.jobs import run_jobs
 
 __all__ = [
     "backup_all_layers_to_page_first",
