@@ -71,9 +71,9 @@ def check_page_first(
     return host
 
 
-def _indices(src_indices: object, dst_indices: object, src_name: str, dst_name: str) -> tuple[
-    torch.Tensor, torch.Tensor
-]:
+def _indices(
+    src_indices: object, dst_indices: object, src_name: str, dst_name: str
+) -> tuple[torch.Tensor, torch.Tensor]:
     si = v.check_index(src_name, src_indices)
     di = v.check_index(dst_name, dst_indices)
     v.check_same_length(**{src_name: si, dst_name: di})

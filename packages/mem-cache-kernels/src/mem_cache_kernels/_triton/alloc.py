@@ -109,8 +109,15 @@ def alloc_extend(  # noqa: PLR0917
     starts = torch.cumsum(counts, dim=1) - counts  # one scan for both prefix sums
     with _on_device(out):
         _alloc_extend_kernel[(bs,)](
-            prefix_lens, seq_lens, last_loc, free_pages, starts, out, bs,
-            PAGE_SIZE=page_size, BLOCK=_EXTEND_BLOCK,
+            prefix_lens,
+            seq_lens,
+            last_loc,
+            free_pages,
+            starts,
+            out,
+            bs,
+            PAGE_SIZE=page_size,
+            BLOCK=_EXTEND_BLOCK,
         )
 
 

@@ -21,7 +21,13 @@ _LAST_BLOCK = 128
 
 @triton.jit(
     do_not_specialize=[
-        "rows_ptr", "pre_ptr", "seq_ptr", "new_ptr", "prefix_ptr", "starts_ptr", "bs"
+        "rows_ptr",
+        "pre_ptr",
+        "seq_ptr",
+        "new_ptr",
+        "prefix_ptr",
+        "starts_ptr",
+        "bs",
     ]
 )
 def _write_req_to_token_kernel(  # type: ignore[no-untyped-def]  # noqa: PLR0917
@@ -100,9 +106,17 @@ def write_req_to_token(  # noqa: PLR0917
     has_prefix = prefix_slots is not None and prefix_slots.numel() > 0
     with _on_device(req_to_token):
         _write_req_to_token_kernel[(bs,)](
-            req_to_token, req_to_token.stride(0), req_pool_indices, prefix_lens, seq_lens,
-            out_cache_loc, prefix_slots if has_prefix else out_cache_loc, starts, bs,
-            HAS_PREFIX=has_prefix, BLOCK=_BLOCK,
+            req_to_token,
+            req_to_token.stride(0),
+            req_pool_indices,
+            prefix_lens,
+            seq_lens,
+            out_cache_loc,
+            prefix_slots if has_prefix else out_cache_loc,
+            starts,
+            bs,
+            HAS_PREFIX=has_prefix,
+            BLOCK=_BLOCK,
         )
 
 
@@ -116,7 +130,12 @@ def get_last_loc(
         return out
     with _on_device(req_to_token):
         _get_last_loc_kernel[(triton.cdiv(bs, _LAST_BLOCK),)](
-            req_to_token, req_to_token.stride(0), req_pool_indices, prefix_lens, out, bs,
+            req_to_token,
+            req_to_token.stride(0),
+            req_pool_indices,
+            prefix_lens,
+            out,
+            bs,
             BLOCK=_LAST_BLOCK,
         )
     return out
