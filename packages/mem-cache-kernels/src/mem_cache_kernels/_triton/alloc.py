@@ -28,7 +28,7 @@ _DECODE_SMALL = 128  # block for small batches (decode of a few requests)
 
 
 @triton.jit(
-    do_not_specialize=["pre_ptr", "seq_ptr", "last_ptr", "free_ptr", "starts_ptr", "out_ptr"]
+    do_not_specialize=["pre_ptr", "seq_ptr", "last_ptr", "free_ptr", "starts_ptr", "out_ptr", "bs"]
 )
 def _alloc_extend_kernel(  # type: ignore[no-untyped-def]  # noqa: PLR0917
     pre_ptr,  # [bs] prefix lengths
