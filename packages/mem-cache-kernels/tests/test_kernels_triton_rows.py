@@ -177,3 +177,14 @@ def test_grid_stride_loop_under_a_tiny_quota(monkeypatch: pytest.MonkeyPatch) ->
     di = torch.arange(13)
     mk.transfer_rows(src, dst, si, di, backend="triton")
     assert all(_equal_bits(d[:13], s[si]) for s, d in zip(src, dst))
+
+
+def test_unpinned_host_tensors_are_refused_before_a_gpu_launch() -> None:
+    """The GPU path checks host tensors are pinned (CPU-only machine: call the check directly)."""
+    import importlib
+
+    rows_mod = importlib.import_module("mem_cache_kernels._triton.rows")
+    host = torch.zeros(4, 8, dtype=torch.uint8)
+    with pytest.raises(ValueError, match=r"host tensors must be pinned.*buffer 1, destination"):
+        # job 0 lives on a non-CPU device (meta stands in for the GPU); job 1 writes to host memory
+        rows_mod._check_pinned([(host.to("meta"), host.to("meta")), (host.to("meta"), host)])
