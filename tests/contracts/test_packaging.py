@@ -16,10 +16,10 @@ import re
 import subprocess
 import sys
 import textwrap
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 import torch
 
 from tests.contracts._modules import DISTS, ROOT, Dist

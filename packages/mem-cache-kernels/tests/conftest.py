@@ -12,11 +12,17 @@ process (other packages' tests, GPU runs) never sees interpreted kernels.
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from collections.abc import Iterator
 
 import pytest
 import torch
+
+# Without a GPU, all Triton in this process runs interpreted (see tests/conftest.py at the
+# repository root, which does the same for the default whole-repository run).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 _PREFIX = "mem_cache_kernels._triton."
 
