@@ -29,11 +29,18 @@ _FORK_PROBE = textwrap.dedent(
 
     FORBIDDEN = {forbidden!r}
 
+    def _hit(name):
+        return any(name == f or name.startswith(f + ".") for f in FORBIDDEN)
+
     class Tripwire:
         def find_spec(self, name, path=None, target=None):
-            if any(name == f or name.startswith(f + ".") for f in FORBIDDEN):
-                raise ImportError("eager import of " + name + "\\n"
-                                  + "".join(traceback.format_stack(limit=15)[:-1]))
+            if _hit(name):
+                # the innermost frame of our own code names the offending import statement
+                ours = [f for f in traceback.extract_stack()[:-1]
+                        if "/mem_cache_" in f.filename and "importlib" not in f.filename]
+                where = ours[-1] if ours else traceback.extract_stack()[-2]
+                raise ImportError(f"eager import of {{name}} at {{where.filename}}:"
+                                  f"{{where.lineno}}: {{(where.line or '').strip()}}")
             return None
 
     results = {{}}
@@ -45,11 +52,11 @@ _FORK_PROBE = textwrap.dedent(
             sys.meta_path.insert(0, Tripwire())
             try:
                 __import__(module)
-                leaked = sorted(m for m in sys.modules
-                                if any(m == f or m.startswith(f + ".") for f in FORBIDDEN))
-                msg = json.dumps(leaked)
+                msg = json.dumps(sorted(m for m in sys.modules if _hit(m)))
+            except ImportError as exc:
+                msg = json.dumps([str(exc)])
             except BaseException as exc:
-                msg = json.dumps(["ERROR: " + "".join(traceback.format_exception(exc))])
+                msg = json.dumps(["import failed: " + "".join(traceback.format_exception(exc))])
             os.write(w, msg.encode())
             os.close(w)
             os._exit(0)
@@ -93,7 +100,7 @@ def test_every_public_module_import_is_free_of_triton(dist: Dist) -> None:
     results: dict[str, list[str]] = json.loads(_run(code).strip().splitlines()[-1])
     offenders = {m: leaked for m, leaked in results.items() if leaked}
     assert not offenders, "modules importing triton at import time:\n" + "\n".join(
-        f"{m}: {leaked}" for m, leaked in offenders.items()
+        f"  import {m}: {'; '.join(leaked)}" for m, leaked in offenders.items()
     )
 
 
