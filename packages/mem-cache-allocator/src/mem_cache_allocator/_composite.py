@@ -1,4 +1,5 @@
-"""Helpers shared by the composite allocators (SWA, HiSparse): inner allocators and mappings."""
+"""Helpers shared by the composite allocators (SWA, HiSparse): inner allocators, mappings and
+argument checks (the in-step bookkeeping itself is :mod:`mem_cache_allocator._paired`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,13 @@ from mem_cache_allocator._page_allocator import PageAllocatorCore
 from mem_cache_allocator.paged import PagedTokenToKVPoolAllocator
 from mem_cache_allocator.token import TokenToKVPoolAllocator
 
-__all__ = ["make_inner", "new_mapping", "slots_of_pages_touched"]
+__all__ = ["check_need_size", "make_inner", "new_mapping", "slots_of_pages_touched"]
+
+
+def check_need_size(need_size: object) -> None:
+    """``ValueError`` unless ``need_size`` is a non-negative int (``bool`` rejected)."""
+    if isinstance(need_size, bool) or not isinstance(need_size, int) or need_size < 0:
+        raise ValueError(f"need_size must be a non-negative int, got {need_size!r}")
 
 
 def make_inner(  # noqa: PLR0917 - mirrors the allocator constructors

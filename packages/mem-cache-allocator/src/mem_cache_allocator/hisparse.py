@@ -25,9 +25,9 @@ from typing import Any, Protocol
 
 import torch
 
-from mem_cache_allocator._composite import make_inner, new_mapping
+from mem_cache_allocator._composite import check_need_size, make_inner, new_mapping
 from mem_cache_allocator._page_allocator import PageAllocatorState
-from mem_cache_allocator._pages import check_cpu_lengths, num_new_pages_extend
+from mem_cache_allocator._paired import PairedAllocators, check_own_state
 from mem_cache_allocator.base import BaseTokenToKVPoolAllocator
 
 __all__ = ["HiSparseAllocatorState", "HiSparseTokenToKVPoolAllocator"]
@@ -82,6 +82,12 @@ class HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             size, page_size, dtype, self.device, kvcache, need_sort, debug, paged_only=True
         )
         self.full_to_hisparse_device_index_mapping = new_mapping(self.size + page_size, self.device)
+        self._pair = PairedAllocators(
+            self.logical_attn_allocator,
+            self.hisparse_attn_allocator,
+            self.full_to_hisparse_device_index_mapping,
+            self.get_last_loc_hisparse_device,
+        )
         if kvcache is not None:
             pool: _MappingPool = kvcache
             pool.register_mapping(self.full_to_hisparse_device_index_mapping)
@@ -92,47 +98,16 @@ class HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         return self._size_hisparse
 
     def available_size(self) -> int:
-        return min(
-            self.logical_attn_allocator.available_size(),
-            self.hisparse_attn_allocator.available_size(),
-        )
-
-    def _fits(self, logical_pages: int, device_pages: int) -> bool:
-        return (
-            logical_pages <= self.logical_attn_allocator.free_page_count()
-            and device_pages <= self.hisparse_attn_allocator.free_page_count()
-        )
+        return self._pair.available_size()
 
     def get_last_loc_hisparse_device(self, last_locs: torch.Tensor) -> torch.Tensor:
         """Device slots of logical ``last_locs`` (-1 stays -1)."""
         return self.full_to_hisparse_device_index_mapping[last_locs]
 
     # ------------------------------------------------------------------ allocation
-    def _backups(self) -> tuple[PageAllocatorState, PageAllocatorState]:
-        return (
-            self.logical_attn_allocator.backup_state(),
-            self.hisparse_attn_allocator.backup_state(),
-        )
-
-    def _rollback(self, backups: tuple[PageAllocatorState, PageAllocatorState]) -> None:
-        self.logical_attn_allocator.restore_state(backups[0])
-        self.hisparse_attn_allocator.restore_state(backups[1])
-
     def alloc(self, need_size: int) -> torch.Tensor | None:
         """Logical and device slots in step (whole pages); returns the logical slots."""
-        if isinstance(need_size, bool) or not isinstance(need_size, int) or need_size < 0:
-            raise ValueError(f"need_size must be a non-negative int, got {need_size!r}")
-        pages = -(-need_size // self.page_size)
-        if not self._fits(pages, pages):
-            return None
-        backups = self._backups()
-        logical = self.logical_attn_allocator.alloc(need_size)
-        dev = self.hisparse_attn_allocator.alloc(need_size) if logical is not None else None
-        if logical is None or dev is None:
-            self._rollback(backups)
-            return None
-        self.full_to_hisparse_device_index_mapping[logical] = dev
-        return logical
+        return self._pair.alloc(need_size)
 
     def alloc_extend(  # noqa: PLR0917 - SGLang-compatible positional signature
         self,
@@ -143,35 +118,10 @@ class HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         last_loc: torch.Tensor,
         extend_num_tokens: int,
     ) -> torch.Tensor | None:
-        check_cpu_lengths("seq_lens_cpu", seq_lens_cpu)
-        check_cpu_lengths("prefix_lens_cpu", prefix_lens_cpu, seq_lens_cpu.shape[0])
-        pages, _ = num_new_pages_extend(prefix_lens_cpu, seq_lens_cpu, self.page_size)
-        if not self._fits(pages, pages):
-            return None
-        dev_last_loc = self.get_last_loc_hisparse_device(last_loc)
-        backups = self._backups()
-        logical = self.logical_attn_allocator.alloc_extend(
+        """Logical and device slots in step; the device ``last_loc`` is the mapped one."""
+        return self._pair.alloc_extend(
             prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens
         )
-        if logical is None:
-            return None
-        try:
-            dev = self.hisparse_attn_allocator.alloc_extend(
-                prefix_lens,
-                prefix_lens_cpu,
-                seq_lens,
-                seq_lens_cpu,
-                dev_last_loc,
-                extend_num_tokens,
-            )
-        except BaseException:
-            self._rollback(backups)
-            raise
-        if dev is None:
-            self._rollback(backups)
-            return None
-        self.full_to_hisparse_device_index_mapping[logical] = dev
-        return logical
 
     def alloc_logical_only(  # noqa: PLR0917 - SGLang-compatible positional signature
         self,
@@ -206,8 +156,7 @@ class HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         cannot supply the extra pages. Syncs (the number of mapped slots is data-dependent).
         """
         ps = self.page_size
-        if isinstance(need_size, bool) or not isinstance(need_size, int) or need_size < 0:
-            raise ValueError(f"need_size must be a non-negative int, got {need_size!r}")
+        check_need_size(need_size)
         if need_size % ps:
             raise ValueError(f"need_size must be a multiple of page_size={ps}, got {need_size}")
         mapping = self.full_to_hisparse_device_index_mapping
@@ -245,15 +194,11 @@ class HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         """Release the device slots mapped from logical ``free_indices`` and clear the mapping."""
         if free_indices.numel() == 0:
             return
-        mapping = self.full_to_hisparse_device_index_mapping
-        self.free_hisparse_indices(mapping[free_indices])
-        mapping[free_indices] = 0
+        self._pair.release(free_indices)
 
     def free_hisparse_indices(self, buffer_indices: torch.Tensor) -> None:
         """Release device slots directly (entries <= 0 are ignored); never deferred."""
-        dev = buffer_indices[buffer_indices > 0]
-        if dev.numel():
-            self.hisparse_attn_allocator.free_unaligned(dev)
+        self._pair.free_secondary(buffer_indices)
 
     def free_group_begin(self) -> None:
         """Checks nesting only: HiSparse frees must clear the mapping at once."""
@@ -264,31 +209,19 @@ class HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
 
     # ------------------------------------------------------------------ state
     def merge_and_sort_free(self) -> None:
-        self.logical_attn_allocator.merge_and_sort_free()
-        self.hisparse_attn_allocator.merge_and_sort_free()
+        self._pair.merge_and_sort_free()
 
     def clear(self) -> None:
-        self.logical_attn_allocator.clear()
-        self.hisparse_attn_allocator.clear()
-        self.full_to_hisparse_device_index_mapping[:-1].fill_(0)
+        self._pair.clear()
         self._free_group = None
 
     def backup_state(self) -> HiSparseAllocatorState:
-        logical, dev = self._backups()
-        return HiSparseAllocatorState(
-            owner=id(self),
-            logical=logical,
-            device=dev,
-            mapping=self.full_to_hisparse_device_index_mapping.clone(),
-        )
+        logical, dev, mapping = self._pair.snapshot()
+        return HiSparseAllocatorState(owner=id(self), logical=logical, device=dev, mapping=mapping)
 
     def restore_state(self, state: Any) -> None:
-        if not isinstance(state, HiSparseAllocatorState) or state.owner != id(self):
-            raise ValueError(
-                f"state must come from this allocator's backup_state(), got {type(state).__name__}"
-            )
-        self._rollback((state.logical, state.device))
-        self.full_to_hisparse_device_index_mapping.copy_(state.mapping)
+        own = check_own_state(state, HiSparseAllocatorState, self)
+        self._pair.restore(own.logical, own.device, own.mapping)
 
     def get_cpu_copy(self, indices: torch.Tensor, mamba_indices: torch.Tensor | None = None) -> Any:
         raise NotImplementedError("HiSparseTokenToKVPoolAllocator does not support CPU copies")
@@ -299,7 +232,4 @@ class HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         raise NotImplementedError("HiSparseTokenToKVPoolAllocator does not support CPU copies")
 
     def debug_print(self) -> str:
-        return (
-            f"#logical-available-size: {self.logical_attn_allocator.available_size()}, "
-            f"#hisparse-available-size: {self.hisparse_attn_allocator.available_size()}, "
-        )
+        return self._pair.describe("logical", "hisparse")

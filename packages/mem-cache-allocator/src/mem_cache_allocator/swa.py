@@ -24,11 +24,8 @@ import torch
 
 from mem_cache_allocator._composite import make_inner, new_mapping, slots_of_pages_touched
 from mem_cache_allocator._page_allocator import PageAllocatorState
-from mem_cache_allocator._pages import (
-    check_cpu_lengths,
-    num_new_pages_decode,
-    num_new_pages_extend,
-)
+from mem_cache_allocator._pages import check_cpu_lengths, num_new_pages_extend
+from mem_cache_allocator._paired import PairedAllocators, check_own_state
 from mem_cache_allocator.base import BaseTokenToKVPoolAllocator
 
 if TYPE_CHECKING:
@@ -78,6 +75,12 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             size_swa, page_size, dtype, self.device, swa_pool, need_sort, debug
         )
         self.full_to_swa_index_mapping = new_mapping(size + page_size, self.device)
+        self._pair = PairedAllocators(
+            self.full_attn_allocator,
+            self.swa_attn_allocator,
+            self.full_to_swa_index_mapping,
+            self.translate_loc_from_full_to_swa,
+        )
         self._swa_group: list[torch.Tensor] = []
         if kvcache is not None:
             kvcache.register_mapping(self.full_to_swa_index_mapping)
@@ -100,12 +103,6 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
     def swa_available_size(self) -> int:
         return self.swa_attn_allocator.available_size()
 
-    def _fits(self, full_pages: int, swa_pages: int) -> bool:
-        return (
-            full_pages <= self.full_attn_allocator.free_page_count()
-            and swa_pages <= self.swa_attn_allocator.free_page_count()
-        )
-
     # ------------------------------------------------------------------ mapping
     def translate_loc_from_full_to_swa(self, kv_indices: torch.Tensor) -> torch.Tensor:
         """Window slots of full slots ``kv_indices`` (0 = not in the window, -1 for -1)."""
@@ -124,27 +121,8 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             self.full_to_swa_index_mapping[full_indices] = swa_indices.to(torch.int64)
 
     # ------------------------------------------------------------------ allocation
-    def _rollback(self, backups: tuple[PageAllocatorState, PageAllocatorState]) -> None:
-        self.full_attn_allocator.restore_state(backups[0])
-        self.swa_attn_allocator.restore_state(backups[1])
-
-    def _backups(self) -> tuple[PageAllocatorState, PageAllocatorState]:
-        return self.full_attn_allocator.backup_state(), self.swa_attn_allocator.backup_state()
-
     def alloc(self, need_size: int) -> torch.Tensor | None:
-        if isinstance(need_size, bool) or not isinstance(need_size, int) or need_size < 0:
-            raise ValueError(f"need_size must be a non-negative int, got {need_size!r}")
-        pages = -(-need_size // self.page_size)
-        if not self._fits(pages, pages):
-            return None
-        backups = self._backups()
-        full = self.full_attn_allocator.alloc(need_size)
-        swa = self.swa_attn_allocator.alloc(need_size) if full is not None else None
-        if full is None or swa is None:
-            self._rollback(backups)
-            return None
-        self.full_to_swa_index_mapping[full] = swa
-        return full
+        return self._pair.alloc(need_size)
 
     def alloc_extend(  # noqa: PLR0917 - SGLang-compatible positional signature
         self,
@@ -155,35 +133,9 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         last_loc: torch.Tensor,
         extend_num_tokens: int,
     ) -> torch.Tensor | None:
-        check_cpu_lengths("seq_lens_cpu", seq_lens_cpu)
-        check_cpu_lengths("prefix_lens_cpu", prefix_lens_cpu, seq_lens_cpu.shape[0])
-        pages, _ = num_new_pages_extend(prefix_lens_cpu, seq_lens_cpu, self.page_size)
-        if not self._fits(pages, pages):
-            return None
-        swa_last_loc = self.translate_loc_from_full_to_swa(last_loc)
-        backups = self._backups()
-        full = self.full_attn_allocator.alloc_extend(
+        return self._pair.alloc_extend(
             prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens
         )
-        if full is None:
-            return None
-        try:
-            swa = self.swa_attn_allocator.alloc_extend(
-                prefix_lens,
-                prefix_lens_cpu,
-                seq_lens,
-                seq_lens_cpu,
-                swa_last_loc,
-                extend_num_tokens,
-            )
-        except BaseException:
-            self._rollback(backups)
-            raise
-        if swa is None:
-            self._rollback(backups)
-            return None
-        self.full_to_swa_index_mapping[full] = swa
-        return full
 
     def alloc_extend_swa_tail(  # noqa: PLR0917 - SGLang-compatible positional signature
         self,
@@ -211,51 +163,31 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             )
         ps = self.page_size
         full_pages, _ = num_new_pages_extend(prefix_lens_cpu, seq_lens_cpu, ps)
-        if not self._fits(full_pages, -(-swa_tail_len // ps)):
+        if not self._pair.fits(full_pages, -(-swa_tail_len // ps)):
             return None
-        backups = self._backups()
-        full = self.full_attn_allocator.alloc_extend(
-            prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens
-        )
-        if full is None or swa_tail_len == 0:
-            return full
+        lens = (prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu)
+        if swa_tail_len == 0:
+            return self.full_attn_allocator.alloc_extend(*lens, last_loc, extend_num_tokens)
         dev = self.device
         zero = torch.zeros(1, dtype=torch.int64)
         tail = torch.tensor([swa_tail_len], dtype=torch.int64)
-        swa = self.swa_attn_allocator.alloc_extend(
-            zero.to(dev),
-            zero,
-            tail.to(dev),
-            tail,
-            torch.full((1,), -1, dtype=torch.int64, device=dev),
-            swa_tail_len,
+        window_last_loc = torch.full((1,), -1, dtype=torch.int64, device=dev)
+        got = self._pair.run_in_step(
+            lambda: self.full_attn_allocator.alloc_extend(*lens, last_loc, extend_num_tokens),
+            lambda: self.swa_attn_allocator.alloc_extend(
+                zero.to(dev), zero, tail.to(dev), tail, window_last_loc, swa_tail_len
+            ),
         )
-        if swa is None:
-            self._rollback(backups)
+        if got is None:
             return None
+        full, swa = got
         self.full_to_swa_index_mapping[full[-swa_tail_len:]] = swa
         return full
 
     def alloc_decode(
         self, seq_lens: torch.Tensor, seq_lens_cpu: torch.Tensor, last_loc: torch.Tensor
     ) -> torch.Tensor | None:
-        check_cpu_lengths("seq_lens_cpu", seq_lens_cpu)
-        pages = num_new_pages_decode(seq_lens_cpu, self.page_size)
-        if not self._fits(pages, pages):
-            return None
-        swa_last_loc = self.translate_loc_from_full_to_swa(last_loc)
-        backups = self._backups()
-        full = self.full_attn_allocator.alloc_decode(seq_lens, seq_lens_cpu, last_loc)
-        swa = (
-            self.swa_attn_allocator.alloc_decode(seq_lens, seq_lens_cpu, swa_last_loc)
-            if full is not None
-            else None
-        )
-        if full is None or swa is None:
-            self._rollback(backups)
-            return None
-        self.full_to_swa_index_mapping[full] = swa
-        return full
+        return self._pair.alloc_decode(seq_lens, seq_lens_cpu, last_loc)
 
     # ------------------------------------------------------------------ free
     def free(self, free_index: torch.Tensor) -> None:
@@ -275,12 +207,7 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         """
         if free_index.numel() == 0:
             return
-        full_slots = slots_of_pages_touched(free_index.to(self.device), self.page_size)
-        swa = self.full_to_swa_index_mapping[full_slots]
-        swa = swa[swa > 0]
-        if swa.numel():
-            self.swa_attn_allocator.free_unaligned(swa)
-        self.full_to_swa_index_mapping[full_slots] = 0
+        self._pair.release(slots_of_pages_touched(free_index.to(self.device), self.page_size))
 
     def free_group_begin(self) -> None:
         super().free_group_begin()
@@ -300,32 +227,20 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
 
     # ------------------------------------------------------------------ state
     def merge_and_sort_free(self) -> None:
-        self.full_attn_allocator.merge_and_sort_free()
-        self.swa_attn_allocator.merge_and_sort_free()
+        self._pair.merge_and_sort_free()
 
     def clear(self) -> None:
-        self.full_attn_allocator.clear()
-        self.swa_attn_allocator.clear()
-        self.full_to_swa_index_mapping[:-1].fill_(0)
+        self._pair.clear()
         self._free_group = None
         self._swa_group = []
 
     def backup_state(self) -> SWAAllocatorState:
-        full, swa = self._backups()
-        return SWAAllocatorState(
-            owner=id(self), full=full, swa=swa, mapping=self.full_to_swa_index_mapping.clone()
-        )
+        full, swa, mapping = self._pair.snapshot()
+        return SWAAllocatorState(owner=id(self), full=full, swa=swa, mapping=mapping)
 
     def restore_state(self, state: Any) -> None:
-        if not isinstance(state, SWAAllocatorState) or state.owner != id(self):
-            raise ValueError(
-                f"state must come from this allocator's backup_state(), got {type(state).__name__}"
-            )
-        self._rollback((state.full, state.swa))
-        self.full_to_swa_index_mapping.copy_(state.mapping)
+        own = check_own_state(state, SWAAllocatorState, self)
+        self._pair.restore(own.full, own.swa, own.mapping)
 
     def debug_print(self) -> str:
-        return (
-            f"#full-available-size: {self.full_available_size()}, "
-            f"#swa-available-size: {self.swa_available_size()}, "
-        )
+        return self._pair.describe("full", "swa")
