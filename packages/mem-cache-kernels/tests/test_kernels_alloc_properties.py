@@ -68,7 +68,7 @@ def test_decode_invariants(seq: list[int], ps: int) -> None:
 def test_list_and_vectorised_paths_agree(
     batch: tuple[list[int], list[int], int], idx: torch.dtype
 ) -> None:
-    """The small-batch list path and the vectorised path of the reference give the same slots."""
+    """The small-batch per-request paths and the vectorised paths of the reference agree."""
     pre, seq, ps = batch
     last = [(40 + i) * ps + (p - 1) % ps if p else -1 for i, p in enumerate(pre)]
     need = sum(-(-s // ps) - (-(-p // ps)) for p, s in zip(pre, seq))
@@ -88,7 +88,16 @@ def test_list_and_vectorised_paths_agree(
     for small in (10**9, -1):
         out = torch.full((len(seq),), -5, dtype=torch.int64)
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(ref_alloc, "SMALL", small)
+            mp.setattr(ref_alloc, "SMALL_DECODE", small)
             ref_alloc.alloc_decode(torch.tensor(seq_d, dtype=idx), args[2], free, out, ps)
         dec.append(out)
-    assert torch.equal(dec[0], dec[1])
+    # the vectorised decode with the page count (masked scatter) gives the same slots too
+    out = torch.full((len(seq),), -5, dtype=torch.int64)
+    starts = sum(1 for s in seq_d if (s - 1) % ps == 0)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ref_alloc, "SMALL_DECODE", -1)
+        ref_alloc.alloc_decode(
+            torch.tensor(seq_d, dtype=idx), args[2], free, out, ps, num_new_pages=starts
+        )
+    dec.append(out)
+    assert torch.equal(dec[0], dec[1]) and torch.equal(dec[0], dec[2])

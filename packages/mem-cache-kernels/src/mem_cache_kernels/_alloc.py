@@ -7,17 +7,77 @@ request order, so a batch consumes exactly ``free_pages[0 : total_new_pages]`` w
 ``ceil(seq / page_size) - ceil(prefix / page_size)`` new pages. ``last_loc = -1`` means an empty
 prefix. Example (page size 4): prefix 2, seq 11, last_loc 1, free pages [3, 4] gives
 ``[2, 3, 12, 13, 14, 15, 16, 17, 18]``.
+
+Validation cost: the type, dtype, shape, length and device checks are O(1) and always on. The
+value checks (``0 <= prefix <= seq``, ``out`` length, enough free pages) read the lengths, which
+is free only on the CPU and still costs a pass over them; a caller that has already computed the
+batch's page count on the host (an allocator does, from its ``*_cpu`` lengths) passes it as
+``num_new_pages=`` (and ``num_tokens=``), and the op checks it against ``free_pages`` and ``out``
+in O(1) instead.
 """
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from mem_cache_kernels import _validate as v
-from mem_cache_kernels._dispatch import Backend, resolve_backend, triton_impl
+from mem_cache_kernels._dispatch import BACKEND_ENV_VAR, Backend, resolve_backend, triton_impl
 from mem_cache_kernels._torch import alloc as ref
 
 __all__ = ["alloc_decode", "alloc_extend"]
+
+_LIST_CHECKS = 32  # CPU value checks of batches up to this size run on Python ints
+
+_INDEX = (torch.int32, torch.int64)
+
+
+def _index(name: str, t: object) -> torch.Tensor:
+    """Fast path of :func:`v.check_index` (the helper builds the error message)."""
+    if isinstance(t, torch.Tensor) and t.dtype in _INDEX and t.dim() == 1:
+        return t
+    return v.check_index(name, t)
+
+
+def _out(t: object) -> torch.Tensor:
+    if isinstance(t, torch.Tensor) and t.dtype is torch.int64 and t.dim() == 1:
+        return t
+    return v.check_index("out", t, allow_int64_only=True)
+
+
+def _fast_ok(out: object, page_size: object, *tensors: object) -> bool:
+    """One pass over the O(1) checks for the common case (all fine); ``False`` means "run the
+    detailed checks", which raise with a message naming the argument."""
+    if not (
+        isinstance(out, torch.Tensor)
+        and out.dtype is torch.int64
+        and out.dim() == 1
+        and type(page_size) is int
+        and page_size > 0
+        and not page_size & (page_size - 1)
+    ):
+        return False
+    dev = out.device
+    for t in tensors:
+        if not (
+            isinstance(t, torch.Tensor) and t.dtype in _INDEX and t.dim() == 1 and t.device == dev
+        ):
+            return False
+    return True
+
+
+def _use_triton(backend: str, out: torch.Tensor) -> bool:
+    """``resolve_backend(backend, out) == "triton"`` (all operands share ``out``'s device).
+
+    The common CPU case (``"auto"`` without the environment override, or ``"torch"``) is decided
+    here without the general resolver's bookkeeping; everything else goes through it.
+    """
+    if backend == "torch" or (
+        backend == "auto" and out.device.type == "cpu" and BACKEND_ENV_VAR not in os.environ
+    ):
+        return False
+    return resolve_backend(backend, out) == "triton"
 
 
 def _check_free_pages(available: int, needed: int) -> None:
@@ -27,20 +87,42 @@ def _check_free_pages(available: int, needed: int) -> None:
         )
 
 
-def _check_extend_values(pre: list[int], seq: list[int], free: int, out: int, ps: int) -> None:
-    """Value checks of an extend batch (CPU only; as lists, cheaper than small tensor ops)."""
-    total = 0
-    pages = 0
-    for p, q in zip(pre, seq):
-        if not 0 <= p <= q:
+def _check_hint(name: str, value: object, maximum: int | None = None) -> int:
+    n = v.check_int(name, value, minimum=0)
+    if maximum is not None and n > maximum:
+        raise ValueError(f"{name} must be <= {maximum} (one page per request at most), got {n}")
+    return n
+
+
+def _extend_pages(pre: torch.Tensor, seq: torch.Tensor, free: int, out: int, ps: int) -> int:
+    """CPU value checks of an extend batch; returns its page count."""
+    if pre.shape[0] <= _LIST_CHECKS:  # a few Python ints beat a chain of small torch ops
+        total = 0
+        pages = 0
+        for p, q in zip(pre.tolist(), seq.tolist()):
+            if not 0 <= p <= q:
+                raise ValueError(
+                    f"prefix_lens and seq_lens must satisfy 0 <= prefix <= seq, got {p}, {q}"
+                )
+            total += q - p
+            pages += -(-q // ps) + (p // -ps)  # ceil(q / ps) - ceil(p / ps)
+    else:
+        p64 = pre.to(torch.int64)
+        ext = seq - p64
+        lo = int(torch.minimum(p64, ext).min())
+        if lo < 0:
+            bad = int(torch.nonzero((p64 < 0) | (ext < 0))[0, 0])
             raise ValueError(
-                f"prefix_lens and seq_lens must satisfy 0 <= prefix <= seq, got {p}, {q}"
+                f"prefix_lens and seq_lens must satisfy 0 <= prefix <= seq, got "
+                f"{int(pre[bad])}, {int(seq[bad])}"
             )
-        total += q - p
-        pages += -(-q // ps) + (p // -ps)  # ceil(q / ps) - ceil(p / ps)
+        total = int(ext.sum())
+        mask = ps - 1
+        pages = int(((seq + mask) & ~mask).sum() - ((p64 + mask) & ~mask).sum()) // ps
     if total != out:
         raise ValueError(f"out must have sum(seq_lens - prefix_lens) = {total} elements, got {out}")
     _check_free_pages(free, pages)
+    return pages
 
 
 def alloc_extend(  # noqa: PLR0917
@@ -51,6 +133,8 @@ def alloc_extend(  # noqa: PLR0917
     out: torch.Tensor,
     page_size: int,
     *,
+    num_new_pages: int | None = None,
+    num_tokens: int | None = None,
     backend: Backend = "auto",
 ) -> None:
     """Allocate the slots of an extend batch into ``out``.
@@ -62,25 +146,48 @@ def alloc_extend(  # noqa: PLR0917
         free_pages: int32/int64 ``[>= total_new_pages]``, page ids (never 0).
         out: int64 ``[sum(seq_lens - prefix_lens)]``, written request-major, position ascending.
         page_size: a power of two (1 included).
+        num_new_pages: optional host-side hint, the batch's new-page count
+            ``sum(ceil(seq/ps) - ceil(prefix/ps))`` (an allocator computes it from its CPU
+            lengths). When given, the op checks ``free_pages.numel() >= num_new_pages`` in O(1)
+            and skips the data pass over the lengths: the values (``0 <= prefix <= seq``, the
+            count itself) are then the caller's guarantee, as on a GPU. The CPU per-request path
+            still verifies the count for free (``ValueError`` naming ``num_new_pages``).
+        num_tokens: optional host-side hint, ``sum(seq_lens - prefix_lens)``; must equal
+            ``out.numel()`` (``ValueError`` naming ``num_tokens``).
 
-    All tensors must share one device. Only ``out`` is written. On CPU tensors the value checks
-    (lengths, ``out`` size, enough free pages) are done before any work; on a GPU they are the
-    caller's guarantee (checking would cost a host synchronisation).
+    All tensors must share one device. Only ``out`` is written. Without ``num_new_pages``, on
+    CPU tensors the value checks (lengths, ``out`` size, enough free pages) are done before any
+    work; on a GPU they are the caller's guarantee (checking would cost a host synchronisation).
     """
-    pre = v.check_index("prefix_lens", prefix_lens)
-    seq = v.check_index("seq_lens", seq_lens)
-    last = v.check_index("last_loc", last_loc)
-    free = v.check_index("free_pages", free_pages)
-    dst = v.check_index("out", out, allow_int64_only=True)
-    v.check_same_length(prefix_lens=pre, seq_lens=seq, last_loc=last)
-    ps = v.check_page_size(page_size)
-    v.check_same_device(dst.device, prefix_lens=pre, seq_lens=seq, last_loc=last, free_pages=free)
-    if dst.device.type == "cpu":
-        _check_extend_values(pre.tolist(), seq.tolist(), free.numel(), dst.numel(), ps)
-    if resolve_backend(backend, pre, seq, last, free, dst) == "triton":
-        triton_impl("alloc").alloc_extend(pre, seq, last, free, dst, ps)
+    if _fast_ok(out, page_size, prefix_lens, seq_lens, last_loc, free_pages) and (
+        prefix_lens.shape[0] == seq_lens.shape[0] == last_loc.shape[0]
+    ):
+        pre, seq, last, free, dst, ps = prefix_lens, seq_lens, last_loc, free_pages, out, page_size
+        dev = dst.device
     else:
-        ref.alloc_extend(pre, seq, last, free, dst, ps)
+        pre = _index("prefix_lens", prefix_lens)
+        seq = _index("seq_lens", seq_lens)
+        last = _index("last_loc", last_loc)
+        free = _index("free_pages", free_pages)
+        dst = _out(out)
+        v.check_same_length(prefix_lens=pre, seq_lens=seq, last_loc=last)
+        ps = v.check_page_size(page_size)
+        dev = dst.device
+        v.check_same_device(dev, prefix_lens=pre, seq_lens=seq, last_loc=last, free_pages=free)
+    if num_tokens is not None and _check_hint("num_tokens", num_tokens) != dst.shape[0]:
+        raise ValueError(f"num_tokens must equal out.numel() = {dst.shape[0]}, got {num_tokens}")
+    if num_new_pages is not None:
+        _check_free_pages(free.shape[0], _check_hint("num_new_pages", num_new_pages))
+    elif dev.type == "cpu":
+        num_new_pages = _extend_pages(pre, seq, free.shape[0], dst.shape[0], ps)
+    if _use_triton(backend, dst):
+        triton_impl("alloc").alloc_extend(
+            pre, seq, last, free, dst, ps, num_new_pages=num_new_pages, num_tokens=num_tokens
+        )
+    else:
+        ref.alloc_extend(
+            pre, seq, last, free, dst, ps, num_new_pages=num_new_pages, num_tokens=num_tokens
+        )
 
 
 def alloc_decode(
@@ -90,29 +197,51 @@ def alloc_decode(
     out: torch.Tensor,
     page_size: int,
     *,
+    num_new_pages: int | None = None,
     backend: Backend = "auto",
 ) -> None:
     """Allocate one slot per request (``seq_lens`` count the new token) into ``out``.
 
     A request whose new token starts a page (``(seq - 1) % page_size == 0``) takes the next page of
     ``free_pages`` (request order) and gets its first slot; the others get ``last_loc + 1``.
-    Same device/validation rules as :func:`alloc_extend`.
+
+    ``num_new_pages`` (optional host-side hint): the number of requests whose new token starts a
+    page. When given, the op checks ``0 <= num_new_pages <= bs`` (``== bs`` for page size 1) and
+    ``free_pages.numel() >= num_new_pages`` in O(1) and skips the data pass (``seq_lens >= 1``
+    and the count are then the caller's guarantee; a count smaller than the true one raises
+    ``ValueError`` naming ``num_new_pages`` on the torch path). Otherwise the same
+    device/validation rules as :func:`alloc_extend` apply.
     """
-    seq = v.check_index("seq_lens", seq_lens)
-    last = v.check_index("last_loc", last_loc)
-    free = v.check_index("free_pages", free_pages)
-    dst = v.check_index("out", out, allow_int64_only=True)
-    v.check_same_length(seq_lens=seq, last_loc=last, out=dst)
-    ps = v.check_page_size(page_size)
-    v.check_same_device(dst.device, seq_lens=seq, last_loc=last, free_pages=free)
-    if dst.device.type == "cpu":
-        seq_list = seq.tolist()
-        if seq_list and min(seq_list) < 1:
-            raise ValueError(
-                f"seq_lens must be >= 1 (they include the new token), got {min(seq_list)}"
-            )
-        _check_free_pages(free.numel(), sum(1 for q in seq_list if (q - 1) % ps == 0))
-    if resolve_backend(backend, seq, last, free, dst) == "triton":
-        triton_impl("alloc").alloc_decode(seq, last, free, dst, ps)
+    if _fast_ok(out, page_size, seq_lens, last_loc, free_pages) and (
+        seq_lens.shape[0] == last_loc.shape[0] == out.shape[0]
+    ):
+        seq, last, free, dst, ps = seq_lens, last_loc, free_pages, out, page_size
     else:
-        ref.alloc_decode(seq, last, free, dst, ps)
+        seq = _index("seq_lens", seq_lens)
+        last = _index("last_loc", last_loc)
+        free = _index("free_pages", free_pages)
+        dst = _out(out)
+        v.check_same_length(seq_lens=seq, last_loc=last, out=dst)
+        ps = v.check_page_size(page_size)
+        v.check_same_device(dst.device, seq_lens=seq, last_loc=last, free_pages=free)
+    bs = dst.shape[0]
+    dev = dst.device
+    if num_new_pages is not None:
+        pages = _check_hint("num_new_pages", num_new_pages, bs)
+        if ps == 1 and pages != bs:
+            raise ValueError(
+                f"num_new_pages must be {bs} for page size 1 (every token starts a page), "
+                f"got {pages}"
+            )
+        _check_free_pages(free.shape[0], pages)
+    elif dev.type == "cpu" and bs:
+        if int(seq.min()) < 1:
+            raise ValueError(
+                f"seq_lens must be >= 1 (they include the new token), got {int(seq.min())}"
+            )
+        num_new_pages = bs if ps == 1 else int(torch.count_nonzero((seq & (ps - 1)) == 1))
+        _check_free_pages(free.shape[0], num_new_pages)
+    if _use_triton(backend, dst):
+        triton_impl("alloc").alloc_decode(seq, last, free, dst, ps, num_new_pages=num_new_pages)
+    else:
+        ref.alloc_decode(seq, last, free, dst, ps, num_new_pages=num_new_pages)

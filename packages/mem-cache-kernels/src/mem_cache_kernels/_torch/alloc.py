@@ -1,7 +1,7 @@
 """Torch reference of the paged slot allocation ops (``alloc_extend``, ``alloc_decode``).
 
-Fully vectorised: one pass of tensor ops, no per-request Python loop. Semantics (position ``j`` of a
-request with prefix ``pre``, new length ``seq``, ``ps`` = page size, ``pre_pages = ceil(pre/ps)``)::
+Semantics (position ``j`` of a request with prefix ``pre``, new length ``seq``, ``ps`` = page size,
+``pre_pages = ceil(pre/ps)``)::
 
     j in [pre, pre_pages*ps)   -> last_loc + 1 + (j - pre)          (phase 1: current partial page)
     j in [pre_pages*ps, seq)   -> free_pages[page_start + j//ps - pre_pages]*ps + j % ps
@@ -10,13 +10,26 @@ request with prefix ``pre``, new length ``seq``, ``ps`` = page size, ``pre_pages
 where ``page_start`` is the exclusive prefix sum of ``ceil(seq/ps) - pre_pages`` over requests, so
 the batch consumes exactly ``free_pages[0 : total_new_pages]`` in request order.
 
-Implementation notes (measured on CPU, 32K output slots): the page size is a power of two, so
-``//`` and ``%`` are shifts and masks (int64 division is ~15x slower); per-request values are
-spread to slots with ``index_select`` (~7x faster than advanced indexing); the phase choice is a
-branch-free sign mask instead of a boolean ``where``. Small CPU batches (at most ``SMALL``
-requests + pages) take a list-based path instead: a 1-request call costs ~25 tensor ops (~100 us
-on the dev machine) vectorised but a few microseconds as Python arithmetic. Both paths are tested
-against each other.
+Cost model (CPU, one thread, the dev VM): every torch op costs ~2-5 us whatever its size up to a few
+thousand elements, so the implementations minimise the *number* of ops, not the arithmetic:
+
+* ``alloc_extend``, small CPU batches (at most :data:`SMALL` requests, e.g. a prefill chunk of a
+  few prompts): the per-request layout is planned with Python ints, then the new pages are
+  expanded to slots once (``offsets + pages * ps``, one ``[pages, ps]`` op) and ``out`` is one
+  ``torch.cat`` of slices of that block (requests that continue each other in both ``out`` and the
+  block share a slice) and one ``arange`` per partial-page fill: about 4 ops plus 1-2 per request.
+* ``alloc_extend``, otherwise (sync-free, any device): per-request constants are stacked into one
+  ``[bs, 3]`` matrix and spread to the ``n`` output slots by a single ``repeat_interleave``; one
+  broadcast add turns them into, per slot, ``j - phase-1 end``, the phase-1 slot and ``j`` shifted
+  by the request's page base, so the new-page slot is one ``index_select`` of ``free_pages`` and
+  the result one ``where`` (~30 ops whatever the batch size). The page size is a power of two, so
+  ``//`` and ``%`` are shifts and masks.
+* ``alloc_decode`` with the page count known (``num_new_pages``, the allocator passes it): ``out =
+  last_loc + 1`` then ``masked_scatter_`` of ``free_pages[:num_new_pages] * ps`` into the requests
+  whose new token starts a page (5 ops, no host sync). Without it: exclusive ``cumsum`` ranks and
+  ``where`` (sync-free). CPU batches of at most :data:`SMALL_DECODE` requests use Python ints.
+
+The paths are tested against each other (``SMALL``/``SMALL_DECODE`` patched).
 """
 
 from __future__ import annotations
@@ -25,26 +38,30 @@ from array import array
 
 import torch
 
-__all__ = ["SMALL", "alloc_decode", "alloc_extend", "extend_slots_small"]
+__all__ = ["SMALL", "SMALL_DECODE", "alloc_decode", "alloc_extend"]
 
-SMALL = 256  # CPU calls with at most this many loop steps (requests + pages) use the list path
+SMALL = 8  # CPU extend batches with at most this many requests take the per-request path
+SMALL_DECODE = 4  # CPU decode batches with at most this many requests take the Python-int path
+
+_OFFSETS: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+
+def _page_offsets(page_size: int, device: torch.device) -> torch.Tensor:
+    """``arange(page_size)`` (int64, cached per device; never written)."""
+    key = (page_size, device)
+    offs = _OFFSETS.get(key)
+    if offs is None:
+        offs = _OFFSETS[key] = torch.arange(page_size, dtype=torch.int64, device=device)
+    return offs
+
+
+def _i64(t: torch.Tensor) -> torch.Tensor:
+    return t if t.dtype is torch.int64 else t.to(torch.int64)
 
 
 def _from_list(values: list[int]) -> torch.Tensor:
     """int64 CPU tensor of a non-empty list (4x faster than ``torch.tensor(list)``)."""
     return torch.frombuffer(array("q", values), dtype=torch.int64)
-
-
-def _exclusive_cumsum(x: torch.Tensor) -> torch.Tensor:
-    return torch.cumsum(x, 0) - x
-
-
-def _owners(ext: torch.Tensor, starts: torch.Tensor, n: int) -> torch.Tensor:
-    """For each of the ``n`` output slots, the request whose segment holds it."""
-    marks = torch.zeros(n, dtype=torch.int64, device=ext.device)
-    live = starts < n  # empty requests at the end start at n
-    marks.index_add_(0, starts[live], torch.ones_like(starts[live]))
-    return torch.cumsum(marks, 0) - 1
 
 
 def alloc_extend(  # noqa: PLR0917
@@ -54,62 +71,143 @@ def alloc_extend(  # noqa: PLR0917
     free_pages: torch.Tensor,
     out: torch.Tensor,
     page_size: int,
+    *,
+    num_new_pages: int | None = None,
+    num_tokens: int | None = None,
 ) -> None:
-    """Write the new slots of every request into ``out`` (request-major, position ascending)."""
-    n = out.numel()
-    if n == 0:
+    """Write the new slots of every request into ``out`` (request-major, position ascending).
+
+    ``num_new_pages`` (optional) is the batch's page count; the per-request path checks it
+    (``ValueError``), the vectorised path does not need it. ``num_tokens`` (optional) must equal
+    ``out.numel()`` (checked by the public op; accepted here for signature parity).
+    """
+    del num_tokens
+    if out.numel() == 0:
         return
-    if out.device.type == "cpu" and prefix_lens.numel() + n // page_size <= SMALL:
-        slots = extend_slots_small(
-            prefix_lens.tolist(), seq_lens.tolist(), last_loc.tolist(), free_pages, page_size
+    if out.device.type == "cpu" and prefix_lens.shape[0] <= SMALL:
+        _extend_small(
+            prefix_lens.tolist(),
+            seq_lens.tolist(),
+            last_loc.tolist(),
+            free_pages,
+            out,
+            page_size,
+            num_new_pages,
         )
-        out.copy_(_from_list(slots))
-        return
-    shift = page_size.bit_length() - 1
+    else:
+        _extend_vectorised(prefix_lens, seq_lens, last_loc, free_pages, out, page_size)
+
+
+def _extend_small(  # noqa: PLR0917
+    pre: list[int],
+    seq: list[int],
+    last: list[int],
+    free_pages: torch.Tensor,
+    out: torch.Tensor,
+    page_size: int,
+    num_new_pages: int | None,
+) -> None:
+    """Per-request path: plan with Python ints, then one ``cat`` of block slices and fills."""
     mask = page_size - 1
-    device = out.device
-    pre = prefix_lens.to(device=device, dtype=torch.int64)
-    seq = seq_lens.to(device=device, dtype=torch.int64)
-    last = last_loc.to(device=device, dtype=torch.int64)
-    ext = seq - pre
-    starts = _exclusive_cumsum(ext)
-    pre_pages = (pre + mask) >> shift
-    new_pages = ((seq + mask) >> shift) - pre_pages
-    # per request: j = t - a (sequence position of output t); phase 1 while j < b; old slot = j + c;
-    # new page index = d + (j >> shift)
-    a = starts - pre
-    b = torch.minimum(seq, pre_pages << shift)
-    c = last + 1 - pre
-    d = _exclusive_cumsum(new_pages) - pre_pages
-    owner = _owners(ext, starts, n)
-    j = torch.arange(n, dtype=torch.int64, device=device) - a.index_select(0, owner)
-    in_old = (j - b.index_select(0, owner)) >> 63  # all ones in phase 1, else 0
-    old = j + c.index_select(0, owner)
-    new = j & mask
-    if free_pages.numel() > 0:
-        page_idx = (d.index_select(0, owner) + (j >> shift)).clamp_(0, free_pages.numel() - 1)
-        pages = free_pages.to(device).index_select(0, page_idx).to(torch.int64)
-        new |= pages << shift
-    out.copy_(new ^ ((old ^ new) & in_old))
-
-
-def extend_slots_small(
-    pre: list[int], seq: list[int], last: list[int], free_pages: torch.Tensor, page_size: int
-) -> list[int]:
-    """List-based ``alloc_extend`` for small CPU batches (same result as the vectorised path)."""
-    ps = page_size
-    need = sum(-(-s // ps) + (p // -ps) for p, s in zip(pre, seq))  # ceil(s/ps) - ceil(p/ps)
-    free = free_pages[:need].tolist()
-    out: list[int] = []
-    rank = 0
+    shift = page_size.bit_length() - 1
+    # out in order, as pieces: [block start, length] (a slice of the expanded new pages, runs
+    # that continue each other in out and in the block merged) or (first slot, length, 0) (an
+    # arange: phase 1)
+    plan: list[list[int]] = []
+    run: list[int] | None = None  # the last block piece, while it can still grow
+    o = 0  # output slots planned so far
+    k = 0  # new pages planned so far
     for p, s, last_slot in zip(pre, seq, last):
-        old_end = min(s, -(-p // ps) * ps)  # phase 1 fills the current page up to here
-        out.extend(range(last_slot + 1, last_slot + 1 + old_end - p))
-        for j in range(old_end, s, ps):  # page-aligned from here on
-            base = free[rank] * ps
-            rank += 1
-            out.extend(range(base, base + min(ps, s - j)))
-    return out
+        b = min(s, (p + mask) & ~mask)  # end of phase 1 (the current partial page)
+        if b > p:
+            plan.append([last_slot + 1, b - p, 0])
+            o += b - p
+            run = None
+        m = s - b  # slots on new pages
+        if m > 0:
+            kb = k << shift
+            if run is not None and run[0] + run[1] == kb:
+                run[1] += m  # continues the previous piece in out and in the block
+            else:
+                run = [kb, m]
+                plan.append(run)
+            o += m
+            k += (m + mask) >> shift
+    if o != out.shape[0]:
+        raise ValueError(
+            f"out must have sum(seq_lens - prefix_lens) = {o} elements, got {out.shape[0]}"
+        )
+    if num_new_pages is not None and num_new_pages != k:
+        raise ValueError(f"num_new_pages must be {k} for these lengths, got {num_new_pages}")
+    if k > free_pages.shape[0]:
+        raise ValueError(
+            f"free_pages must hold the {k} pages this batch needs, got {free_pages.shape[0]}"
+        )
+    block = None
+    if k:
+        pages = _i64(free_pages if free_pages.shape[0] == k else free_pages[:k])
+        if page_size == 1:
+            block = pages
+        else:
+            offs = _page_offsets(page_size, out.device)
+            if len(plan) == 1 and o == k << shift and out.is_contiguous():
+                # whole new pages only: expand straight into out
+                torch.add(offs, pages.unsqueeze(1), alpha=page_size, out=out.view(k, page_size))
+                return
+            block = torch.add(offs, pages.unsqueeze(1), alpha=page_size).view(-1)
+    parts: list[torch.Tensor] = []
+    for piece in plan:
+        if len(piece) == 2:
+            if block is None:
+                raise RuntimeError("alloc_extend planned new-page slots without new pages")
+            b0, m = piece
+            parts.append(block[b0 : b0 + m] if b0 or m != block.shape[0] else block)
+        else:
+            first, m, _ = piece
+            parts.append(torch.arange(first, first + m, dtype=torch.int64, device=out.device))
+    if len(parts) == 1:
+        out.copy_(parts[0])
+    else:
+        torch.cat(parts, out=out)
+
+
+def _extend_vectorised(  # noqa: PLR0917
+    prefix_lens: torch.Tensor,
+    seq_lens: torch.Tensor,
+    last_loc: torch.Tensor,
+    free_pages: torch.Tensor,
+    out: torch.Tensor,
+    page_size: int,
+) -> None:
+    """Sync-free path: one ``repeat_interleave`` of per-request constants, one gather."""
+    n = out.numel()
+    mask = page_size - 1
+    shift = page_size.bit_length() - 1
+    pre = _i64(prefix_lens)
+    seq = _i64(seq_lens)
+    ext = seq - pre
+    u = seq - torch.cumsum(ext, 0)  # j = t + u for output slot t of the request (= pre - start)
+    pre_end = (pre + mask) & ~mask  # ceil(pre / ps) * ps
+    seq_end = (seq + mask) & ~mask
+    page_base = torch.cumsum(seq_end - pre_end, 0) - seq_end  # (P_incl - ceil(seq/ps)) * ps
+    cols = torch.stack(
+        (
+            u - torch.minimum(seq, pre_end),  # + t: j - phase-1 end (< 0 in phase 1)
+            _i64(last_loc) - pre + u + 1,  # + t: the phase-1 slot last_loc + 1 + (j - pre)
+            u + page_base,  # + t: j + (first new page index - ceil(pre/ps)) * ps
+        ),
+        1,
+    )
+    per_slot = torch.repeat_interleave(cols, ext, dim=0, output_size=n)
+    per_slot += torch.arange(n, dtype=torch.int64, device=out.device).unsqueeze_(1)
+    q = per_slot[:, 2]
+    num_free = free_pages.shape[0]
+    if num_free:
+        page_idx = (q >> shift).clamp_(0, num_free - 1)
+        new = (_i64(free_pages.index_select(0, page_idx)) << shift) | (q & mask)
+    else:  # every slot is in phase 1 (the caller guarantees enough pages)
+        new = q
+    torch.where(per_slot[:, 0] < 0, per_slot[:, 1], new, out=out)
 
 
 def alloc_decode(
@@ -118,29 +216,70 @@ def alloc_decode(
     free_pages: torch.Tensor,
     out: torch.Tensor,
     page_size: int,
+    *,
+    num_new_pages: int | None = None,
 ) -> None:
-    """Write one new slot per request into ``out`` (``seq_lens`` include the new token)."""
-    device = out.device
-    seq = seq_lens.to(device=device, dtype=torch.int64)
-    last = last_loc.to(device=device, dtype=torch.int64)
-    if seq.numel() == 0:
+    """Write one new slot per request into ``out`` (``seq_lens`` include the new token).
+
+    ``num_new_pages`` (optional): the number of requests whose new token starts a page. With it
+    the op needs no prefix sum (and no host sync); a value smaller than the true count raises
+    ``ValueError``; a larger one gives the same slots (only the first pages are used).
+    """
+    bs = out.shape[0]
+    if bs == 0:
         return
-    if device.type == "cpu" and seq.numel() <= SMALL:
-        free = free_pages[: seq.numel()].tolist()
-        slots: list[int] = []
-        rank = 0
-        for s, last_slot in zip(seq.tolist(), last.tolist()):
-            if (s - 1) % page_size == 0:  # the new token starts a fresh page
-                slots.append(free[rank] * page_size)
-                rank += 1
-            else:
-                slots.append(last_slot + 1)
-        out.copy_(_from_list(slots))
+    mask = page_size - 1
+    shift = page_size.bit_length() - 1
+    if out.device.type == "cpu" and bs <= SMALL_DECODE:
+        _decode_small(seq_lens.tolist(), last_loc.tolist(), free_pages, out, page_size)
         return
-    need = ((seq - 1) & (page_size - 1)) == 0  # the new token starts a fresh page
-    if free_pages.numel() == 0:
-        out.copy_(last + 1)
+    if page_size == 1:  # every new token starts a page
+        out.copy_(free_pages[:bs])
         return
-    ranks = _exclusive_cumsum(need.to(torch.int64)).clamp_(max=free_pages.numel() - 1)
-    page = free_pages.to(device).index_select(0, ranks).to(torch.int64)
-    out.copy_(torch.where(need, page * page_size, last + 1))
+    need = (seq_lens & mask) == 1  # (seq - 1) % ps == 0: the new token starts a fresh page
+    if num_new_pages is not None:
+        torch.add(last_loc, 1, out=out)
+        if num_new_pages:
+            pages = (
+                free_pages if free_pages.shape[0] == num_new_pages else free_pages[:num_new_pages]
+            )
+            src = _i64(pages) << shift
+            try:
+                out.masked_scatter_(need, src)
+            except RuntimeError as exc:  # fewer pages than requests that start a page
+                raise ValueError(
+                    f"num_new_pages must be the number of requests whose new token starts a "
+                    f"page, got {num_new_pages} (too small)"
+                ) from exc
+        return
+    nxt = _i64(last_loc) + 1
+    num_free = free_pages.shape[0]
+    if num_free == 0:  # no request starts a page (the caller guarantees enough pages)
+        out.copy_(nxt)
+        return
+    rank = torch.cumsum(need, 0)
+    rank -= need.to(torch.int64)
+    page = _i64(free_pages.index_select(0, rank.clamp_(max=num_free - 1)))
+    torch.where(need, page << shift, nxt, out=out)
+
+
+def _decode_small(
+    seq: list[int], last: list[int], free_pages: torch.Tensor, out: torch.Tensor, page_size: int
+) -> None:
+    mask = page_size - 1
+    starts = [(s - 1) & mask == 0 for s in seq]  # the new token starts a fresh page
+    need = sum(starts)
+    if need > free_pages.shape[0]:
+        raise ValueError(
+            f"free_pages must hold the {need} pages this batch needs, got {free_pages.shape[0]}"
+        )
+    free = free_pages[:need].tolist() if need else []
+    slots: list[int] = []
+    rank = 0
+    for new_page, last_slot in zip(starts, last):
+        if new_page:
+            slots.append(free[rank] * page_size)
+            rank += 1
+        else:
+            slots.append(last_slot + 1)
+    out.copy_(_from_list(slots))

@@ -97,8 +97,16 @@ def alloc_extend(  # noqa: PLR0917
     free_pages: torch.Tensor,
     out: torch.Tensor,
     page_size: int,
+    *,
+    num_new_pages: int | None = None,
+    num_tokens: int | None = None,
 ) -> None:
-    """Write the new slots of every request into ``out`` (see the torch reference)."""
+    """Write the new slots of every request into ``out`` (see the torch reference).
+
+    ``num_new_pages`` / ``num_tokens`` are the public op's host-side hints (already checked
+    there); the kernel does not need them.
+    """
+    del num_new_pages, num_tokens
     bs = prefix_lens.shape[0]
     if bs == 0 or out.numel() == 0:
         return
@@ -127,8 +135,15 @@ def alloc_decode(
     free_pages: torch.Tensor,
     out: torch.Tensor,
     page_size: int,
+    *,
+    num_new_pages: int | None = None,
 ) -> None:
-    """Write one new slot per request into ``out`` (see the torch reference)."""
+    """Write one new slot per request into ``out`` (see the torch reference).
+
+    ``num_new_pages`` is the public op's host-side hint (already checked); the kernel computes
+    the page ranks itself.
+    """
+    del num_new_pages
     bs = seq_lens.shape[0]
     if bs == 0:
         return
