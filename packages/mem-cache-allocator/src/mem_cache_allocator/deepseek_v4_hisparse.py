@@ -37,9 +37,10 @@ from typing import Any
 
 import torch
 
-from mem_cache_allocator._composite import new_mapping
+from mem_cache_allocator._composite import check_need_size, new_mapping
 from mem_cache_allocator._deepseek_v4_slots import device_last_loc, entry_offsets
 from mem_cache_allocator._pages import check_cpu_lengths, num_new_pages_extend
+from mem_cache_allocator._paired import PairedAllocators, check_own_state
 from mem_cache_allocator.base import BaseTokenToKVPoolAllocator
 from mem_cache_allocator.paged import PagedTokenToKVPoolAllocator
 from mem_cache_pool.deepseek_v4 import (
@@ -119,6 +120,9 @@ class DeepSeekV4HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             self.c4_logical_size + self.hisparse_page_size, self.device
         )
         c4_pool.register_mapping(self.full_to_hisparse_device_index_mapping)
+        self._pair = PairedAllocators(
+            logical, self.hisparse_attn_allocator, self.full_to_hisparse_device_index_mapping
+        )
 
     # ------------------------------------------------------------------ capacity / delegation
     @property
@@ -127,17 +131,7 @@ class DeepSeekV4HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         return self.hisparse_attn_allocator.size
 
     def available_size(self) -> int:
-        return min(
-            self.logical_attn_allocator.available_size(),
-            _RATIO * self.hisparse_attn_allocator.available_size(),
-        )
-
-    def _fits(self, logical_pages: int, device_pages: int) -> bool:
-        logical_free = self.logical_attn_allocator.available_size() // self.page_size
-        return (
-            logical_pages <= logical_free
-            and device_pages <= self.hisparse_attn_allocator.free_page_count()
-        )
+        return self._pair.available_size(_RATIO)
 
     def _delegate(self, name: str) -> Any:
         inner = getattr(self.logical_attn_allocator, name, None)
@@ -178,35 +172,23 @@ class DeepSeekV4HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         return idx[(idx + 1) % _RATIO == 0] // _RATIO
 
     # ------------------------------------------------------------------ allocation
-    def _backups(self) -> tuple[Any, Any]:
-        return (
-            self.logical_attn_allocator.backup_state(),
-            self.hisparse_attn_allocator.backup_state(),
-        )
-
-    def _rollback(self, backups: tuple[Any, Any]) -> None:
-        self.logical_attn_allocator.restore_state(backups[0])
-        self.hisparse_attn_allocator.restore_state(backups[1])
-
     def alloc(self, need_size: int) -> torch.Tensor | None:
         """Whole logical pages and the device pages of their compressed entries."""
-        if isinstance(need_size, bool) or not isinstance(need_size, int) or need_size < 0:
-            raise ValueError(f"need_size must be a non-negative int, got {need_size!r}")
+        check_need_size(need_size)
         if need_size % self.page_size:
             raise ValueError(
                 f"need_size must be a multiple of page_size={self.page_size}, got {need_size}"
             )
         pages = need_size // self.page_size
-        if not self._fits(pages, pages):
+        if not self._pair.fits(pages, pages):
             return None
-        backups = self._backups()
-        logical = self.logical_attn_allocator.alloc(need_size)
-        dev = (
-            self.hisparse_attn_allocator.alloc(need_size // _RATIO) if logical is not None else None
+        got = self._pair.run_in_step(
+            lambda: self.logical_attn_allocator.alloc(need_size),
+            lambda: self.hisparse_attn_allocator.alloc(need_size // _RATIO),
         )
-        if logical is None or dev is None:
-            self._rollback(backups)
+        if got is None:
             return None
+        logical, dev = got
         self.full_to_hisparse_device_index_mapping[logical[_RATIO - 1 :: _RATIO] // _RATIO] = dev
         return logical
 
@@ -224,32 +206,26 @@ class DeepSeekV4HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         c_pre_cpu, c_seq_cpu = prefix_lens_cpu // _RATIO, seq_lens_cpu // _RATIO
         logical_pages, _ = num_new_pages_extend(prefix_lens_cpu, seq_lens_cpu, self.page_size)
         dev_pages, dev_tokens = num_new_pages_extend(c_pre_cpu, c_seq_cpu, self.hisparse_page_size)
-        if not self._fits(logical_pages, dev_pages):
+        if not self._pair.fits(logical_pages, dev_pages):
             return None
         dev_last = self._device_last_loc(prefix_lens, last_loc)
         if self.debug:
             self._check_device_prefix(c_pre_cpu, dev_last)
-        backups = self._backups()
-        logical = self.logical_attn_allocator.alloc_extend(
-            prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens
-        )
-        if logical is None:
-            return None
-        try:
-            dev = self.hisparse_attn_allocator.alloc_extend(
+        lens = (prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu)
+        got = self._pair.run_in_step(
+            lambda: self.logical_attn_allocator.alloc_extend(*lens, last_loc, extend_num_tokens),
+            lambda: self.hisparse_attn_allocator.alloc_extend(
                 prefix_lens // _RATIO,
                 c_pre_cpu,
                 seq_lens // _RATIO,
                 c_seq_cpu,
                 dev_last,
                 dev_tokens,
-            )
-        except BaseException:
-            self._rollback(backups)
-            raise
-        if dev is None:
-            self._rollback(backups)
+            ),
+        )
+        if got is None:
             return None
+        logical, dev = got
         if dev_tokens:
             rows = entry_offsets(prefix_lens_cpu, seq_lens_cpu, _RATIO).to(
                 self.device, non_blocking=True
@@ -383,28 +359,18 @@ class DeepSeekV4HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
 
     # ------------------------------------------------------------------ state
     def merge_and_sort_free(self) -> None:
-        self.logical_attn_allocator.merge_and_sort_free()
-        self.hisparse_attn_allocator.merge_and_sort_free()
+        self._pair.merge_and_sort_free()
 
     def clear(self) -> None:
-        self.logical_attn_allocator.clear()
-        self.hisparse_attn_allocator.clear()
-        self.full_to_hisparse_device_index_mapping[:-1].fill_(0)
+        self._pair.clear()
         self._free_group = None
 
     def backup_state(self) -> DeepSeekV4HiSparseAllocatorState:
-        logical, dev = self._backups()
-        return DeepSeekV4HiSparseAllocatorState(
-            id(self), logical, dev, self.full_to_hisparse_device_index_mapping.clone()
-        )
+        return DeepSeekV4HiSparseAllocatorState(id(self), *self._pair.snapshot())
 
     def restore_state(self, state: Any) -> None:
-        if not isinstance(state, DeepSeekV4HiSparseAllocatorState) or state.owner != id(self):
-            raise ValueError(
-                f"state must come from this allocator's backup_state(), got {type(state).__name__}"
-            )
-        self._rollback((state.logical, state.device))
-        self.full_to_hisparse_device_index_mapping.copy_(state.mapping)
+        own = check_own_state(state, DeepSeekV4HiSparseAllocatorState, self)
+        self._pair.restore(own.logical, own.device, own.mapping)
 
     def get_cpu_copy(self, indices: torch.Tensor, mamba_indices: torch.Tensor | None = None) -> Any:
         raise NotImplementedError("DeepSeekV4HiSparseTokenToKVPoolAllocator has no CPU copies")
@@ -415,7 +381,4 @@ class DeepSeekV4HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         raise NotImplementedError("DeepSeekV4HiSparseTokenToKVPoolAllocator has no CPU copies")
 
     def debug_print(self) -> str:
-        return (
-            f"#logical-available-size: {self.logical_attn_allocator.available_size()}, "
-            f"#hisparse-available-size: {self.hisparse_attn_allocator.available_size()}, "
-        )
+        return self._pair.describe("logical", "hisparse")
