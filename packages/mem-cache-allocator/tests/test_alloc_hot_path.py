@@ -25,8 +25,10 @@ F16 = torch.float16
 @pytest.fixture(autouse=True)
 def _stub_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
     def fill(*args: torch.Tensor | int) -> None:
-        out = args[-2]
-        assert isinstance(out, torch.Tensor) and isinstance(args[-3], torch.Tensor)
+        # (..., free_pages, out, page_size, num_new_pages): the host-side page count is passed
+        free, out, pages = args[-4], args[-3], args[-1]
+        assert isinstance(out, torch.Tensor) and isinstance(free, torch.Tensor)
+        assert isinstance(pages, int) and free.shape[0] == pages
         out.fill_(0)
 
     monkeypatch.setattr(kernels_shim, "alloc_extend", fill)

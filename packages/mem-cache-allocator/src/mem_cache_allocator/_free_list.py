@@ -2,9 +2,19 @@
 
 SGLang keeps the free list as one device tensor and rebuilds it with ``torch.cat`` on every free
 (O(free list) per free). Here a free is O(pages freed): the freed page ids become one new chunk at
-the front (paged allocator: freed pages are reused first) or at the back (token allocator: freed
-slots are reused last). Allocation materialises only the first ``n`` page ids (one ``torch.cat``
-over the chunks it touches, O(n + chunks touched)).
+the front (paged allocator: freed pages are reused first) or are appended at the back (token
+allocator: freed slots are reused last). Allocation materialises only the first ``n`` page ids.
+
+Hot-path costs (each torch op costs a few microseconds on a CPU, so the structure avoids them):
+
+* Taking from the front is a slice of the front chunk plus a host-side offset (``drop`` does no
+  tensor op unless it finishes a chunk); only a take that spans chunks concatenates them (once:
+  the merged chunk replaces them).
+* ``push_back`` appends the ids into a write-once *arena* tensor right after the previous push,
+  and the back chunk is widened to cover them, so a run of frees stays one chunk and later takes
+  are slices, not ``torch.cat`` over many small chunks. The arena's write position only moves
+  forward (a full arena is replaced by a fresh one), so memory that a chunk, a snapshot or a
+  returned slot tensor views is never written again.
 
 Chunks are never written in place, so a snapshot (``backup``) is a tuple of tensor references and
 costs O(chunks), never a copy. All lengths are host-side metadata: no method here reads device
@@ -20,19 +30,44 @@ import torch
 
 __all__ = ["ChunkedFreeList", "FreeListSnapshot"]
 
-FreeListSnapshot = tuple[tuple[torch.Tensor, ...], int]
-"""``(chunks front-to-back, total length)``: an immutable view of a :class:`ChunkedFreeList`."""
+FreeListSnapshot = tuple[tuple[torch.Tensor, ...], int, int]
+"""``(chunks front-to-back, ids already taken from the front chunk, total length)``: an
+immutable view of a :class:`ChunkedFreeList`."""
+
+_ARENA_MIN = 1 << 14  # ids per arena at least (an arena holds many pushes)
 
 
 class ChunkedFreeList:
-    """An ordered sequence of int64 page ids on ``device``, stored as a deque of 1-D chunks."""
+    """An ordered sequence of int64 page ids on ``device``, stored as a deque of 1-D chunks.
 
-    __slots__ = ("_chunks", "_device", "_len")
+    ``arena_size`` (optional): ids per ``push_back`` arena, typically the allocator's capacity
+    (frees between two arena switches then never exceed it).
+    """
 
-    def __init__(self, device: torch.device, initial: Iterable[torch.Tensor] = ()) -> None:
+    __slots__ = (
+        "_arena",
+        "_arena_pos",
+        "_arena_size",
+        "_chunks",
+        "_device",
+        "_empty",
+        "_len",
+        "_off",
+        "_tail",
+    )
+
+    def __init__(
+        self, device: torch.device, initial: Iterable[torch.Tensor] = (), arena_size: int = 0
+    ) -> None:
         self._device = device
+        self._empty = torch.empty(0, dtype=torch.int64, device=device)
         self._chunks: deque[torch.Tensor] = deque()
-        self._len = 0
+        self._off = 0  # ids of chunks[0] already taken
+        self._len = 0  # ids in the list (chunks minus the taken ones)
+        self._arena_size = max(arena_size, _ARENA_MIN)
+        self._arena: torch.Tensor | None = None
+        self._arena_pos = 0  # next arena index to write (only ever grows)
+        self._tail = -1  # arena start of chunks[-1] if it ends at _arena_pos, else -1
         for chunk in initial:
             self.push_back(chunk)
 
@@ -46,16 +81,53 @@ class ChunkedFreeList:
     def push_front(self, chunk: torch.Tensor) -> None:
         """Put ``chunk`` (1-D int64, owned by the list from now on) before every page id."""
         n = chunk.shape[0]
-        if n:
-            self._chunks.appendleft(chunk)
-            self._len += n
+        if not n:
+            return
+        off = self._off
+        if off:  # the front chunk keeps only its untaken ids
+            self._chunks[0] = self._chunks[0][off:]
+            self._off = 0
+            if len(self._chunks) == 1 and self._tail >= 0:
+                self._tail += off  # it is also the back chunk (an arena view)
+        if not self._chunks:
+            self._tail = -1
+        self._chunks.appendleft(chunk)
+        self._len += n
 
     def push_back(self, chunk: torch.Tensor) -> None:
-        """Put ``chunk`` (1-D int64, owned by the list from now on) after every page id."""
+        """Put the ids of ``chunk`` (1-D int64) after every page id.
+
+        Into an empty list the chunk goes by reference (no copy; the list owns it from now on).
+        Otherwise its ids are copied into the arena and the back chunk widened when it ends there.
+        """
         n = chunk.shape[0]
-        if n:
-            self._chunks.append(chunk)
-            self._len += n
+        if not n:
+            return
+        chunks = self._chunks
+        if not chunks:
+            chunks.append(chunk)
+            self._len = n
+            self._off = 0
+            self._tail = -1
+            return
+        arena = self._arena
+        pos = self._arena_pos
+        if arena is None or pos + n > arena.shape[0]:
+            arena = self._arena = torch.empty(
+                max(self._arena_size, n), dtype=torch.int64, device=self._device
+            )
+            pos = 0
+            self._tail = -1
+        end = pos + n
+        arena[pos:end].copy_(chunk)
+        start = self._tail
+        if start >= 0:  # the back chunk ends where this push starts: widen it
+            chunks[-1] = arena[start:end]
+        else:
+            chunks.append(arena[pos:end])
+            self._tail = pos
+        self._arena_pos = end
+        self._len += n
 
     def head(self, n: int) -> torch.Tensor:
         """The first ``n`` page ids as one contiguous tensor, without removing them.
@@ -65,20 +137,25 @@ class ChunkedFreeList:
         """
         if n < 0 or n > self._len:
             raise RuntimeError(f"free list head({n}) out of range (length {self._len})")
-        if n == 0:
-            return torch.empty(0, dtype=torch.int64, device=self._device)
         chunks = self._chunks
+        if n == 0:
+            return self._empty  # shared, immutable (no elements)
+        off = self._off
         first = chunks[0]
-        if first.shape[0] >= n:
-            return first[:n]
-        parts: list[torch.Tensor] = []
-        got = 0
+        if first.shape[0] - off >= n:
+            return first[off : off + n]
+        parts = [first[off:] if off else chunks[0]]
+        chunks.popleft()
+        got = parts[0].shape[0]
         while got < n:
             chunk = chunks.popleft()
             parts.append(chunk)
             got += chunk.shape[0]
+        if not chunks:
+            self._tail = -1  # the back chunk was merged (a new tensor, not the arena)
         merged = torch.cat(parts)
         chunks.appendleft(merged)
+        self._off = 0
         return merged[:n]
 
     def drop(self, n: int) -> None:
@@ -86,17 +163,17 @@ class ChunkedFreeList:
         if n < 0 or n > self._len:
             raise RuntimeError(f"free list drop({n}) out of range (length {self._len})")
         chunks = self._chunks
-        left = n
+        left = n + self._off
         while left:
-            first = chunks[0]
-            m = first.shape[0]
-            if m <= left:
-                chunks.popleft()
-                left -= m
-            else:
-                chunks[0] = first[left:]
-                left = 0
+            m = chunks[0].shape[0]
+            if m > left:
+                break
+            chunks.popleft()
+            left -= m
+        self._off = left
         self._len -= n
+        if not chunks:
+            self._tail = -1
 
     def take(self, n: int) -> torch.Tensor:
         """Remove and return the first ``n`` page ids (a tensor the caller may keep)."""
@@ -111,11 +188,17 @@ class ChunkedFreeList:
     def clear(self) -> None:
         self._chunks.clear()
         self._len = 0
+        self._off = 0
+        self._arena = None  # never rewrite memory that old chunks or results may view
+        self._arena_pos = 0
+        self._tail = -1
 
     def snapshot(self) -> FreeListSnapshot:
-        return tuple(self._chunks), self._len
+        return tuple(self._chunks), self._off, self._len
 
     def restore(self, snap: FreeListSnapshot) -> None:
-        chunks, length = snap
+        chunks, off, length = snap
         self._chunks = deque(chunks)
+        self._off = off
         self._len = length
+        self._tail = -1  # the back chunk may no longer end at the arena position

@@ -57,6 +57,29 @@ def _check_index(name: str, t: object) -> torch.Tensor:
     return t
 
 
+_INDEX = (torch.int64, torch.int32)
+
+
+def _lengths_ok(bs: int, cpu: object, *tensors: object) -> bool:
+    """Fast path of the argument checks (all fine): ``cpu`` a 1-D CPU integer tensor of ``bs``
+    entries, ``tensors`` 1-D int32/int64 tensors of ``bs`` entries. ``False``: run the detailed
+    checks (they raise with messages naming the argument)."""
+    if not (
+        isinstance(cpu, torch.Tensor)
+        and cpu.dtype in _INDEX
+        and cpu.dim() == 1
+        and cpu.shape[0] == bs
+        and cpu.device.type == "cpu"
+    ):
+        return False
+    for t in tensors:
+        if not (isinstance(t, torch.Tensor) and t.dtype in _INDEX and t.dim() == 1):
+            return False
+        if t.shape[0] != bs:
+            return False
+    return True
+
+
 class PageAllocatorCore(BaseTokenToKVPoolAllocator):
     """Page-granular free-list allocator; see :class:`PagedTokenToKVPoolAllocator`."""
 
@@ -77,7 +100,7 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
         super().__init__(size, page_size, dtype, device, kvcache, need_sort)
         self.num_pages = size // page_size
         self._page_shift = page_size.bit_length() - 1  # slot >> shift == slot // page_size
-        self._free = ChunkedFreeList(self.device)
+        self._free = ChunkedFreeList(self.device, arena_size=self.num_pages)
         self._release: list[torch.Tensor] = []
         self._num_release = 0
         self._page_offsets = torch.arange(page_size, dtype=torch.int64, device=self.device)
@@ -195,11 +218,12 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
         num_new_pages: int | None = None,
     ) -> torch.Tensor | None:
         bs = check_cpu_lengths("seq_lens_cpu", seq_lens_cpu)
-        check_cpu_lengths("prefix_lens_cpu", prefix_lens_cpu, bs)
-        named = (("prefix_lens", prefix_lens), ("seq_lens", seq_lens), ("last_loc", last_loc))
-        for name, t in named:
-            if _check_index(name, t).shape[0] != bs:
-                raise ValueError(f"{name} must have {bs} entries, got {t.shape[0]}")
+        if not _lengths_ok(bs, prefix_lens_cpu, prefix_lens, seq_lens, last_loc):
+            check_cpu_lengths("prefix_lens_cpu", prefix_lens_cpu, bs)
+            named = (("prefix_lens", prefix_lens), ("seq_lens", seq_lens), ("last_loc", last_loc))
+            for name, t in named:
+                if _check_index(name, t).shape[0] != bs:
+                    raise ValueError(f"{name} must have {bs} entries, got {t.shape[0]}")
         ps = self.page_size
         if self.need_sort and extend_num_tokens // ps + bs + 1 > len(self._free):
             self.merge_and_sort_free()
@@ -223,7 +247,7 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
         else:
             out = torch.empty(tokens, dtype=torch.int64, device=self.device)
             if tokens:
-                _kernels.alloc_extend(prefix_lens, seq_lens, last_loc, head, out, ps)
+                _kernels.alloc_extend(prefix_lens, seq_lens, last_loc, head, out, ps, pages)
         if self._debug is not None:
             self._debug_commit(head, out)
         self._free.drop(pages)
@@ -232,10 +256,13 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
     def alloc_decode(
         self, seq_lens: torch.Tensor, seq_lens_cpu: torch.Tensor, last_loc: torch.Tensor
     ) -> torch.Tensor | None:
-        bs = check_cpu_lengths("seq_lens_cpu", seq_lens_cpu)
-        for name, t in (("seq_lens", seq_lens), ("last_loc", last_loc)):
-            if _check_index(name, t).shape[0] != bs:
-                raise ValueError(f"{name} must have {bs} entries, got {t.shape[0]}")
+        ok = isinstance(seq_lens_cpu, torch.Tensor) and seq_lens_cpu.dim() == 1
+        bs = seq_lens_cpu.shape[0] if ok else -1
+        if not _lengths_ok(bs, seq_lens_cpu, seq_lens, last_loc):
+            bs = check_cpu_lengths("seq_lens_cpu", seq_lens_cpu)
+            for name, t in (("seq_lens", seq_lens), ("last_loc", last_loc)):
+                if _check_index(name, t).shape[0] != bs:
+                    raise ValueError(f"{name} must have {bs} entries, got {t.shape[0]}")
         if self.need_sort and bs > len(self._free):
             self.merge_and_sort_free()
         ps = self.page_size
@@ -250,7 +277,7 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
         else:
             out = torch.empty(bs, dtype=torch.int64, device=self.device)
             if bs:
-                _kernels.alloc_decode(seq_lens, last_loc, head, out, ps)
+                _kernels.alloc_decode(seq_lens, last_loc, head, out, ps, pages)
         if self._debug is not None:
             self._debug_commit(head, out)
         self._free.drop(pages)

@@ -52,10 +52,20 @@ def num_new_pages_extend(
     return int(((seq + m) >> shift).sum()) - int(((pre + m) >> shift).sum()), tokens
 
 
+_LIST_DECODE = 384  # decode batches up to this size are counted on Python ints
+
+
 def num_new_pages_decode(seq_lens_cpu: torch.Tensor, page_size: int) -> int:
-    """New pages for one decode token per request: requests whose new position starts a page."""
+    """New pages for one decode token per request: requests whose new position starts a page.
+
+    Counted on Python ints for batches up to ``_LIST_DECODE`` (one ``tolist`` is cheaper than a
+    chain of tensor ops when the caches are cold, as between scheduler steps).
+    """
     bs = int(seq_lens_cpu.shape[0])
     if page_size == 1:
         return bs
-    # (seq - 1) % ps == 0  <=>  ((seq - 1) & (ps - 1)) == 0
-    return bs - int(torch.count_nonzero((seq_lens_cpu - 1).bitwise_and_(page_size - 1)))
+    m = page_size - 1
+    # (seq - 1) % ps == 0  <=>  seq & (ps - 1) == 1  (ps >= 2)
+    if bs <= _LIST_DECODE:
+        return [s & m for s in seq_lens_cpu.tolist()].count(1)
+    return bs - int(torch.count_nonzero((seq_lens_cpu - 1).bitwise_and_(m)))

@@ -1,0 +1,106 @@
+"""The chunked free list (front offset, write-once push_back arena) and the kernel hints."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+import mem_cache_kernels
+from mem_cache_allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+from mem_cache_allocator._free_list import ChunkedFreeList
+
+CPU = torch.device("cpu")
+
+
+def _ids(*values: int) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int64)
+
+
+def test_free_list_matches_a_python_deque_model() -> None:
+    """Random pushes (front/back), takes, snapshots and restores against a list model."""
+    rng = random.Random(7)
+    fl = ChunkedFreeList(CPU, [_ids(*range(1, 40))], arena_size=64)  # small arena: switches
+    model = list(range(1, 40))
+    taken: list[tuple[torch.Tensor, list[int]]] = []  # results must never change later
+    snaps: list[tuple[object, list[int]]] = []
+    nxt = 1000
+    for _ in range(600):
+        op = rng.random()
+        if op < 0.3:
+            vals = list(range(nxt, nxt + rng.randint(1, 9)))
+            nxt += len(vals)
+            fl.push_back(_ids(*vals))
+            model.extend(vals)
+        elif op < 0.45:
+            vals = list(range(nxt, nxt + rng.randint(1, 5)))
+            nxt += len(vals)
+            fl.push_front(_ids(*vals))
+            model[:0] = vals
+        elif op < 0.8:
+            n = rng.randint(0, min(len(model), 12))
+            out = fl.take(n)
+            assert out.tolist() == model[:n]
+            taken.append((out, model[:n]))
+            del model[:n]
+        elif op < 0.9:
+            snaps.append((fl.snapshot(), list(model)))
+        elif snaps:
+            snap, saved = snaps[rng.randrange(len(snaps))]
+            fl.restore(snap)  # type: ignore[arg-type]
+            model = list(saved)
+        assert len(fl) == len(model)
+        assert fl.to_tensor().tolist() == model
+    for out, values in taken:
+        assert out.tolist() == values  # the arena is write-once: results stay intact
+
+
+def test_token_allocator_takes_are_slices_after_frees() -> None:
+    """Frees appended to the token allocator coalesce, so later allocations need no cat."""
+    a = TokenToKVPoolAllocator(64, torch.float16, "cpu", None)
+    x = a.alloc(60)
+    assert x is not None
+    for i in range(6):
+        a.free(x[i * 10 : (i + 1) * 10])
+    y = a.alloc(4)  # rest of the initial chunk
+    assert y is not None and y.tolist() == [61, 62, 63, 64]
+    assert a._free.num_chunks == 1  # the six frees became one chunk
+    z = a.alloc(25)
+    assert z is not None and z.tolist() == x[:25].tolist()
+    held = z.clone()
+    for _ in range(20):  # churn: later frees must not overwrite z's memory
+        w = a.alloc(30)
+        assert w is not None
+        a.free(w)
+    assert torch.equal(z, held)
+
+
+@pytest.mark.parametrize("ps", [16, 64])
+def test_paged_allocator_passes_host_counts_to_the_kernels(
+    ps: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[tuple[str, dict[str, object]]] = []
+    real_extend, real_decode = mem_cache_kernels.alloc_extend, mem_cache_kernels.alloc_decode
+
+    def extend(*args: object, **kw: object) -> None:
+        calls.append(("extend", kw))
+        real_extend(*args, **kw)  # type: ignore[arg-type]
+
+    def decode(*args: object, **kw: object) -> None:
+        calls.append(("decode", kw))
+        real_decode(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(mem_cache_kernels, "alloc_extend", extend)
+    monkeypatch.setattr(mem_cache_kernels, "alloc_decode", decode)
+    a = PagedTokenToKVPoolAllocator(64 * ps, ps, torch.float16, "cpu", None)
+    pre, seq = _ids(0, 3), _ids(ps + 2, 3 + 2 * ps)
+    out = a.alloc_extend(pre, pre, seq, seq, _ids(-1, 5 * ps + 2), 3 * ps + 2)
+    assert out is not None
+    assert calls[-1] == ("extend", {"num_new_pages": 4, "num_tokens": 3 * ps + 2})
+    dseq = _ids(ps + 3, 2 * ps + 1, 1)  # requests 1 and 2 start a page
+    dec = a.alloc_decode(dseq, dseq, _ids(int(out[ps + 1]), 7 * ps - 1, -1))
+    assert dec is not None and dec[0] == out[ps + 1] + 1
+    assert calls[-1] == ("decode", {"num_new_pages": 2})
+    with pytest.raises(ValueError, match="num_new_pages"):
+        a.alloc_extend(pre, pre, seq, seq, _ids(-1, 5 * ps + 2), 3 * ps + 2, num_new_pages=5)
