@@ -36,11 +36,13 @@ from mem_cache_allocator._pages import (
 )
 from mem_cache_allocator.base import BaseTokenToKVPoolAllocator
 
-__all__ = ["PairedAllocators", "check_own_state", "free_page_count"]
+__all__ = ["ExtendLens", "PairedAllocators", "check_own_state", "free_page_count"]
 
 _S = TypeVar("_S")
 
 Backups = tuple[Any, PageAllocatorState]
+#: ``(prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu)`` of an ``alloc_extend`` call.
+ExtendLens = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 def free_page_count(allocator: BaseTokenToKVPoolAllocator) -> int:
@@ -140,23 +142,17 @@ class PairedAllocators:
             )
         )
 
-    def alloc_extend(  # noqa: PLR0917 - mirrors the allocator method
-        self,
-        prefix_lens: torch.Tensor,
-        prefix_lens_cpu: torch.Tensor,
-        seq_lens: torch.Tensor,
-        seq_lens_cpu: torch.Tensor,
-        last_loc: torch.Tensor,
-        extend_num_tokens: int,
+    def alloc_extend(
+        self, lens: ExtendLens, last_loc: torch.Tensor, extend_num_tokens: int
     ) -> torch.Tensor | None:
         """The same extend on both sides; the secondary gets ``translate(last_loc)``."""
+        _, prefix_lens_cpu, _, seq_lens_cpu = lens
         check_cpu_lengths("seq_lens_cpu", seq_lens_cpu)
         check_cpu_lengths("prefix_lens_cpu", prefix_lens_cpu, seq_lens_cpu.shape[0])
         pages, _ = num_new_pages_extend(prefix_lens_cpu, seq_lens_cpu, self.primary.page_size)
         if not self.fits(pages, pages):
             return None
         second_last_loc = self.translate(last_loc)
-        lens = (prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu)
         return self._record(
             self.run_in_step(
                 lambda: self.primary.alloc_extend(*lens, last_loc, extend_num_tokens),

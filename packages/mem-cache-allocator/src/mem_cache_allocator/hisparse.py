@@ -119,9 +119,8 @@ class HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         extend_num_tokens: int,
     ) -> torch.Tensor | None:
         """Logical and device slots in step; the device ``last_loc`` is the mapped one."""
-        return self._pair.alloc_extend(
-            prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens
-        )
+        lens = (prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu)
+        return self._pair.alloc_extend(lens, last_loc, extend_num_tokens)
 
     def alloc_logical_only(  # noqa: PLR0917 - SGLang-compatible positional signature
         self,

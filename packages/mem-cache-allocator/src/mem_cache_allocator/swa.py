@@ -133,9 +133,8 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         last_loc: torch.Tensor,
         extend_num_tokens: int,
     ) -> torch.Tensor | None:
-        return self._pair.alloc_extend(
-            prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens
-        )
+        lens = (prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu)
+        return self._pair.alloc_extend(lens, last_loc, extend_num_tokens)
 
     def alloc_extend_swa_tail(  # noqa: PLR0917 - SGLang-compatible positional signature
         self,
