@@ -177,7 +177,8 @@ def alloc_extend(  # noqa: PLR0917
     if num_tokens is not None and _check_hint("num_tokens", num_tokens) != dst.shape[0]:
         raise ValueError(f"num_tokens must equal out.numel() = {dst.shape[0]}, got {num_tokens}")
     if num_new_pages is not None:
-        _check_free_pages(free.shape[0], _check_hint("num_new_pages", num_new_pages))
+        if not (type(num_new_pages) is int and 0 <= num_new_pages <= free.shape[0]):
+            _check_free_pages(free.shape[0], _check_hint("num_new_pages", num_new_pages))
     elif dev.type == "cpu":
         num_new_pages = _extend_pages(pre, seq, free.shape[0], dst.shape[0], ps)
     if _use_triton(backend, dst):
@@ -227,13 +228,19 @@ def alloc_decode(
     bs = dst.shape[0]
     dev = dst.device
     if num_new_pages is not None:
-        pages = _check_hint("num_new_pages", num_new_pages, bs)
-        if ps == 1 and pages != bs:
-            raise ValueError(
-                f"num_new_pages must be {bs} for page size 1 (every token starts a page), "
-                f"got {pages}"
-            )
-        _check_free_pages(free.shape[0], pages)
+        if not (
+            type(num_new_pages) is int
+            and 0 <= num_new_pages <= bs
+            and num_new_pages <= free.shape[0]
+            and (ps != 1 or num_new_pages == bs)
+        ):  # the fast test failed: find the argument to blame
+            pages = _check_hint("num_new_pages", num_new_pages, bs)
+            if ps == 1 and pages != bs:
+                raise ValueError(
+                    f"num_new_pages must be {bs} for page size 1 (every token starts a page), "
+                    f"got {pages}"
+                )
+            _check_free_pages(free.shape[0], pages)
     elif dev.type == "cpu" and bs:
         if int(seq.min()) < 1:
             raise ValueError(
