@@ -69,7 +69,7 @@ def _lengths_ok(bs: int, cpu: object, *tensors: object) -> bool:
         and cpu.dtype in _INDEX
         and cpu.dim() == 1
         and cpu.shape[0] == bs
-        and cpu.device.type == "cpu"
+        and cpu.is_cpu
     ):
         return False
     for t in tensors:

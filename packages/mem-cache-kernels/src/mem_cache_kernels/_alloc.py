@@ -67,15 +67,26 @@ def _fast_ok(out: object, page_size: object, *tensors: object) -> bool:
     return True
 
 
+# ``BACKEND_ENV_VAR in os.environ`` goes through ``Mapping.__contains__`` (a KeyError when unset,
+# ~1.5 us); the environment's own dict answers in ~60 ns and is updated by ``os.environ[...] =``
+# and ``del os.environ[...]`` (so by ``monkeypatch.setenv`` too).
+_ENV_DATA: dict[object, object] | None = getattr(os.environ, "_data", None)
+_ENV_KEY: object = getattr(os.environ, "encodekey", lambda key: key)(BACKEND_ENV_VAR)
+
+
+def _env_override() -> bool:
+    if _ENV_DATA is None:
+        return BACKEND_ENV_VAR in os.environ
+    return _ENV_KEY in _ENV_DATA
+
+
 def _use_triton(backend: str, out: torch.Tensor) -> bool:
     """``resolve_backend(backend, out) == "triton"`` (all operands share ``out``'s device).
 
     The common CPU case (``"auto"`` without the environment override, or ``"torch"``) is decided
     here without the general resolver's bookkeeping; everything else goes through it.
     """
-    if backend == "torch" or (
-        backend == "auto" and out.device.type == "cpu" and BACKEND_ENV_VAR not in os.environ
-    ):
+    if backend == "torch" or (backend == "auto" and out.is_cpu and not _env_override()):
         return False
     return resolve_backend(backend, out) == "triton"
 
@@ -163,7 +174,6 @@ def alloc_extend(  # noqa: PLR0917
         prefix_lens.shape[0] == seq_lens.shape[0] == last_loc.shape[0]
     ):
         pre, seq, last, free, dst, ps = prefix_lens, seq_lens, last_loc, free_pages, out, page_size
-        dev = dst.device
     else:
         pre = _index("prefix_lens", prefix_lens)
         seq = _index("seq_lens", seq_lens)
@@ -172,14 +182,19 @@ def alloc_extend(  # noqa: PLR0917
         dst = _out(out)
         v.check_same_length(prefix_lens=pre, seq_lens=seq, last_loc=last)
         ps = v.check_page_size(page_size)
-        dev = dst.device
-        v.check_same_device(dev, prefix_lens=pre, seq_lens=seq, last_loc=last, free_pages=free)
-    if num_tokens is not None and _check_hint("num_tokens", num_tokens) != dst.shape[0]:
+        v.check_same_device(
+            dst.device, prefix_lens=pre, seq_lens=seq, last_loc=last, free_pages=free
+        )
+    if (
+        num_tokens is not None
+        and (type(num_tokens) is not int or num_tokens != dst.shape[0])
+        and _check_hint("num_tokens", num_tokens) != dst.shape[0]
+    ):
         raise ValueError(f"num_tokens must equal out.numel() = {dst.shape[0]}, got {num_tokens}")
     if num_new_pages is not None:
         if not (type(num_new_pages) is int and 0 <= num_new_pages <= free.shape[0]):
             _check_free_pages(free.shape[0], _check_hint("num_new_pages", num_new_pages))
-    elif dev.type == "cpu":
+    elif dst.is_cpu:
         num_new_pages = _extend_pages(pre, seq, free.shape[0], dst.shape[0], ps)
     if _use_triton(backend, dst):
         triton_impl("alloc").alloc_extend(
@@ -226,7 +241,6 @@ def alloc_decode(
         ps = v.check_page_size(page_size)
         v.check_same_device(dst.device, seq_lens=seq, last_loc=last, free_pages=free)
     bs = dst.shape[0]
-    dev = dst.device
     if num_new_pages is not None:
         if not (
             type(num_new_pages) is int
@@ -241,7 +255,7 @@ def alloc_decode(
                     f"got {pages}"
                 )
             _check_free_pages(free.shape[0], pages)
-    elif dev.type == "cpu" and bs:
+    elif dst.is_cpu and bs:
         if int(seq.min()) < 1:
             raise ValueError(
                 f"seq_lens must be >= 1 (they include the new token), got {int(seq.min())}"

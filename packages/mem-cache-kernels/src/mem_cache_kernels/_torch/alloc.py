@@ -84,7 +84,7 @@ def alloc_extend(  # noqa: PLR0917
     del num_tokens
     if out.numel() == 0:
         return
-    if out.device.type == "cpu" and prefix_lens.shape[0] <= SMALL:
+    if out.is_cpu and prefix_lens.shape[0] <= SMALL:
         _extend_small(
             prefix_lens.tolist(),
             seq_lens.tolist(),
@@ -230,7 +230,7 @@ def alloc_decode(
         return
     mask = page_size - 1
     shift = page_size.bit_length() - 1
-    if out.device.type == "cpu" and bs <= SMALL_DECODE:
+    if out.is_cpu and bs <= SMALL_DECODE:
         _decode_small(seq_lens.tolist(), last_loc.tolist(), free_pages, out, page_size)
         return
     if page_size == 1:  # every new token starts a page
