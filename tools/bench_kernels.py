@@ -9,7 +9,9 @@ the median of the per-repeat ratios, so load bursts on a shared machine hit both
 * ``pages``: scattered pages (every page still 16 consecutive rows);
 * ``tokens``: scattered single rows (page size 1), the worst case.
 
-``alloc_extend``/``alloc_decode`` are timed at batch 1, 32, 256 and 1024 (ns per call).
+``alloc_extend``/``alloc_decode`` are timed at batch 1, 32, 256 and 1024 (ns per call), without and
+with the host-side page-count hints (``+hint`` rows: what the allocators pass). ``--only alloc``
+runs just that part.
 
 Usage: ``python -m tools.bench_kernels [--quick] [--json PATH] [--device cpu|cuda]
 [--backend auto|torch|triton] [--threads N]``. On a CPU-only machine "device" buffers are CPU
@@ -247,17 +249,44 @@ def run_alloc(cfg: Config) -> list[AllocRow]:
         out_d = torch.empty(bs, dtype=torch.int64, device=dev)
         args = [t.to(dev) for t in (pre, seq, last, free)]
 
+        pages = int(((seq + PAGE - 1) // PAGE - (pre + PAGE - 1) // PAGE).sum())
+        starts = int(((seq - 1) % PAGE == 0).sum())
+
         def extend(
             a: Sequence[torch.Tensor] = args, o: torch.Tensor = out_e, b: mk.Backend = cfg.backend
         ) -> None:
             mk.alloc_extend(a[0], a[1], a[2], a[3], o, PAGE, backend=b)
+
+        def extend_hinted(
+            a: Sequence[torch.Tensor] = args,
+            o: torch.Tensor = out_e,
+            b: mk.Backend = cfg.backend,
+            n: int = pages,
+            t: int = total,
+        ) -> None:
+            mk.alloc_extend(
+                a[0], a[1], a[2], a[3], o, PAGE, num_new_pages=n, num_tokens=t, backend=b
+            )
 
         def decode(
             a: Sequence[torch.Tensor] = args, o: torch.Tensor = out_d, b: mk.Backend = cfg.backend
         ) -> None:
             mk.alloc_decode(a[1], a[2], a[3], o, PAGE, backend=b)
 
-        for name, fn in (("alloc_extend", extend), ("alloc_decode", decode)):
+        def decode_hinted(
+            a: Sequence[torch.Tensor] = args,
+            o: torch.Tensor = out_d,
+            b: mk.Backend = cfg.backend,
+            n: int = starts,
+        ) -> None:
+            mk.alloc_decode(a[1], a[2], a[3], o, PAGE, num_new_pages=n, backend=b)
+
+        for name, fn in (
+            ("alloc_extend", extend),
+            ("alloc_extend+hint", extend_hinted),
+            ("alloc_decode", decode),
+            ("alloc_decode+hint", decode_hinted),
+        ):
             fn()
             _sync(dev)
             loops = max(3, cfg.repeat * 4)
@@ -303,8 +332,10 @@ def _print(transfers: list[TransferRow], allocs: list[AllocRow], title: str) -> 
     for a in allocs:
         alloc.add_row(a.op, a.backend, str(a.batch), f"{a.ns_per_call:,.0f}")
     console = Console(width=120)
-    console.print(table)
-    console.print(alloc)
+    if transfers:
+        console.print(table)
+    if allocs:
+        console.print(alloc)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -316,6 +347,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", default="auto", choices=("auto", "torch", "triton"))
     parser.add_argument("--repeat", type=int, default=None)
     parser.add_argument("--items", default=None, help="comma-separated item sizes in bytes")
+    parser.add_argument(
+        "--only",
+        choices=("all", "transfer", "alloc"),
+        default="all",
+        help="run only the transfer or only the allocation benchmark",
+    )
     parser.add_argument(
         "--threads",
         type=int,
@@ -341,8 +378,8 @@ def main(argv: list[str] | None = None) -> int:
         repeat=args.repeat or (2 if args.quick else 9),
         alloc_batches=(1, 32) if args.quick else (1, 32, 256, 1024),
     )
-    transfers = run_transfers(cfg)
-    allocs = run_alloc(cfg)
+    transfers = run_transfers(cfg) if args.only != "alloc" else []
+    allocs = run_alloc(cfg) if args.only != "transfer" else []
     title = (
         f"mem_cache_kernels transfers on {device} (backend {args.backend}, "
         f"{torch.get_num_threads()} thread(s), {cfg.budget >> 20 or cfg.budget >> 10}"

@@ -18,6 +18,14 @@ def test_bench_kernels_quick_writes_json(tmp_path: Path) -> None:
     assert ops == transfer_ops
     assert {row["pattern"] for row in data["transfers"]} == {"runs", "pages", "tokens"}
     assert all(row["gbps"] > 0 and row["ratio"] > 0 for row in data["transfers"])
+    alloc_ops = ("alloc_extend", "alloc_extend+hint", "alloc_decode", "alloc_decode+hint")
     assert {(a["op"], a["batch"]) for a in data["alloc"]} == {
-        (op, bs) for op in ("alloc_extend", "alloc_decode") for bs in (1, 32)
+        (op, bs) for op in alloc_ops for bs in (1, 32)
     }
+
+
+def test_bench_kernels_alloc_only(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    assert bench_kernels.main(["--quick", "--only", "alloc", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["transfers"] == [] and len(data["alloc"]) == 8
