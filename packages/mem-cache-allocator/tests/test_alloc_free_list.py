@@ -31,7 +31,10 @@ def test_free_list_matches_a_python_deque_model() -> None:
         if op < 0.3:
             vals = list(range(nxt, nxt + rng.randint(1, 9)))
             nxt += len(vals)
-            fl.push_back(_ids(*vals))
+            if len(vals) > 2 and rng.random() < 0.5:  # several parts in one write
+                fl.extend_back([_ids(*vals[:2]), _ids(*vals[2:])])
+            else:
+                fl.push_back(_ids(*vals))
             model.extend(vals)
         elif op < 0.45:
             vals = list(range(nxt, nxt + rng.randint(1, 5)))

@@ -100,12 +100,23 @@ class ChunkedFreeList:
         Into an empty list the chunk goes by reference (no copy; the list owns it from now on).
         Otherwise its ids are copied into the arena and the back chunk widened when it ends there.
         """
-        n = chunk.shape[0]
+        self.extend_back((chunk,))
+
+    def extend_back(self, parts: tuple[torch.Tensor, ...] | list[torch.Tensor]) -> None:
+        """Put the ids of ``parts`` (1-D int64 tensors, in this order) after every page id.
+
+        One write into the arena (a slice assignment for one part, ``torch.cat(out=)`` for
+        several) plus the widened back-chunk view; into an empty list the parts go by reference
+        (one part) or as one new tensor.
+        """
+        n = 0
+        for part in parts:
+            n += part.shape[0]
         if not n:
             return
         chunks = self._chunks
         if not chunks:
-            chunks.append(chunk)
+            chunks.append(parts[0] if len(parts) == 1 else torch.cat(parts))
             self._len = n
             self._off = 0
             self._tail = -1
@@ -119,7 +130,10 @@ class ChunkedFreeList:
             pos = 0
             self._tail = -1
         end = pos + n
-        arena[pos:end].copy_(chunk)
+        if len(parts) == 1:
+            arena[pos:end] = parts[0]
+        else:
+            torch.cat(parts, out=arena[pos:end])
         start = self._tail
         if start >= 0:  # the back chunk ends where this push starts: widen it
             chunks[-1] = arena[start:end]

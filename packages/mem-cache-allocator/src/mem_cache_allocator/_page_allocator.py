@@ -358,6 +358,9 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
     def _flush_free_group(self, group: list[Any]) -> None:
         slot_pages = [p for p, from_slots in group if from_slots]
         page_ids = [p for p, from_slots in group if not from_slots]
+        if not (self.need_sort or self._FREE_TO_FRONT or self._SORT_FREES):
+            self._free.extend_back(page_ids + slot_pages)  # one write into the free list's arena
+            return
         if page_ids:
             self._push(torch.cat(page_ids) if len(page_ids) > 1 else page_ids[0])
         if slot_pages:
