@@ -8,8 +8,10 @@ allocator: freed slots are reused last). Allocation materialises only the first 
 Hot-path costs (each torch op costs a few microseconds on a CPU, so the structure avoids them):
 
 * Taking from the front is a slice of the front chunk plus a host-side offset (``drop`` does no
-  tensor op unless it finishes a chunk); only a take that spans chunks concatenates them (once:
-  the merged chunk replaces them).
+  tensor op); only a take that spans chunks concatenates them (once: the merged chunk replaces
+  them), and it merges ahead the following whole chunks while the result stays within
+  ``max(n, MERGE_AHEAD)`` ids, so small freed runs at the front (paged frees) do not cost one
+  ``cat`` per take.
 * ``push_back`` appends the ids into a write-once *arena* tensor right after the previous push,
   and the back chunk is widened to cover them, so a run of frees stays one chunk and later takes
   are slices, not ``torch.cat`` over many small chunks. The arena's write position only moves
@@ -35,6 +37,7 @@ FreeListSnapshot = tuple[tuple[torch.Tensor, ...], int, int]
 immutable view of a :class:`ChunkedFreeList`."""
 
 _ARENA_MIN = 1 << 14  # ids per arena at least (an arena holds many pushes)
+MERGE_AHEAD = 1024  # ids a take that spans chunks may join beyond what it needs (8 KiB)
 
 
 class ChunkedFreeList:
@@ -162,6 +165,13 @@ class ChunkedFreeList:
         chunks.popleft()
         got = parts[0].shape[0]
         while got < n:
+            chunk = chunks.popleft()
+            parts.append(chunk)
+            got += chunk.shape[0]
+        # merge ahead: following small chunks (freed runs) join the same cat, so the next takes
+        # are slices instead of one more cat each
+        limit = max(n, MERGE_AHEAD)
+        while chunks and got + chunks[0].shape[0] <= limit:
             chunk = chunks.popleft()
             parts.append(chunk)
             got += chunk.shape[0]
