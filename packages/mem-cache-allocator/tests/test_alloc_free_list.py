@@ -107,3 +107,24 @@ def test_paged_allocator_passes_host_counts_to_the_kernels(
     assert calls[-1] == ("decode", {"num_new_pages": 2})
     with pytest.raises(ValueError, match="num_new_pages"):
         a.alloc_extend(pre, pre, seq, seq, _ids(-1, 5 * ps + 2), 3 * ps + 2, num_new_pages=5)
+
+
+def test_token_allocator_arena_path_is_sync_free() -> None:
+    """Frees into the arena, group writes and slice takes never read device data (meta)."""
+    meta = torch.device("meta")
+    a = TokenToKVPoolAllocator(64, torch.float16, meta, None)
+    x = a.alloc(40)
+    assert x is not None
+    a.free(x[:10])
+    a.free(x[10:20])
+    a.free_group_begin()
+    a.free(x[20:25])
+    a.free(x[25:30])
+    a.free_group_end()
+    y = a.alloc(30)
+    assert y is not None and y.device == meta and y.shape == (30,)
+    assert a.available_size() == 24 and a._free.num_chunks == 1
+    state = a.backup_state()
+    assert a.alloc(a.available_size()) is not None
+    a.restore_state(state)
+    assert a.available_size() == 24
