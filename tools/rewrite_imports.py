@@ -19,6 +19,7 @@ default: the current directory. Handled forms:
   after the import that served them (or to an existing alias of ``c.d``); the old import is
   removed when nothing else uses it, so no stale import is left.
 
+In the new home itself, an import of the moved name is dropped and ``old.X`` becomes ``X``.
 Everything else stays byte-identical (no reformatting). When the last component changes (a
 rename), ``from a.b import X`` becomes ``from c.d import Z as X`` so the code below still works.
 Not handled: string references (``"a.b.X"``, ``importlib.import_module``), imports inside
@@ -170,7 +171,7 @@ class _Rewrite(cst.CSTTransformer):
         return stale
 
     def _new_module_spelling(self) -> tuple[str, bool]:
-        if not self.scan.chain_hits:
+        if not self.scan.chain_hits or self.new_parent == self.scan.module:
             return self.new_parent, False
         for local, target in sorted(self.scan.aliases.items()):
             if target == self.new_parent and local not in self.stale_aliases:
@@ -197,6 +198,8 @@ class _Rewrite(cst.CSTTransformer):
         self.changed = True
         if any(_moved(p, self.old) for p in self.scan.plain) and dotted == self.old:
             spelled = self.new  # `import old` itself becomes `import new`
+        elif self.new_parent == self.scan.module:
+            spelled = self.new_last  # this file is the new home of the name
         else:
             spelled = f"{self.new_module_expr}.{self.new_last}"
         replacement = _expr(spelled)
@@ -254,9 +257,11 @@ class _Rewrite(cst.CSTTransformer):
             if _moved(full, self.old):
                 new_mod, _, new_name = _renamed(full, self.old, self.new).rpartition(".")
                 bind = local or (name if new_name != name else None)
+                touched = True
+                if new_mod == self.scan.module and bind in (None, new_name):
+                    continue  # this file is the new home: the name is defined right here
                 spec = f"{new_name} as {bind}" if bind else new_name
                 moved.setdefault(new_mod, []).append(spec)
-                touched = True
                 continue
             if (local or name) in self.scan.chain_hits:
                 anchor = True

@@ -97,6 +97,12 @@ def test_rewrite(old_new: tuple[str, str], source: str, expected: str) -> None:
     assert rewrite_source(expected, old, new, module="a.x") == expected  # idempotent
 
 
+def test_new_home_does_not_import_itself() -> None:
+    source = "from a.b import W, X\nimport a.b\n\nv = a.b.X + W\n"
+    out = rewrite_source(source, "a.b.X", "c.d.X", module="c.d")
+    assert out == "from a.b import W\n\nv = X + W\n"
+
+
 def test_unrelated_code_is_byte_identical() -> None:
     odd = (
         "import  os   # spacing kept\n"
