@@ -107,6 +107,25 @@ def test_from_import_warns_once_in_fresh_interpreter(shim_pkg: str, tmp_path: Pa
     assert proc.stdout.strip() == "ok"
 
 
+def test_stacklevel_for_a_lazy_wrapper(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pkg = f"lazyshim_{tmp_path.name.replace('-', '_')}"
+    (tmp_path / pkg).mkdir()
+    (tmp_path / pkg / "__init__.py").write_text("")
+    (tmp_path / pkg / "new.py").write_text("def f() -> int:\n    return 1\n")
+    (tmp_path / pkg / "old.py").write_text(
+        "from typing import Any\n\n\n"
+        "def __getattr__(name: str) -> Any:\n"
+        "    from mem_cache_kernels.shims import moved_names\n\n"
+        f"    return moved_names(__name__, {{'f': '{pkg}.new'}}, stacklevel=3)(name)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    old = importlib.import_module(f"{pkg}.old")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert old.f() == 1
+    assert [w.filename for w in caught] == [__file__]
+
+
 @pytest.mark.parametrize(
     ("module_name", "moved", "error"),
     [
@@ -122,6 +141,12 @@ def test_from_import_warns_once_in_fresh_interpreter(shim_pkg: str, tmp_path: Pa
 def test_bad_arguments(module_name: object, moved: object, error: type[Exception]) -> None:
     with pytest.raises(error):
         moved_names(module_name, moved)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("stacklevel", [0, True, 2.0])
+def test_bad_stacklevel(stacklevel: object) -> None:
+    with pytest.raises(ValueError, match="stacklevel"):
+        moved_names("m", {"A": "x"}, stacklevel=stacklevel)  # type: ignore[arg-type]
 
 
 def test_shims_module_imports_no_torch_or_triton() -> None:

@@ -49,13 +49,18 @@ from typing import Any
 __all__ = ["moved_names"]
 
 
-def moved_names(module_name: str, moved: Mapping[str, str]) -> Callable[[str], Any]:
+def moved_names(
+    module_name: str, moved: Mapping[str, str], *, stacklevel: int = 2
+) -> Callable[[str], Any]:
     """Build a PEP 562 module ``__getattr__`` that forwards moved names to their new module.
 
     Args:
         module_name: dotted name of the old module (pass ``__name__``).
         moved: maps each moved attribute name to its new home: either ``"new.module"`` (same
             name there) or ``"new.module:NewName"`` (the object was also renamed).
+        stacklevel: passed to ``warnings.warn``; 2 attributes the warning to the module that
+            accessed the name. Add one per wrapper frame (a ``__getattr__`` that calls the
+            returned function passes 3).
 
     Returns:
         A function to assign to the old module's ``__getattr__``. For a moved name it imports the
@@ -65,12 +70,15 @@ def moved_names(module_name: str, moved: Mapping[str, str]) -> Callable[[str], A
 
     Raises:
         TypeError: ``module_name`` is not a str or ``moved`` is not a mapping of str to str.
-        ValueError: ``module_name`` or a target is empty, or a name is not an identifier.
+        ValueError: ``module_name`` or a target is empty, a name is not an identifier, or
+            ``stacklevel`` is not an int >= 1.
     """
     if not isinstance(module_name, str):
         raise TypeError(f"module_name must be a str, got {type(module_name).__name__}")
     if not module_name:
         raise ValueError("module_name must be a non-empty dotted module name, got ''")
+    if isinstance(stacklevel, bool) or not isinstance(stacklevel, int) or stacklevel < 1:
+        raise ValueError(f"stacklevel must be an int >= 1, got {stacklevel!r}")
     if not isinstance(moved, Mapping):
         raise TypeError(f"moved must be a mapping of name -> module, got {type(moved).__name__}")
     table: dict[str, tuple[str, str]] = {}
@@ -93,7 +101,7 @@ def moved_names(module_name: str, moved: Mapping[str, str]) -> Callable[[str], A
             f"{module_name}.{name} moved to {new_module}.{new_name}; "
             f"import it from {new_module} (the old path is deprecated)",
             DeprecationWarning,
-            stacklevel=2,
+            stacklevel=stacklevel,
         )
         return getattr(importlib.import_module(new_module), new_name)
 
