@@ -25,6 +25,15 @@ def _check_cache(name: str, cache: object) -> torch.Tensor:
     return t
 
 
+def check_dtype_itemsize(name: str, logical: torch.dtype, storage: torch.dtype) -> None:
+    """Check that ``logical`` values can be reinterpreted as ``storage`` (same item size)."""
+    if logical.itemsize != storage.itemsize:
+        raise ValueError(
+            f"{name} must have the item size of the storage dtype {storage} "
+            f"({storage.itemsize} bytes), got {logical} ({logical.itemsize} bytes)"
+        )
+
+
 def _check_logical(
     name: str, cache: torch.Tensor, x: torch.Tensor, dtype: torch.dtype | None
 ) -> None:
@@ -37,7 +46,7 @@ def _check_logical(
             )
         return
     if dtype != cache.dtype:
-        val.check_dtype_itemsize("dtype", dtype, cache.dtype)
+        check_dtype_itemsize("dtype", dtype, cache.dtype)
 
 
 def _check_loc_rows(loc: torch.Tensor, cache: torch.Tensor, name: str) -> None:
@@ -160,7 +169,7 @@ def get_mla_kv_buffer(
         raise ValueError(f"nope_dim must be < the buffer's last dim {buf.shape[-1]}, got {nd}")
     logical = val.check_dtype_arg("dtype", dtype)
     if logical is not None and logical != buf.dtype:
-        val.check_dtype_itemsize("dtype", logical, buf.dtype)
+        check_dtype_itemsize("dtype", logical, buf.dtype)
     val.check_same_device(buf.device, loc=idx)
     _check_loc_rows(idx, buf, "kv_buffer")
     if resolve_backend(backend, buf, idx) == "triton":

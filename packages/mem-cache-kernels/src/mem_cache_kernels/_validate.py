@@ -13,8 +13,11 @@ host synchronisation, so device tensors are trusted there (documented per op).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
+
+from mem_cache_kernels.shims import moved_names
 
 __all__ = [
     "INDEX_DTYPES",
@@ -22,7 +25,6 @@ __all__ = [
     "as_byte_rows",
     "check_backend_arg",
     "check_dtype_arg",
-    "check_dtype_itemsize",
     "check_index",
     "check_index_range",
     "check_int",
@@ -34,6 +36,11 @@ __all__ = [
     "check_tensor_list",
     "is_power_of_two",
 ]
+
+if not TYPE_CHECKING:  # runtime only: mypy keeps flagging unknown names of this module
+    # check_dtype_itemsize moved to its only user, mem_cache_kernels._store. There is no
+    # `if TYPE_CHECKING:` re-import: _store imports this module, so it would be a cycle.
+    __getattr__ = moved_names(__name__, {"check_dtype_itemsize": "mem_cache_kernels._store"})
 
 INDEX_DTYPES = (torch.int32, torch.int64)
 
@@ -114,15 +121,6 @@ def check_tensor_list(name: str, value: object, *, length: int | None = None) ->
     for i, t in enumerate(items):
         check_tensor(f"{name}[{i}]", t)
     return items
-
-
-def check_dtype_itemsize(name: str, logical: torch.dtype, storage: torch.dtype) -> None:
-    """Check that ``logical`` values can be reinterpreted as ``storage`` (same item size)."""
-    if logical.itemsize != storage.itemsize:
-        raise ValueError(
-            f"{name} must have the item size of the storage dtype {storage} "
-            f"({storage.itemsize} bytes), got {logical} ({logical.itemsize} bytes)"
-        )
 
 
 def check_dtype_arg(name: str, value: object) -> torch.dtype | None:
