@@ -184,10 +184,3 @@ class DebugTracker:
         self._owned[p] = False
         slots = (p[:, None] * self.page_size + torch.arange(self.page_size)[None, :]).reshape(-1)
         self._live[slots] = False
-
-    # ---------------------------------------------------------------- queries
-    def live_slots(self) -> torch.Tensor:
-        return torch.nonzero(self._live).reshape(-1)
-
-    def owned_pages(self) -> int:
-        return int(self._owned.sum())

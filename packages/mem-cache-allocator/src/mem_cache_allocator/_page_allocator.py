@@ -129,12 +129,6 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
         """Pages on the free list plus staged pages (host-side)."""
         return len(self._free) + self._num_release
 
-    def live_slots_debug(self) -> torch.Tensor:
-        """Debug mode only: the sorted slots currently handed out (CPU int64)."""
-        if self._debug is None:
-            raise RuntimeError("live_slots_debug() needs debug mode")
-        return self._debug.live_slots()
-
     def free_pages_tensor(self) -> torch.Tensor:
         """The free list front-to-back followed by staged pages (a copy; O(free pages))."""
         parts = [self._free.to_tensor(), *self._release]
