@@ -2,18 +2,17 @@
 
 Triton decides between compiling and interpreting when ``@triton.jit`` *decorates* a kernel, i.e.
 when a ``mem_cache_kernels._triton.<module>`` is imported (triton 3.x reads ``TRITON_INTERPRET``
-through ``triton.knobs`` at decoration time; launching later does not re-read it). The
-``triton_interpret`` fixture therefore sets ``TRITON_INTERPRET=1`` and drops the already imported
-kernel modules, so the next ``triton_impl(...)`` call re-imports them as interpreted functions;
-on teardown it restores the environment and drops them again, so code running later in the same
-process (other packages' tests, GPU runs) never sees interpreted kernels.
+through ``triton.knobs`` at decoration time; launching later does not re-read it), and the
+interpreter patches ``triton.language`` process-wide. So one mode holds for the whole session: on a
+machine without a GPU this conftest (and tests/conftest.py for the whole-repository run) sets
+``TRITON_INTERPRET=1`` before any kernel module is imported. ``triton_interpret`` marks the test
+modules that launch Triton kernels (skipped when triton is not installed).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
-import sys
 from collections.abc import Iterator
 
 import pytest
@@ -24,14 +23,6 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-_PREFIX = "mem_cache_kernels._triton."
-
-
-def _drop_kernel_modules() -> None:
-    for name in [m for m in sys.modules if m.startswith(_PREFIX)]:
-        del sys.modules[name]
-
-
 @pytest.fixture(scope="module")
 def triton_interpret() -> Iterator[None]:
     """Run this module's Triton kernels in Triton's CPU interpreter."""
@@ -40,9 +31,7 @@ def triton_interpret() -> Iterator[None]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TRITON_INTERPRET", "1")
         mp.delenv("MEM_CACHE_KERNELS_BACKEND", raising=False)
-        _drop_kernel_modules()
         yield
-    _drop_kernel_modules()
 
 
 @pytest.fixture(autouse=True)

@@ -206,14 +206,12 @@ def test_page_ops_validate_arguments() -> None:
 
 @pytest.fixture
 def interpreted(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Run the Triton implementation under the interpreter (decorated afresh, then dropped)."""
+    """Run the Triton implementation under the interpreter (see tests/conftest.py: the package
+    conftest puts the whole session in interpreter mode when there is no GPU)."""
     if importlib.util.find_spec("triton") is None:
         pytest.skip("triton is not installed")
-    name = "mem_cache_kernels._triton.dsv4"
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    sys.modules.pop(name, None)  # triton reads TRITON_INTERPRET when @jit decorates
     yield
-    sys.modules.pop(name, None)
 
 
 @pytest.mark.triton
