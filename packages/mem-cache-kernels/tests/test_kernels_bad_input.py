@@ -83,7 +83,7 @@ CASES: list[tuple[str, Callable[[], object], type[Exception], str]] = [
         "store meta device",
         lambda: mk.store_kv(*_caches(), _i(1, 2), K.to("meta"), V),
         ValueError,
-        r"k must be on cpu, got a tensor on meta",
+        r"k must be a tensor with data \(cpu or a GPU\), got a tensor on the meta device",
     ),
     # MLA
     (
