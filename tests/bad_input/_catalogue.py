@@ -5,10 +5,11 @@ then replaces one argument at a time with each hostile value of its kind, so the
 name that argument. Kinds:
 
 * ``idx``: a 1-D int index tensor whose negative entries are a documented "skip";
+  ``pair_idx``: the same, paired with another argument of equal length;
 * ``slots``: a 1-D int index tensor where a negative entry is an error;
-* ``lens``: 1-D int lengths (>= 0);
+* ``lens``: 1-D int lengths (>= 0); ``page_ids``: free page ids (>= 1, no known upper bound);
 * ``table_rows``: row indices of a table (negative is an error, duplicates in a batch are an
-  error);
+  error); ``table_slots``: slots stored into an int32 table (must fit it; no known bound);
 * ``data``: a float tensor of rows (dtype casts are allowed, so no dtype variants);
 * ``count``: a Python int >= 0; ``layer``: a layer id; ``page_size``: a power of two;
 * ``buffers``: a list of tensors (``[role]``), ``layers``: a list of lists (``[role][layer]``).
@@ -61,10 +62,25 @@ def _duplicate(value: object) -> torch.Tensor:
     return t
 
 
+def _shorter(value: object) -> torch.Tensor:
+    return _t(value)[:-1]
+
+
 VARIANTS: dict[str, dict[str, Variant]] = {
     "idx": _index_common(),
+    "pair_idx": {**_index_common(), "mismatched length": _shorter},
     "slots": {**_index_common(), "negative": _negative},
+    "page_ids": {
+        **{k: f for k, f in _index_common().items() if k != "out of range"},
+        "negative": _negative,
+        "padding page 0": lambda v: _set_first(v, 0),
+    },
     "table_rows": {**_index_common(), "negative": _negative, "duplicate": _duplicate},
+    "table_slots": {
+        **{k: f for k, f in _index_common().items() if k != "out of range"},
+        "mismatched length": _shorter,
+        "past int32": lambda v: _set_first(v, 2**31),
+    },
     "lens": {
         "float": lambda v: _t(v).to(torch.float32),
         "meta": lambda v: _t(v).to("meta"),

@@ -50,7 +50,7 @@ def _store() -> Call:
         mk.store_kv,
         {"k_cache": torch.zeros(8, 2, 4), "v_cache": torch.zeros(8, 2, 4), "loc": _i(1, 2),
          "k": torch.ones(2, 2, 4), "v": torch.ones(2, 2, 4)},
-        {"loc": "idx", "k": "data", "v": "data"},
+        {"loc": "pair_idx", "k": "data", "v": "data"},
         backends=True,
     )  # fmt: skip
 
@@ -79,7 +79,7 @@ def _copy_all() -> Call:
         mk.copy_all_layer_kv_cache,
         {"buffers": [torch.zeros(8, 4), torch.zeros(8, 4)], "tgt_loc": _i(1, 2),
          "src_loc": _i(3, 4)},
-        {"buffers": "buffers", "tgt_loc": "idx", "src_loc": "idx"},
+        {"buffers": "buffers", "tgt_loc": "idx", "src_loc": "pair_idx"},
         backends=True,
     )  # fmt: skip
 
@@ -89,7 +89,7 @@ def _transfer() -> Call:
         mk.transfer_rows,
         {"src": [torch.ones(8, 4)], "dst": [torch.zeros(8, 4)], "src_indices": _i(1, 2),
          "dst_indices": _i(3, 4)},
-        {"src": "buffers", "dst": "buffers", "src_indices": "idx", "dst_indices": "idx"},
+        {"src": "buffers", "dst": "buffers", "src_indices": "idx", "dst_indices": "pair_idx"},
         backends=True,
     )  # fmt: skip
 
@@ -100,7 +100,7 @@ def _transfer_all() -> Call:
         {"src": [[torch.ones(8, 4), torch.ones(8, 4)]],
          "dst": [[torch.zeros(8, 4), torch.zeros(8, 4)]], "src_indices": _i(1, 2),
          "dst_indices": _i(3, 4)},
-        {"src": "layers", "dst": "layers", "src_indices": "idx", "dst_indices": "idx"},
+        {"src": "layers", "dst": "layers", "src_indices": "idx", "dst_indices": "pair_idx"},
         backends=True,
     )  # fmt: skip
 
@@ -161,7 +161,7 @@ def _alloc_extend() -> Call:
         mk.alloc_extend,
         {"prefix_lens": _i(2, 0), "seq_lens": _i(6, 3), "last_loc": _i(9, -1),
          "free_pages": _i(5, 6, 7), "out": torch.zeros(7, dtype=I64), "page_size": 4},
-        {"prefix_lens": "lens", "seq_lens": "lens", "free_pages": "slots",
+        {"prefix_lens": "lens", "seq_lens": "lens", "free_pages": "page_ids",
          "page_size": "page_size"},
         backends=True,
     )  # fmt: skip
@@ -172,7 +172,7 @@ def _alloc_decode() -> Call:
         mk.alloc_decode,
         {"seq_lens": _i(5, 3), "last_loc": _i(19, 9), "free_pages": _i(6, 7),
          "out": torch.zeros(2, dtype=I64), "page_size": 4},
-        {"seq_lens": "lens", "free_pages": "slots", "page_size": "page_size"},
+        {"seq_lens": "lens", "free_pages": "page_ids", "page_size": "page_size"},
         backends=True,
     )  # fmt: skip
 
@@ -183,7 +183,7 @@ def _write_req() -> Call:
         {"req_to_token": torch.zeros(4, 8, dtype=torch.int32), "req_pool_indices": _i(1, 2),
          "prefix_lens": _i(0, 1), "seq_lens": _i(2, 3), "out_cache_loc": _i(5, 6, 7, 8)},
         {"req_pool_indices": "table_rows", "prefix_lens": "lens", "seq_lens": "lens",
-         "out_cache_loc": "slots"},
+         "out_cache_loc": "table_slots"},
         backends=True,
     )  # fmt: skip
 

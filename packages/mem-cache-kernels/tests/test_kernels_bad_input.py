@@ -229,7 +229,7 @@ CASES: list[tuple[str, Callable[[], object], type[Exception], str]] = [
         "alloc devices",
         lambda: mk.alloc_decode(_i(1), _i(-1), _i(2).to("meta"), torch.empty(1, dtype=I64), 1),
         ValueError,
-        "free_pages must be on cpu, got a tensor on meta",
+        r"free_pages must be a tensor with data \(cpu or a GPU\), got a tensor on the meta device",
     ),
 ]
 

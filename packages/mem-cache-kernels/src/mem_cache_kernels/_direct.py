@@ -182,9 +182,11 @@ def direct_load_layer_from_page_first_direct(  # noqa: PLR0917
     _check_page_granular("device_indices", di, ps, aligned=False)
     h_top, d_top = v.IndexBound("host_indices", hi // ps), v.IndexBound("device_indices", di)
     for r, (a, b) in enumerate(zip(h, d)):
-        if a.shape[2] != ps or layer >= a.shape[1]:
+        if layer >= a.shape[1]:
+            raise ValueError(f"layer_id must be < host[{r}].shape[1] = {a.shape[1]}, got {layer}")
+        if a.shape[2] != ps:
             raise ValueError(
-                f"host[{r}] must be [pages, L > {layer}, {ps}, *row], got {tuple(a.shape)}"
+                f"host[{r}] must be [pages, L, page_size = {ps}, *row], got {tuple(a.shape)}"
             )
         check_role_pair(f"host[{r}][:, layer_id, 0]", a[:, layer, 0], f"device[{r}]", b)
         h_top.check(a.shape[0], f"host[{r}] pages")

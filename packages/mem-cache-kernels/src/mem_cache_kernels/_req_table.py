@@ -14,6 +14,8 @@ from mem_cache_kernels._torch import req_table as ref
 
 __all__ = ["get_last_loc", "write_req_to_token"]
 
+_LIST_ROWS = 64  # CPU duplicate checks of batches up to this size run on Python ints
+
 
 def _check_table(req_to_token: object) -> torch.Tensor:
     table = v.check_tensor("req_to_token", req_to_token)
@@ -28,11 +30,26 @@ def _check_table(req_to_token: object) -> torch.Tensor:
     return table
 
 
-def _check_rows(rows: torch.Tensor, table: torch.Tensor) -> None:
+def _check_rows(rows: torch.Tensor, table: torch.Tensor, *, distinct: bool = False) -> None:
     """Row indices must name rows of the table: a negative one is an error here, not a skip (torch
-    would wrap -1 to the last row, another request's)."""
+    would wrap -1 to the last row, another request's). With ``distinct`` (writes) no row may
+    appear twice in a batch: two requests writing one row would race for it."""
     v.check_nonnegative("req_pool_indices", rows, "row indices of req_to_token")
     v.check_index_range("req_pool_indices", rows, table.shape[0], "req_to_token")
+    if distinct and rows.numel() > 1:
+        values = rows.tolist() if rows.numel() <= _LIST_ROWS else None
+        n_unique = len(set(values)) if values is not None else int(torch.unique(rows).numel())
+        if n_unique != rows.numel():
+            seen: set[int] = set()
+            dup = -1
+            for r in rows.tolist():
+                if r in seen:
+                    dup = r
+                    break
+                seen.add(r)
+            raise ValueError(
+                f"req_pool_indices must hold distinct rows (one per request), got row {dup} twice"
+            )
 
 
 def _check_write_values(  # noqa: PLR0917
@@ -60,7 +77,7 @@ def _check_write_values(  # noqa: PLR0917
             f"seq_lens must be <= max_len {table.shape[1]} (req_to_token columns), "
             f"got {int(h_seq.max())}"
         )
-    _check_rows(h_rows, table)
+    _check_rows(h_rows, table, distinct=True)
     total = int((h_seq.to(torch.int64) - h_pre).sum())
     if h_new.numel() != total:
         raise ValueError(
@@ -96,7 +113,7 @@ def write_req_to_token(  # noqa: PLR0917
     ``req_to_token[r, :prefix_lens[i]] = prefix``. Slots are stored as the table's dtype.
 
     All tensors share the table's device. Value checks (``0 <= prefix <= seq <= max_len``, every
-    row in ``[0, rows)`` - a negative row raises, it is not a skip - the lengths of
+    row in ``[0, rows)`` and distinct - a negative row raises, it is not a skip - the lengths of
     ``out_cache_loc`` / ``prefix_slots``, every slot fits the table's dtype) run on CPU tensors,
     and on any device in debug mode (``MEM_CACHE_DEBUG=1``, one synchronisation). On a GPU
     without debug they are the caller's guarantee; both backends then still write nothing for a
