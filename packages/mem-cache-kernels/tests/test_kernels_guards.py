@@ -250,3 +250,30 @@ def test_direct_transfer_rows_checks_consecutive_pages() -> None:
 def test_meta_tensors_rejected_naming_the_argument(call: Callable[..., object]) -> None:
     with pytest.raises(ValueError, match=r"\w+ must be a tensor with data .* meta device"):
         call(lambda t: t.to("meta"))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_write_req_to_token_duplicate_rows_raise(
+    backend: str, request: pytest.FixtureRequest
+) -> None:
+    b = _backend(backend, request)
+    whole, table = _guarded_table()
+    before = whole.clone()
+    with pytest.raises(ValueError, match=r"must hold distinct rows .* row 2 twice"):
+        mk.write_req_to_token(table, _t(2, 2), _t(0, 0), _t(1, 1), _t(5, 6), backend=b)
+    assert torch.equal(whole, before)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_dsv4_records_loc_out_of_range_raises(backend: str, request: pytest.FixtureRequest) -> None:
+    from mem_cache_kernels import dsv4
+
+    b = _backend(backend, request)
+    ps = 4
+    buffer = torch.zeros(2, dsv4.dsv4_page_bytes(ps), dtype=torch.uint8)
+    records = torch.ones(1, 584, dtype=torch.uint8)
+    with pytest.raises(ValueError, match=r"loc must index rows of buffer .* got index 8"):
+        dsv4.write_dsv4_records(buffer, _t(8), records, ps, backend=b)
+    with pytest.raises(ValueError, match=r"loc must index rows of buffer .* got index 8"):
+        dsv4.read_dsv4_records(buffer, _t(8), ps, backend=b)
+    assert not bool(buffer.any())
