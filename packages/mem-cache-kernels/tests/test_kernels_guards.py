@@ -297,3 +297,29 @@ def test_caller_names_renames_kernel_arguments_in_errors() -> None:
         mk.transfer_rows(src, dst, _t(1), _t(2))
     with pytest.raises(ValueError, match="identifier"):
         mk.caller_names(src_indices="not valid")
+
+
+@pytest.mark.parametrize("numpy", [True, False])
+def test_large_batch_checks_with_and_without_numpy(
+    numpy: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Batches above the Python-int threshold take the vectorised checks (numpy or torch)."""
+    from mem_cache_kernels import _alloc
+
+    monkeypatch.setattr(_alloc, "_HAS_NUMPY", numpy)
+    bs = _alloc._LIST_CHECKS + 8
+    seq = torch.full((bs,), 5, dtype=I64)  # every request starts a page (page size 4)
+    last = torch.full((bs,), -1, dtype=I64)
+    free = torch.arange(1, bs + 1, dtype=I64)
+    out = torch.full((bs,), -3, dtype=I64)
+    seq[bs - 1] = 0
+    with pytest.raises(ValueError, match=rf"seq_lens must be >= 1 .* at position {bs - 1}"):
+        mk.alloc_decode(seq, last, free, out, 4, num_new_pages=bs)
+    seq[bs - 1] = 5
+    free[bs - 2] = 0
+    with pytest.raises(ValueError, match=rf"free_pages must hold page ids >= 1 .* {bs - 2} of"):
+        mk.alloc_decode(seq, last, free, out, 4, num_new_pages=bs)
+    assert bool((out == -3).all())
+    free[bs - 2] = bs + 5
+    mk.alloc_decode(seq, last, free, out, 4, num_new_pages=bs)
+    assert torch.equal(out, free * 4)

@@ -18,7 +18,9 @@ in O(1) instead.
 
 from __future__ import annotations
 
+import importlib.util
 import os
+from typing import Any
 
 import torch
 
@@ -27,6 +29,9 @@ from mem_cache_kernels._dispatch import BACKEND_ENV_VAR, Backend, resolve_backen
 from mem_cache_kernels._torch import alloc as ref
 
 __all__ = ["alloc_decode", "alloc_extend"]
+
+# numpy reductions on a CPU tensor's buffer cost ~1 us; torch ops cost a few us each
+_HAS_NUMPY = importlib.util.find_spec("numpy") is not None
 
 _LIST_CHECKS = 32  # CPU value checks of batches up to this size run on Python ints
 
@@ -107,6 +112,12 @@ def _check_hint(name: str, value: object, maximum: int | None = None) -> int:
     return n
 
 
+def _host_array(t: torch.Tensor) -> Any:
+    """A CPU tensor as a numpy array (no copy) when numpy is there, else the tensor itself (the
+    callers use only ``min``, ``&``, ``==`` and ``sum``, which both provide)."""
+    return t.numpy() if _HAS_NUMPY else t
+
+
 def _check_pages(free: torch.Tensor, n: int) -> None:
     """The ``n`` pages a batch takes from ``free_pages`` must be real pages (ids >= 1): page 0 is
     the padding page and a negative id yields negative slots. CPU tensors (free to read) and any
@@ -116,7 +127,7 @@ def _check_pages(free: torch.Tensor, n: int) -> None:
     head = v.host_values(free if free.shape[0] == n else free[:n])
     if head is None:
         return
-    lo = int(head.min()) if n > _LIST_CHECKS else min(head.tolist())
+    lo = min(head.tolist()) if n <= _LIST_CHECKS else int(_host_array(head).min())
     if lo < 1:
         at = int(torch.nonzero(head < 1)[0, 0])
         raise ValueError(
@@ -132,8 +143,9 @@ def _decode_pages(seq: torch.Tensor, ps: int) -> int:
         lo = min(values)
         pages = len(values) if ps == 1 else sum(1 for q in values if q & (ps - 1) == 1)
     else:
-        lo = int(seq.min())
-        pages = seq.shape[0] if ps == 1 else int(torch.count_nonzero((seq & (ps - 1)) == 1))
+        a = _host_array(seq)
+        lo = int(a.min())
+        pages = seq.shape[0] if ps == 1 else int(((a & (ps - 1)) == 1).sum())
     if lo < 1:
         at = int(torch.nonzero(seq < 1)[0, 0])
         raise ValueError(
