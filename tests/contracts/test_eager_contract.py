@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from mem_cache_refactor.contracts import eager_import_lines
 from tests.contracts._modules import ROOT
-from tools.import_contracts import eager_import_lines
 
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 
@@ -26,7 +26,7 @@ CONFIG = textwrap.dedent(
         fixturepkg
     include_external_packages = True
     contract_types =
-        eager_forbidden: tools.import_contracts.EagerForbiddenContract
+        eager_forbidden: mem_cache_refactor.contracts.EagerForbiddenContract
 
     [importlinter:contract:eager]
     name = fixture: no eager triton

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
+from mem_cache_refactor.move_check import check, render_text
 from tests.tools._synth import SynthRepo, run_tool
-from tools.move_check import check, render_text
 
 WIDGET = '''
     """Widgets."""
@@ -54,7 +54,7 @@ USE_NEW = '''
 
 
 def _check(repo: SynthRepo, a: str, b: str, *extra: str) -> tuple[int, str]:
-    proc = run_tool("tools.move_check", a, b, "--root", str(repo.root), *extra)
+    proc = run_tool("move_check", a, b, "--root", str(repo.root), *extra)
     assert proc.returncode in (0, 1), proc.stderr
     return proc.returncode, proc.stdout
 
@@ -133,7 +133,7 @@ def test_missed_import_site_fails_then_rewriter_fixes_it(synth: tuple[SynthRepo,
     assert "highpkg/extra.py:6: still imports highpkg.models.Widget" in out
     assert "old path highpkg.models.Widget: gone" in out
 
-    proc = run_tool("tools.rewrite_imports", "highpkg.models.Widget", "lowpkg.widgets.Widget",
+    proc = run_tool("rewrite_imports", "highpkg.models.Widget", "lowpkg.widgets.Widget",
                     str(repo.root))
     assert proc.returncode == 0, proc.stderr
     assert "2 file(s) changed" in proc.stdout
@@ -190,11 +190,11 @@ def test_no_moves_and_bad_refs(synth: tuple[SynthRepo, str]) -> None:
     rc, out = _check(repo, base, edited)
     assert rc == 0
     assert "0 move(s)" in out
-    typo = run_tool("tools.move_check", base, edited, "--root", str(repo.root),
+    typo = run_tool("move_check", base, edited, "--root", str(repo.root),
                     "--allow-edit", "Wigdet")
     assert typo.returncode == 0
     assert "--allow-edit Wigdet matches no moved definition" in typo.stderr
-    proc = run_tool("tools.move_check", base, "no-such-ref", "--root", str(repo.root))
+    proc = run_tool("move_check", base, "no-such-ref", "--root", str(repo.root))
     assert proc.returncode == 2
     assert "no-such-ref" in proc.stderr
 

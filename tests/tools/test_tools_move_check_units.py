@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from tools.move_check._defs import collect_definitions, find_moves
-from tools.move_check._sites import find_import_sites
-from tools.move_check.modpath import module_name_for_path, resolve_relative
+from mem_cache_refactor.modpath import module_name_for_path, resolve_relative
+from mem_cache_refactor.move_check._defs import collect_definitions, find_moves
+from mem_cache_refactor.move_check._sites import find_import_sites
 
 
 @pytest.mark.parametrize(

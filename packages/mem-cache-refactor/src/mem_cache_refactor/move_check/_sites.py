@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tools.move_check.modpath import module_name_for_path, resolve_relative
+from mem_cache_refactor.modpath import module_name_for_path, resolve_relative
 
 __all__ = ["ImportSite", "find_import_sites"]
 

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tools.move_check.modpath import module_name_for_path
+from mem_cache_refactor.modpath import module_name_for_path
 
 __all__ = ["Definition", "collect_definitions", "find_moves", "source_diff"]
 
