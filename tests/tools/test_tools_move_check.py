@@ -103,15 +103,23 @@ def test_move_with_edited_body_fails_with_diff_unless_declared(
     moved = repo.commit("move and edit Widget")
     rc, out = _check(repo, base, moved)
     assert rc == 1
-    assert "body: CHANGED, NOT allowed" in out
+    assert "body: CHANGED in area, NOT allowed" in out
+    # the diff is numbered with the files' lines (the method sits at l.12-13 in both files)
+    assert "--- a/highpkg/models.py:6-13" in out and "+++ b/lowpkg/widgets.py:6-13" in out
+    assert "@@ -10,4 +10,4 @@" in out
     assert "-        return self.size * self.size" in out
     assert "+        return self.size**2" in out
-    assert "body changed (declare with --allow-edit Widget)" in out
-    assert "7/8 lines (87.5%)" in out  # the edited line belongs to the move commit
+    assert "body changed (declare with --allow-edit Widget.area)" in out
+    # blame counts the unedited lines only: all of them trace back to the base commit
+    assert "7/7 unedited lines (100.0%)" in out
     assert "old path highpkg.models.Widget: reexport (same object" in out
-    rc, out = _check(repo, base, moved, "--allow-edit", "Widget")
-    assert rc == 0, out
-    assert "allowed by --allow-edit (move + edit)" in out
+    for allowed in ("Widget", "Widget.area", "lowpkg.widgets.Widget.area"):
+        rc, out = _check(repo, base, moved, "--allow-edit", allowed)
+        assert rc == 0, out
+        assert "allowed by --allow-edit (move + edit)" in out
+    # another method does not cover the edit
+    rc, out = _check(repo, base, moved, "--allow-edit", "Widget.__init__")
+    assert rc == 1 and "NOT allowed" in out
 
 
 def test_missed_import_site_fails_then_rewriter_fixes_it(synth: tuple[SynthRepo, str]) -> None:
@@ -145,6 +153,9 @@ def test_missed_import_site_fails_then_rewriter_fixes_it(synth: tuple[SynthRepo,
     assert "import lowpkg.widgets\n" in extra and "lowpkg.widgets.Widget(scale(1))" in extra
     fixed = repo.commit("rewrite imports")
     rc, out = _check(repo, base, fixed, "--json")
+    assert rc == 1, out  # no silent pass: the old path is gone
+    assert any("--allow-removal highpkg.models.Widget" in f for f in json.loads(out)["failures"])
+    rc, out = _check(repo, base, fixed, "--json", "--allow-removal", "highpkg.models.Widget")
     assert rc == 0, out
     report = json.loads(out)
     assert report["ok"] is True

@@ -1,8 +1,11 @@
 """Rewrite every import of an old dotted path to a new one (a libcst transformer, no formatter).
 
-``python -m tools.rewrite_imports OLD.DOTTED NEW.DOTTED [paths...] [--check]``
+``rewrite-imports OLD.DOTTED NEW.DOTTED [paths...] [--check] [--src-root DIR ...]``
 
 (``--check`` changes nothing: it lists the files that would change and exits 1 if there are any.)
+A file's own module name (needed to resolve its relative imports) comes from the source roots of
+its repository (:class:`mem_cache_refactor.modpath.SourceRoots`: ``pyproject.toml``, ``src/``,
+``python/``, or ``--src-root DIR``).
 
 ``OLD`` is a module (``mem_cache_pool.old_mod``) or a name in a module
 (``mem_cache_pool.old_mod.Helper``); so is ``NEW``. Both need at least two components. Paths are
@@ -38,11 +41,10 @@ from pathlib import Path
 
 import libcst as cst
 
-from mem_cache_refactor.modpath import module_name_for_path, resolve_relative
+from mem_cache_refactor.modpath import SKIP_DIRS, SourceRoots, resolve_relative
 
 __all__ = ["iter_python_files", "main", "rewrite_file", "rewrite_source"]
 
-_SKIP_DIRS = {".git", ".venv", "venv", "node_modules", "__pycache__", "build", "dist", ".cache"}
 
 
 def _dotted(node: cst.BaseExpression) -> str | None:
@@ -368,26 +370,45 @@ def iter_python_files(paths: Iterable[Path]) -> list[Path]:
             continue
         for file in sorted(path.rglob("*.py")):
             rel = file.relative_to(path).parts[:-1]
-            if any(p in _SKIP_DIRS or p.startswith(".") for p in rel):
+            if any(p in SKIP_DIRS or p.startswith(".") for p in rel):
                 continue
             found.append(file)
     return found
 
 
-def _module_of(file: Path) -> str | None:
-    parts = file.resolve().parts
-    for i in range(len(parts)):
-        if (Path(*parts[: i + 1]) / ".git").exists():
-            return module_name_for_path("/".join(parts[i + 1 :]))
+def _repo_top(file: Path) -> Path | None:
+    """The innermost folder above ``file`` that holds ``.git``."""
+    for parent in file.resolve().parents:
+        if (parent / ".git").exists():
+            return parent
     return None
 
 
-def rewrite_file(file: Path, old: str, new: str, *, write: bool = True) -> bool:
-    """Rewrite ``file`` in place (only report when ``write`` is False); True when it changes."""
+_ROOTS: dict[tuple[Path, tuple[str, ...]], SourceRoots] = {}
+
+
+def _module_of(file: Path, src_roots: Sequence[Path] = ()) -> str | None:
+    top = _repo_top(file)
+    if top is None:
+        return None
+    key = (top, tuple(str(r) for r in src_roots))
+    if key not in _ROOTS:
+        _ROOTS[key] = SourceRoots.discover(top, extra=[Path(r).resolve() for r in src_roots])
+    return _ROOTS[key].module_name(file.resolve().relative_to(top).as_posix())
+
+
+def rewrite_file(
+    file: Path, old: str, new: str, *, write: bool = True, src_roots: Sequence[Path] = ()
+) -> bool:
+    """Rewrite ``file`` in place (only report when ``write`` is False); True when it changes.
+
+    ``src_roots``: extra source roots of the file's repository (see ``--src-root``).
+    """
     source = file.read_text(encoding="utf-8")
     try:
         result = rewrite_source(
-            source, old, new, module=_module_of(file), is_package=file.name == "__init__.py"
+            source, old, new, module=_module_of(file, src_roots),
+            is_package=file.name == "__init__.py",
         )
     except cst.ParserSyntaxError as exc:
         print(f"rewrite_imports: skipping {file}: {exc.message}", file=sys.stderr)
@@ -401,7 +422,7 @@ def rewrite_file(file: Path, old: str, new: str, *, write: bool = True) -> bool:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m tools.rewrite_imports",
+        prog="rewrite-imports",
         description="Rewrite imports of OLD (module or module.Name) to NEW across files.",
     )
     parser.add_argument("old", help="old dotted path, e.g. mem_cache_pool.util.helper")
@@ -409,6 +430,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("paths", nargs="*", type=Path, help="files/dirs (default: .)")
     parser.add_argument("--check", action="store_true",
                         help="change nothing; list the files that still use OLD, exit 1 if any")
+    parser.add_argument("--src-root", action="append", default=[], type=Path, metavar="DIR",
+                        help="an import root of the repository (repeatable; default: found from "
+                             "pyproject.toml, src/, python/)")
     args = parser.parse_args(argv)
     try:
         _check_path("OLD", args.old)
@@ -416,7 +440,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     files = iter_python_files(args.paths or [Path(".")])
-    changed = [f for f in files if rewrite_file(f, args.old, args.new, write=not args.check)]
+    changed = [f for f in files if rewrite_file(f, args.old, args.new, write=not args.check,
+                                      src_roots=args.src_root)]
     verb = "would rewrite" if args.check else "rewrote"
     for f in changed:
         print(f"{verb} {f}")

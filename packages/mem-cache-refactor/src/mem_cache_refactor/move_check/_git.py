@@ -33,8 +33,14 @@ def git(root: Path, *args: str) -> str:
 
 
 def rev_parse(root: Path, ref: str) -> str:
-    """Full commit id of ``ref`` (raises GitError for an unknown ref)."""
-    return git(root, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}").strip()
+    """Full commit id of ``ref`` (raises GitError naming ``ref`` when it is unknown)."""
+    proc = subprocess.run(
+        ["git", "-C", str(root), "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"],
+        capture_output=True, text=True, check=False,
+    )
+    if proc.returncode != 0 or not proc.stdout.strip():
+        raise GitError(f"unknown ref {ref!r}: not a commit in {root}")
+    return proc.stdout.strip()
 
 
 def rev_list(root: Path, ref_a: str, ref_b: str) -> set[str]:
