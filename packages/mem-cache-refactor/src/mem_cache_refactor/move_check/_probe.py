@@ -92,6 +92,7 @@ def probe_env(roots: list[Path]) -> dict[str, str]:
     kept = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join([*(str(r) for r in roots), *kept])
     env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env.setdefault("COLUMNS", "200")  # lint-imports wraps its report at the terminal width
     env.pop("PYTHONSTARTUP", None)
     return env
 
