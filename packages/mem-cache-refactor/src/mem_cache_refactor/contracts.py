@@ -46,7 +46,9 @@ Configuration (INI)::
     exempt_modules =
         engine.mem_cache._kernels
 
-``source_modules`` are packages: every module inside them is an entry point. ``exempt_modules``
+``source_modules`` are packages: every module inside them is an entry point; with
+``as_packages = False`` only the listed modules themselves are (``import engine.alloc`` must stay
+light, while ``engine.alloc.sparse`` may load the kernels when imported on its own). ``exempt_modules``
 (and their descendants) are not entry points: they are the implementation modules that may
 import the forbidden module eagerly (an entry point that reaches them still counts).
 """
@@ -217,7 +219,12 @@ class _EagerGraph:
 
 
 def find_eager_chains(
-    graph: Any, sources: Iterable[str], forbidden: Iterable[str], exempt: Iterable[str]
+    graph: Any,
+    sources: Iterable[str],
+    forbidden: Iterable[str],
+    exempt: Iterable[str],
+    *,
+    as_packages: bool = True,
 ) -> list[EagerChain]:
     """For each module under ``sources`` (minus ``exempt``), the shortest import-time chain to
     each module under ``forbidden`` it reaches. Chains that are the tail of another, and chains
@@ -227,6 +234,8 @@ def find_eager_chains(
     chains: list[EagerChain] = []
     for source in sorted(graph.modules):
         if graph.is_module_squashed(source) or not _within(source, sources):
+            continue
+        if not as_packages and source not in sources:
             continue
         if _within(source, exempt) or _within(source, forbidden):
             continue
@@ -275,6 +284,7 @@ class EagerForbiddenContract(Contract):
     source_modules = fields.ListField(subfield=fields.StringField())
     forbidden_modules = fields.ListField(subfield=fields.StringField())
     exempt_modules = fields.ListField(subfield=fields.StringField(), required=False, default=[])
+    as_packages = fields.BooleanField(required=False, default=True)
 
     def check(self, graph: Any, verbose: bool) -> ContractCheck:
         # the base class turns the field declarations into parsed lists of strings
@@ -287,6 +297,7 @@ class EagerForbiddenContract(Contract):
             options["source_modules"],
             options["forbidden_modules"],
             options["exempt_modules"],
+            as_packages=bool(self.as_packages),
         )
         return ContractCheck(
             kept=not chains,

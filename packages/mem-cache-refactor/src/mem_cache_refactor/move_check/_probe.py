@@ -92,7 +92,9 @@ def probe_env(roots: list[Path]) -> dict[str, str]:
     kept = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join([*(str(r) for r in roots), *kept])
     env["PYTHONDONTWRITEBYTECODE"] = "1"
-    env.setdefault("COLUMNS", "200")  # lint-imports wraps its report at the terminal width
+    # lint-imports wraps its report at the terminal width: keep each chain on one line
+    columns = env.get("COLUMNS", "")
+    env["COLUMNS"] = str(max(int(columns) if columns.isdigit() else 0, 240))
     env.pop("PYTHONSTARTUP", None)
     return env
 
