@@ -49,8 +49,9 @@ Configuration (INI)::
 ``source_modules`` are packages: every module inside them is an entry point; with
 ``as_packages = False`` only the listed modules themselves are (``import engine.alloc`` must stay
 light, while ``engine.alloc.sparse`` may load the kernels when imported on its own).
-``exempt_modules`` (and their descendants) are not entry points: they are the implementation modules that may
-import the forbidden module eagerly (an entry point that reaches them still counts).
+``exempt_modules`` (and their descendants) are not entry points: they are the implementation
+modules that may import the forbidden module eagerly (an entry point that reaches them still
+counts).
 """
 
 from __future__ import annotations
