@@ -80,10 +80,17 @@ class BlameLine:
     orig_path: str
 
 
-def blame(root: Path, ref: str, path: str, start: int, end: int) -> list[BlameLine]:
-    """``git blame -C -C -C`` of lines ``start..end`` (1-based, inclusive) of ``path``."""
+def blame(
+    root: Path, ref: str, path: str, start: int, end: int, min_chars: int = 40
+) -> list[BlameLine]:
+    """``git blame -C -C -C`` of lines ``start..end`` (1-based, inclusive) of ``path``.
+
+    ``min_chars``: the least alphanumeric characters a moved block needs to be traced (git's
+    default is 40, which misses a whole two-line function).
+    """
     out = git(
-        root, "blame", "--porcelain", "-C", "-C", "-C", "-L", f"{start},{end}", ref, "--", path
+        root, "blame", "--porcelain", "-C", "-C", f"-C{min_chars}", "-L", f"{start},{end}", ref,
+        "--", path,
     )
     lines: list[BlameLine] = []
     last_path: dict[str, str] = {}
