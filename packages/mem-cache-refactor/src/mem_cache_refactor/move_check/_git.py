@@ -81,7 +81,7 @@ class BlameLine:
 
 
 def blame(
-    root: Path, ref: str, path: str, start: int, end: int, min_chars: int = 40
+    root: Path, ref: str, path: str, start: int, end: int, *, min_chars: int = 40
 ) -> list[BlameLine]:
     """``git blame -C -C -C`` of lines ``start..end`` (1-based, inclusive) of ``path``.
 
