@@ -259,9 +259,8 @@ def _blame(
     # a short definition is one short block: let blame trace it (git's default needs 40 chars)
     alnum = sum(c.isalnum() for c in new.source)
     min_chars = min(40, max(10, alnum // 2))
-    lines = [
-        b for b in blame(root, ref_b, new.path, new.start, new.end, min_chars=min_chars) if b.line in only
-    ]
+    traced = blame(root, ref_b, new.path, new.start, new.end, min_chars=min_chars)
+    lines = [b for b in traced if b.line in only]
     before = [b for b in lines if b.commit not in change_commits]
     sources = Counter(f"{b.orig_path}@{b.commit[:10]}" for b in before)
     return len(lines), len(before), dict(sorted(sources.items()))
