@@ -70,7 +70,7 @@ def test_snapshot_update_check_and_drift(tmp_path: Path) -> None:
     root = str(repo.root)
     missing = run_tool("api_snapshot", "check", "--root", root)
     assert missing.returncode == 1
-    assert "run python -m tools.api_snapshot update" in missing.stdout
+    assert "run api-snapshot update" in missing.stdout
 
     assert run_tool("api_snapshot", "update", "--root", root).returncode == 0
     snap_path = repo.root / "tests/contracts/api/demo_pkg.json"
@@ -103,7 +103,7 @@ def test_snapshot_update_check_and_drift(tmp_path: Path) -> None:
     assert drift.returncode == 1
     assert "-              \"signature\": \"(self) -> 'int'\"" in drift.stdout
     assert "+              \"signature\": \"(self, k: 'int') -> 'int'\"" in drift.stdout
-    assert "run python -m tools.api_snapshot update" in drift.stdout
+    assert "run api-snapshot update" in drift.stdout
 
     unknown = run_tool("api_snapshot", "check", "--package", "nope", "--root", root)
     assert unknown.returncode == 2

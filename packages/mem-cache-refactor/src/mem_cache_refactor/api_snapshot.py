@@ -1,4 +1,4 @@
-"""Public-API snapshots: ``python -m tools.api_snapshot check|update [--package NAME]``.
+"""Public-API snapshots: ``api-snapshot check|update [--package NAME] [--src-root DIR]``.
 
 A package's public API is the ``__all__`` of its root module and of every public module below it
 (no path component starting with ``_``; private modules are never imported, so neither is
@@ -7,11 +7,14 @@ signature: functions with ``inspect.signature``; classes with their constructor 
 defining module and public members (methods, class/static methods, properties, attributes);
 modules by name; data by type (plus the value for plain literals and typing constructs).
 
-Snapshots live in ``tests/contracts/api/<import_name>.json`` (sorted, indented JSON) and are
+The packages are the top-level packages (folders with ``__init__.py``) of the repository's source
+roots other than its top (:class:`mem_cache_refactor.modpath.SourceRoots`: ``pyproject.toml``,
+``src/``, ``python/``, ``--src-root DIR``); ``--package`` picks some. Snapshots live in
+``tests/contracts/api/<import_name>.json`` (``--snapshot-dir``; sorted, indented JSON) and are
 committed. ``check`` compares the live API with them and prints a unified diff per package;
 ``update`` rewrites them. A snapshot change in a pull request is the reviewable record of an
-API change. Exit status of ``check``: 0 equal, 1 differs/missing (run
-``python -m tools.api_snapshot update``), 2 usage error.
+API change. Exit status of ``check``: 0 equal, 1 differs/missing (run ``api-snapshot update``),
+2 usage error.
 """
 
 from __future__ import annotations
@@ -24,39 +27,77 @@ import inspect
 import json
 import pkgutil
 import re
+import subprocess
 import sys
 import types
 import typing
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mem_cache_refactor.modpath import SourceRoots
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
 __all__ = ["Package", "describe_package", "discover_packages", "main", "render"]
 
-ROOT = Path.cwd()
 SNAPSHOT_DIR = Path("tests") / "contracts" / "api"
-HINT = "run python -m tools.api_snapshot update (and commit tests/contracts/api/)"
+HINT = "run api-snapshot update (and commit the snapshot files)"
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 _LITERALS = (bool, int, float, str, bytes, type(None))
 
 
 @dataclass(frozen=True, slots=True)
 class Package:
-    """One distribution under ``packages/``: its folder name, import name and ``src`` folder."""
+    """One importable package: its distribution name, import name and source root."""
 
     dist: str
     name: str
     src: Path
 
 
-def discover_packages(root: Path) -> list[Package]:
-    """Every ``packages/<dist>/src/<name>/__init__.py`` under ``root``, sorted by import name."""
-    found = [
-        Package(init.parent.parent.parent.name, init.parent.name, init.parent.parent)
-        for init in root.glob("packages/*/src/*/__init__.py")
-    ]
-    return sorted(found, key=lambda p: p.name)
+def _dist_name(root: Path, src: Path) -> str:
+    """``[project] name`` of the nearest ``pyproject.toml`` at or above ``src`` (inside
+    ``root``), else the folder above a ``src`` folder, else the source root's own name."""
+    for folder in [src, *src.parents]:
+        project = folder / "pyproject.toml"
+        if project.is_file() and folder != root:
+            try:
+                name = tomllib.loads(project.read_text(encoding="utf-8")).get("project", {})
+            except (OSError, tomllib.TOMLDecodeError):
+                name = {}
+            if isinstance(name, dict) and isinstance(name.get("name"), str):
+                return str(name["name"])
+        if folder == root:
+            break
+    return src.parent.name if src.name == "src" else src.name
+
+
+def discover_packages(root: Path, src_roots: Sequence[str | Path] = ()) -> list[Package]:
+    """The top-level packages of ``root``'s source roots (except the top itself), sorted by
+    import name."""
+    roots = SourceRoots.discover(root, extra=list(src_roots))
+    found: dict[str, Package] = {}
+    for rel in roots.roots:
+        if not rel:
+            continue
+        src = root / rel
+        for init in sorted(src.glob("*/__init__.py")):
+            name = init.parent.name
+            if name.isidentifier() and name not in found:
+                found[name] = Package(_dist_name(root, src), name, src)
+    return sorted(found.values(), key=lambda p: p.name)
+
+
+def _repo_top() -> Path:
+    proc = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True,
+                          text=True, check=False)
+    return Path(proc.stdout.strip()) if proc.returncode == 0 else Path.cwd()
 
 
 def _clean(text: str) -> str:
@@ -193,16 +234,21 @@ def render(snapshot: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m tools.api_snapshot",
+        prog="api-snapshot",
         description="Check or update the committed public-API snapshots of the packages.",
     )
     parser.add_argument("command", choices=["check", "update"])
     parser.add_argument("--package", action="append", default=[], metavar="NAME",
                         help="only this package (import or distribution name); repeatable")
-    parser.add_argument("--root", type=Path, default=ROOT, help="repository root")
+    parser.add_argument("--root", type=Path, default=None,
+                        help="repository root (default: the git top of the current folder)")
+    parser.add_argument("--src-root", action="append", default=[], metavar="DIR",
+                        help="a source root of the repository, relative to it (repeatable)")
+    parser.add_argument("--snapshot-dir", type=Path, default=SNAPSHOT_DIR, metavar="DIR",
+                        help=f"where the snapshots live, relative to the root ({SNAPSHOT_DIR})")
     args = parser.parse_args(argv)
-    root: Path = args.root.resolve()
-    packages = discover_packages(root)
+    root: Path = (args.root or _repo_top()).resolve()
+    packages = discover_packages(root, args.src_root)
     if args.package:
         wanted = set(args.package)
         unknown = wanted - {p.name for p in packages} - {p.dist for p in packages}
@@ -215,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     for pkg in reversed(packages):  # the tree's sources win over any installed copy
         if str(pkg.src) not in sys.path:
             sys.path.insert(0, str(pkg.src))
-    out_dir = root / SNAPSHOT_DIR
+    out_dir = root / args.snapshot_dir
     failed: list[str] = []
     for pkg in packages:
         live = render(describe_package(pkg.name))

@@ -1,4 +1,7 @@
-"""Run ``griffe check`` for every package against the merge base: ``python -m tools.griffe_check``.
+"""Run ``griffe check`` for every package against the merge base: ``griffe-check``.
+
+Packages are found as by ``api-snapshot`` (the repository's source roots; needs the ``griffe``
+extra: ``pip install mem-cache-refactor[griffe]``).
 
 Base ref, first match wins: ``--base REF``; ``$MEM_CACHE_API_BASE``; ``git merge-base HEAD
 origin/main`` when ``origin/main`` exists and the merge base differs from ``HEAD``. Without a
@@ -20,11 +23,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from mem_cache_refactor.api_snapshot import discover_packages
+from mem_cache_refactor.api_snapshot import _repo_top, discover_packages
 
 __all__ = ["find_base", "main"]
 
-ROOT = Path.cwd()
 
 
 def _git(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -53,18 +55,19 @@ def find_base(root: Path, explicit: str | None = None) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m tools.griffe_check",
+        prog="griffe-check",
         description="griffe check (API breakage) of every package against the merge base.",
     )
     parser.add_argument("--base", default=None, help="ref to compare against")
-    parser.add_argument("--root", type=Path, default=ROOT, help="repository root")
+    parser.add_argument("--root", type=Path, default=None,
+                        help="repository root (default: the git top of the current folder)")
     parser.add_argument(
         "--format",
         default="github" if os.environ.get("GITHUB_ACTIONS") else "oneline",
         choices=["oneline", "verbose", "markdown", "github", "azdo"],
     )
     args = parser.parse_args(argv)
-    root: Path = args.root.resolve()
+    root: Path = (args.root or _repo_top()).resolve()
     base = find_base(root, args.base)
     if base is None:
         print("griffe_check: no base: skipped")

@@ -11,7 +11,7 @@ A repository keeps its importable code under one or more *source roots*: the fol
    ``package-dir``. A project file that names none of these is auto-discovered like setuptools
    does: its ``src/`` folder when there is one, else its own folder (``python/pyproject.toml``
    -> ``python/``);
-3. a top-level ``src/`` or ``python/`` folder;
+3. every ``src/`` folder, and a top-level ``python/`` folder;
 4. the repository top itself, always last (``tests/``, ``tools/``, flat layouts).
 
 A file belongs to the deepest root that holds it, and its module name never carries the root
@@ -183,6 +183,7 @@ class SourceRoots:
             found.extend(_roots_from_pyproject(data, _norm(str(PurePosixPath(f).parent)),
                                                has_dir))
         found.extend(d for d in ("src", "python") if has_dir(d))
+        found.extend(d for d in dirs if PurePosixPath(d).name == "src")
         for root in sorted(found, key=lambda r: (-r.count("/") if r else 1, r)):
             if root and has_dir(root):
                 ordered[root] = None
