@@ -32,7 +32,7 @@ def test_old_module_paths_warn_and_return_the_same_object(old: str, name: str, n
     [warning] = [w for w in caught if issubclass(w.category, DeprecationWarning)]
     assert f"{new}.{name}" in str(warning.message)
     with pytest.raises(AttributeError):
-        module.no_such_name
+        _ = module.no_such_name
 
 
 @pytest.mark.parametrize(
