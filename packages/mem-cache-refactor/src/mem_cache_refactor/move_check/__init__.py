@@ -1,6 +1,7 @@
-"""Refactor-safety checker for moved definitions: ``python -m tools.move_check REF_A REF_B``.
+"""Refactor-safety checker for moved definitions: ``move-check REF_A REF_B``.
 
-See :mod:`tools.move_check.core` for what is checked and ``tools/REFACTORING.md`` for the workflow.
+See :mod:`mem_cache_refactor.move_check.core` for what is checked and the package README for
+the workflow.
 """
 
 from __future__ import annotations

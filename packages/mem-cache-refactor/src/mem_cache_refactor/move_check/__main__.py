@@ -1,4 +1,4 @@
-"""``python -m tools.move_check REF_A REF_B [--json] [--allow-edit NAME ...] [--root PATH]``."""
+"""``python -m mem_cache_refactor.move_check REF_A REF_B ...``: the same as ``move-check``."""
 
 from __future__ import annotations
 

@@ -394,7 +394,7 @@ def _indent(text: str, prefix: str = "      ") -> str:
 def render_text(report: Report) -> str:
     """Human-readable report."""
     out = [
-        f"move_check {report.ref_a}..{report.ref_b} "
+        f"move-check {report.ref_a}..{report.ref_b} "
         f"({report.commit_a[:10]}..{report.commit_b[:10]}): {len(report.moves)} move(s)"
     ]
     for m in report.moves:
