@@ -184,3 +184,29 @@ def test_blame_share_under_the_threshold_fails(tmp_path: Path) -> None:
     assert "or lower --min-blame" in proc.stdout
     lowered = _run(repo, "HEAD~2", "HEAD", *ALLOW_GONE, "--min-blame", "0")
     assert lowered.returncode == 0, lowered.stdout
+
+
+def test_relative_importer_under_the_source_root_is_found_and_rewritten(tmp_path: Path) -> None:
+    repo, _ = engine_repo(tmp_path / "engine")
+    files = moved_files()
+    # a relative import: resolving it needs the module name without the python/ folder
+    files[f"{MC}/chunk_cache.py"] = chunk_cache(OLD).replace(
+        f"from {OLD} import", "from .sparse_memory_pool import"
+    )
+    repo.write(files)
+    repo.commit("move, one relative importer left behind")
+    proc = _run(repo, "HEAD~1", "HEAD", *ALLOW_GONE)
+    assert proc.returncode == 1
+    line = line_of(chunk_cache(OLD), f"from {OLD} import")
+    assert f"{MC}/chunk_cache.py:{line}: still imports {OLD}.SparseTokenAllocator" in proc.stdout
+    rewrite = subprocess.run(
+        [str(MOVE_CHECK.parent / "rewrite-imports"), f"{OLD}.SparseTokenAllocator",
+         f"{NEW}.SparseTokenAllocator", "python", "test"],
+        cwd=repo.root, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert rewrite.returncode == 0, rewrite.stdout + rewrite.stderr
+    assert "1 file(s) changed" in rewrite.stdout
+    assert (repo.root / MC / "chunk_cache.py").read_text() == chunk_cache(NEW)
+    repo.commit("rewrite the importer")
+    fixed = _run(repo, "HEAD~2", "HEAD", *ALLOW_GONE)
+    assert fixed.returncode == 0, fixed.stdout
