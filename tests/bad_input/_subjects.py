@@ -76,6 +76,31 @@ def _indexer() -> Any:
     return DeepSeekV4IndexerPool(8, 4, torch.float8_e4m3fn, 16, 2, "cpu")
 
 
+def _v4_pool(*, hisparse: bool) -> Any:
+    from mem_cache_pool.deepseek_v4 import DeepSeekV4TokenToKVPool
+
+    return DeepSeekV4TokenToKVPool(
+        2, 16, 64, 4, 2, 2, 128, 4, torch.float8_e4m3fn, torch.float32, torch.float32,
+        448, 64, 16, 3, "cpu", False, [0, 4, 128], enable_hisparse=hisparse, state_dim=8,
+    )  # fmt: skip
+
+
+def _v4_mapped() -> Any:
+    """A DeepSeek-V4 pool whose SWA / compressed mappings the allocator registered."""
+    pool = _v4_pool(hisparse=True)
+    _v4_alloc(pool)
+    return pool
+
+
+def _v4_alloc(pool: Any = None) -> Any:
+    from mem_cache_allocator import PagedTokenToKVPoolAllocator
+    from mem_cache_allocator.deepseek_v4_hisparse import DeepSeekV4HiSparseTokenToKVPoolAllocator
+
+    pool = pool if pool is not None else _v4_pool(hisparse=True)
+    logical = PagedTokenToKVPoolAllocator(pool.size, 128, torch.float8_e4m3fn, "cpu", pool)
+    return DeepSeekV4HiSparseTokenToKVPoolAllocator(logical)
+
+
 def _state_pool() -> Any:
     from mem_cache_pool.deepseek_v4 import CompressStatePool
 
@@ -176,6 +201,8 @@ OWNERS: dict[str, Callable[[], Any]] = {
     "mem_cache_pool._deepseek_v4_indexer:DeepSeekV4IndexerPool": _indexer,
     "mem_cache_pool._deepseek_v4_state:CompressStatePool": _state_pool,
     "mem_cache_pool.req_to_token:ReqToTokenPool": _req,
+    "mem_cache_pool.deepseek_v4:DeepSeekV4TokenToKVPool": _v4_mapped,
+    "mem_cache_allocator.deepseek_v4_hisparse:DeepSeekV4HiSparseTokenToKVPoolAllocator": _v4_alloc,
     "mem_cache_pool.base:KVBufferDesc": _desc,
     "mem_cache_allocator.token:TokenToKVPoolAllocator": _token,
     "mem_cache_allocator.paged:PagedTokenToKVPoolAllocator": _paged,
@@ -200,10 +227,6 @@ EXEMPT_OWNERS: dict[str, str] = {
     "mem_cache_pool_host.hisparse:HiSparseHostPoolMixin": "mixin: host pools",
     "mem_cache_pool_host.registration:CudaHostRegistrar": "needs CUDA (cudaHostRegister)",
     "mem_cache_pool_host.memory:MmapHostAllocation": "built by MmapHostTensorAllocator.allocate",
-    "mem_cache_pool.deepseek_v4:DeepSeekV4TokenToKVPool": "pending: needs a DSv4 layer plan",
-    "mem_cache_allocator.deepseek_v4_hisparse:DeepSeekV4HiSparseTokenToKVPoolAllocator": (
-        "pending: needs a DeepSeekV4TokenToKVPool"
-    ),
 }
 
 
