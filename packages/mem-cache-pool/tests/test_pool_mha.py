@@ -199,3 +199,22 @@ def test_debug_mode_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MEM_CACHE_DEBUG", "0")
     assert not _pool().debug
     assert _pool(debug=True).debug
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=str)
+@pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32], ids=str)
+def test_set_kv_buffer_skips_the_padding_slot(dtype: torch.dtype, index_dtype: torch.dtype) -> None:
+    # SGLang 0.5.23's store_cache kernel skips slot 0 (reserved_skip_index=0): padded tokens of
+    # a CUDA-graph batch write there, and the slot keeps its zeros
+    pool = _pool(dtype)
+    loc = torch.tensor([0, 1, 0, 5], dtype=index_dtype)
+    k = (torch.randn(4, 2, 8) + 3).to(dtype)
+    v = (torch.randn(4, 2, 8) - 3).to(dtype)
+    for layer_loc in (loc, KVWriteLoc(loc)):
+        pool.set_kv_buffer(1, layer_loc, k, v)
+        assert not pool.k_buffer[1][0].any() and not pool.v_buffer[1][0].any()
+        # only slot 0 is skipped: slot 1 (same padding page) and slot 5 are written
+        assert torch.equal(_bits(pool.get_key_buffer(1)[[1, 5]]), _bits(k[[1, 3]]))
+        assert torch.equal(_bits(pool.get_value_buffer(1)[[1, 5]]), _bits(v[[1, 3]]))
+    assert loc.tolist() == [0, 1, 0, 5]  # the caller's slots are not modified
+    assert not pool.k_buffer[0].any()

@@ -145,3 +145,17 @@ def test_constructor_validation_and_single_kind() -> None:
     with pytest.raises(RuntimeError, match="no sliding-window layers"):
         _ = only_full.swa_kv_pool
     only_full.move_kv_cache(torch.tensor([3]), torch.tensor([2]))  # no mapping needed
+
+
+def test_padding_slot_is_skipped_in_both_sub_pools() -> None:
+    # SGLang 0.5.23 routes to the MHA sub-pools, whose store_cache skips slot 0: a padded token
+    # (full slot 0, window slot 0) leaves both padding rows untouched
+    pool = _pool()
+    wl = KVWriteLoc(torch.tensor([0, 3]), swa_loc=torch.tensor([0, 5]))
+    k, v = torch.ones(2, 2, 4), torch.full((2, 2, 4), 2.0)
+    pool.set_kv_buffer(0, wl, k, v)
+    pool.set_kv_buffer(1, wl, k, v)
+    for sub in (pool.full_kv_pool, pool.swa_kv_pool):
+        assert not sub.k_buffer[0][0].any() and not sub.v_buffer[0][0].any()
+    assert torch.equal(pool.full_kv_pool.v_buffer[0][3], v[1])
+    assert torch.equal(pool.swa_kv_pool.k_buffer[0][5], k[1])

@@ -7,6 +7,10 @@ Index conventions (shared by every pool, allocator and host pool of mem-cache):
 * With page size ``ps``, page ``p`` owns slots ``[p * ps, (p + 1) * ps)``. Every per-layer buffer
   has ``size + ps`` rows: page 0 (slots ``[0, ps)``) is the padding page, a write sink for padded
   tokens that allocators never hand out.
+* Slot 0 is the CUDA-graph padding slot. The stores SGLang 0.5.23 guards skip it (nothing is
+  written there, so it keeps its zeros): ``MHATokenToKVPool.set_kv_buffer`` (and SWA through it)
+  and ``set_mla_kv_buffer`` of the MLA family. The other stores write it as SGLang does (see the
+  package README's table).
 * Layer ids are global: a pool holds layers ``[start_layer, end_layer)`` (a pipeline stage; note
   the half-open range, ``end_layer = start_layer + layer_num`` by default) and
   indexes its buffers by ``layer_id - start_layer``.
@@ -33,6 +37,7 @@ from mem_cache_pool._checks import check_distinct, check_index, check_int, debug
 
 __all__ = [
     "FP8_DTYPES",
+    "PADDING_SLOT",
     "CpuKVCopy",
     "KVBufferDesc",
     "KVCache",
@@ -129,6 +134,18 @@ class KVBufferDesc:
         if role not in self.roles:
             raise ValueError(f"role must be one of {self.roles}, got {role!r}")
         return self.buffers[self.roles.index(role)]
+
+
+PADDING_SLOT = 0
+"""The CUDA-graph padding slot: padded tokens write here; guarded stores skip it."""
+
+
+def _skip_padding_slot(slots: torch.Tensor) -> torch.Tensor:
+    """``slots`` with every ``PADDING_SLOT`` entry replaced by -1, a row the kernels skip.
+
+    Elementwise (no device synchronisation); the caller's tensor is not modified.
+    """
+    return slots.masked_fill(slots == PADDING_SLOT, -1)
 
 
 def _pointer_table(buffers: Sequence[Sequence[torch.Tensor]], device: torch.device) -> torch.Tensor:

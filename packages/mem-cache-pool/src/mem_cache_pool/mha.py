@@ -8,7 +8,7 @@ import torch
 
 import mem_cache_kernels as kernels
 from mem_cache_pool._checks import check_int, check_rows
-from mem_cache_pool.base import KVCache, KVWriteLoc, unwrap_write_loc
+from mem_cache_pool.base import KVCache, KVWriteLoc, _skip_padding_slot, unwrap_write_loc
 
 __all__ = ["MHATokenToKVPool"]
 
@@ -109,7 +109,9 @@ class MHATokenToKVPool(KVCache):
         Inputs may be any floating dtype: when it differs from ``dtype`` they are divided by
         ``k_scale``/``v_scale`` (if given; the inputs are not modified) and cast. A
         ``KVWriteLoc`` writes at its ``loc``. ``layer_id_override`` (SGLang) replaces
-        ``layer_id``. Validates everything before writing; mutates rows ``loc`` of one layer.
+        ``layer_id``. Entries of ``loc`` equal to 0 (the padding slot, where CUDA-graph padded
+        tokens write) are skipped, as SGLang 0.5.23's ``store_cache`` kernel does: slot 0 keeps
+        its contents. Validates everything before writing; mutates rows ``loc`` of one layer.
         """
         layer = layer_id if layer_id_override is None else layer_id_override
         index = self.layer_index(layer)
@@ -123,5 +125,10 @@ class MHATokenToKVPool(KVCache):
             v = v / v_scale
         if n:
             kernels.store_kv(
-                self.k_buffer[index], self.v_buffer[index], slots, k, v, dtype=self.dtype
+                self.k_buffer[index],
+                self.v_buffer[index],
+                _skip_padding_slot(slots),
+                k,
+                v,
+                dtype=self.dtype,
             )
