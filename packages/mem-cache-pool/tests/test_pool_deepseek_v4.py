@@ -206,6 +206,10 @@ def test_hisparse_c4_pool_writes_through_the_mapping() -> None:
     bad[-1] = 0
     with pytest.raises(ValueError, match="sentinel -1"):
         pool.register_mapping(bad)
+    bad = mapping.clone()
+    bad[3] = pool.slot_limit
+    with pytest.raises(ValueError, match=r"mapping\[:-1\] values must lie in \[0, 10\)"):
+        pool.register_mapping(bad)
 
 
 # ----------------------------------------------------------------------------- indexer / state

@@ -139,3 +139,12 @@ def test_padding_slot_after_translation() -> None:
     pool.set_kv_buffer(0, torch.tensor([3]), packed, None)
     assert torch.equal(pool.kv_buffer[0][0], packed[0])
     assert logical.tolist() == [3, 21, 0]
+
+
+def test_register_mapping_rejects_device_slots_out_of_range() -> None:
+    pool = _pool()
+    bad = _mapping()
+    bad[21] = SIZE + PS
+    with pytest.raises(ValueError, match=r"values must lie in \[0, 12\) \(0 = unmapped\)"):
+        pool.register_mapping(bad)
+    assert pool.full_to_hisparse_device_index_mapping is None

@@ -218,3 +218,16 @@ def test_set_kv_buffer_skips_the_padding_slot(dtype: torch.dtype, index_dtype: t
         assert torch.equal(_bits(pool.get_value_buffer(1)[[1, 5]]), _bits(v[[1, 3]]))
     assert loc.tolist() == [0, 1, 0, 5]  # the caller's slots are not modified
     assert not pool.k_buffer[0].any()
+
+
+def test_scale_of_the_wrong_kind_raises_before_writing() -> None:
+    pool = _pool(torch.float16)
+    k = torch.ones(1, 2, 8)
+    with pytest.raises(TypeError, match="k_scale must be a number, a tensor or None, got str"):
+        pool.set_kv_buffer(0, torch.tensor([1]), k, k, k_scale="2")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="v_scale must be"):
+        pool.set_kv_buffer(0, torch.tensor([1]), k, k, v_scale=True)
+    assert not pool.k_buffer[0].any() and not pool.v_buffer[0].any()
+    pool.set_kv_buffer(0, torch.tensor([1]), k.float() * 4, k.float() * 4, torch.tensor(2.0), 4)
+    assert pool.k_buffer[0][1].tolist() == torch.full((2, 8), 2.0).tolist()
+    assert pool.v_buffer[0][1].tolist() == torch.ones(2, 8).tolist()

@@ -141,3 +141,9 @@ def test_padding_slot_per_store_path(dtype: torch.dtype) -> None:
     pool.set_kv_buffer(1, torch.tensor([0, 4]), packed)
     assert torch.equal(_bits(pool.get_key_buffer(1)[[0, 4]]), _bits(packed))
     assert loc.tolist() == [0, 3, 0]
+
+
+def test_get_mla_kv_buffer_rejects_a_bad_dst_dtype() -> None:
+    pool = _pool()
+    with pytest.raises(TypeError, match=r"dst_dtype must be a torch\.dtype or None, got 'x'"):
+        pool.get_mla_kv_buffer(0, torch.tensor([1]), dst_dtype="x")  # type: ignore[arg-type]

@@ -176,6 +176,20 @@ def test_write_and_clear() -> None:
     assert pool.available_size() == 2
 
 
+def test_write_rejects_values_past_int32_and_rows_outside_the_table() -> None:
+    pool = ReqToTokenPool(2, 6, "cpu")
+    before = pool.req_to_token.clone()
+    with pytest.raises(ValueError, match=r"values must fit int32 .* got min 5, max 2147483648"):
+        pool.write((1, slice(0, 2)), torch.tensor([5, 2**31]))
+    with pytest.raises(ValueError, match=r"values must fit int32 .* got -2147483649"):
+        pool.write((1, 0), -(2**31) - 1)
+    with pytest.raises(ValueError, match=r"indices must address req_to_token of shape \(3, 6\)"):
+        pool.write((3, slice(0, 2)), torch.tensor([5, 6]))
+    assert torch.equal(pool.req_to_token, before)
+    pool.write((1, 0), 2**31 - 1)
+    assert int(pool.req_to_token[1, 0]) == 2**31 - 1
+
+
 def test_constructor_validation() -> None:
     with pytest.raises(ValueError, match="size"):
         ReqToTokenPool(0, 4, "cpu")

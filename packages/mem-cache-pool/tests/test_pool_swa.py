@@ -159,3 +159,12 @@ def test_padding_slot_is_skipped_in_both_sub_pools() -> None:
         assert not sub.k_buffer[0][0].any() and not sub.v_buffer[0][0].any()
     assert torch.equal(pool.full_kv_pool.v_buffer[0][3], v[1])
     assert torch.equal(pool.swa_kv_pool.k_buffer[0][5], k[1])
+
+
+def test_register_mapping_rejects_window_slots_out_of_range() -> None:
+    pool = _pool()
+    bad = _mapping()
+    bad[5] = SIZE_SWA + PS  # one past the window pool's rows
+    with pytest.raises(ValueError, match=r"mapping\[:-1\] values must lie in \[0, 10\)"):
+        pool.register_mapping(bad)
+    assert pool.full_to_swa_index_mapping is None

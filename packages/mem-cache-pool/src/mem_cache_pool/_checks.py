@@ -124,11 +124,18 @@ def check_rows(
 
 
 def check_mapping(
-    name: str, mapping: object, device: torch.device, length: int, *, full: bool
+    name: str,
+    mapping: object,
+    device: torch.device,
+    length: int,
+    *,
+    full: bool,
+    targets: int | None = None,
 ) -> torch.Tensor:
-    """Validate a slot mapping: int64 ``[length]`` on ``device`` with ``mapping[-1] == -1``.
+    """Validate a slot mapping: int64 ``[length]`` on ``device`` with ``mapping[-1] == -1`` and,
+    when ``targets`` is given, every other value in ``[0, targets)``.
 
-    The sentinel (a device read) is checked when ``full`` or on the CPU.
+    The values (a device read) are checked when ``full`` or on the CPU.
     """
     if not isinstance(mapping, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(mapping).__name__}")
@@ -141,4 +148,11 @@ def check_mapping(
         last = int(mapping[-1])
         if last != -1:
             raise ValueError(f"{name}[-1] must be the sentinel -1, got {last}")
+        if targets is not None and length > 1:
+            lo, hi = int(mapping[:-1].min()), int(mapping[:-1].max())
+            if lo < 0 or hi >= targets:
+                raise ValueError(
+                    f"{name}[:-1] values must lie in [0, {targets}) (0 = unmapped), got min "
+                    f"{lo}, max {hi}"
+                )
     return mapping

@@ -276,7 +276,7 @@ class HiSparseC4DevicePool(DeepSeekV4SingleKVPool):
         if length < 2:
             raise ValueError(f"mapping must have at least 2 elements, got {length}")
         self.full_to_hisparse_device_index_mapping = check_mapping(
-            "mapping", mapping, self.device, length, full=self.debug
+            "mapping", mapping, self.device, length, full=self.debug, targets=self.slot_limit
         )
 
     def translate_loc_from_full_to_compressed(self, full_loc: torch.Tensor) -> torch.Tensor:

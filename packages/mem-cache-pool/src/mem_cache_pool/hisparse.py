@@ -45,6 +45,7 @@ class HiSparseDSATokenToKVPool(DSATokenToKVPool):
             self.device,
             self.index_buf_size + self.page_size + 1,
             full=self.debug,
+            targets=self.num_rows,
         )
 
     def _mapping(self) -> torch.Tensor:

@@ -99,8 +99,8 @@ class MHATokenToKVPool(KVCache):
         loc: torch.Tensor | KVWriteLoc,
         cache_k: torch.Tensor,
         cache_v: torch.Tensor,
-        k_scale: float | None = None,
-        v_scale: float | None = None,
+        k_scale: float | torch.Tensor | None = None,
+        v_scale: float | torch.Tensor | None = None,
         layer_id_override: int | None = None,
     ) -> None:
         """Write ``cache_k`` ``[n, head_num, head_dim]`` and ``cache_v`` ``[n, head_num,
@@ -113,6 +113,13 @@ class MHATokenToKVPool(KVCache):
         tokens write) are skipped, as SGLang 0.5.23's ``store_cache`` kernel does: slot 0 keeps
         its contents. Validates everything before writing; mutates rows ``loc`` of one layer.
         """
+        for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
+            if scale is not None and (
+                isinstance(scale, bool) or not isinstance(scale, (int, float, torch.Tensor))
+            ):
+                raise TypeError(
+                    f"{name} must be a number, a tensor or None, got {type(scale).__name__}"
+                )
         layer = layer_id if layer_id_override is None else layer_id_override
         index = self.layer_index(layer)
         slots = self._check_loc("loc", unwrap_write_loc(loc))

@@ -146,6 +146,8 @@ class MLATokenToKVPool(KVCache):
         The rows are returned in ``dtype`` (bit-exact), or cast to ``dst_dtype`` when given.
         Waits once for the layer. Does not mutate the pool.
         """
+        if dst_dtype is not None and not isinstance(dst_dtype, torch.dtype):
+            raise TypeError(f"dst_dtype must be a torch.dtype or None, got {dst_dtype!r}")
         self._wait_layer(layer_id)
         index = layer_id - self.start_layer
         slots = self._device_loc("loc", loc)

@@ -220,10 +220,33 @@ class ReqToTokenPool:
 
     # ---------------------------------------------------------------- table
     def write(self, indices: _Index, values: torch.Tensor | int) -> None:
-        """``req_to_token[indices] = values`` (plain tensor indexing; values cast to int32)."""
+        """``req_to_token[indices] = values`` (plain tensor indexing; values cast to int32).
+
+        Values that do not fit int32 raise ``ValueError`` (ints always; tensors when they are on
+        the CPU, where the check costs no device synchronisation); so do indices outside the
+        table. Nothing is written then.
+        """
+        lo32, hi32 = -(2**31), 2**31 - 1
         if isinstance(values, torch.Tensor):
+            if values.device.type == "cpu" and values.numel() and values.dtype != torch.int32:
+                lo, hi = values.min(), values.max()
+                if bool(lo < lo32) or bool(hi > hi32):
+                    raise ValueError(
+                        f"values must fit int32 [{lo32}, {hi32}], got min {lo.item()}, "
+                        f"max {hi.item()}"
+                    )
             values = values.to(torch.int32)
-        self.req_to_token[indices] = values
+        elif (
+            isinstance(values, int) and not isinstance(values, bool) and not lo32 <= values <= hi32
+        ):
+            raise ValueError(f"values must fit int32 [{lo32}, {hi32}], got {values}")
+        try:
+            self.req_to_token[indices] = values
+        except IndexError as exc:
+            raise ValueError(
+                f"indices must address req_to_token of shape {tuple(self.req_to_token.shape)}: "
+                f"{exc}"
+            ) from None
 
     def clear(self) -> None:
         """Free every row (the table contents are left as they are)."""

@@ -199,7 +199,12 @@ class SWAKVPool(BaseSWAKVPool):
     def register_mapping(self, mapping: torch.Tensor) -> None:
         """Install the full -> swa slot mapping (see :class:`BaseSWAKVPool`)."""
         self.full_to_swa_index_mapping = check_mapping(
-            "mapping", mapping, self.device, self.num_rows + 1, full=self.debug
+            "mapping",
+            mapping,
+            self.device,
+            self.num_rows + 1,
+            full=self.debug,
+            targets=None if self._swa is None else self._swa.num_rows,
         )
 
     def _mapping(self) -> torch.Tensor:
@@ -226,8 +231,8 @@ class SWAKVPool(BaseSWAKVPool):
         loc: torch.Tensor | KVWriteLoc,
         cache_k: torch.Tensor,
         cache_v: torch.Tensor,
-        k_scale: float | None = None,
-        v_scale: float | None = None,
+        k_scale: float | torch.Tensor | None = None,
+        v_scale: float | torch.Tensor | None = None,
         layer_id_override: int | None = None,
     ) -> None:
         """Write at ``loc`` (full layers) or ``loc.swa_loc`` (window layers; must not be None).
