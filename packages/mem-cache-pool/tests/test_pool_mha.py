@@ -231,3 +231,18 @@ def test_scale_of_the_wrong_kind_raises_before_writing() -> None:
     pool.set_kv_buffer(0, torch.tensor([1]), k.float() * 4, k.float() * 4, torch.tensor(2.0), 4)
     assert pool.k_buffer[0][1].tolist() == torch.full((2, 8), 2.0).tolist()
     assert pool.v_buffer[0][1].tolist() == torch.ones(2, 8).tolist()
+
+
+def test_layer_below_start_layer_raises_instead_of_writing_the_last_layer() -> None:
+    # deliberate deviation (README): SGLang indexes k_buffer[layer_id - start_layer], so layer 2
+    # of a pool holding layers [3, 5) would silently write local layer -1, the last one
+    pool = _pool(torch.float16, start_layer=3)
+    k = torch.ones(1, 2, 8)
+    for call in (
+        lambda: pool.set_kv_buffer(2, torch.tensor([1]), k, k),
+        lambda: pool.set_kv_buffer(4, torch.tensor([1]), k, k, layer_id_override=2),
+        lambda: pool.get_key_buffer(2),
+    ):
+        with pytest.raises(ValueError, match=r"layer_id must lie in \[3, 5\), got 2"):
+            call()
+    assert not any(t.any() for t in (*pool.k_buffer, *pool.v_buffer))
