@@ -232,3 +232,24 @@ def test_stride_alignment(make_pool: MakePool) -> None:
     small = MHATokenToKVPoolHost(small_pages)
     assert not small.is_stride_page_aligned(4096)
     assert small.is_stride_page_aligned(1024)
+
+
+def test_from_tag_accepts_only_canonical_tags() -> None:
+    fmt = PageFormat.make(
+        order="token_major",
+        roles=("kv",),
+        layer_num=3,
+        page_size=1,  # one token: both orders hold the same bytes, the tag says layer_major
+        row_shapes=((1, 8),),
+        store_dtype=torch.bfloat16,
+    )
+    assert fmt.order == "layer_major"
+    assert PageFormat.from_tag(fmt.tag) == fmt
+    for bad in (
+        fmt.tag.replace("layer_major", "token_major"),  # not canonical
+        fmt.tag.replace("layer_major", "row_major"),  # unknown order
+        fmt.tag.replace("dtype=bfloat16", "dtype=nonsense"),
+        fmt.tag + " extra",
+    ):
+        with pytest.raises(ValueError, match="tag"):
+            PageFormat.from_tag(bad)

@@ -175,8 +175,8 @@ class PageFormat:
             dtype = getattr(torch, fields["dtype"])
             if not isinstance(dtype, torch.dtype):
                 raise ValueError(fields["dtype"])
-            fmt = cls(
-                order=fields["order"],  # type: ignore[arg-type]
+            fmt = cls.make(
+                order=fields["order"],
                 roles=tuple(fields["roles"].split(",")),
                 layer_num=int(fields["layers"]),
                 page_size=int(fields["page_size"]),
