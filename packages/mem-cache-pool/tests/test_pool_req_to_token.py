@@ -191,6 +191,8 @@ def test_write_rejects_values_past_int32_and_rows_outside_the_table() -> None:
 
 
 def test_constructor_validation() -> None:
+    with pytest.raises(ValueError, match="device must name a torch device"):
+        ReqToTokenPool(2, 4, "nodev")
     with pytest.raises(ValueError, match="size"):
         ReqToTokenPool(0, 4, "cpu")
     with pytest.raises(TypeError, match="max_context_len"):

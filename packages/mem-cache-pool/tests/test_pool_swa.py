@@ -135,6 +135,13 @@ def test_cpu_copy_round_trip() -> None:
         pool.load_cpu_copy({"full.k": copy["full.k"]}, torch.tensor([6, 7]))
 
 
+def test_constructor_names_size_swa() -> None:
+    with pytest.raises(ValueError, match="size_swa must be >= 0, got -1"):
+        _pool(size_swa=-1)
+    with pytest.raises(ValueError, match="device must name a torch device"):
+        _pool(device="nodev")
+
+
 def test_constructor_validation_and_single_kind() -> None:
     with pytest.raises(ValueError, match="contiguous"):
         _pool(swa_attention_layer_ids=[1, 2], full_attention_layer_ids=[0, 2])

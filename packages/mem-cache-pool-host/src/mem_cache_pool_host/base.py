@@ -162,6 +162,11 @@ class HostKVCache(StoragePageMixin):
         self.row_bytes = desc.row_bytes
         self.pin_memory = pin_memory
         self.device = torch.device("cpu")
+        if allocator is not None and not callable(getattr(allocator, "allocate", None)):
+            raise TypeError(
+                "allocator must have allocate(nbytes) -> HostAllocation, got "
+                f"{type(allocator).__name__}"
+            )
         tensor_allocator = allocator or default_host_tensor_allocator(pin_memory)
         self._allocations: list[HostAllocation] = []
         self.buffers: tuple[torch.Tensor, ...] = self._allocate_buffers(tensor_allocator)

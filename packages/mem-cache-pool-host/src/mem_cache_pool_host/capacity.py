@@ -65,6 +65,12 @@ def plan_host_capacity(
                 f"one page needs {page_bytes} bytes"
             )
     else:
+        if isinstance(host_to_device_ratio, bool) or not isinstance(
+            host_to_device_ratio, (int, float)
+        ):
+            raise TypeError(
+                f"host_to_device_ratio must be a number, got {type(host_to_device_ratio).__name__}"
+            )
         if not host_to_device_ratio > 0:
             raise ValueError(f"host_to_device_ratio must be > 0, got {host_to_device_ratio}")
         tokens = int(device_size * host_to_device_ratio)

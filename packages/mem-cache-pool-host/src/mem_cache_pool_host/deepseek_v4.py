@@ -149,6 +149,16 @@ class DeepSeekV4SingleKVPoolHost(HostKVCache):
             )
         if host.device.type != "cpu":
             raise ValueError(f"host_indices must be on the CPU, got {host.device}")
+        if dev.device.type not in ("cpu", desc.device.type):
+            raise ValueError(
+                f"device_indices must be on the CPU or on the device pool's device {desc.device}, "
+                f"got {dev.device}"
+            )
+        if dev.device.type == "cpu" and dev.numel():
+            limit = int(desc.buffers[0][0].shape[0]) * self.tokens_per_page
+            lo, hi = int(dev.min()), int(dev.max())
+            if lo < 0 or hi >= limit:
+                raise ValueError(f"device_indices must lie in [0, {limit}), got range [{lo}, {hi}]")
         if host.numel():
             lo, hi = int(host.min()), int(host.max())
             if lo < 0 or hi >= self.token_size:

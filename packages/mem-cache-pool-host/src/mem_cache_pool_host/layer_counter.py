@@ -218,5 +218,7 @@ class LayerDoneCounter:
             raise err
 
     def _check_layer(self, layer_index: int) -> None:
+        if isinstance(layer_index, bool) or not isinstance(layer_index, int):
+            raise TypeError(f"layer_index must be an int, got {type(layer_index).__name__}")
         if not 0 <= layer_index < self.num_layers:
             raise ValueError(f"layer_index must be in [0, {self.num_layers}), got {layer_index}")

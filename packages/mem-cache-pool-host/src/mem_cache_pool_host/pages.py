@@ -137,6 +137,10 @@ class StoragePageMixin:
     def is_stride_page_aligned(self, page_size_bytes: int = 4096) -> bool:
         """Whether every zero-copy range starts at a multiple of ``page_size_bytes``."""
         self._check_open()
+        if isinstance(page_size_bytes, bool) or not isinstance(page_size_bytes, int):
+            raise TypeError(f"page_size_bytes must be an int, got {type(page_size_bytes).__name__}")
+        if page_size_bytes < 1:
+            raise ValueError(f"page_size_bytes must be >= 1, got {page_size_bytes}")
         return _pages.stride_page_aligned(
             self.layout, self.buffers, self.page_size, page_size_bytes
         )

@@ -17,6 +17,7 @@ import torch
 __all__ = [
     "DEBUG_ENV_VAR",
     "INDEX_DTYPES",
+    "check_device_arg",
     "check_distinct",
     "check_index",
     "check_int",
@@ -41,6 +42,20 @@ def check_int(name: str, value: object, minimum: int) -> int:
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
     return value
+
+
+def check_device_arg(name: str, device: object) -> torch.device:
+    """``device`` (a ``torch.device`` or a device string) as a ``torch.device``."""
+    if isinstance(device, torch.device):
+        return device
+    if not isinstance(device, str):
+        raise TypeError(f"{name} must be a torch.device or a str, got {type(device).__name__}")
+    try:
+        return torch.device(device)
+    except RuntimeError:
+        raise ValueError(
+            f"{name} must name a torch device (e.g. 'cpu', 'cuda:0'), got {device!r}"
+        ) from None
 
 
 def _check_device(name: str, tensor: torch.Tensor, device: torch.device) -> None:

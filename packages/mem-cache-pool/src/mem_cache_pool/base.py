@@ -33,7 +33,13 @@ from typing import Protocol, runtime_checkable
 import torch
 
 import mem_cache_kernels as kernels
-from mem_cache_pool._checks import check_distinct, check_index, check_int, debug_from_env
+from mem_cache_pool._checks import (
+    check_device_arg,
+    check_distinct,
+    check_index,
+    check_int,
+    debug_from_env,
+)
 
 __all__ = [
     "FP8_DTYPES",
@@ -199,7 +205,7 @@ class KVCache(abc.ABC):
         self.dtype = dtype
         self.store_dtype = storage_dtype(dtype)
         self.layer_num = check_int("layer_num", layer_num, 1)
-        self.device = torch.device(device)
+        self.device = check_device_arg("device", device)
         self.enable_memory_saver = enable_memory_saver
         self.start_layer = check_int("start_layer", start_layer or 0, 0)
         # half-open: the pool holds global layers [start_layer, end_layer)

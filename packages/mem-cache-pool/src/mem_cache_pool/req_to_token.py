@@ -12,7 +12,7 @@ from typing import Protocol, overload
 
 import torch
 
-from mem_cache_pool._checks import check_int
+from mem_cache_pool._checks import check_device_arg, check_int
 
 __all__ = ["ReqKvInfoLike", "ReqKvLike", "ReqLike", "ReqToTokenPool"]
 
@@ -90,7 +90,7 @@ class ReqToTokenPool:
     ) -> None:
         self.size = check_int("size", size, 1)
         self.max_context_len = check_int("max_context_len", max_context_len, 1)
-        self.device = torch.device(device)
+        self.device = check_device_arg("device", device)
         self.enable_memory_saver = enable_memory_saver
         self.req_to_token = torch.zeros(
             (size + 1, max_context_len), dtype=torch.int32, device=self.device

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import torch
 
 import mem_cache_kernels as kernels
-from mem_cache_pool._checks import check_distinct, check_index, check_mapping
+from mem_cache_pool._checks import check_distinct, check_index, check_int, check_mapping
 from mem_cache_pool.base import CpuKVCopy, KVBufferDesc, KVCache, KVWriteLoc, unwrap_write_loc
 from mem_cache_pool.mha import MHATokenToKVPool
 
@@ -105,7 +105,7 @@ class SWAKVPool(BaseSWAKVPool):
             all_ids[-1] + 1,
             debug=debug,
         )
-        self.size_swa = size_swa
+        self.size_swa = check_int("size_swa", size_swa, 0)
         self.swa_layer_nums, self.full_layer_nums = len(swa_ids), len(full_ids)
         self.swa_attention_layer_ids, self.full_attention_layer_ids = swa_ids, full_ids
         self.layers_mapping: dict[int, tuple[int, bool]] = {}
