@@ -134,8 +134,10 @@ def test_alloc_rejects_foreign_rows_and_bad_types() -> None:
         pool.alloc([_Req(), object()])  # type: ignore[list-item]
     with pytest.raises(TypeError, match=r"reqs\[0\].req_pool_idx"):
         pool.alloc([_Req(1.0)])  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="need_size"):
+    with pytest.raises(ValueError, match="reqs must be >= 0, got -1"):
         pool.alloc(-1)
+    with pytest.raises(ValueError, match="need_size must be >= 0, got -1"):
+        pool.alloc_rows(-1)
     assert pool.available_size() == 2
 
 

@@ -194,6 +194,8 @@ class DeepSeekV4SingleKVPoolHost(HostKVCache):
         device token slots ``device_indices`` and mark the layer done (aborting the counter's
         batch on error, like ``load_to_device_per_layer``)."""
         try:
+            if isinstance(layer_id, bool) or not isinstance(layer_id, int):
+                raise TypeError(f"layer_id must be an int, got {type(layer_id).__name__}")
             if not 0 <= layer_id < self.layer_num:
                 raise ValueError(f"layer_id must be in [0, {self.layer_num}), got {layer_id}")
             desc, host, dev = self._token_args(device_pool, host_indices, device_indices)

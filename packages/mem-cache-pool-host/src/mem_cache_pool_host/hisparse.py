@@ -31,6 +31,12 @@ def _check_row(req_to_host_pool: torch.Tensor, req_pool_idx: int) -> None:
 
 
 def _check_tables(req_to_host_pool: torch.Tensor, allocated_len: torch.Tensor) -> None:
+    for name, t in (
+        ("req_to_host_pool", req_to_host_pool),
+        ("req_to_host_pool_allocated_len", allocated_len),
+    ):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if req_to_host_pool.dtype != torch.int64 or req_to_host_pool.dim() != 2:
         raise ValueError(
             "req_to_host_pool must be a 2-D int64 tensor, got "
@@ -63,6 +69,8 @@ class HiSparseHostPoolMixin:
 
     def alloc_page(self, num_pages: int) -> torch.Tensor | None:
         """``num_pages`` whole pages of host slots (CPU int64), or ``None``."""
+        if isinstance(num_pages, bool) or not isinstance(num_pages, int):
+            raise TypeError(f"num_pages must be an int, got {type(num_pages).__name__}")
         if num_pages < 0:
             raise ValueError(f"num_pages must be >= 0, got {num_pages}")
         return self.alloc(num_pages * self.page_size)

@@ -64,6 +64,10 @@ def page_order(layout: str) -> PageOrder:
     )
 
 
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _shape_text(shape: tuple[int, ...]) -> str:
     return "x".join(str(d) for d in shape)
 
@@ -98,8 +102,22 @@ class PageFormat:
     ) -> PageFormat:
         """A format of the current version; ``order`` becomes ``layer_major`` when
         ``page_size == 1`` or ``layer_num == 1`` (both orders hold the same bytes then)."""
-        if order not in PAGE_ORDERS:
+        if not isinstance(order, str) or order not in PAGE_ORDERS:
             raise ValueError(f"order must be one of {PAGE_ORDERS}, got {order!r}")
+        if not isinstance(roles, tuple) or not all(isinstance(r, str) for r in roles):
+            raise TypeError(f"roles must be a tuple of str, got {roles!r}")
+        if not isinstance(row_shapes, tuple) or not all(
+            isinstance(shape, tuple) and all(_is_int(d) and d >= 1 for d in shape)
+            for shape in row_shapes
+        ):
+            raise TypeError(
+                f"row_shapes must be a tuple of tuples of positive ints, got {row_shapes!r}"
+            )
+        for name, value in (("layer_num", layer_num), ("page_size", page_size)):
+            if not _is_int(value):
+                raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        if not isinstance(store_dtype, torch.dtype):
+            raise TypeError(f"store_dtype must be a torch.dtype, got {type(store_dtype).__name__}")
         if len(roles) != len(row_shapes) or not roles:
             raise ValueError(
                 f"roles and row_shapes must be non-empty and of equal length, got {roles} and "
@@ -122,6 +140,10 @@ class PageFormat:
 
     def role_shape(self, role: int) -> tuple[int, ...]:
         """Shape of role number ``role`` inside a page, in this format's order."""
+        if not _is_int(role):
+            raise TypeError(f"role must be an int, got {type(role).__name__}")
+        if not 0 <= role < len(self.roles):
+            raise ValueError(f"role must be in [0, {len(self.roles)}), got {role}")
         row = self.row_shapes[role]
         if self.order == "token_major":
             return (self.page_size, self.layer_num, *row)

@@ -126,11 +126,16 @@ class StoragePageMixin:
         page's flat page.
         """
         self._check_open()
-        idx = (
-            indices
-            if isinstance(indices, torch.Tensor)
-            else torch.tensor(list(indices), dtype=torch.int64)
-        )
+        if isinstance(indices, torch.Tensor):
+            idx = indices
+        else:
+            if isinstance(indices, (str, bytes)) or not isinstance(indices, Sequence):
+                raise TypeError(
+                    f"indices must be a tensor or a sequence of ints, got {type(indices).__name__}"
+                )
+            if not all(isinstance(i, int) and not isinstance(i, bool) for i in indices):
+                raise TypeError("indices must be a tensor or a sequence of ints")
+            idx = torch.tensor(list(indices), dtype=torch.int64)
         pages = self._slots.pages_of(idx).tolist()
         return _pages.page_buffer_meta(self.layout, self.buffers, pages, self.page_size)
 

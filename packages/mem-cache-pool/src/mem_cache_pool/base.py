@@ -70,6 +70,8 @@ CpuKVCopy = dict[str, list[torch.Tensor]]
 
 def storage_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype a pool stores ``dtype`` rows in: ``uint8`` for fp8, ``dtype`` otherwise."""
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be a torch.dtype, got {type(dtype).__name__}")
     return torch.uint8 if dtype in FP8_DTYPES else dtype
 
 
@@ -98,8 +100,18 @@ class KVWriteLoc:
 
 
 def unwrap_write_loc(loc: torch.Tensor | KVWriteLoc) -> torch.Tensor:
-    """The full-pool slots of ``loc`` (a bare tensor or a ``KVWriteLoc``)."""
-    return loc.loc if isinstance(loc, KVWriteLoc) else loc
+    """The full-pool slots of ``loc`` (a bare tensor or a ``KVWriteLoc``).
+
+    ``TypeError`` unless the slots are an int32/int64 tensor; ``ValueError`` for a meta tensor.
+    """
+    slots = loc.loc if isinstance(loc, KVWriteLoc) else loc
+    if not isinstance(slots, torch.Tensor):
+        raise TypeError(f"loc must be a torch.Tensor or a KVWriteLoc, got {type(slots).__name__}")
+    if slots.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"loc must be int32 or int64, got {slots.dtype}")
+    if slots.device.type == "meta":
+        raise ValueError("loc must hold data (a CPU or accelerator tensor), got meta")
+    return slots
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -113,7 +113,7 @@ class ReqToTokenPool:
     def alloc(self, reqs: int | Sequence[AnyReq]) -> list[int] | None:
         """Hand out rows (see the class docstring); ``None`` when too few rows are free."""
         if isinstance(reqs, int) and not isinstance(reqs, bool):
-            return self.alloc_rows(check_int("need_size", reqs, 0))
+            return self.alloc_rows(check_int("reqs", reqs, 0))
         if isinstance(reqs, (str, bytes)) or not isinstance(reqs, Sequence):
             raise TypeError(
                 f"reqs must be an int or a sequence of requests, got {type(reqs).__name__}"
@@ -227,6 +227,12 @@ class ReqToTokenPool:
         table. Nothing is written then.
         """
         lo32, hi32 = -(2**31), 2**31 - 1
+        for name, arg in (("indices", indices), ("values", values)):
+            parts = arg if isinstance(arg, tuple) else (arg,)
+            if any(isinstance(p, torch.Tensor) and p.device.type == "meta" for p in parts):
+                raise ValueError(f"{name} must hold data (a CPU or accelerator tensor), got meta")
+        if isinstance(values, bool) or not isinstance(values, (int, torch.Tensor)):
+            raise TypeError(f"values must be an int or a tensor, got {type(values).__name__}")
         if isinstance(values, torch.Tensor):
             if values.device.type == "cpu" and values.numel() and values.dtype != torch.int32:
                 lo, hi = values.min(), values.max()
