@@ -246,3 +246,13 @@ def test_layer_below_start_layer_raises_instead_of_writing_the_last_layer() -> N
         with pytest.raises(ValueError, match=r"layer_id must lie in \[3, 5\), got 2"):
             call()
     assert not any(t.any() for t in (*pool.k_buffer, *pool.v_buffer))
+
+
+def test_cpu_copy_takes_sglang_0_5_23_keywords() -> None:
+    # SGLang 0.5.23: get_cpu_copy(indices, mamba_indices=None, req_pool_index=None); the
+    # allocator forwards mamba_indices, and a KV pool ignores it
+    pool = _pool(torch.float32)
+    pool.set_kv_buffer(0, torch.tensor([1, 2]), torch.ones(2, 2, 8), torch.ones(2, 2, 8))
+    copy = pool.get_cpu_copy(torch.tensor([1, 2]), mamba_indices=None, req_pool_index=3)
+    pool.load_cpu_copy(copy, torch.tensor([5, 6]), torch.tensor([0]), req_pool_index=3)
+    assert torch.equal(pool.k_buffer[0][[5, 6]], torch.ones(2, 2, 8))

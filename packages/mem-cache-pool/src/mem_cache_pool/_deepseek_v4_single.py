@@ -209,7 +209,12 @@ class DeepSeekV4SingleKVPool(PageRowPool):
             records = dsv4.read_dsv4_records(buf, src, self.page_size)
             dsv4.write_dsv4_records(buf, tgt, records, self.page_size)
 
-    def get_cpu_copy(self, indices: torch.Tensor) -> CpuKVCopy:
+    def get_cpu_copy(
+        self,
+        indices: torch.Tensor,
+        mamba_indices: torch.Tensor | None = None,
+        req_pool_index: int | None = None,
+    ) -> CpuKVCopy:
         """``{"kv": [per-layer CPU records uint8 [n, 584]]}`` of device slots ``indices``."""
         idx = self._check_slots("indices", indices)
         return {
@@ -232,7 +237,13 @@ class DeepSeekV4SingleKVPool(PageRowPool):
                 desc = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t)
                 raise ValueError(f"kv_cache_cpu['kv'] tensors must be uint8 {want}, got {desc}")
 
-    def load_cpu_copy(self, kv_cache_cpu: CpuKVCopy, indices: torch.Tensor) -> None:
+    def load_cpu_copy(
+        self,
+        kv_cache_cpu: CpuKVCopy,
+        indices: torch.Tensor,
+        mamba_indices: torch.Tensor | None = None,
+        req_pool_index: int | None = None,
+    ) -> None:
         """Write a :meth:`get_cpu_copy` result at distinct device slots ``indices`` (checked
         first)."""
         idx = self._check_slots("indices", indices)

@@ -371,8 +371,17 @@ class KVCache(abc.ABC):
         if tgt.numel():
             kernels.copy_all_layer_kv_cache(self._all_buffers(), tgt, src)
 
-    def get_cpu_copy(self, indices: torch.Tensor) -> CpuKVCopy:
+    def get_cpu_copy(
+        self,
+        indices: torch.Tensor,
+        mamba_indices: torch.Tensor | None = None,
+        req_pool_index: int | None = None,
+    ) -> CpuKVCopy:
         """Copy rows ``indices`` of every buffer to the CPU (request retraction).
+
+        ``mamba_indices`` and ``req_pool_index`` complete SGLang 0.5.23's signature; these pools
+        hold no Mamba state or per-request compress tails, so they are ignored (as SGLang's KV
+        pools ignore them). The same holds for :meth:`load_cpu_copy`.
 
         Returns ``{role: [layer tensors [n, *row]]}`` in the store dtype; the pool is not mutated.
         """
@@ -409,7 +418,13 @@ class KVCache(abc.ABC):
                         f"got {t.dtype} {tuple(t.shape)}"
                     )
 
-    def load_cpu_copy(self, kv_cache_cpu: CpuKVCopy, indices: torch.Tensor) -> None:
+    def load_cpu_copy(
+        self,
+        kv_cache_cpu: CpuKVCopy,
+        indices: torch.Tensor,
+        mamba_indices: torch.Tensor | None = None,
+        req_pool_index: int | None = None,
+    ) -> None:
         """Write a ``get_cpu_copy`` result back at (new) slots ``indices``.
 
         Raises ``ValueError`` when the copy's roles, layer counts or shapes do not match the pool

@@ -284,7 +284,12 @@ class SWAKVPool(BaseSWAKVPool):
             kernels.copy_all_layer_kv_cache(self._swa._all_buffers(), swa_tgt, swa_src)
 
     # ---------------------------------------------------------------- retraction
-    def get_cpu_copy(self, indices: torch.Tensor) -> CpuKVCopy:
+    def get_cpu_copy(
+        self,
+        indices: torch.Tensor,
+        mamba_indices: torch.Tensor | None = None,
+        req_pool_index: int | None = None,
+    ) -> CpuKVCopy:
         """CPU copy of full rows ``indices`` and of their window rows.
 
         Keys are ``"full.k"``, ``"full.v"``, ``"swa.k"``, ``"swa.v"`` (present sub-pools only);
@@ -298,7 +303,13 @@ class SWAKVPool(BaseSWAKVPool):
                 out[f"{name}.{role}"] = tensors
         return out
 
-    def load_cpu_copy(self, kv_cache_cpu: CpuKVCopy, indices: torch.Tensor) -> None:
+    def load_cpu_copy(
+        self,
+        kv_cache_cpu: CpuKVCopy,
+        indices: torch.Tensor,
+        mamba_indices: torch.Tensor | None = None,
+        req_pool_index: int | None = None,
+    ) -> None:
         """Write a :meth:`get_cpu_copy` result back at full slots ``indices``; window rows go to
         the translated slots (tokens without a window slot are skipped there).
 
