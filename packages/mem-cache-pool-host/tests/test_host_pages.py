@@ -253,3 +253,32 @@ def test_from_tag_accepts_only_canonical_tags() -> None:
     ):
         with pytest.raises(ValueError, match="tag"):
             PageFormat.from_tag(bad)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("kind", ["mha", "mla"])
+def test_flat_page_is_sglang_slice_of_its_single_host_tensor(
+    make_pool: MakePool, kind: str, layout: str
+) -> None:
+    # SGLang 0.5.23 keeps one host tensor (MHA: K and V stacked on a leading dim of 2) and its
+    # get_data_page(index) slices one page out of it and flattens it:
+    #   layer_first kv[..., index:index+ps, ...] (slot dim after the layer dim),
+    #   page_first kv[..., index:index+ps, ...] (slot dim first),
+    #   page_first_direct kv[..., p:p+1, ...] (page dim first)
+    host = make_host(make_pool, kind, layout, torch.bfloat16)
+    kv = torch.stack(host.buffers) if kind == "mha" else host.buffers[0]
+    lead = (slice(None),) if kind == "mha" else ()
+    ps = host.page_size
+    for index in (0, 4, host.size - ps):
+        if layout == "layer_first":
+            page = kv[(*lead, slice(None), slice(index, index + ps))]
+        elif layout == "page_first":
+            page = kv[(*lead, slice(index, index + ps))]
+        else:
+            page = kv[(*lead, slice(index // ps, index // ps + 1))]
+        assert same_bytes(host.get_data_page(index), page.flatten())
+        restored = make_host(make_pool, kind, layout, torch.bfloat16)
+        for b in restored.buffers:
+            b.zero_()
+        restored.set_from_flat_data_page(index, page.flatten().clone())
+        assert same_bytes(restored.get_data_page(index), page.flatten())
