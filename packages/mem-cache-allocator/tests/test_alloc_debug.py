@@ -98,7 +98,9 @@ def test_alloc_debug_free_segment_checks_the_stated_structure() -> None:
     with pytest.raises(AllocatorDebugError, match="free_segment expects"):
         a.free_segment(t(4, 5, 6, 8, 7, 9, 10, 11), start_pos=0)  # not position order
     assert a.available_size() == 56
-    a.free_segment(x[1:], start_pos=1)  # starts inside page 1: pages 1 and 2
+    with pytest.raises(AllocatorDebugError, match=r"part of page\(s\) \[1\].*slots \[4\]"):
+        a.free_segment(x[1:], start_pos=1)  # releases page 1 whole while slot 4 is live
+    a.free_segments([(x[:1], 0), (x[1:], 1)])  # page 1 shared by both segments: once
     assert a.available_size() == 64
 
 

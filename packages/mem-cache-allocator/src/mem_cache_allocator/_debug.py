@@ -138,16 +138,8 @@ class DebugTracker:
         if oob.numel():
             raise AllocatorDebugError(f"{self.name}: free of out-of-range slots {describe(oob)}")
         self._check_not_live_twice(s)
-        derived = s // ps
-        if aligned and (
-            p.numel() != torch.unique(derived).numel() or not bool(torch.isin(derived, p).all())
-        ):
-            raise AllocatorDebugError(
-                f"{self.name}: free_segment expects one request's slots of consecutive positions "
-                f"starting at start_pos (each page's slots together); got slots {describe(s)} "
-                f"(pages {describe(torch.unique(derived))}, derived {describe(p)}); "
-                f"use free() for arbitrary slot sets"
-            )
+        if aligned:
+            self.check_derivation(s, p)
         self.check_free_pages(p)
         # Freeing part of a page still in use: a live slot of a freed page that is not in `s`.
         page_slots = (p[:, None] * ps + torch.arange(ps)[None, :]).reshape(-1)
@@ -156,6 +148,20 @@ class DebugTracker:
             raise AllocatorDebugError(
                 f"{self.name}: freeing part of page(s) {describe(torch.unique(still // ps))} "
                 f"whose slots {describe(still)} are still in use"
+            )
+
+    def check_derivation(self, slots: torch.Tensor, pages: torch.Tensor) -> None:
+        """``pages`` (stride-derived by ``free_segment``) must be exactly the pages ``slots``
+        touch: the caller's stated structure (consecutive positions of one request) holds."""
+        s = slots.detach().to("cpu", torch.int64).reshape(-1)
+        p = pages.detach().to("cpu", torch.int64).reshape(-1)
+        derived = torch.unique(s // self.page_size)
+        if p.numel() != derived.numel() or not torch.equal(torch.sort(p).values, derived):
+            raise AllocatorDebugError(
+                f"{self.name}: free_segment expects one request's slots of consecutive positions "
+                f"starting at start_pos (each page's slots together); got slots {describe(s)} "
+                f"(pages {describe(derived)}, derived {describe(p)}); "
+                f"use free() for arbitrary slot sets"
             )
 
     def _check_not_live_twice(self, s: torch.Tensor) -> None:

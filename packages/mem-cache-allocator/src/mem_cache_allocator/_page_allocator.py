@@ -418,6 +418,8 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
         """
         parts: list[torch.Tensor] = []
         checked: list[tuple[torch.Tensor, torch.Tensor]] = []
+        if self._debug is not None and isinstance(segments, list | tuple):
+            segments = list(segments)  # the debug check sees the untrimmed slots
         for free_index, start_pos in trim_segments(segments, self.page_size):
             idx = self._free_input("segments", free_index)
             if idx is None:
@@ -426,13 +428,21 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
             parts.append(pages)
             checked.append((idx, pages))
         if parts:
-            self._release_page_list(parts, None, checked)
+            whole: list[torch.Tensor] | None = None
+            if self._debug is not None and isinstance(segments, list):
+                whole = []
+                for seg in segments:
+                    i = self._free_input("segments", seg[0])
+                    if i is not None:
+                        whole.append(i)
+            self._release_page_list(parts, None, checked, whole)
 
     def _release_page_list(
         self,
         parts: list[torch.Tensor],
         caller: torch.Tensor | None,
         checked: list[tuple[torch.Tensor, torch.Tensor]],
+        whole: list[torch.Tensor] | None = None,
     ) -> None:
         pages = torch.cat(parts) if len(parts) > 1 else parts[0]
         if pages is caller:
@@ -442,8 +452,11 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
             return
         if self._debug is not None:
             for idx, p in checked:
-                self._debug.check_free_slots(idx, p, aligned=True)
-            self._debug.check_free_pages(pages)
+                self._debug.check_derivation(idx, p)
+            slots = whole or [idx for idx, _ in checked]
+            self._debug.check_free_slots(
+                torch.cat(slots) if len(slots) > 1 else slots[0], pages, aligned=False
+            )
         self._check_count(pages.shape[0])
         self.commit_free(pages)
 
