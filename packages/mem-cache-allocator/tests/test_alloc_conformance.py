@@ -48,8 +48,7 @@ FACTORIES: dict[str, tuple[Callable[[], Any], bool]] = {
 @pytest.mark.parametrize("name", sorted(FACTORIES))
 def test_alloc_conformance(name: str) -> None:
     factory, decode = FACTORIES[name]
-    # HiSparse groups do not defer (as SGLang's): a page listed twice in a group is a double free
-    machine = allocator_state_machine(factory, decode=decode, split_in_group=decode)
+    machine = allocator_state_machine(factory, decode=decode)
     run_state_machine_as_test(machine, settings=SETTINGS)
 
 

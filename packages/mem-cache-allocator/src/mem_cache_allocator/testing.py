@@ -82,15 +82,17 @@ def allocator_state_machine(
     decode: bool = True,
     max_batch: int = 3,
     max_extend: int = 24,
-    split_in_group: bool = True,
+    split_in_group: bool | None = None,
 ) -> type[RuleBasedStateMachine]:
     """A state machine class exercising allocators built by ``factory()`` (a fresh one per run).
 
     ``decode=False`` skips ``alloc_decode`` (for allocators whose decode allocates on one side
     only, like HiSparse). ``max_batch`` requests per call, up to ``max_extend`` tokens each.
     ``split_in_group=False`` never frees a page twice inside one free group (for allocators whose
-    groups do not defer, like SGLang's HiSparse).
+    groups do not defer, like SGLang's HiSparse); the default is ``decode`` (the HiSparse-style
+    allocators, decode on one side only, are the ones whose groups do not defer).
     """
+    split_pages_in_group = decode if split_in_group is None else split_in_group
 
     class AllocatorMachine(RuleBasedStateMachine):
         def __init__(self) -> None:
@@ -331,7 +333,7 @@ def allocator_state_machine(
                 slots = self.blocks.pop(key) if kind == "b" else self.reqs.pop(key)
                 freed_pages.update(s // self.ps for s in slots)
                 parts = [slots]
-                split = split_in_group and self.ps > 1 and len(slots) > self.ps
+                split = split_pages_in_group and self.ps > 1 and len(slots) > self.ps
                 if split and data.draw(st.booleans(), label="split"):
                     # prefix insertion frees the duplicate pages, then the tail: the page at
                     # the cut is listed twice in the group (released once)
