@@ -1,4 +1,4 @@
-"""Same slots, sizes and free lists as the SGLang-0.5.23-semantics reference, with engine-shaped frees.
+"""Same slots, sizes and free lists as the SGLang-0.5.23-semantics reference, engine-shaped frees.
 
 Frees are generated the way engines and SGLang's own tests make them: shuffled, reversed, int32,
 partial last pages, several requests concatenated, the same page twice in one free group
@@ -10,6 +10,7 @@ pages), retraction of a running request, SWA window frees (``free_swa`` of a req
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 import torch
@@ -68,12 +69,18 @@ class _Engine:
     def extend(self) -> None:
         rng, ps = self.rng, self.ps
         bs = rng.randint(1, 3)
-        chosen = rng.sample(range(len(self.reqs)), min(bs, len(self.reqs))) if rng.random() < 0.5 else []
+        chosen = (
+            rng.sample(range(len(self.reqs)), min(bs, len(self.reqs))) if rng.random() < 0.5 else []
+        )
         pre = [len(self.reqs[i]) for i in chosen] + [0] * (bs - len(chosen))
         seq = [p + rng.randint(1, 3 * ps + 3) for p in pre]
         last = [self.reqs[i][-1] for i in chosen] + [-1] * (bs - len(chosen))
         args = (_t(pre), _t(pre), _t(seq), _t(seq), _t(last), sum(seq) - sum(pre))
-        out = self.both("alloc", args[-1]) if ps == 1 and not self.swa else self.both("alloc_extend", *args)
+        out = (
+            self.both("alloc", args[-1])
+            if ps == 1 and not self.swa
+            else self.both("alloc_extend", *args)
+        )
         if out is None:
             return
         assert isinstance(out, torch.Tensor)
@@ -148,7 +155,7 @@ class _Engine:
             self.both("free_group_end")
 
 
-def _run(ours: object, ref: object, ps: int, seed: int, swa: bool, steps: int = 120) -> None:
+def _run(ours: Any, ref: Any, ps: int, seed: int, *, swa: bool, steps: int = 120) -> None:
     rng = random.Random(seed)
     eng = _Engine(ours, ref, ps, rng, swa)
     for _ in range(steps):

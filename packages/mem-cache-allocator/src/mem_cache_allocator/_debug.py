@@ -133,7 +133,9 @@ class DebugTracker:
         ps = self.page_size
         zero = s[(s >= 0) & (s < ps)]
         if zero.numel():
-            raise AllocatorDebugError(f"{self.name}: free of slots in the padding page 0: {describe(zero)}")
+            raise AllocatorDebugError(
+                f"{self.name}: free of slots in the padding page 0: {describe(zero)}"
+            )
         oob = s[(s < 0) | (s // ps > self.num_pages)]
         if oob.numel():
             raise AllocatorDebugError(f"{self.name}: free of out-of-range slots {describe(oob)}")

@@ -15,8 +15,8 @@ allocator's ``torch.unique`` order, reproduced sync-free with ``torch.sort`` of 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -359,11 +359,11 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
                 self._debug.check_free_slots(idx, pages, aligned=False)
             self._check_count(pages.shape[0])
             return pages
-        pages = torch.unique(idx >> self._page_shift if self.page_size > 1 else idx)
+        uniq: torch.Tensor = torch.unique(idx >> self._page_shift if self.page_size > 1 else idx)
         if self._debug is not None:
-            self._debug.check_free_slots(idx, pages, aligned=False, dedup=True)
-        self._check_count(pages.shape[0])
-        return pages
+            self._debug.check_free_slots(idx, uniq, aligned=False, dedup=True)
+        self._check_count(uniq.shape[0])
+        return uniq
 
     def commit_free(self, pages: torch.Tensor) -> None:
         """Release ``pages`` from :meth:`prepare_free` (no checks; never raises)."""

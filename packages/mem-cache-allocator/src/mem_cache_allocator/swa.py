@@ -169,9 +169,7 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
                 f"got {swa_tail_end!r}"
             )
         if not 0 <= swa_tail_len <= end:
-            raise ValueError(
-                f"swa_tail_len must be in [0, swa_tail_end={end}], got {swa_tail_len}"
-            )
+            raise ValueError(f"swa_tail_len must be in [0, swa_tail_end={end}], got {swa_tail_len}")
         ps = self.page_size
         full_pages, _ = num_new_pages_extend(prefix_lens_cpu, seq_lens_cpu, ps)
         if not self._pair.fits(full_pages, -(-swa_tail_len // ps)):

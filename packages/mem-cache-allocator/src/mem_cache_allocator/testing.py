@@ -52,8 +52,12 @@ def _shaped(
     """``slots`` as an engine may pass them: in order, shuffled, reversed, with duplicates
     (``dups``), int64 or int32."""
     out = list(slots)
-    mode = data.draw(st.sampled_from(["plain", "shuffled", "reversed", "dups"] if dups else
-                                     ["plain", "shuffled", "reversed"]), label="shape")
+    mode = data.draw(
+        st.sampled_from(
+            ["plain", "shuffled", "reversed", "dups"] if dups else ["plain", "shuffled", "reversed"]
+        ),
+        label="shape",
+    )
     if mode == "shuffled":
         out = data.draw(st.permutations(out), label="perm")
     elif mode == "reversed":
