@@ -170,8 +170,8 @@ def _run(ours: Any, ref: Any, ps: int, seed: int, *, swa: bool, steps: int = 120
             eng.free_some()
     while eng.reqs:
         eng.both("free", _t(eng.pop()))
-    full_ref = ref.full if swa else ref  # type: ignore[attr-defined]
-    full_ours = ours.full_attn_allocator if swa else ours  # type: ignore[attr-defined]
+    full_ref = ref.full if swa else ref
+    full_ours = ours.full_attn_allocator if swa else ours
     full_ref.merge_and_sort_free()
     full_ours.merge_and_sort_free()
     ref_free = torch.cat([full_ref.free_pages, *full_ref.staged])
