@@ -103,8 +103,24 @@ def _i64(values: Sequence[int], device: torch.device) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.int64, device=device)
 
 
+def _engine_shaped_frees(
+    finished: list[_Req], dev: torch.device, shuffle: torch.Generator, free_api: str
+) -> list[Any]:
+    """The group's free calls: ``free`` (shuffled, int32/int64, pairs concatenated) or, for
+    ``free_api="segments"``, one ``free_segments`` per request (positions stated)."""
+    if free_api == "segments":
+        return [[(_i64(r.slots, dev), r.prefix)] for r in finished]
+    out: list[Any] = []
+    for k in range(0, len(finished), 2):
+        slots = [s for r in finished[k : k + 2] for s in r.slots]
+        t = _i64(slots, dev)
+        t = t[torch.randperm(t.numel(), generator=shuffle)]
+        out.append(t.to(torch.int32) if (k // 2) % 2 else t)
+    return out
+
+
 def run_trace(
-    allocs: Sequence[Any], page_size: int, cfg: TraceConfig
+    allocs: Sequence[Any], page_size: int, cfg: TraceConfig, free_api: str = "free"
 ) -> tuple[list[_Timer], list[list[int]], int]:
     """Drive every allocator in ``allocs`` through one trace; returns timers, per-step ns, steps.
 
@@ -124,6 +140,7 @@ def run_trace(
     running: list[_Req] = []
     prefilling: list[_Req] = []
     steps = 0
+    shuffle = torch.Generator().manual_seed(cfg.seed + 7)
 
     flip = [0]
 
@@ -215,16 +232,21 @@ def run_trace(
             for r, s in zip(running, out.tolist()):
                 r.slots.append(s)
                 r.done += 1
-        # ---- free finished requests in one group
+        # ---- free finished requests in one group, shaped as engines pass them (item 4 of the
+        # free-path issue): each request's slots shuffled, int32 for every other one, and
+        # requests concatenated in pairs (partial last pages in the middle of one free)
         finished = [r for r in running if r.done >= r.total]
         if finished:
             running = [r for r in running if r.done < r.total]
-            tensors = [_i64(r.slots, dev) for r in finished]
+            tensors = _engine_shaped_frees(finished, dev, shuffle, free_api)
             for i in order():
                 timers[i].call("free_group_begin", allocs[i].free_group_begin)
             for x in tensors:
                 for i in order():
-                    timers[i].call("free", allocs[i].free, x)
+                    if free_api == "segments":
+                        timers[i].call("free", allocs[i].free_segments, x)
+                    else:
+                        timers[i].call("free", allocs[i].free, x)
             for i in order():
                 timers[i].call("free_group_end", allocs[i].free_group_end)
         for i, t in enumerate(timers):
@@ -252,7 +274,7 @@ def _stats(ns: list[int]) -> dict[str, float]:
 TARGETS_US = {"alloc_decode": 60.0, "alloc_extend": 150.0, "free_group_end": 40.0}
 
 
-def bench_page_size(page_size: int, cfg: TraceConfig) -> dict[str, Any]:
+def bench_page_size(page_size: int, cfg: TraceConfig, free_api: str = "free") -> dict[str, Any]:
     from mem_cache_allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 
     ours: Any
@@ -263,10 +285,10 @@ def bench_page_size(page_size: int, cfg: TraceConfig) -> dict[str, Any]:
     naive = NaiveAllocator(cfg.capacity, page_size, token=page_size == 1)
     # warm-up (first-call costs) on a tiny trace, then the measured run
     warm = TraceConfig(num_requests=20, running=8, capacity=cfg.capacity, seed=cfg.seed + 1)
-    run_trace([ours, naive], page_size, warm)
+    run_trace([ours, naive], page_size, warm, free_api)
     ours.clear()
     naive.clear()
-    timers, step_ns, steps = run_trace([ours, naive], page_size, cfg)
+    timers, step_ns, steps = run_trace([ours, naive], page_size, cfg, free_api)
     ops = sorted(set(timers[0].ns) | set(timers[1].ns))
     result: dict[str, Any] = {"page_size": page_size, "steps": steps, "ops": {}}
     for op in ops:
@@ -278,7 +300,25 @@ def bench_page_size(page_size: int, cfg: TraceConfig) -> dict[str, Any]:
         }
     a, b = _stats(step_ns[0]), _stats(step_ns[1])
     result["ops"]["step"] = {"ours": a, "baseline": b, "speedup": b["mean_us"] / a["mean_us"]}
+    ours_ns = sum(sum(v) for v in timers[0].ns.values())
+    base_ns = sum(sum(v) for v in timers[1].ns.values())
+    result["total_ms"] = {"ours": ours_ns / 1e6, "baseline": base_ns / 1e6}
+    result["total_ratio"] = ours_ns / base_ns
     return result
+
+
+TOTAL_RATIO_TARGET = 0.5  # total allocator time, ours / baseline, at most
+
+
+def _print_totals(results: list[dict[str, Any]]) -> None:
+    print(f"{'ps':>3} {'total ours ms':>14} {'total base ms':>14} {'ours/base':>10}  target")
+    for res in results:
+        t, r = res["total_ms"], res["total_ratio"]
+        ok = "ok" if r <= TOTAL_RATIO_TARGET else "MISS"
+        print(
+            f"{res['page_size']:>3} {t['ours']:>14.1f} {t['baseline']:>14.1f} {r:>9.2f}x  "
+            f"<= {TOTAL_RATIO_TARGET:g} {ok}"
+        )
 
 
 def _print_table(results: list[dict[str, Any]]) -> None:
@@ -313,6 +353,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--page-sizes", default="1,16,64")
     parser.add_argument("--requests", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--free-api",
+        choices=("free", "segments"),
+        default="free",
+        help="how finished requests are freed: engine-shaped free() calls (shuffled, int32, "
+        "pairs concatenated) or free_segments() with the positions stated (sync-free)",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     if args.quick:
@@ -324,17 +371,24 @@ def main(argv: list[str] | None = None) -> int:
             **{**{f: getattr(cfg, f) for f in cfg.__slots__}, "num_requests": args.requests}
         )
     page_sizes = [int(p) for p in args.page_sizes.split(",") if p]
-    results = [bench_page_size(ps, cfg) for ps in page_sizes]
+    results = [bench_page_size(ps, cfg, args.free_api) for ps in page_sizes]
     print(
         f"trace: {cfg.num_requests} requests, ~{cfg.running} running, prefill budget "
         f"{cfg.prefill_budget} tokens/step, prefix hits {cfg.prefix_hit_rate:.0%}, CPU tensors, "
-        f"torch {torch.__version__}, {platform.processor() or platform.machine()}"
+        f"torch {torch.__version__}, {platform.processor() or platform.machine()}, "
+        f"frees: {args.free_api}"
     )
     _print_table(results)
+    print()
+    _print_totals(results)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(
-                {"config": {f: getattr(cfg, f) for f in cfg.__slots__}, "results": results},
+                {
+                    "config": {f: getattr(cfg, f) for f in cfg.__slots__},
+                    "free_api": args.free_api,
+                    "results": results,
+                },
                 f,
                 indent=2,
             )

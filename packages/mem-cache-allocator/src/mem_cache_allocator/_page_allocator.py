@@ -333,26 +333,25 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
         page 0 or out of range; ``ValueError`` when the free would push ``available_size()``
         above capacity (a double free the host-side count can see); debug mode checks ownership.
         """
-        idx = self._free_input("free_index", free_index)
+        group = self._free_group
+        # range checks of CPU inputs run on the deduplicated pages (paged) or at the group's end
+        idx = self._index_input(
+            "free_index",
+            free_index,
+            page_ids=False,
+            check_range=group is None and not self._SORT_FREES,
+        )
         if idx is None:
             return
-        if self._free_group is not None:
-            self._queue_slots(idx, free_index)
+        if group is not None:
+            group.append((idx.clone() if idx is free_index else idx, _SLOTS))
             return
         self.commit_free(self.prepare_free(idx, free_index))
 
-    def _queue_slots(self, idx: torch.Tensor, caller: object) -> None:
-        if self._SORT_FREES and self.page_size > 1:
-            idx = idx >> self._page_shift  # new tensor: the queue owns it
-        elif idx is caller:
-            idx = idx.clone()
-        assert self._free_group is not None
-        self._free_group.append((idx, _SLOTS))
-
     def prepare_free(self, idx: torch.Tensor, caller: object = None) -> torch.Tensor:
         """The pages ``free`` would release for validated slots ``idx`` (int64, this device),
-        checked (capacity count, debug ownership) but not released: :meth:`commit_free` does.
-        Composites validate both sides before changing either."""
+        checked (range on CPU, capacity count, debug ownership) but not released:
+        :meth:`commit_free` does. Composites validate both sides before changing either."""
         if not self._SORT_FREES:
             pages = idx.clone() if idx is caller else idx
             if self._debug is not None:
@@ -360,6 +359,8 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
             self._check_count(pages.shape[0])
             return pages
         uniq: torch.Tensor = torch.unique(idx >> self._page_shift if self.page_size > 1 else idx)
+        if uniq.device.type == "cpu":
+            self._check_sorted_pages("free_index", uniq, idx)
         if self._debug is not None:
             self._debug.check_free_slots(idx, uniq, aligned=False, dedup=True)
         self._check_count(uniq.shape[0])
@@ -403,7 +404,7 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
         (a segment starting inside a page releases that page too), in position order.
         """
         check_start_pos(start_pos)
-        idx = self._free_input("free_index", free_index)
+        idx = self._index_input("free_index", free_index, page_ids=False, check_range=False)
         if idx is None:
             return
         pages = self._segment_pages(idx, start_pos)
@@ -421,7 +422,7 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
         if self._debug is not None and isinstance(segments, list | tuple):
             segments = list(segments)  # the debug check sees the untrimmed slots
         for free_index, start_pos in trim_segments(segments, self.page_size):
-            idx = self._free_input("segments", free_index)
+            idx = self._index_input("segments", free_index, page_ids=False, check_range=False)
             if idx is None:
                 continue
             pages = self._segment_pages(idx, start_pos)
@@ -450,6 +451,8 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
         if self._free_group is not None:
             self._free_group.append((pages, _PAGES))
             return
+        if pages.device.type == "cpu":
+            self._check_cpu_range("free_segment", pages, page_ids=True)
         if self._debug is not None:
             for idx, p in checked:
                 self._debug.check_derivation(idx, p)
@@ -478,7 +481,26 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
         """``t`` as int64 on the allocator's device (``None`` when empty), validated."""
         return self._index_input(name, t, page_ids=False)
 
-    def _index_input(self, name: str, t: object, *, page_ids: bool) -> torch.Tensor | None:
+    def _check_sorted_pages(self, name: str, pages: torch.Tensor, slots: torch.Tensor) -> None:
+        """Range of ascending CPU page ids ``pages`` derived from ``slots`` (two reads)."""
+        lo, hi = int(pages[0]), int(pages[-1])
+        if lo >= 1 and hi <= self.num_pages:
+            return
+        if lo < 0 or hi > self.num_pages:
+            limit = (self.num_pages + 1) * self.page_size
+            bad = slots[(slots < 0) | (slots >= limit)]
+            raise ValueError(
+                f"{name} has out-of-range slots {describe(bad)} (valid: [{self.page_size}, "
+                f"{limit}))"
+            )
+        bad = slots[slots < self.page_size]
+        raise ValueError(
+            f"{name}: free of the padding page 0: {describe(bad)} (page 0 is never handed out)"
+        )
+
+    def _index_input(
+        self, name: str, t: object, *, page_ids: bool, check_range: bool = True
+    ) -> torch.Tensor | None:
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dtype is not torch.int64 and t.dtype is not torch.int32:
@@ -487,7 +509,7 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
             raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
         if t.shape[0] == 0:
             return None
-        if t.device.type == "cpu":
+        if check_range and t.device.type == "cpu":
             self._check_cpu_range(name, t, page_ids=page_ids)
         if t.dtype is torch.int64 and t.device == self.device:
             return t
@@ -553,8 +575,11 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
                 self._push(part)
 
     def _group_pages(self, group: list[Any]) -> list[torch.Tensor] | None:
+        cpu = self.device.type == "cpu"
         if not self._SORT_FREES:
             merged = torch.cat([t for t, _ in group]) if len(group) > 1 else group[0][0]
+            if cpu:
+                self._check_cpu_range("free_index", merged, page_ids=False)
             if self._debug is not None:
                 self._debug.check_free_slots(merged, merged, aligned=False)
             self._check_count(merged.shape[0])
@@ -569,12 +594,15 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
         out: list[torch.Tensor] = []
         unique_pages: torch.Tensor | None = None
         if slot_parts:
-            unique_pages = torch.unique(
-                torch.cat(slot_parts) if len(slot_parts) > 1 else slot_parts[0]
-            )
+            slots = torch.cat(slot_parts) if len(slot_parts) > 1 else slot_parts[0]
+            unique_pages = torch.unique(slots >> self._page_shift if self.page_size > 1 else slots)
+            if cpu:
+                self._check_sorted_pages("free_index", unique_pages, slots)
             out.append(unique_pages)
         if page_parts:
             listed = torch.cat(page_parts) if len(page_parts) > 1 else page_parts[0]
+            if cpu:
+                self._check_cpu_range("free_segment / free_page_ids", listed, page_ids=True)
             if unique_pages is not None:  # a page both kinds release goes once
                 listed = listed[~torch.isin(listed, unique_pages)]
             out.append(listed)
