@@ -304,6 +304,10 @@ def bench_page_size(page_size: int, cfg: TraceConfig, free_api: str = "free") ->
     base_ns = sum(sum(v) for v in timers[1].ns.values())
     result["total_ms"] = {"ours": ours_ns / 1e6, "baseline": base_ns / 1e6}
     result["total_ratio"] = ours_ns / base_ns
+    # robust to preemption spikes on a shared machine: per op, median x calls, summed
+    med = [sum(statistics.median(v) * len(v) for v in t.ns.values() if v) for t in timers[:2]]
+    result["median_total_ms"] = {"ours": med[0] / 1e6, "baseline": med[1] / 1e6}
+    result["median_total_ratio"] = med[0] / med[1]
     return result
 
 
@@ -311,13 +315,18 @@ TOTAL_RATIO_TARGET = 0.5  # total allocator time, ours / baseline, at most
 
 
 def _print_totals(results: list[dict[str, Any]]) -> None:
-    print(f"{'ps':>3} {'total ours ms':>14} {'total base ms':>14} {'ours/base':>10}  target")
+    """Total allocator time (every op of the trace), ours / baseline: the sum of all calls, and
+    the sum of per-op medians x calls (robust to the preemption spikes of a shared machine)."""
+    print(
+        f"{'ps':>3} {'total ours ms':>14} {'total base ms':>14} {'ours/base':>10}  "
+        f"{'median-based':>12}  target"
+    )
     for res in results:
-        t, r = res["total_ms"], res["total_ratio"]
-        ok = "ok" if r <= TOTAL_RATIO_TARGET else "MISS"
+        t, r, rm = res["total_ms"], res["total_ratio"], res["median_total_ratio"]
+        ok = "ok" if max(r, rm) <= TOTAL_RATIO_TARGET else "MISS"
         print(
             f"{res['page_size']:>3} {t['ours']:>14.1f} {t['baseline']:>14.1f} {r:>9.2f}x  "
-            f"<= {TOTAL_RATIO_TARGET:g} {ok}"
+            f"{rm:>11.2f}x  <= {TOTAL_RATIO_TARGET:g} {ok}"
         )
 
 
