@@ -24,6 +24,11 @@ import torch
 from mem_cache_allocator import _kernels
 from mem_cache_allocator._debug import DebugTracker, debug_enabled, describe
 from mem_cache_allocator._free_list import ChunkedFreeList, FreeListSnapshot
+from mem_cache_allocator._host_checks import (
+    check_decode_inputs,
+    check_extend_device_inputs,
+    check_extend_lengths,
+)
 from mem_cache_allocator._pages import (
     check_cpu_lengths,
     check_start_pos,
@@ -256,8 +261,7 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
                 if _check_index(name, t).shape[0] != bs:
                     raise ValueError(f"{name} must have {bs} entries, got {t.shape[0]}")
         ps = self.page_size
-        if self.need_sort and extend_num_tokens // ps + bs + 1 > len(self._free):
-            self.merge_and_sort_free()
+        check_extend_lengths(prefix_lens_cpu, seq_lens_cpu)
         pages, tokens = num_new_pages_extend(prefix_lens_cpu, seq_lens_cpu, ps)
         if tokens != extend_num_tokens:
             raise ValueError(
@@ -268,6 +272,11 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
             raise ValueError(
                 f"num_new_pages must be {pages} for these lengths, got {num_new_pages}"
             )
+        check_extend_device_inputs(
+            prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, ps
+        )
+        if self.need_sort and extend_num_tokens // ps + bs + 1 > len(self._free):
+            self.merge_and_sort_free()
         if pages > len(self._free):
             return None
         if self._debug is not None:
@@ -294,9 +303,10 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
             for name, t in (("seq_lens", seq_lens), ("last_loc", last_loc)):
                 if _check_index(name, t).shape[0] != bs:
                     raise ValueError(f"{name} must have {bs} entries, got {t.shape[0]}")
+        ps = self.page_size
+        check_decode_inputs(seq_lens, seq_lens_cpu, last_loc, ps)
         if self.need_sort and bs > len(self._free):
             self.merge_and_sort_free()
-        ps = self.page_size
         pages = num_new_pages_decode(seq_lens_cpu, ps)
         if pages > len(self._free):
             return None
