@@ -88,11 +88,10 @@ def check_extend_device_inputs(  # noqa: PLR0917 - mirrors alloc_extend
         )
 
 
-def check_decode_inputs(
-    seq_lens: torch.Tensor, seq_lens_cpu: torch.Tensor, last_loc: torch.Tensor, page_size: int
-) -> None:
-    """``seq_lens_cpu >= 1`` always; CPU "device" tensors: ``seq_lens == seq_lens_cpu`` and
-    ``last_loc`` the slot of position ``seq_lens - 2`` (``-1`` only when ``seq_lens == 1``)."""
+def check_decode_inputs(seq_lens: torch.Tensor, seq_lens_cpu: torch.Tensor) -> None:
+    """``seq_lens_cpu >= 1`` (a decode includes its new token: 0 would hand out slot 0) and, for
+    a CPU ``seq_lens``, ``seq_lens == seq_lens_cpu``. (``last_loc`` of a decode batch is checked
+    by debug mode: on every step, a vectorised check costs more than the allocation itself.)"""
     if seq_lens_cpu.shape[0] and int(seq_lens_cpu.min()) < 1:
         s64 = seq_lens_cpu.to(torch.int64)
         bad = torch.nonzero(s64 < 1).reshape(-1)
@@ -102,28 +101,3 @@ def check_decode_inputs(
         )
     if seq_lens.device.type == "cpu":
         _same("seq_lens", seq_lens, "seq_lens_cpu", seq_lens_cpu)
-    if last_loc.device.type != "cpu" or not last_loc.shape[0]:
-        return
-    m = page_size - 1
-    last64 = last_loc if last_loc.dtype is torch.int64 else last_loc.to(torch.int64)
-    seq64 = seq_lens_cpu if seq_lens_cpu.dtype is torch.int64 else seq_lens_cpu.to(torch.int64)
-    ok = True
-    if m:
-        d = last64 - seq64
-        d += 2
-        d &= m
-        ok = not bool(d.any())  # (last_loc + 2) % ps == seq_lens % ps
-    if ok:
-        ok = int(torch.where(seq64 > 1, last64, 0).min()) >= 0 and int(last64.min()) >= -1
-    if ok:
-        return
-    bad_mask = (last64 < -1) | ((last64 < 0) & (seq64 > 1))
-    if m:
-        bad_mask |= ((last64 + 2 - seq64) & m) != 0
-    bad = torch.nonzero(bad_mask).reshape(-1)
-    raise ValueError(
-        f"misaligned alloc_decode inputs: last_loc must be the slot of position "
-        f"seq_lens - 2 ((last_loc + 2) % {page_size} == seq_lens % {page_size}; "
-        f"-1 only for seq_lens == 1); requests {describe(bad)} have "
-        f"last_loc={describe(last64[bad])}, seq_lens={describe(seq64[bad])}"
-    )

@@ -304,7 +304,7 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
                 if _check_index(name, t).shape[0] != bs:
                     raise ValueError(f"{name} must have {bs} entries, got {t.shape[0]}")
         ps = self.page_size
-        check_decode_inputs(seq_lens, seq_lens_cpu, last_loc, ps)
+        check_decode_inputs(seq_lens, seq_lens_cpu)
         if self.need_sort and bs > len(self._free):
             self.merge_and_sort_free()
         pages = num_new_pages_decode(seq_lens_cpu, ps)
