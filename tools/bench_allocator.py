@@ -3,15 +3,21 @@
 A seeded trace (lognormal prompt and output lengths, about ``--running`` requests in flight, a
 share of requests hitting a cached page-aligned prefix, chunked prefill with a token budget per
 step) drives both allocators through the same calls: ``alloc_extend`` for prefill chunks,
-``alloc_decode`` for the decode batch, frees of finished requests inside a free group. Page
-size 1 uses ``alloc`` for both (as SGLang's scheduler does). Every op is timed per call
-(``perf_counter_ns``), and both allocators must return identical slots (checked on every call).
+``alloc_decode`` for the decode batch, frees of finished requests inside a free group, shaped as
+engines pass them (each request's slots shuffled, every other free int32, requests concatenated
+in pairs, so partial last pages sit inside one free); ``--free-api segments`` frees each request
+with ``free_segments`` instead (positions stated: the sync-free API). Page size 1 uses ``alloc``
+for both (as SGLang's scheduler does). Every op is timed per call (``perf_counter_ns``), and both
+allocators must return identical slots (checked on every call).
 
-The baseline (``NaiveAllocator`` below) is a straightforward vectorised torch allocator with
-SGLang 0.5.14's data structures: one free-list tensor rebuilt with ``torch.cat`` on every free,
-``torch.unique`` page dedup, free groups concatenated at the end.
+The baseline (``NaiveAllocator``, i.e. ``mem_cache_allocator._reference.ReferenceAllocator``) is a
+straightforward vectorised torch allocator with SGLang 0.5.23's data structures and semantics: one
+free-list tensor rebuilt with ``torch.cat`` on every free, ``torch.unique`` page dedup, free
+groups freed as one concatenated free at the end. The last table is the total allocator time
+(ours / baseline), as a plain sum and as per-op medians x calls (robust to preemption spikes).
 
-Usage: ``python -m tools.bench_allocator [--quick] [--json PATH] [--page-sizes 1,16,64]``.
+Usage: ``python -m tools.bench_allocator [--quick] [--json PATH] [--page-sizes 1,16,64]
+[--free-api free|segments]``.
 """
 
 from __future__ import annotations
