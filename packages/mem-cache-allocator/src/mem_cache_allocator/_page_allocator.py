@@ -9,8 +9,12 @@ State (all lengths on the host):
   same slots).
 
 Subclasses choose where freed pages go (``_FREE_TO_FRONT``: paged reuses freed pages first, the
-token allocator last) and whether a free's page ids are sorted (``_SORT_FREES``: the paged
-allocator's ``torch.unique`` order, reproduced sync-free with ``torch.sort`` of stride-derived ids).
+token allocator last) and whether ``free`` deduplicates (``_SORT_FREES``: the paged allocator's
+``torch.unique`` pages, ascending; the token allocator keeps the slots as given, like SGLang's).
+
+Free paths: ``free`` (any slot set; one dedup per call, or per free group), ``free_segment(s)``
+(page ids by stride at caller-stated positions: no dedup, no sync) and ``free_page_ids``. Every
+path validates first (``prepare_free`` / checks) and changes state only after (``commit_free``).
 """
 
 from __future__ import annotations
@@ -66,6 +70,25 @@ def _check_index(name: str, t: object) -> torch.Tensor:
 
 
 _INDEX = (torch.int64, torch.int32)
+_UNIQUE_CHUNK = 2048  # CPU: torch.sort / unique get ~10x slower per element past this size
+
+
+def unique_sorted(t: torch.Tensor) -> torch.Tensor:
+    """``torch.unique(t)`` (ascending, deduplicated). On CPU, inputs past ``_UNIQUE_CHUNK`` are
+    deduplicated chunk by chunk first (page ids repeat up to ``page_size`` times, so the merged
+    chunks are much shorter): same result, several times faster there."""
+    n = t.shape[0]
+    if t.device.type != "cpu" or n <= _UNIQUE_CHUNK:
+        out: torch.Tensor = torch.unique(t)
+        return out
+    parts = [torch.unique(t[i : i + _UNIQUE_CHUNK]) for i in range(0, n, _UNIQUE_CHUNK)]
+    merged = torch.cat(parts)
+    if merged.shape[0] * 4 > n * 3:  # little to gain from another round
+        out = torch.unique(merged)
+        return out
+    return unique_sorted(merged)
+
+
 _SLOTS = "slots"  # free-group entry kinds: slot ids (``free``; page ids for paged) ...
 _PAGES = "pages"  # ... or exact page ids (``free_segment(s)`` / ``free_page_ids``)
 
@@ -368,7 +391,7 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
                 self._debug.check_free_slots(idx, pages, aligned=False)
             self._check_count(pages.shape[0])
             return pages
-        uniq: torch.Tensor = torch.unique(idx >> self._page_shift if self.page_size > 1 else idx)
+        uniq = unique_sorted(idx >> self._page_shift if self.page_size > 1 else idx)
         if uniq.device.type == "cpu":
             self._check_sorted_pages("free_index", uniq, idx)
         if self._debug is not None:
@@ -605,7 +628,7 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
         unique_pages: torch.Tensor | None = None
         if slot_parts:
             slots = torch.cat(slot_parts) if len(slot_parts) > 1 else slot_parts[0]
-            unique_pages = torch.unique(slots >> self._page_shift if self.page_size > 1 else slots)
+            unique_pages = unique_sorted(slots >> self._page_shift if self.page_size > 1 else slots)
             if cpu:
                 self._check_sorted_pages("free_index", unique_pages, slots)
             out.append(unique_pages)
