@@ -70,23 +70,10 @@ def _check_index(name: str, t: object) -> torch.Tensor:
 
 
 _INDEX = (torch.int64, torch.int32)
-_UNIQUE_CHUNK = 2048  # CPU: torch.sort / unique get ~10x slower per element past this size
-
-
 def unique_sorted(t: torch.Tensor) -> torch.Tensor:
-    """``torch.unique(t)`` (ascending, deduplicated). On CPU, inputs past ``_UNIQUE_CHUNK`` are
-    deduplicated chunk by chunk first (page ids repeat up to ``page_size`` times, so the merged
-    chunks are much shorter): same result, several times faster there."""
-    n = t.shape[0]
-    if t.device.type != "cpu" or n <= _UNIQUE_CHUNK:
-        out: torch.Tensor = torch.unique(t)
-        return out
-    parts = [torch.unique(t[i : i + _UNIQUE_CHUNK]) for i in range(0, n, _UNIQUE_CHUNK)]
-    merged = torch.cat(parts)
-    if merged.shape[0] * 4 > n * 3:  # little to gain from another round
-        out = torch.unique(merged)
-        return out
-    return unique_sorted(merged)
+    """``torch.unique(t)``: ascending, deduplicated (a data-dependent shape: syncs on GPUs)."""
+    out: torch.Tensor = torch.unique(t)
+    return out
 
 
 _SLOTS = "slots"  # free-group entry kinds: slot ids (``free``; page ids for paged) ...
