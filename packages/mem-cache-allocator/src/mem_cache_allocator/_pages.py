@@ -98,17 +98,20 @@ def trim_segments(
     (the previous segment releases it); a segment entirely inside that page yields nothing.
     All arithmetic is on host-known positions and lengths: no device data is read.
     """
-    if isinstance(segments, torch.Tensor) or not isinstance(segments, Iterable):
+    if not isinstance(segments, (list, tuple)) and (
+        isinstance(segments, torch.Tensor) or not isinstance(segments, Iterable)
+    ):
         raise TypeError(
             f"segments must be an iterable of (free_index, start_pos) pairs, "
             f"got {type(segments).__name__}"
         )
     prev_end: int | None = None
     for k, seg in enumerate(segments):
-        if not isinstance(seg, tuple | list) or len(seg) != 2:
+        if not isinstance(seg, (tuple, list)) or len(seg) != 2:
             raise TypeError(f"segments[{k}] must be a (free_index, start_pos) pair, got {seg!r}")
         free_index, start_pos = seg
-        check_start_pos(start_pos, f"segments[{k}] start_pos")
+        if type(start_pos) is not int or start_pos < 0:
+            check_start_pos(start_pos, f"segments[{k}] start_pos")
         if not isinstance(free_index, torch.Tensor):
             raise TypeError(
                 f"segments[{k}] free_index must be a torch.Tensor, got {type(free_index).__name__}"
