@@ -66,7 +66,7 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         self._size_full = size
         self._size_swa = size_swa
         self.size = min(size, size_swa)
-        full_pool = None if kvcache is None else kvcache.full_kv_pool
+        full_pool = None if kvcache is None else getattr(kvcache, "full_kv_pool", None)
         swa_pool = None if kvcache is None else kvcache.swa_kv_pool
         self.full_attn_allocator = make_inner(
             size, page_size, dtype, self.device, full_pool, need_sort, debug
