@@ -120,8 +120,12 @@ class RefPaged:
             self.free(group)
 
 
-def _orphans(pre: Sequence[int], dev_last: Sequence[int], ps: int) -> list[bool]:
-    return [p % ps != 0 and d <= 0 for p, d in zip(pre, dev_last, strict=True)]
+def _orphans(
+    pre: Sequence[int], seq: Sequence[int], dev_last: Sequence[int], ps: int
+) -> list[bool]:
+    """Requests continuing a partial page, with new tokens, whose last token has no device
+    slot."""
+    return [p % ps != 0 and s > p and d <= 0 for p, s, d in zip(pre, seq, dev_last, strict=True)]
 
 
 def _device_extend(
@@ -133,7 +137,7 @@ def _device_extend(
 ) -> list[int] | None:
     """The device side of ``alloc_extend`` (with the fresh-page deviation when asked)."""
     ps = dev.ps
-    orphan = _orphans(pre, dev_last, ps) if fresh_page else [False] * len(pre)
+    orphan = _orphans(pre, seq, dev_last, ps) if fresh_page else [False] * len(pre)
     pre2 = [p - p % ps if o else p for p, o in zip(pre, orphan, strict=True)]
     last2 = [
         (-1 if p2 == 0 else ps - 1) if o else d
@@ -151,7 +155,7 @@ def _device_extend(
 
 
 def _device_pages(pre: Sequence[int], seq: Sequence[int], dev_last: Sequence[int], ps: int) -> int:
-    orphan = _orphans(pre, dev_last, ps)
+    orphan = _orphans(pre, seq, dev_last, ps)
     pre2 = [p - p % ps if o else p for p, o in zip(pre, orphan, strict=True)]
     return sum(_ceil(s, ps) - _ceil(p, ps) for p, s in zip(pre2, seq, strict=True))
 
@@ -198,7 +202,10 @@ class RefHiSparse:
     ) -> list[int] | None:
         ps = self.ps
         pages = sum(_ceil(s, ps) - _ceil(p, ps) for p, s in zip(pre, seq, strict=True))
-        if pages > self.logical.available_size() // ps or pages > self.device.available_size() // ps:
+        if (
+            pages > self.logical.available_size() // ps
+            or pages > self.device.available_size() // ps
+        ):
             return None
         dev_last = [self.mapping[x] for x in last]
         if self.fresh_page:
@@ -266,9 +273,7 @@ class RefDeepSeekV4HiSparse:
 
     R = 4
 
-    def __init__(
-        self, logical_size: int, page_size: int, c4_size: int, need_sort: bool
-    ) -> None:
+    def __init__(self, logical_size: int, page_size: int, c4_size: int, need_sort: bool) -> None:
         self.ps = page_size
         self.cps = page_size // self.R
         self.logical = RefPaged(logical_size, page_size, need_sort)

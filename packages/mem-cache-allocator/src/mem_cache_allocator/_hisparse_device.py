@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from mem_cache_allocator._pages import num_new_pages_extend
+from mem_cache_allocator.base import BaseTokenToKVPoolAllocator
 
 __all__ = [
     "DevicePlan",
@@ -55,6 +56,20 @@ def lookup(mapping: torch.Tensor, indices: torch.Tensor, name: str, *, check: bo
     return mapping[indices]
 
 
+def logical_free(allocator: BaseTokenToKVPoolAllocator, slots: torch.Tensor) -> None:
+    """Free ``slots`` on a HiSparse logical allocator with SGLang 0.5.23's set semantics (the
+    sorted unique pages of ``slots``: any order, several requests, partial pages).
+
+    A page allocator's ``free_unaligned`` has exactly those semantics (one sync, which the
+    HiSparse device side costs anyway); other allocators (SWA) get their own ``free``.
+    """
+    free_set = getattr(allocator, "free_unaligned", None)
+    if free_set is None:
+        allocator.free(slots)
+    else:
+        free_set(slots)
+
+
 @dataclass(frozen=True, slots=True)
 class DevicePlan:
     """Arguments of the device allocator's ``alloc_extend`` and how to read its output."""
@@ -77,16 +92,25 @@ def plan_device_extend(
     """The device ``alloc_extend`` for device lengths ``prefix_cpu``/``seq_cpu``.
 
     ``dev_last`` is the device slot of each request's last prefix token (0 = unmapped). A
-    request whose prefix ends inside a page (``prefix % page_size != 0``) with ``dev_last <= 0``
-    is *orphaned*: it is allocated from ``floor(prefix / page_size) * page_size`` (a fresh page)
-    and the output rows of the positions before ``prefix`` are dropped (``keep``). Reading
-    ``dev_last`` costs one device->host sync, only when some prefix ends inside a page.
+    request that continues a partial page (``prefix % page_size != 0``) with new device tokens
+    while ``dev_last <= 0`` is *orphaned*: it is allocated from the page start
+    ``prefix - prefix % page_size`` (a fresh page, same in-page offsets) and the output rows of
+    the positions before ``prefix`` are dropped (``keep``). Reading ``dev_last`` costs one
+    device->host sync, only when some request continues a partial page.
     """
     pre = prefix_cpu.to(torch.int64)
     seq = seq_cpu.to(torch.int64)
     pages, tokens = num_new_pages_extend(pre, seq, page_size)
+    # the kernel reads last_loc only to continue a partial page with new tokens; elsewhere it
+    # may be unmapped (0): pass the congruent placeholder (sync-free: a host->device copy)
+    pre_dev = prefix_lens.to(device=dev_last.device, dtype=torch.int64)
+    placeholder_dev = torch.where(pre_dev == 0, -1, (pre_dev - 1) % page_size)
+    unread = pre_dev % page_size == 0
+    if bool((seq == pre).any()):
+        unread = unread | (seq == pre).to(dev_last.device, non_blocking=True)
+    dev_last = torch.where(unread, placeholder_dev.to(dev_last.dtype), dev_last)
     same = DevicePlan(prefix_lens, prefix_cpu, dev_last, pages, tokens, None)
-    mid = pre % page_size != 0
+    mid = (pre % page_size != 0) & (seq > pre)  # continues a partial page with new tokens
     if page_size == 1 or not bool(mid.any()):
         return same
     last_host = dev_last.detach().to("cpu", torch.int64)
@@ -121,8 +145,8 @@ def surplus_pages(buffer: torch.Tensor, surplus: torch.Tensor, page_size: int) -
     buffer keeps a slot of (that slot is then handed out twice); the DeepSeek-V4 one frees only
     these pages.
     """
-    buffer_pages = torch.unique(buffer // page_size)
-    pages = torch.unique(surplus // page_size)
+    buffer_pages: torch.Tensor = torch.unique(buffer // page_size)
+    pages: torch.Tensor = torch.unique(surplus // page_size)
     return pages[~torch.isin(pages, buffer_pages)]
 
 

@@ -41,6 +41,7 @@ from mem_cache_allocator._composite import check_need_size, new_mapping
 from mem_cache_allocator._deepseek_v4_slots import device_last_loc, entry_offsets
 from mem_cache_allocator._hisparse_device import (
     check_slots,
+    logical_free,
     lookup,
     pad_slots,
     plan_device_extend,
@@ -424,7 +425,7 @@ class DeepSeekV4HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         if self._free_group is not None:
             self._free_group.append(free_index.to(self.device, torch.int64, copy=True))
             return
-        self.logical_attn_allocator.free(free_index)
+        logical_free(self.logical_attn_allocator, free_index)
         self.free_hisparse(free_index)
 
     def free_full(self, free_index: torch.Tensor) -> None:
@@ -450,15 +451,10 @@ class DeepSeekV4HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         self._full_free_group = []
 
     def _flush_free_group(self, group: list[Any]) -> None:
-        """One free of the group's slots: SGLang's set semantics (the sorted unique pages of all
-        of them), through ``free_unaligned`` where the logical allocator has it (the queued
-        slots of several requests are an arbitrary set; one sync per group)."""
+        """One free of the group's slots with SGLang's set semantics (the sorted unique pages
+        of all of them; see :func:`logical_free`)."""
         slots = torch.cat(group) if len(group) > 1 else group[0]
-        free_set = getattr(self.logical_attn_allocator, "free_unaligned", None)
-        if free_set is None:
-            self.logical_attn_allocator.free(slots)
-        else:
-            free_set(slots)
+        logical_free(self.logical_attn_allocator, slots)
         self.free_hisparse(slots)
 
     def free_group_end(self) -> None:

@@ -27,6 +27,8 @@ import torch
 
 from mem_cache_allocator._composite import check_need_size, make_inner, new_mapping
 from mem_cache_allocator._hisparse_device import (
+    check_slots,
+    logical_free,
     lookup,
     pad_slots,
     plan_device_extend,
@@ -277,26 +279,58 @@ class HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
 
     # ------------------------------------------------------------------ free
     def free(self, free_index: torch.Tensor) -> None:
-        """Free logical slots (the paged ``free`` contract) and their device slots; clear the
-        mapping (``free_hisparse``). Never deferred: free groups only check nesting."""
+        """Free logical slots and their device slots and clear the mapping (``free_hisparse``),
+        with SGLang 0.5.23's set semantics on both sides (the pages of the given slots: any
+        order, several requests concatenated, partial pages). Syncs once (the device side is
+        data-dependent anyway). Never deferred: free groups only check nesting."""
         if free_index.numel() == 0:
             return
-        mapping = self.full_to_hisparse_device_index_mapping
-        lookup(mapping, free_index, "free_index", check=self.debug)
-        self.logical_attn_allocator.free(free_index)
-        self._pair.release(free_index)
+        dev_pages = self._device_pages_of(free_index, "free_index")
+        logical_free(self.logical_attn_allocator, free_index)
+        self._release(free_index, dev_pages)
 
     def free_hisparse(self, free_indices: torch.Tensor) -> None:
-        """Release the device slots mapped from logical ``free_indices`` and clear the mapping."""
+        """Release the device pages mapped from logical ``free_indices`` and clear the mapping
+        (SGLang's set-semantics ``free`` of the mapped device slots)."""
         if free_indices.numel() == 0:
             return
+        self._release(free_indices, self._device_pages_of(free_indices, "free_indices"))
+
+    def _device_pages_of(self, keys: torch.Tensor, name: str) -> torch.Tensor:
+        """The device pages mapped from ``keys`` (sorted, unique; syncs). Debug mode checks that
+        no other logical slot still maps into them."""
         mapping = self.full_to_hisparse_device_index_mapping
-        lookup(mapping, free_indices, "free_indices", check=self.debug)
-        self._pair.release(free_indices)
+        dev = lookup(mapping, keys, name, check=self.debug)
+        dev = dev[dev > 0]
+        pages: torch.Tensor = torch.unique(dev // self.page_size)
+        if self.debug and pages.numel():
+            rest = mapping[:-1].clone()
+            rest[keys] = 0
+            still = torch.nonzero((rest > 0) & torch.isin(rest // self.page_size, pages))
+            if still.numel():
+                raise ValueError(
+                    f"{name}: freeing device page(s) {pages.tolist()[:8]} that logical slots "
+                    f"{still.reshape(-1).tolist()[:8]} still map into"
+                )
+        return pages
+
+    def _release(self, keys: torch.Tensor, pages: torch.Tensor) -> None:
+        self.full_to_hisparse_device_index_mapping[keys] = 0
+        if pages.numel():
+            self.hisparse_attn_allocator.free_page_ids(pages)
 
     def free_hisparse_indices(self, buffer_indices: torch.Tensor) -> None:
-        """Release device slots directly (entries <= 0 are ignored); never deferred."""
-        self._pair.free_secondary(buffer_indices)
+        """Release device slots directly: every page they touch (SGLang's set-semantics
+        ``free``; a buffer owns whole pages, some of whose slots were never handed out singly).
+        Entries <= 0 are ignored; never deferred. Syncs (``torch.unique``)."""
+        check_slots(
+            buffer_indices, "buffer_indices", self._size_hisparse + self.page_size, check=self.debug
+        )
+        dev = buffer_indices.to(self.device, torch.int64)
+        dev = dev[dev > 0]
+        if dev.numel():
+            pages = torch.unique(dev // self.page_size)
+            self.hisparse_attn_allocator.free_page_ids(pages)
 
     def free_group_begin(self) -> None:
         """Checks nesting only: HiSparse frees must clear the mapping at once."""
