@@ -29,162 +29,18 @@ from typing import Any
 
 import torch
 
+from mem_cache_allocator._reference import (
+    ReferenceAllocator,
+    naive_alloc_decode,
+    naive_alloc_extend,
+)
+
 __all__ = ["NaiveAllocator", "TraceConfig", "main", "naive_alloc_decode", "naive_alloc_extend"]
 
 
 # ---------------------------------------------------------------------------- baseline
-def naive_alloc_extend(  # noqa: PLR0917 - mirrors the kernel signature
-    prefix_lens: torch.Tensor,
-    seq_lens: torch.Tensor,
-    last_loc: torch.Tensor,
-    free_pages: torch.Tensor,
-    page_size: int,
-    total: int,
-) -> torch.Tensor:
-    """Vectorised extend allocation (SGLang semantics), written independently of the kernels."""
-    ps = page_size
-    pre = prefix_lens.to(torch.int64)
-    seq = seq_lens.to(torch.int64)
-    ext = seq - pre
-    out_start = torch.cumsum(ext, 0) - ext
-    new_pages = (seq + ps - 1) // ps - (pre + ps - 1) // ps
-    page_start = torch.cumsum(new_pages, 0) - new_pages
-    owner = torch.repeat_interleave(torch.arange(pre.shape[0], device=pre.device), ext)
-    pos = torch.arange(total, device=pre.device) - out_start[owner] + pre[owner]
-    first_new = (pre + ps - 1) // ps  # first page index (in positions / ps) that is a new page
-    in_old = pos < first_new[owner] * ps
-    old_slot = last_loc.to(torch.int64)[owner] + 1 + (pos - pre[owner])
-    page_idx = page_start[owner] + pos // ps - first_new[owner]
-    if free_pages.numel():
-        page_idx = page_idx.clamp(0, free_pages.numel() - 1)
-        new_slot = free_pages[page_idx] * ps + pos % ps
-    else:
-        new_slot = old_slot
-    return torch.where(in_old, old_slot, new_slot)
-
-
-def naive_alloc_decode(
-    seq_lens: torch.Tensor, last_loc: torch.Tensor, free_pages: torch.Tensor, page_size: int
-) -> torch.Tensor:
-    """Vectorised decode allocation (one token per request)."""
-    need = (seq_lens.to(torch.int64) - 1) % page_size == 0
-    nxt = last_loc.to(torch.int64) + 1
-    if free_pages.numel() == 0:
-        return nxt
-    rank = torch.cumsum(need.to(torch.int64), 0) - need.to(torch.int64)
-    rank = rank.clamp(max=free_pages.numel() - 1)
-    return torch.where(need, free_pages[rank] * page_size, nxt)
-
-
-class NaiveAllocator:
-    """SGLang-0.5.14-like paged (``token=False``) or token (``token=True``) allocator."""
-
-    def __init__(
-        self,
-        size: int,
-        page_size: int,
-        device: str = "cpu",
-        *,
-        need_sort: bool = False,
-        token: bool = False,
-    ) -> None:
-        self.page_size = page_size
-        self.device = torch.device(device)
-        self.need_sort = need_sort
-        self.token = token
-        self.num_pages = size // page_size
-        self.group: list[torch.Tensor] | None = None
-        self.clear()
-
-    def clear(self) -> None:
-        self.free_pages = torch.arange(1, self.num_pages + 1, dtype=torch.int64, device=self.device)
-        self.release_pages = torch.empty(0, dtype=torch.int64, device=self.device)
-
-    def available_size(self) -> int:
-        return (len(self.free_pages) + len(self.release_pages)) * self.page_size
-
-    def merge_and_sort_free(self) -> None:
-        if len(self.release_pages) > 0:
-            self.free_pages = torch.sort(torch.cat((self.free_pages, self.release_pages))).values
-            self.release_pages = self.release_pages[:0]
-
-    def alloc(self, need_size: int) -> torch.Tensor | None:
-        ps = self.page_size
-        n = need_size // ps
-        if self.need_sort and n > len(self.free_pages):
-            self.merge_and_sort_free()
-        if n > len(self.free_pages):
-            return None
-        pages = self.free_pages[:n]
-        self.free_pages = self.free_pages[n:]
-        if ps == 1:
-            return pages
-        offs = torch.arange(ps, dtype=torch.int64, device=self.device)
-        return (pages[:, None] * ps + offs).reshape(-1)
-
-    def alloc_extend(  # noqa: PLR0917 - SGLang-compatible positional signature
-        self,
-        prefix_lens: torch.Tensor,
-        prefix_lens_cpu: torch.Tensor,
-        seq_lens: torch.Tensor,
-        seq_lens_cpu: torch.Tensor,
-        last_loc: torch.Tensor,
-        extend_num_tokens: int,
-    ) -> torch.Tensor | None:
-        ps = self.page_size
-        bs = len(seq_lens_cpu)
-        if self.need_sort and extend_num_tokens // ps + bs + 1 > len(self.free_pages):
-            self.merge_and_sort_free()
-        num_new = int(
-            ((seq_lens_cpu + ps - 1) // ps - (prefix_lens_cpu + ps - 1) // ps).sum().item()
-        )
-        if num_new > len(self.free_pages):
-            return None
-        out = naive_alloc_extend(
-            prefix_lens, seq_lens, last_loc, self.free_pages[:num_new], ps, extend_num_tokens
-        )
-        self.free_pages = self.free_pages[num_new:]
-        return out
-
-    def alloc_decode(
-        self, seq_lens: torch.Tensor, seq_lens_cpu: torch.Tensor, last_loc: torch.Tensor
-    ) -> torch.Tensor | None:
-        ps = self.page_size
-        bs = len(seq_lens_cpu)
-        if self.need_sort and bs > len(self.free_pages):
-            self.merge_and_sort_free()
-        num_new = int(((seq_lens_cpu - 1) % ps == 0).sum().item())
-        if num_new > len(self.free_pages):
-            return None
-        out = naive_alloc_decode(seq_lens, last_loc, self.free_pages[:num_new], ps)
-        self.free_pages = self.free_pages[num_new:]
-        return out
-
-    def free(self, free_index: torch.Tensor) -> None:
-        if free_index.numel() == 0:
-            return
-        if self.group is not None:
-            self.group.append(free_index.clone())
-            return
-        if self.token:
-            if self.need_sort:
-                self.release_pages = torch.cat((self.release_pages, free_index))
-            else:
-                self.free_pages = torch.cat((self.free_pages, free_index))
-            return
-        pages = torch.unique(free_index // self.page_size)
-        if self.need_sort:
-            self.release_pages = torch.cat((pages, self.release_pages))
-        else:
-            self.free_pages = torch.cat((pages, self.free_pages))
-
-    def free_group_begin(self) -> None:
-        self.group = []
-
-    def free_group_end(self) -> None:
-        group, self.group = self.group, None
-        if group:
-            self.free(torch.cat(group))
+# The SGLang-0.5.23-like reference (also used by the equivalence tests and the conformance kit).
+NaiveAllocator = ReferenceAllocator
 
 
 # ---------------------------------------------------------------------------- trace
