@@ -17,7 +17,6 @@ from dataclasses import dataclass
 import torch
 
 from mem_cache_allocator._pages import num_new_pages_extend
-from mem_cache_allocator.base import BaseTokenToKVPoolAllocator
 
 __all__ = [
     "DevicePlan",
@@ -54,20 +53,6 @@ def lookup(mapping: torch.Tensor, indices: torch.Tensor, name: str, *, check: bo
     """``mapping[indices]`` after :func:`check_slots` (``-1`` reads the trailing sentinel)."""
     check_slots(indices, name, mapping.shape[0] - 1, check=check)
     return mapping[indices]
-
-
-def logical_free(allocator: BaseTokenToKVPoolAllocator, slots: torch.Tensor) -> None:
-    """Free ``slots`` on a HiSparse logical allocator with SGLang 0.5.23's set semantics (the
-    sorted unique pages of ``slots``: any order, several requests, partial pages).
-
-    A page allocator's ``free_unaligned`` has exactly those semantics (one sync, which the
-    HiSparse device side costs anyway); other allocators (SWA) get their own ``free``.
-    """
-    free_set = getattr(allocator, "free_unaligned", None)
-    if free_set is None:
-        allocator.free(slots)
-    else:
-        free_set(slots)
 
 
 @dataclass(frozen=True, slots=True)

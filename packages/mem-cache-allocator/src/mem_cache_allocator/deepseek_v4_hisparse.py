@@ -41,7 +41,6 @@ from mem_cache_allocator._composite import check_need_size, new_mapping
 from mem_cache_allocator._deepseek_v4_slots import device_last_loc, entry_offsets
 from mem_cache_allocator._hisparse_device import (
     check_slots,
-    logical_free,
     lookup,
     pad_slots,
     plan_device_extend,
@@ -425,7 +424,7 @@ class DeepSeekV4HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         if self._free_group is not None:
             self._free_group.append(free_index.to(self.device, torch.int64, copy=True))
             return
-        logical_free(self.logical_attn_allocator, free_index)
+        self.logical_attn_allocator.free(free_index)
         self.free_hisparse(free_index)
 
     def free_full(self, free_index: torch.Tensor) -> None:
@@ -451,10 +450,10 @@ class DeepSeekV4HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         self._full_free_group = []
 
     def _flush_free_group(self, group: list[Any]) -> None:
-        """One free of the group's slots with SGLang's set semantics (the sorted unique pages
-        of all of them; see :func:`logical_free`)."""
+        """One free of the group's slots with SGLang's set semantics (the logical allocator's
+        ``free``: the sorted unique pages of all of them)."""
         slots = torch.cat(group) if len(group) > 1 else group[0]
-        logical_free(self.logical_attn_allocator, slots)
+        self.logical_attn_allocator.free(slots)
         self.free_hisparse(slots)
 
     def free_group_end(self) -> None:

@@ -28,7 +28,6 @@ import torch
 from mem_cache_allocator._composite import check_need_size, make_inner, new_mapping
 from mem_cache_allocator._hisparse_device import (
     check_slots,
-    logical_free,
     lookup,
     pad_slots,
     plan_device_extend,
@@ -286,7 +285,7 @@ class HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         if free_index.numel() == 0:
             return
         dev_pages = self._device_pages_of(free_index, "free_index")
-        logical_free(self.logical_attn_allocator, free_index)
+        self.logical_attn_allocator.free(free_index)
         self._release(free_index, dev_pages)
 
     def free_hisparse(self, free_indices: torch.Tensor) -> None:
