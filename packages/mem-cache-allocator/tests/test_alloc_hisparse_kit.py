@@ -103,7 +103,7 @@ def test_kit_catches_sglang_buffer_padding() -> None:
         logical = PagedTokenToKVPoolAllocator(pool.size, 16, FP8, "cpu", pool)
         return _SGLangPadding(logical)
 
-    with pytest.raises(AssertionError, match="slot twice in a buffer|device available"):
+    with pytest.raises(AssertionError, match=r"slot twice in a buffer|device available"):
         run_state_machine_as_test(
             hisparse_state_machine(factory),
             settings=settings(

@@ -85,7 +85,8 @@ def hisparse_state_machine(
             ids: list[int] = []
             for _ in range(bs):
                 choices = [r for r in self.reqs if r not in ids and r not in self.buffers]
-                if choices and data.draw(st.booleans(), label="continue"):
+                cont: bool = data.draw(st.booleans(), label="continue")
+                if choices and cont:
                     ids.append(data.draw(st.sampled_from(choices), label="req"))
                 else:
                     ids.append(-1 - len(ids))
