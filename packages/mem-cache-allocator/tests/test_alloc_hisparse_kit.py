@@ -22,8 +22,8 @@ from mem_cache_pool.hisparse import HiSparseDSATokenToKVPool
 
 FP8 = torch.float8_e4m3fn
 SETTINGS = settings(
-    max_examples=12,
-    stateful_step_count=25,
+    max_examples=6,
+    stateful_step_count=20,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )

@@ -8,26 +8,34 @@ has a compressed entry iff ``(f + 1) % 4 == 0``, at logical compressed slot ``f 
 0 = no device slot, trailing -1) maps logical compressed slots to device slots; it is registered
 into the c4 pool, which translates through it on every key read/write.
 
-* ``available_size() = min(logical, 4 x device)`` (tokens).
+SGLang builds the stack as ``SWATokenToKVPoolAllocator(..., kvcache=<DeepSeekV4TokenToKVPool>)``
+(the pool's ``full_kv_pool`` is ``None``) wrapped by this class; any logical allocator over the
+pool works (the conformance kit also uses a paged one).
+
+* ``available_size()`` and ``full_available_size()`` are ``min(logical, 4 x device available)``
+  (tokens); ``swa_available_size``, ``translate_loc_from_full_to_swa``, ``free_swa``,
+  ``size_swa``, ``alloc_extend_swa_tail`` are the logical allocator's.
 * ``alloc_extend``: logical slots, then device slots for the ``seq // 4 - prefix // 4`` new
-  compressed tokens of every request (capacity of both checked on the host first; a failure
-  leaves nothing changed). The device ``last_loc`` is ``mapping[(L - 3) // 4]`` when the
-  compressed prefix ends inside a device page (see ``_deepseek_v4_slots.device_last_loc``).
-  Contract: when a request's compressed prefix ends inside a device page, its last compressed
-  entry must still be device-mapped (true when the request's previous chunk came from
-  ``alloc_extend``); debug mode checks it.
+  compressed tokens of every request (capacity of both checked on the host first, SGLang's
+  pre-check; a failure leaves nothing changed). The device ``last_loc`` is
+  ``mapping[(L - 3) // 4]`` (``_deepseek_v4_slots.device_last_loc``). A request whose
+  compressed prefix ends inside a device page on an entry without device slot (a logical-only
+  decode token) gets a fresh device page; SGLang hands out the padding page there.
 * ``alloc(n)``: whole logical pages plus the matching device pages (an extension: SGLang's class
   has no ``alloc``; it lets the allocator conformance kit drive this class).
 * ``alloc_decode`` / ``alloc_logical_only``: logical slots only (the HiSparse coordinator places
-  decode tokens on the device through :meth:`alloc_device_buffer`).
+  decode tokens on the device through :meth:`alloc_device_buffer`, which takes the request's
+  logical *compressed* slots, as SGLang's coordinator passes them).
 * ``free`` / ``free_segment``: the logical pages *and* the device slots mapped from the freed
-  compressed entries, clearing their mapping (``free_hisparse``); calling ``free_hisparse``
-  before is harmless (the mapping is already cleared). Free groups check nesting only.
-* ``free_hisparse_indices(device_slots)`` releases device buffers (whole pages).
+  compressed entries, clearing their mapping (as SGLang 0.5.23; calling ``free_hisparse`` first
+  is harmless). ``free`` and ``free_full`` are queued inside a free group and applied at
+  ``free_group_end`` as one free (set semantics).
+* ``free_hisparse`` / ``free_compressed`` / ``free_hisparse_indices`` release device slots at
+  once (whole pages; ``torch.unique``: one sync per call).
 
-Deviation from SGLang (documented): SGLang's ``free`` releases only logical slots and relies on
-the coordinator to call ``free_hisparse``; here ``free`` releases both so no device slot leaks.
-Device frees release every page touched (``torch.unique``: one sync per call).
+Deliberate deviations (package README, "HiSparse and DeepSeek-V4"): the fresh device page above;
+``alloc_device_buffer`` pads inside the newest entry's page (SGLang can list a slot twice) and
+returns ``None`` when the device is short (SGLang asserts).
 """
 
 from __future__ import annotations

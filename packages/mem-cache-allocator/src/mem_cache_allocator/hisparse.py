@@ -7,15 +7,20 @@ the ids requests see) and a *device* one over the ``size`` slots of the
 device slots; it is registered into the pool (``kvcache.register_mapping``), which translates
 logical locs through it on every read/write.
 
+* ``alloc`` (SGLang: page size 1 only; here whole pages): logical first, then device; a short
+  device frees the logical slots again (SGLang's order, so the free lists stay equal).
 * ``alloc_extend`` takes logical and device slots in step (capacity of both checked on the host
   first); ``alloc_logical_only`` / ``alloc_decode`` take logical slots only (the HiSparse
-  coordinator assigns device slots later, e.g. via ``alloc_device_buffer``).
-* ``free`` releases logical pages and the mapped device slots and clears the mapping at once;
-  free groups therefore apply frees immediately (they only check nesting).
+  coordinator assigns device slots later, via ``alloc_device_buffer``). A request continuing a
+  partial page whose last token has no device slot gets a fresh device page (SGLang: slots of
+  the padding page; see the package README).
+* ``free`` releases logical pages and the mapped device pages (set semantics) and clears the
+  mapping at once; free groups therefore apply frees immediately (they only check nesting).
+* ``alloc_device_buffer`` frees only surplus pages that hold no buffer slot and pads inside the
+  last slot's page (SGLang frees and pads past what the buffer owns).
 
 Importing this module imports no pool module at run time (the pool type is for type checking).
-Device-slot frees go through the paged allocator's ``free_unaligned`` (the mapped device slots
-form an arbitrary set), which syncs once per call.
+Device frees resolve the mapped device pages with ``torch.unique`` (one sync per call).
 """
 
 from __future__ import annotations
