@@ -321,3 +321,12 @@ def test_cpu_copy_passes_through_to_every_real_pool(case: int, page_size: int) -
         for role, layers in copy.items():
             for x, y in zip(layers, back[role], strict=True):
                 assert torch.equal(x.view(torch.uint8), y.view(torch.uint8)), (name, role)
+
+
+def test_hisparse_allocators_forward_cpu_copies_to_their_pools() -> None:
+    # the pools do not support CPU copies: their own NotImplementedError, not a TypeError
+    for a in (_hisparse(), _dsv4_stack()):
+        with pytest.raises(NotImplementedError, match="does not support get_cpu_copy"):
+            a.get_cpu_copy(t(4))
+        with pytest.raises(NotImplementedError, match="does not support load_cpu_copy"):
+            a.load_cpu_copy({}, t(4))
