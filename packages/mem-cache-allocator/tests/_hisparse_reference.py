@@ -21,6 +21,7 @@ Where SGLang returns wrong data the models follow *our* documented deviations (p
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 
 def _ceil(a: int, b: int) -> int:
@@ -273,10 +274,19 @@ class RefDeepSeekV4HiSparse:
 
     R = 4
 
-    def __init__(self, logical_size: int, page_size: int, c4_size: int, need_sort: bool) -> None:
+    def __init__(
+        self,
+        logical_size: int,
+        page_size: int,
+        c4_size: int,
+        need_sort: bool,
+        logical: Any = None,
+    ) -> None:
         self.ps = page_size
         self.cps = page_size // self.R
-        self.logical = RefPaged(logical_size, page_size, need_sort)
+        # ``logical``: a model with RefPaged's list interface (default: a paged allocator; the
+        # tests pass an adapter over the package's SGLang-0.5.23 SWA reference)
+        self.logical = RefPaged(logical_size, page_size, need_sort) if logical is None else logical
         self.device = RefPaged(c4_size, self.cps, need_sort)
         self.mapping = [0] * (logical_size // self.R + self.cps) + [-1]
         self.group: list[int] | None = None
@@ -284,7 +294,9 @@ class RefDeepSeekV4HiSparse:
     def available_size(self) -> int:
         return min(self.logical.available_size(), self.R * self.device.available_size())
 
-    full_available_size = available_size
+    def full_available_size(self) -> int:
+        inner = getattr(self.logical, "full_available_size", self.logical.available_size)
+        return min(inner(), self.R * self.device.available_size())
 
     def _compressed(self, slots: Sequence[int]) -> list[int]:
         return [s // self.R for s in slots if (s + 1) % self.R == 0]

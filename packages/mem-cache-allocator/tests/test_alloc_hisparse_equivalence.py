@@ -21,9 +21,11 @@ from typing import Any
 import pytest
 import torch
 
+from mem_cache_allocator._reference import ReferenceSWAAllocator
 from mem_cache_allocator.deepseek_v4_hisparse import DeepSeekV4HiSparseTokenToKVPoolAllocator
 from mem_cache_allocator.hisparse import HiSparseTokenToKVPoolAllocator
 from mem_cache_allocator.paged import PagedTokenToKVPoolAllocator
+from mem_cache_allocator.swa import SWATokenToKVPoolAllocator
 from mem_cache_pool.deepseek_v4 import DeepSeekV4TokenToKVPool
 from mem_cache_pool.hisparse import HiSparseDSATokenToKVPool
 
@@ -322,3 +324,77 @@ def test_deepseek_v4_hisparse_matches_sglang_model(ps: int, need_sort: bool, see
     driver = _DSv4Driver(ours, ref, rng, ps)
     _run(driver, 120, ps // 4, alloc_block=False)
     assert ours.hisparse_attn_allocator.available_size() == c4
+
+
+# ----------------------------------------------------------------------------- DeepSeek-V4 stack
+
+
+class _SWALogicalModel:
+    """The package's SGLang-0.5.23 SWA reference behind the list interface of the models."""
+
+    def __init__(self, size: int, size_swa: int, ps: int, need_sort: bool) -> None:
+        self.r = ReferenceSWAAllocator(size, size_swa, ps, need_sort=need_sort)
+
+    def available_size(self) -> int:
+        return int(self.r.available_size())
+
+    def full_available_size(self) -> int:
+        return int(self.r.full_available_size())
+
+    def swa_available_size(self) -> int:
+        return int(self.r.swa_available_size())
+
+    def alloc_extend(self, pre: list[int], seq: list[int], last: list[int]) -> list[int] | None:
+        p, q = t(pre), t(seq)
+        return _lists(self.r.alloc_extend(p, p, q, q, t(last), sum(seq) - sum(pre)))
+
+    def alloc_decode(self, seq: list[int], last: list[int]) -> list[int] | None:
+        q = t(seq)
+        return _lists(self.r.alloc_decode(q, q, t(last)))
+
+    def free(self, slots: list[int]) -> None:
+        self.r.free(t(slots))
+
+
+def _ref_free_list(r: Any) -> list[int]:
+    return [int(v) for v in torch.cat([r.free_pages, *r.staged]).tolist()]
+
+
+class _DSv4StackDriver(_DSv4Driver):
+    def check(self) -> None:
+        o, r = self.ours, self.ref
+        swa, model = o.logical_attn_allocator, r.logical.r  # type: ignore[attr-defined]
+        assert _free_list(swa.full_attn_allocator) == _ref_free_list(model.full)
+        assert _free_list(swa.swa_attn_allocator) == _ref_free_list(model.swa)
+        assert torch.equal(swa.full_to_swa_index_mapping, model.mapping)
+        _same_paged(o.hisparse_attn_allocator, r.device)  # type: ignore[attr-defined]
+        mapping = o.full_to_hisparse_device_index_mapping.tolist()  # type: ignore[attr-defined]
+        assert mapping == r.mapping  # type: ignore[attr-defined]
+        assert o.available_size() == r.available_size()  # type: ignore[attr-defined]
+        assert o.full_available_size() == r.full_available_size()  # type: ignore[attr-defined]
+        assert o.swa_available_size() == r.logical.swa_available_size()  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("need_sort", [False, True])
+@pytest.mark.parametrize("ps", [16, 128])
+def test_deepseek_v4_stack_matches_sglang_model(ps: int, need_sort: bool, seed: int) -> None:
+    """The stack as SGLang builds it: SWA allocator over the pool, HiSparse over that."""
+    rng = random.Random(seed * 13 + ps + need_sort)
+    if ps == 16:
+        ratios, c4, c128, swa_size = [0, 4], 64, 0, 128
+    else:
+        ratios, c4, c128, swa_size = [0, 4, 128], 128, 8, 512
+    pool = DeepSeekV4TokenToKVPool(
+        2, swa_size, c4, c128, 2, 2, ps, 4, FP8, torch.float32, torch.float32,
+        448, 64, 16, len(ratios), "cpu", False, ratios, enable_hisparse=True, state_dim=8,
+    )  # fmt: skip
+    swa = SWATokenToKVPoolAllocator(pool.size, swa_size, ps, FP8, "cpu", pool, need_sort)
+    ours = DeepSeekV4HiSparseTokenToKVPoolAllocator(swa, debug=seed % 2 == 0)
+    logical = _SWALogicalModel(pool.size, swa_size, ps, need_sort)
+    ref = RefDeepSeekV4HiSparse(pool.size, ps, c4, need_sort, logical=logical)
+    driver = _DSv4StackDriver(ours, ref, rng, ps)
+    _run(driver, 100, ps // 4, alloc_block=False)
+    assert ours.hisparse_attn_allocator.available_size() == c4
+    assert ours.swa_available_size() == swa_size
+    assert ours.full_available_size() == min(pool.size, 4 * c4)
