@@ -330,3 +330,24 @@ def test_hisparse_allocators_forward_cpu_copies_to_their_pools() -> None:
             a.get_cpu_copy(t(4))
         with pytest.raises(NotImplementedError, match="does not support load_cpu_copy"):
             a.load_cpu_copy({}, t(4))
+
+
+def test_debug_rejects_releasing_a_device_page_other_slots_still_map_into() -> None:
+    # SGLang frees every page a slot touches; releasing part of a request's device page would
+    # hand the rest out again while still mapped. Debug mode refuses, before any change.
+    hs = HiSparseTokenToKVPoolAllocator(
+        32, 4, torch.bfloat16, "cpu", _hisparse().get_kvcache(), debug=True
+    )
+    out = _extend(hs, [0], [8], [-1])
+    assert out is not None
+    with pytest.raises(ValueError, match="still map into"):
+        hs.free_hisparse(out[:2])
+    assert hs.hisparse_attn_allocator.available_size() == 24
+    hs.free_hisparse(out)  # the whole request: fine
+    ds = _dsv4_stack()
+    out = _extend(ds, [0], [32], [-1])  # 8 entries on two device pages of 4
+    assert out is not None
+    with pytest.raises(ValueError, match="still map into"):
+        ds.free_compressed(out[3:12:4] // 4)  # 3 of the 4 entries of device page 1
+    ds.free_hisparse(out)
+    assert ds.hisparse_attn_allocator.available_size() == 64

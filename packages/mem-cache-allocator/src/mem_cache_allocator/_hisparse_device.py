@@ -55,6 +55,29 @@ def lookup(mapping: torch.Tensor, indices: torch.Tensor, name: str, *, check: bo
     return mapping[indices]
 
 
+def mapped_pages(
+    mapping: torch.Tensor, keys: torch.Tensor, page_size: int, name: str, *, check: bool
+) -> torch.Tensor:
+    """The device pages ``mapping[keys]`` points into (sorted, unique; ``torch.unique`` syncs).
+
+    With ``check`` (debug mode), ``ValueError`` if another key still maps into one of them
+    (releasing the page would hand that key's slot out again); nothing is changed.
+    """
+    dev = lookup(mapping, keys, name, check=check)
+    dev = dev[dev > 0]
+    pages: torch.Tensor = torch.unique(dev // page_size)
+    if check and pages.numel():
+        rest = mapping[:-1].clone()
+        rest[keys] = 0
+        still = torch.nonzero((rest > 0) & torch.isin(rest // page_size, pages))
+        if still.numel():
+            raise ValueError(
+                f"{name}: freeing device page(s) {pages.tolist()[:8]} that slots "
+                f"{still.reshape(-1).tolist()[:8]} still map into"
+            )
+    return pages
+
+
 @dataclass(frozen=True, slots=True)
 class DevicePlan:
     """Arguments of the device allocator's ``alloc_extend`` and how to read its output."""

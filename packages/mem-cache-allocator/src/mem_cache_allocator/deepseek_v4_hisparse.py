@@ -50,6 +50,7 @@ from mem_cache_allocator._deepseek_v4_slots import device_last_loc, entry_offset
 from mem_cache_allocator._hisparse_device import (
     check_slots,
     lookup,
+    mapped_pages,
     pad_slots,
     plan_device_extend,
     surplus_pages,
@@ -483,9 +484,13 @@ class DeepSeekV4HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         """Release the device slots of logical compressed slots ``compressed_indices`` and
         clear their mapping (never deferred)."""
         mapping = self.full_to_hisparse_device_index_mapping
-        dev = lookup(mapping, compressed_indices, "compressed_indices", check=self.debug)
+        pages = mapped_pages(
+            mapping, compressed_indices, self.hisparse_page_size, "compressed_indices",
+            check=self.debug,
+        )  # fmt: skip
         mapping[compressed_indices] = 0
-        self.free_hisparse_indices(dev)
+        if pages.numel():
+            self.hisparse_attn_allocator.free_page_ids(pages)
 
     def free_hisparse_indices(self, buffer_indices: torch.Tensor) -> None:
         """Release device slots directly (every page they touch, as SGLang's set-semantics

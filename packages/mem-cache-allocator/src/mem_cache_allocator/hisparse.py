@@ -34,6 +34,7 @@ from mem_cache_allocator._composite import check_need_size, make_inner, new_mapp
 from mem_cache_allocator._hisparse_device import (
     check_slots,
     lookup,
+    mapped_pages,
     pad_slots,
     plan_device_extend,
     surplus_pages,
@@ -301,22 +302,9 @@ class HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         self._release(free_indices, self._device_pages_of(free_indices, "free_indices"))
 
     def _device_pages_of(self, keys: torch.Tensor, name: str) -> torch.Tensor:
-        """The device pages mapped from ``keys`` (sorted, unique; syncs). Debug mode checks that
-        no other logical slot still maps into them."""
+        """The device pages mapped from ``keys`` (debug: none still mapped from other keys)."""
         mapping = self.full_to_hisparse_device_index_mapping
-        dev = lookup(mapping, keys, name, check=self.debug)
-        dev = dev[dev > 0]
-        pages: torch.Tensor = torch.unique(dev // self.page_size)
-        if self.debug and pages.numel():
-            rest = mapping[:-1].clone()
-            rest[keys] = 0
-            still = torch.nonzero((rest > 0) & torch.isin(rest // self.page_size, pages))
-            if still.numel():
-                raise ValueError(
-                    f"{name}: freeing device page(s) {pages.tolist()[:8]} that logical slots "
-                    f"{still.reshape(-1).tolist()[:8]} still map into"
-                )
-        return pages
+        return mapped_pages(mapping, keys, self.page_size, name, check=self.debug)
 
     def _release(self, keys: torch.Tensor, pages: torch.Tensor) -> None:
         self.full_to_hisparse_device_index_mapping[keys] = 0
