@@ -351,3 +351,31 @@ def test_debug_rejects_releasing_a_device_page_other_slots_still_map_into() -> N
         ds.free_compressed(out[3:12:4] // 4)  # 3 of the 4 entries of device page 1
     ds.free_hisparse(out)
     assert ds.hisparse_attn_allocator.available_size() == 64
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_dsv4_free_segments_releases_every_entry_of_a_shared_page(grouped: bool) -> None:
+    a = _dsv4_stack()
+    out = _extend(a, [0], [40], [-1])  # logical pages 1..3; 10 entries on 3 device pages
+    assert out is not None
+    if grouped:
+        a.free_group_begin()
+    a.free_segments([(out[:20], 0), (out[20:], 20)])  # both segments touch logical page 2
+    if grouped:
+        a.free_group_end()
+    assert a.full_available_size() == 256 and a.swa_available_size() == 64
+    assert a.hisparse_attn_allocator.available_size() == 64
+    assert not bool(a.full_to_hisparse_device_index_mapping[:-1].any())
+
+
+def test_hisparse_free_segments_releases_every_device_slot() -> None:
+    a = HiSparseTokenToKVPoolAllocator(
+        32, 4, torch.bfloat16, "cpu", _hisparse().get_kvcache(), debug=True
+    )
+    out = _extend(a, [0], [10], [-1])
+    assert out is not None
+    a.free_segments([(out[:6], 0), (out[6:], 6)])  # both touch page 2 (positions 4..7)
+    assert a.available_size() == 32 and a.hisparse_attn_allocator.available_size() == 32
+    assert not bool(a.full_to_hisparse_device_index_mapping[:-1].any())
+    with pytest.raises(ValueError):
+        a.free_segments([(out[6:], 6), (out[:6], 0)])  # descending

@@ -40,6 +40,7 @@ returns ``None`` when the device is short (SGLang asserts).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,7 +56,7 @@ from mem_cache_allocator._hisparse_device import (
     plan_device_extend,
     surplus_pages,
 )
-from mem_cache_allocator._pages import check_cpu_lengths, num_new_pages_extend
+from mem_cache_allocator._pages import check_cpu_lengths, num_new_pages_extend, trim_segments
 from mem_cache_allocator._paired import PairedAllocators, check_own_state
 from mem_cache_allocator._scheduler_hooks import capacity_pair, request_slot_reserve
 from mem_cache_allocator.base import BaseTokenToKVPoolAllocator
@@ -453,6 +454,22 @@ class DeepSeekV4HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             return
         self._delegate("free_segment")(free_index, start_pos=start_pos)
         self.free_hisparse(free_index)
+
+    def free_segments(self, segments: Iterable[tuple[torch.Tensor, int]]) -> None:
+        """The logical allocator's ``free_segments`` and the device slots of *every* given slot's
+        compressed entry (a page two segments share is released once on the logical side, but
+        all its entries' device slots go). Queued as one free inside a free group."""
+        segs = list(segments)
+        if not segs:
+            return
+        slots = torch.cat([idx.to(self.device, torch.int64).reshape(-1) for idx, _ in segs])
+        if self._free_group is not None:
+            for _ in trim_segments(segs, self.page_size):  # validates the segments
+                pass
+            self.free(slots)  # set semantics at group end: the same pages, every entry
+            return
+        self._delegate("free_segments")(segs)
+        self.free_hisparse(slots)
 
     def free_group_begin(self) -> None:
         super().free_group_begin()

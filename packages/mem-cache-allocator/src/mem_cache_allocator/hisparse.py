@@ -25,6 +25,7 @@ Device frees resolve the mapped device pages with ``torch.unique`` (one sync per
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -40,7 +41,7 @@ from mem_cache_allocator._hisparse_device import (
     surplus_pages,
 )
 from mem_cache_allocator._page_allocator import PageAllocatorState
-from mem_cache_allocator._pages import check_cpu_lengths, num_new_pages_extend
+from mem_cache_allocator._pages import check_cpu_lengths, num_new_pages_extend, trim_segments
 from mem_cache_allocator._paired import PairedAllocators, check_own_state
 from mem_cache_allocator._scheduler_hooks import request_slot_reserve
 from mem_cache_allocator.base import BaseTokenToKVPoolAllocator
@@ -293,6 +294,16 @@ class HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         dev_pages = self._device_pages_of(free_index, "free_index")
         self.logical_attn_allocator.free(free_index)
         self._release(free_index, dev_pages)
+
+    def free_segments(self, segments: Iterable[tuple[torch.Tensor, int]]) -> None:
+        """Free ascending ``(slots, start_pos)`` segments of one request: one :meth:`free` of all
+        their slots (set semantics release a page two segments share once, and every slot's
+        device page goes -- trimming the shared page's slots would leave them mapped)."""
+        segs = list(segments)
+        for _ in trim_segments(segs, self.page_size):  # validates the segments
+            pass
+        if segs:
+            self.free(torch.cat([idx.to(self.device, torch.int64).reshape(-1) for idx, _ in segs]))
 
     def free_hisparse(self, free_indices: torch.Tensor) -> None:
         """Release the device pages mapped from logical ``free_indices`` and clear the mapping
