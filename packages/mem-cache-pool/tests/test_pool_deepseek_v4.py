@@ -366,8 +366,7 @@ def test_composite_mapping_and_hisparse_variant() -> None:
     assert pool.translate_loc_from_full_to_compressed(torch.arange(260), 128).tolist() == [0, 1]
     with pytest.raises(ValueError, match="mapping must have shape"):
         pool.register_mapping(mapping[:-1])
-    with pytest.raises(RuntimeError, match="no full-attention pool"):
-        _ = pool.full_kv_pool
+    assert pool.full_kv_pool is None  # SGLang reads it with a default of None
     with pytest.raises(NotImplementedError):
         pool.move_kv_cache(torch.tensor([1]), torch.tensor([2]))
 

@@ -218,14 +218,24 @@ class BaseTokenToKVPoolAllocator(abc.ABC):
 
     # ------------------------------------------------------------------ pool pass-through
     def get_cpu_copy(self, indices: torch.Tensor, mamba_indices: torch.Tensor | None = None) -> Any:
-        """The pool's ``get_cpu_copy`` (request retraction / offload)."""
-        return self._pool_method("get_cpu_copy")(indices, mamba_indices=mamba_indices)
+        """The pool's ``get_cpu_copy(indices)`` (request retraction / offload).
+
+        ``mamba_indices`` is forwarded only when given (pools with Mamba state take it; KV pools
+        do not), so ``get_cpu_copy(indices)`` works over every pool.
+        """
+        copy = self._pool_method("get_cpu_copy")
+        if mamba_indices is None:
+            return copy(indices)
+        return copy(indices, mamba_indices=mamba_indices)
 
     def load_cpu_copy(
         self, kv_cache_cpu: Any, indices: torch.Tensor, mamba_indices: torch.Tensor | None = None
     ) -> Any:
-        """The pool's ``load_cpu_copy`` (inverse of :meth:`get_cpu_copy`)."""
+        """The pool's ``load_cpu_copy`` (inverse of :meth:`get_cpu_copy`; ``mamba_indices``
+        forwarded only when given)."""
         load = self._pool_method("load_cpu_copy")
+        if mamba_indices is None:
+            return load(kv_cache_cpu, indices)
         return load(kv_cache_cpu, indices, mamba_indices=mamba_indices)
 
     def _pool_method(self, name: str) -> Any:

@@ -66,7 +66,7 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         self._size_full = size
         self._size_swa = size_swa
         self.size = min(size, size_swa)
-        full_pool = None if kvcache is None else kvcache.full_kv_pool
+        full_pool = None if kvcache is None else getattr(kvcache, "full_kv_pool", None)
         swa_pool = None if kvcache is None else kvcache.swa_kv_pool
         self.full_attn_allocator = make_inner(
             size, page_size, dtype, self.device, full_pool, need_sort, debug
@@ -106,8 +106,16 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
 
     # ------------------------------------------------------------------ mapping
     def translate_loc_from_full_to_swa(self, kv_indices: torch.Tensor) -> torch.Tensor:
-        """Window slots of full slots ``kv_indices`` (0 = not in the window, -1 for -1)."""
-        return self.full_to_swa_index_mapping[kv_indices]
+        """Window slots of full slots ``kv_indices`` (0 = not in the window, -1 for -1).
+
+        An index past the mapping raises ``ValueError`` naming ``kv_indices`` (no extra cost:
+        torch's own bounds check, re-raised)."""
+        mapping = self.full_to_swa_index_mapping
+        try:
+            return mapping[kv_indices]
+        except IndexError as exc:
+            bound = mapping.shape[0] - 1
+            raise ValueError(f"kv_indices must hold full slots in [-1, {bound}): {exc}") from exc
 
     def set_full_to_swa_mapping(
         self, full_indices: torch.Tensor, swa_indices: torch.Tensor
