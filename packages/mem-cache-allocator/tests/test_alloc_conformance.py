@@ -98,7 +98,10 @@ class _StrideFree(PagedTokenToKVPoolAllocator):
 )
 def test_alloc_conformance_kit_catches_broken_allocators(factory: Callable[[], Any]) -> None:
     machine = allocator_state_machine(factory)
-    with pytest.raises(AssertionError):
+    # The kit reports a broken allocator as an AssertionError; the stride-based free may instead
+    # trip our own default-mode double-free count check (a ValueError) on a free the kit made
+    # legally: a conforming allocator raises neither.
+    with pytest.raises((AssertionError, ValueError)):
         run_state_machine_as_test(
             machine,
             settings=settings(

@@ -12,11 +12,11 @@ import torch
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from mem_cache_allocator._testing_hisparse import hisparse_state_machine
 from mem_cache_allocator.deepseek_v4_hisparse import DeepSeekV4HiSparseTokenToKVPoolAllocator
 from mem_cache_allocator.hisparse import HiSparseTokenToKVPoolAllocator
 from mem_cache_allocator.paged import PagedTokenToKVPoolAllocator
 from mem_cache_allocator.swa import SWATokenToKVPoolAllocator
+from mem_cache_allocator.testing import hisparse_state_machine
 from mem_cache_pool.deepseek_v4 import DeepSeekV4TokenToKVPool
 from mem_cache_pool.hisparse import HiSparseDSATokenToKVPool
 

@@ -31,6 +31,10 @@ retraction of a running request (its whole row).
 :func:`slot_allocator_state_machine` does the same for request-level slot allocators
 (``MambaSlotAllocator``: ``alloc``, ``free``, ``alloc_group_begin/end``).
 
+:func:`hisparse_state_machine` drives the two HiSparse allocators the way SGLang's HiSparse
+coordinator and scheduler call them (logical-only decode tokens, ``alloc_device_buffer`` with
+compressed indices, ``free_hisparse``, free groups, the scheduler hooks).
+
 This module imports ``hypothesis`` (install the ``testing`` extra).
 """
 
@@ -43,7 +47,9 @@ import torch
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-__all__ = ["allocator_state_machine", "slot_allocator_state_machine"]
+from mem_cache_allocator._testing_hisparse import hisparse_state_machine
+
+__all__ = ["allocator_state_machine", "hisparse_state_machine", "slot_allocator_state_machine"]
 
 
 def _shaped(
