@@ -37,10 +37,10 @@ class Section:
 
 
 SECTIONS: tuple[Section, ...] = (
-    Section("ops", "tools.gpu_check._ops:run_ops", 150, "every kernel op, triton vs torch"),
-    Section("register", "tools.gpu_check._register:run_register", 15, "cudaHostRegister"),
-    Section("host", "tools.gpu_check._host:run_host", 75, "host pool GB/s vs cudaMemcpyAsync"),
-    Section("device", "tools.gpu_check._device:run_device", 25, "store/move vs device copy"),
+    Section("ops", "tools.gpu_check._ops:run_ops", 175, "every kernel op, triton vs torch"),
+    Section("register", "tools.gpu_check._register:run_register", 10, "cudaHostRegister"),
+    Section("host", "tools.gpu_check._host:run_host", 65, "host pool GB/s vs cudaMemcpyAsync"),
+    Section("device", "tools.gpu_check._device:run_device", 20, "store/move vs device copy"),
     Section("alloc", "tools.gpu_check._alloc:run_alloc", 35, "allocation latency, CUDA graph"),
     Section("layers", "tools.gpu_check._layers:run_layers", 15, "layer events and overlap"),
 )
@@ -243,7 +243,7 @@ def _fmt(x: float | None, unit: str = "") -> str:
 def table(results: Sequence[Any]) -> str:
     """The one table: every row of every section (ratio: higher is better for the op)."""
     rows = [r for res in results for r in res.rows]
-    head = ("section", "what", "case", "value", "unit", "reference", "ratio", "status")
+    head = ("section", "what", "case", "value", "unit", "reference", "ratio", "status", "note")
     body = [
         (
             r.section,
@@ -254,17 +254,21 @@ def table(results: Sequence[Any]) -> str:
             f"{_fmt(r.reference)} {r.reference_name}".strip() if r.reference is not None else "",
             _fmt(r.ratio) if r.ratio is not None else "",
             r.status,
+            "" if r.status in ("FAIL", "error") else r.detail,
         )
         for r in rows
     ]
     widths = [max([len(h)] + [len(b[i]) for b in body]) for i, h in enumerate(head)]
-    widths = [min(w, 60) for w in widths]
+    widths = [min(w, 90 if i == len(head) - 1 else 60) for i, w in enumerate(widths)]
 
     def line(cells: Sequence[str]) -> str:
         return "  ".join(c[:w].ljust(w) for c, w in zip(cells, widths)).rstrip()
 
     out = [line(head), line(["-" * w for w in widths])]
     out += [line(b) for b in body]
+    notes = [f"{res.name}: {n.splitlines()[-1][:400]}" for res in results for n in res.notes if n]
+    if notes:
+        out += ["", *notes]
     problems = [r for r in rows if r.status in ("FAIL", "error") and r.detail]
     if problems:
         out.append("")

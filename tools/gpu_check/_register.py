@@ -5,8 +5,8 @@ Checks, each one a table row:
 * **rollback on a real failure**: an mmap of four chunks whose third chunk was registered
   beforehand, so ``register_chunked`` gets a genuine ``cudaErrorHostMemoryAlreadyRegistered``
   on it. Expected: ``RuntimeError``; chunks 0 and 1 registered then unregistered in reverse
-  order; afterwards chunks 0, 1 and 3 are not pinned (``Tensor.is_pinned``), chunk 2 (ours) still
-  is, and the device still runs kernels (the failed call's error did not stick).
+  order; afterwards chunks 0, 1 and 3 are not registered (``cudaPointerGetAttributes``), chunk 2
+  (ours) still is, and the device still runs kernels (the failed call's error did not stick).
 * **chunked registration succeeds**: the same range in four chunks, all pinned, then released.
 * **host pool release on close**: an ``MHATokenToKVPoolHost`` whose allocator registers in
   small chunks: every chunk of every buffer is pinned, a backup + load through the Triton kernels
@@ -19,7 +19,10 @@ unknown unregistrations the way the driver does, so the same code paths run.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -82,17 +85,65 @@ class SpyRegistrar:
 
 
 class _Probe:
-    """Is host memory at ``ptr`` registered? CUDA: ``Tensor.is_pinned`` of a 1-byte view."""
+    """Is the host memory at a tensor's first byte registered with the driver?
+
+    CUDA: ``cudaPointerGetAttributes`` on that address (memory type host = registered). Not
+    ``Tensor.is_pinned()``: it looks at the start of the tensor's *storage*, so every view into
+    one mmap would report the first chunk's state. Fallback when libcudart cannot be opened:
+    registering the chunk's first page again fails (already registered) or succeeds (then it is
+    unregistered at once). Dry run: the ledger.
+    """
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self.ledger = LedgerRegistrar()
         self.registrar: HostRegistrar = CudaHostRegistrar() if ctx.cuda else self.ledger
+        self.cudart = _cudart() if ctx.cuda else None
+        self.how = (
+            "ledger"
+            if not ctx.cuda
+            else "cudaPointerGetAttributes"
+            if self.cudart is not None
+            else "re-registration"
+        )
 
     def pinned(self, t: torch.Tensor) -> bool:
-        if self.ctx.cuda:
-            return bool(t[:1].is_pinned())
-        return self.ledger.pinned(t.data_ptr())
+        ptr = t.data_ptr()
+        if not self.ctx.cuda:
+            return self.ledger.pinned(ptr)
+        if self.cudart is not None:
+            attrs = (ctypes.c_int * 16)()  # cudaPointerAttributes (24 bytes), type first
+            err = self.cudart.cudaPointerGetAttributes(attrs, ctypes.c_void_p(ptr))
+            if err == 0:
+                return attrs[0] == _CUDA_MEMORY_TYPE_HOST
+            self.cudart.cudaGetLastError()
+        try:
+            self.registrar.register(ptr, _PAGE)
+        except RuntimeError:
+            return True
+        self.registrar.unregister(ptr)
+        return False
+
+
+_CUDA_MEMORY_TYPE_HOST = 1
+_PAGE = 4096
+
+
+def _cudart() -> Any:
+    """libcudart (already loaded by torch, so the soname resolves), or None."""
+    for name in (
+        "libcudart.so.13",
+        "libcudart.so.12",
+        "libcudart.so",
+        ctypes.util.find_library("cudart"),
+    ):
+        if not name:
+            continue
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            continue
+    return None
 
 
 def _device_healthy(ctx: Context) -> bool:
@@ -190,7 +241,12 @@ def _pool_release(ctx: Context, probe: _Probe, chunk: int) -> tuple[str, str]:
         unregistered = sum(1 for verb, _, _ in spy.calls if verb == "unregister")
         if unregistered != registered:
             problems.append(f"close() unregistered {unregistered} of {registered} chunks")
-        detail = f"{registered} chunks of {chunk} B pinned, kernel round trip bit-exact, released"
+        detail = (
+            f"{registered} chunks of {chunk} B pinned, kernel round trip bit-exact, released "
+            f"(probe: {probe.how})"
+        )
+        if host.pinned:
+            detail += "; note: HostKVCache.pinned still reports True after close()"
     finally:
         host.close()
     return ("FAIL" if problems else "ok"), "; ".join(problems) or detail
