@@ -143,7 +143,12 @@ def _host_pointer_attr() -> int | None:
     return None
 
 
-def _context(args: argparse.Namespace, deadline: float, section_deadline: float) -> Any:
+def _context(
+    args: argparse.Namespace,
+    deadline: float,
+    section_deadline: float,
+    checkpoint: Callable[[Any], None] | None = None,
+) -> Any:
     import torch
 
     from tools.gpu_check._core import CUDA_SIZES, DRY_SIZES, Context
@@ -156,6 +161,7 @@ def _context(args: argparse.Namespace, deadline: float, section_deadline: float)
         deadline=deadline,
         section_deadline=section_deadline,
         full_matrix=not dry or bool(args.full_matrix),
+        checkpoint=checkpoint,
     )
 
 
@@ -167,10 +173,16 @@ def _resolve(target: str) -> Callable[[Any], Any]:
     return fn
 
 
-def _run_in_process(section: Section, args: argparse.Namespace, deadline: float, sdl: float) -> Any:
+def _run_in_process(
+    section: Section,
+    args: argparse.Namespace,
+    deadline: float,
+    sdl: float,
+    checkpoint: Callable[[Any], None] | None = None,
+) -> Any:
     from tools.gpu_check._core import SectionResult
 
-    ctx = _context(args, deadline, sdl)
+    ctx = _context(args, deadline, sdl, checkpoint)
     started = time.monotonic()
     try:
         result: SectionResult = _resolve(section.target)(ctx)
@@ -214,16 +226,22 @@ def _run_child(section: Section, args: argparse.Namespace, deadline: float, sdl:
             rc: int | str = proc.returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
-        if isinstance(rc, int) and out.exists():
-            data = json.loads(out.read_text(encoding="utf-8"))
-            result = SectionResult(section.name, status=data["status"])
+        try:
+            data = json.loads(out.read_text(encoding="utf-8")) if out.exists() else None
+        except (OSError, ValueError):
+            data = None
+        result = SectionResult(section.name, status="error")
+        if data is not None:
             result.rows = [Row(**_row_fields(r)) for r in data["rows"]]
             result.cases, result.notes = data["cases"], data["notes"]
-            result.wall_s = time.monotonic() - started
-            return result
-        result = SectionResult(section.name, status="error", wall_s=time.monotonic() - started)
-        result.notes.append(f"child process ended with {rc} before writing its result")
-        result.add(Row(section.name, section.what, "-", "error", detail=f"child process: {rc}"))
+            result.status = data["status"]
+        result.wall_s = time.monotonic() - started
+        if rc != 0 or data is None or data["status"] == "partial":
+            # a crash or a kill: keep what the child saved, and say how it ended
+            result.status = "error"
+            what = "nothing saved" if data is None else f"{len(result.rows)} rows saved before"
+            result.notes.append(f"child process ended with {rc} ({what})")
+            result.add(Row(section.name, section.what, "-", "error", detail=f"child process: {rc}"))
         return result
 
 
@@ -360,6 +378,16 @@ def _child_main(args: argparse.Namespace) -> int:
     section = known[args.child]
     deadline = _from_epoch(args.deadline_at)
     sdl = _from_epoch(args.section_deadline_at)
-    result = _run_in_process(section, args, deadline, sdl)
-    Path(args.child_out).write_text(json.dumps(result.as_json()), encoding="utf-8")
+    out = Path(args.child_out)
+
+    def write(data: dict[str, Any]) -> None:
+        tmp = out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data), encoding="utf-8")
+        tmp.replace(out)  # atomic: a crash never leaves half a file
+
+    def checkpoint(partial: Any) -> None:
+        write(partial.as_json() | {"status": "partial"})
+
+    result = _run_in_process(section, args, deadline, sdl, checkpoint)
+    write(result.as_json())
     return 0

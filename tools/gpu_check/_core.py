@@ -187,6 +187,12 @@ class Context:
     section_deadline: float = float("inf")
     full_matrix: bool = True
     """Every combination of the correctness matrix (CUDA) or a covering subset (dry run)."""
+    checkpoint: Callable[[SectionResult], None] | None = None
+    """Saves a section's partial result (in a child process: so a crash keeps what ran)."""
+
+    def save(self, result: SectionResult) -> None:
+        if self.checkpoint is not None:
+            self.checkpoint(result)
 
     @property
     def cuda(self) -> bool:

@@ -127,6 +127,7 @@ def run_host(ctx: Context) -> SectionResult:
                     buf.view(torch.int16).random_(generator=ctx.generator(ps))
             n_pages = tokens // ps
             for layout, io in COMBOS:
+                ctx.save(result)
                 _measure_combo(
                     ctx, result, pool, layout=layout, io=io, ps=ps, n_pages=n_pages, gen=gen,
                     refs=refs, nbytes=nbytes,

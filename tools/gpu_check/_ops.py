@@ -142,4 +142,5 @@ def run_ops(ctx: Context) -> SectionResult:
                 detail=first_bad[:300],
             )
         )
+        ctx.save(result)
     return result
