@@ -284,6 +284,10 @@ def table(results: Sequence[Any]) -> str:
 
     out = [line(head), line(["-" * w for w in widths])]
     out += [line(b) for b in body]
+    out.append(
+        "ratio: higher is better for the measured op (its GB/s over the reference's GB/s, or "
+        "the reference's time over its time)"
+    )
     notes = [f"{res.name}: {n.splitlines()[-1][:400]}" for res in results for n in res.notes if n]
     if notes:
         out += ["", *notes]
