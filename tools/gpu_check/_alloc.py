@@ -201,7 +201,7 @@ def run_alloc(ctx: Context) -> SectionResult:
                     value=_us(tri),
                     unit="us",
                     reference=_us(tor),
-                    reference_name="torch path, same GPU",
+                    reference_name="torch path",
                     detail=bad or "",
                 )
             )
@@ -235,7 +235,7 @@ def run_alloc(ctx: Context) -> SectionResult:
                     value=_us(alloc_tri),
                     unit="us",
                     reference=_us(alloc_tor),
-                    reference_name="torch path, same GPU",
+                    reference_name="torch path",
                 )
             )
     return result

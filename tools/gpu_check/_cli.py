@@ -64,6 +64,7 @@ def _parser() -> argparse.ArgumentParser:
         help="each section in its own process (default on CUDA: a sticky CUDA error stays there)",
     )  # fmt: skip
     iso.add_argument("--no-isolate", dest="isolate", action="store_false")
+    p.add_argument("--ops", metavar="A,B", help="ops section: only these ops (see --list)")
     p.add_argument("--full-matrix", action="store_true", help="dry run: every op case combination")
     p.add_argument("--list", action="store_true", help="list sections and ops, run nothing")
     # internal: one section in a child process
@@ -161,6 +162,7 @@ def _context(
         deadline=deadline,
         section_deadline=section_deadline,
         full_matrix=not dry or bool(args.full_matrix),
+        ops=tuple(n.strip() for n in (args.ops or "").split(",") if n.strip()),
         checkpoint=checkpoint,
     )
 
@@ -219,6 +221,8 @@ def _run_child(section: Section, args: argparse.Namespace, deadline: float, sdl:
             cmd.append("--dry-run")
         if args.full_matrix:
             cmd.append("--full-matrix")
+        if args.ops:
+            cmd += ["--ops", args.ops]
         started = time.monotonic()
         grace = 45.0  # one case or measurement may overrun the section's deadline
         try:

@@ -187,6 +187,8 @@ class Context:
     section_deadline: float = float("inf")
     full_matrix: bool = True
     """Every combination of the correctness matrix (CUDA) or a covering subset (dry run)."""
+    ops: tuple[str, ...] = ()
+    """Restrict the ops section to these op names (empty: every op)."""
     checkpoint: Callable[[SectionResult], None] | None = None
     """Saves a section's partial result (in a child process: so a crash keeps what ran)."""
 

@@ -201,7 +201,7 @@ def _measure_combo(
                         value=_gbps(nbytes, seconds),
                         unit="GB/s",
                         reference=refs.get(direction),
-                        reference_name="cudaMemcpyAsync pinned",
+                        reference_name="memcpy pinned",
                     )
                 )
     finally:

@@ -196,7 +196,7 @@ def _overlap(ctx: Context, setup: _Setup, result: SectionResult) -> None:
             value=None if first is None else first * 1e6,
             unit="us",
             reference=None if whole is None else whole * 1e6,
-            reference_name="whole load (us)",
+            reference_name="whole load",
             detail=f"ideal ratio: {L}",
         )
     )

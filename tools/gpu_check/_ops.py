@@ -89,6 +89,11 @@ def run_ops(ctx: Context) -> SectionResult:
     result = SectionResult("ops")
     ops = discover_ops()
     result.notes.append(f"discovered {len(ops)} ops: {', '.join(sorted(ops))}")
+    if ctx.ops:
+        unknown = sorted(set(ctx.ops) - set(ops))
+        if unknown:
+            raise ValueError(f"--ops names unknown ops {unknown}; known: {sorted(ops)}")
+        ops = {name: fn for name, fn in ops.items() if name in ctx.ops}
     for name in sorted(ops):
         make = CASES.get(name)
         if make is None:
