@@ -12,8 +12,9 @@ when the time budget cut something short. Without CUDA it says so and exits 0 wi
 ``--dry-run`` runs the same code paths on the CPU with tiny sizes under Triton's interpreter and
 no timing (CI runs it: ``tests/test_gpu_check.py``).
 
-Sections (``--only NAME[,NAME]``; on CUDA each runs in its own process so a sticky CUDA error
-stays in it, ``--no-isolate`` to run in-process):
+Sections (``--only NAME[,NAME]``, and ``--ops A,B`` to rerun chosen ops; on CUDA each section
+runs in its own process, so a sticky CUDA error or a crash stays in it and the rows it saved
+survive; ``--no-isolate`` runs them in-process):
 
 ``ops`` (:mod:`._ops`, :mod:`._op_cases`)
     every public op of ``mem_cache_kernels`` (discovered: ``list_ops()`` plus every public
