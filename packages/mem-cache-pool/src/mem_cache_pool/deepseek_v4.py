@@ -357,10 +357,21 @@ class DeepSeekV4TokenToKVPool(BaseSWAKVPool):
         """Not supported for the composite (compressed entries do not move per token)."""
         raise NotImplementedError("DeepSeekV4TokenToKVPool does not support move_kv_cache")
 
-    def get_cpu_copy(self, indices: torch.Tensor) -> CpuKVCopy:
+    def get_cpu_copy(
+        self,
+        indices: torch.Tensor,
+        mamba_indices: torch.Tensor | None = None,
+        req_pool_index: int | None = None,
+    ) -> CpuKVCopy:
         """Not supported (``NotImplementedError``)."""
         raise NotImplementedError("DeepSeekV4TokenToKVPool does not support get_cpu_copy")
 
-    def load_cpu_copy(self, kv_cache_cpu: CpuKVCopy, indices: torch.Tensor) -> None:
+    def load_cpu_copy(
+        self,
+        kv_cache_cpu: CpuKVCopy,
+        indices: torch.Tensor,
+        mamba_indices: torch.Tensor | None = None,
+        req_pool_index: int | None = None,
+    ) -> None:
         """Not supported (``NotImplementedError``)."""
         raise NotImplementedError("DeepSeekV4TokenToKVPool does not support load_cpu_copy")
