@@ -23,7 +23,13 @@ from typing import Any
 import griffe
 
 _ROLE = re.compile(r":(?:func|class|meth|mod|attr|data|exc|obj):`(~?)([^`]+)`")
-_PACKAGES = ("mem_cache_kernels", "mem_cache_pool", "mem_cache_allocator", "mem_cache_pool_host")
+_PACKAGES = (
+    "mem_cache_kernels",
+    "mem_cache_pool",
+    "mem_cache_allocator",
+    "mem_cache_pool_host",
+    "mem_cache_refactor",
+)
 
 
 def _private(path: str) -> bool:

@@ -1,6 +1,6 @@
 """MkDocs hook for the docs build: ``<!-- api: PACKAGE [members] -->`` in a page becomes the
-package's mkdocstrings block followed by one block per public submodule (found with
-``pkgutil``, so a new module appears without editing the page). ``members`` renders the
+package's mkdocstrings block followed by one block per public submodule at any depth (found
+with ``pkgutil``, so a new module appears without editing the page). ``members`` renders the
 package's own public names too (the kernels package, whose definitions live in private modules);
 otherwise the package block shows its docstring only and the classes appear once, in their
 modules.
@@ -22,10 +22,11 @@ def _expand(m: re.Match[str]) -> str:
     lines = [f"::: {name}", "    options:", "      show_submodules: false"]
     if not members:
         lines.append("      members: false")
-    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda i: i.name):
-        if info.name.startswith("_"):
-            continue
-        lines += ["", f"::: {name}.{info.name}", "    options:", "      heading_level: 2"]
+    found = pkgutil.walk_packages(package.__path__, prefix=f"{name}.")
+    for module in sorted(info.name for info in found):
+        if any(part.startswith("_") for part in module.split(".")[1:]):
+            continue  # private modules, __main__
+        lines += ["", f"::: {module}", "    options:", "      heading_level: 2"]
     return "\n".join(lines)
 
 
