@@ -23,12 +23,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from mem_cache_storage import HiCacheFile, HiCacheStorageConfig, LatencyRecorder, page_hashes
-from mem_cache_storage.controller import ControllerStats, StorageController
+from mem_cache_storage.controller import ControllerStats, StorageController, WritePolicy
 from tools.simulate.prefix_store import PrefixEntry
 from tools.simulate.stack import MemoryStack
 from tools.simulate.storage_faults import STORAGE_FAULT_KINDS, FaultyStorage
@@ -132,7 +132,7 @@ class StorageTier:
         self.storage = FaultyStorage(self.file, self.fault_rate, self.seed + self.stats.restarts,
                                      SLOW_S)
         self.controller = StorageController(self.storage, self.stack.host_pool,
-                                            write_policy=self.write_policy)  # type: ignore[arg-type]
+                                            write_policy=cast(WritePolicy, self.write_policy))
 
     def _collect(self) -> None:
         """Fold the current controller's and backend's counters into ``stats``."""
