@@ -60,6 +60,7 @@ class L3Stats:
     lookups: int = 0
     hits: int = 0
     hit_tokens: int = 0
+    hits_after_restart: int = 0
     load_failures: int = 0
     timeouts: int = 0
     restarts: int = 0
@@ -220,8 +221,11 @@ class StorageTier:
         return PrefixEntry(session, result.pages * self.page_size, "host", result.host_indices)
 
     def record_hit(self, tokens: int) -> None:
+        """A prefix from L3 reached the device and was verified bit-exact there."""
         self.stats.hits += 1
         self.stats.hit_tokens += tokens
+        if self.stats.restarts:
+            self.stats.hits_after_restart += 1
 
     def record_load_failure(self) -> None:
         self.stats.load_failures += 1
