@@ -233,3 +233,22 @@ def test_concurrent_prefetches_with_cancels_and_timeouts_leak_nothing() -> None:
                 + s.prefetch_timeouts) == 100
     finally:
         host.close()
+
+
+def test_write_async_frees_through_the_callback(host: Any) -> None:
+    free0 = host.available_size()
+    with _controller(host) as c:
+        keys = _keys(3, salt=11)
+        src = host.alloc(3 * PS)
+        ref = pages_of(host, src)
+        done: list[Any] = []
+        future = c.write_async(keys, src, lambda r: (done.append(r), host.free(src)))
+        result = future.result(timeout=30)
+        assert result.written == 3 and done == [result]
+        res = c.prefetch(keys).wait(timeout=30)
+        assert res.pages == 3
+        assert all(torch.equal(a, b) for a, b in zip(ref, pages_of(host, res.host_indices)))
+        host.free(res.host_indices)
+        bad = c.write_async(keys, src[:PS])  # wrong slot count: counted as failed, no raise
+        assert bad.result(timeout=30).failed == 3
+    assert host.available_size() == free0
