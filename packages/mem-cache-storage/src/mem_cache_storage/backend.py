@@ -100,7 +100,11 @@ class PageStorageBackend(HiCacheStorage):
                 raise ValueError(
                     f"page_size {page_size} differs from this backend's {self._keyspace.page_size}"
                 )
-            self._keyspace = KeySpace.from_config(self.storage_config, page_size)
+            fingerprint = self.options.get("model_fingerprint")
+            self._keyspace = KeySpace.from_config(
+                self.storage_config, page_size,
+                None if fingerprint is None else str(fingerprint),
+            )
 
     @property
     def keyspace(self) -> KeySpace:
