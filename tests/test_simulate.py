@@ -109,6 +109,7 @@ L3_CASES: dict[str, dict[str, Any]] = {
                                              "io_backend": "direct",
                                              "storage_fault_rate": 0.25},
     "mha-ps1-restart": {"page_size": 1, "restart_at": 40},
+    "mha-l3-capacity-1mb": {"storage_capacity_mb": 1},
     "mla-transfer-and-storage-faults-restart": {"model": "mla", "faults": 0.2,
                                                 "storage_fault_rate": 0.2, "restart_at": 30},
 }
@@ -130,6 +131,8 @@ def test_l3_run_is_clean(name: str) -> None:
     assert l3.prefetch_reserved_at_end == 0
     if cfg.restart_at >= 0:
         assert l3.restarts == 1 and l3.hits_after_restart > 0
+    if cfg.storage_capacity_mb:
+        assert l3.pages_evicted > 0
     if cfg.storage_fault_rate:
         assert sum(l3.faults.values()) > 0
         assert l3.faults["corrupt"] == 0 or l3.pages_rejected > 0 or l3.pages_written > 0

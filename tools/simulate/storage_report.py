@@ -36,6 +36,7 @@ def l3_dict(stats: SimStats) -> dict[str, Any] | None:
         "prefetch_p50_ms": round(s.prefetch_p50_s * 1e3, 3),
         "prefetch_p99_ms": round(s.prefetch_p99_s * 1e3, 3),
         "backend_errors": s.backend_errors, "pages_rejected": s.pages_rejected,
+        "pages_evicted": s.pages_evicted,
         "faults": dict(s.faults),
     }
 
@@ -58,7 +59,8 @@ def l3_rows(stats: SimStats) -> list[tuple[str, str, str]]:
          f"timeouts {s.timeouts}, failed loads {s.load_failures}"),
         ("L3 write", f"{s.write_gb_per_s:,.2f} GB/s",
          f"{s.write_policy}: {s.pages_written:,} pages, {s.bytes_written / 2**20:,.1f} MiB; "
-         f"{s.pages_skipped:,} already stored; {s.pages_write_failed} failed"),
+         f"{s.pages_skipped:,} already stored; {s.pages_write_failed} failed; "
+         f"{s.pages_evicted:,} evicted (LRU, capacity)"),
         ("L3 faults", f"{sum(s.faults.values()):,}",
          f"{faults}; backend errors {s.backend_errors}, corrupted/foreign pages rejected "
          f"{s.pages_rejected}"),

@@ -75,6 +75,7 @@ class L3Stats:
     write_seconds: float = 0.0
     backend_errors: int = 0
     pages_rejected: int = 0
+    pages_evicted: int = 0
     prefetch_p50_s: float = 0.0
     prefetch_p99_s: float = 0.0
     prefetch_reserved_at_end: int = 0
@@ -151,6 +152,7 @@ class StorageTier:
         s.write_seconds += c.write_seconds
         s.backend_errors += c.backend_errors + self.file.get_stats().errors
         s.pages_rejected += self.file.get_stats().rejected
+        s.pages_evicted += self.file.get_stats().evicted
         for kind, n in self.storage.injected.items():
             self._faults[kind] += n
 
