@@ -252,3 +252,20 @@ def test_write_async_frees_through_the_callback(host: Any) -> None:
         bad = c.write_async(keys, src[:PS])  # wrong slot count: counted as failed, no raise
         assert bad.result(timeout=30).failed == 3
     assert host.available_size() == free0
+
+
+def test_a_host_pool_closed_under_a_prefetch_never_hangs_the_waiter() -> None:
+    host = make_host()
+    storage = _Gated(CFG)
+    c = _controller(host, storage)
+    keys = _keys(2)
+    c.write(keys, host.alloc(2 * PS))
+    handle = c.prefetch(keys)
+    while not c.reserved_pages:
+        threading.Event().wait(0.005)
+    host.close()
+    storage.gate.set()
+    result = handle.wait(timeout=30)
+    assert result.pages == 0 and result.status in ("miss", "failed")
+    assert handle.done()
+    c.close()

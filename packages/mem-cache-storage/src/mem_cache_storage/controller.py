@@ -409,37 +409,43 @@ class StorageController:
 
     def _finish(self, handle: PrefetchHandle, status: PrefetchStatus, loaded: int) -> None:
         latency = time.perf_counter() - handle.submitted
-        with self._lock:
-            slots, reserved = handle._slots, handle._reserved
-            keep = 0 if handle.cancelled or status != "done" else loaded
-            if slots is not None and keep < reserved:
-                self.host_pool.free(self._slots_of(slots, keep, reserved - keep))
-            self._reserved -= reserved - keep
-            handle._reserved = keep
-            handle._slots = self._slots_of(slots, 0, keep) if slots is not None and keep else None
-            if handle.cancelled:
-                handle._state = "released"
-                self._handles.discard(handle)
-                status = handle._cancel_status or "cancelled"
-            else:
-                handle._state = "finished"
-            handle._result = PrefetchResult(
-                status, len(handle.keys), keep,
-                handle._slots if handle._slots is not None else _EMPTY, latency,
-            )
-        c = {"done": "prefetch_hits", "miss": "prefetch_misses", "failed": "prefetch_failed",
-             "cancelled": "prefetch_cancelled", "timeout": "prefetch_timeouts"}[status]
-        self._counters.add(**{c: 1})
-        if status == "done":
-            self._counters.add(pages_loaded=keep, bytes_loaded=keep * self.page_bytes)
-        self._prefetch_latency.record(latency)
-        handle._done.set()
+        keep = 0
+        try:
+            with self._lock:
+                slots, reserved = handle._slots, handle._reserved
+                keep = 0 if handle.cancelled or status != "done" else loaded
+                self._reserved -= reserved - keep
+                handle._reserved = keep
+                kept = self._slots_of(slots, 0, keep) if slots is not None and keep else None
+                handle._slots = kept
+                if handle.cancelled:
+                    handle._state = "released"
+                    self._handles.discard(handle)
+                    status = handle._cancel_status or "cancelled"
+                else:
+                    handle._state = "finished"
+                handle._result = PrefetchResult(
+                    status, len(handle.keys), keep, kept if kept is not None else _EMPTY, latency
+                )
+                if slots is not None and keep < reserved:  # last: a failing free changes nothing
+                    self.host_pool.free(self._slots_of(slots, keep, reserved - keep))
+        except Exception as exc:  # e.g. the host pool was closed under us: never hang a waiter
+            _log.exception("storage prefetch could not release its pages: %s", exc)
+        finally:
+            c = {"done": "prefetch_hits", "miss": "prefetch_misses", "failed": "prefetch_failed",
+                 "cancelled": "prefetch_cancelled", "timeout": "prefetch_timeouts"}[status]
+            self._counters.add(**{c: 1})
+            if status == "done":
+                self._counters.add(pages_loaded=keep, bytes_loaded=keep * self.page_bytes)
+            self._prefetch_latency.record(latency)
+            handle._done.set()
 
     def _take(self, handle: PrefetchHandle) -> PrefetchResult:
         with self._lock:
             result = handle._result
-            if result is None:
-                raise RuntimeError("prefetch finished without a result")
+            if result is None:  # the background work failed before it could record one
+                return PrefetchResult("failed", len(handle.keys), 0, _EMPTY,
+                                      time.perf_counter() - handle.submitted)
             if handle._state == "finished":
                 self._reserved -= handle._reserved
                 handle._reserved = 0

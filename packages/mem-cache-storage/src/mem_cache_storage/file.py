@@ -111,7 +111,10 @@ class HiCacheFile(PageStorageBackend):
                     mv = _memory.view(ptr, n)
                     written = 0
                     while written < n:
-                        written += f.write(mv[written:]) or 0
+                        step = f.write(mv[written:])
+                        if not step:
+                            raise OSError(f"short write to {tmp}")
+                        written += step
                 if self.fsync:
                     os.fsync(f.fileno())
             os.replace(tmp, self._path(skey))
