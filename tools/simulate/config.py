@@ -189,7 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="probability that a storage call fails, is slow (prefetch timeout), "
                     "corrupts a stored page or stops partway")
     st.add_argument("--restart-at", type=int, default=d.restart_at, metavar="STEP",
-                    help="drop every device and host cache at this step (an engine restart)")
+                    help="restart the engine at this step: device and host caches are flushed "
+                    "to L3 and dropped, so the next turns are served by the warm L3")
     o = p.add_argument_group("output")
     o.add_argument("--json", metavar="PATH", default=None,
                    help="also write the report as JSON to PATH ('-' for stdout only)")
