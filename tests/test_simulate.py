@@ -350,3 +350,27 @@ def test_aborted_load_reports_and_leaves_reads_working() -> None:
     finally:
         transfers.close()
         stack.host_pool.close()
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"spec_draft": 3},
+        {"spec_draft": 2, "page_size": 1},
+        {"spec_draft": 5, "page_size": 4, "retract_after": 1},
+        {"retract_after": 1, "faults": 0.2},
+    ],
+    ids=["spec3-ps16", "spec2-ps1", "spec5-ps4-retract", "retract-faults"],
+)
+def test_scheduler_shaped_frees_stay_clean(overrides: dict[str, object]) -> None:
+    """Speculative decoding (rejected drafts freed as shuffled partial pages of several
+    requests), partial tails freed by their slots, retraction under memory pressure: zero
+    integrity failures and no leak."""
+    cfg = dataclasses.replace(TINY, **overrides)  # type: ignore[arg-type]
+    stats = run_simulation(cfg)
+    _assert_clean(cfg, stats)
+    if cfg.spec_draft:
+        assert stats.rejected_draft_tokens > 0
+        assert stats.draft_tokens > stats.decode_tokens
+    if cfg.retract_after:
+        assert stats.retractions > 0

@@ -80,6 +80,8 @@ class SimConfig:
     seed: int = 0
     device: str = "cpu"
     faults: float = 0.0
+    spec_draft: int = 0
+    retract_after: int = 0
     check_every: int = 1
     threads: int = 1
     storage: str = "file"
@@ -117,6 +119,9 @@ class SimConfig:
             raise ValueError(f"host_layout must be one of {HOST_LAYOUTS}, got {self.host_layout!r}")
         if self.io_backend not in IO_BACKENDS:
             raise ValueError(f"io_backend must be one of {IO_BACKENDS}, got {self.io_backend!r}")
+        for name in ("spec_draft", "retract_after"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not 0.0 <= self.faults <= 1.0:
             raise ValueError(f"faults must be a probability in [0, 1], got {self.faults}")
         if self.mean_turns < 1.0:
@@ -172,6 +177,12 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--seed", type=int, default=d.seed)
     w.add_argument("--faults", type=float, default=d.faults,
                    help="probability that a host<->device transfer fails or is aborted midway")
+    w.add_argument("--spec-draft", type=int, default=d.spec_draft,
+                   help="speculative decoding: N draft slots per request and decode step, the "
+                        "rejected ones freed (0: plain decode)")
+    w.add_argument("--retract-after", type=int, default=d.retract_after,
+                   help="retract the running request with the most output left when the queue "
+                        "head has waited N steps for memory (0: never)")
     w.add_argument("--check-every", type=int, default=d.check_every,
                    help="run the slot-conservation check every N steps")
     w.add_argument("--threads", type=int, default=d.threads,

@@ -39,7 +39,10 @@ def report_dict(cfg: SimConfig, stats: SimStats) -> dict[str, Any]:
             "prefill": stats.prefill_tokens,
             "decode": stats.decode_tokens,
             "recomputed": stats.recomputed_tokens,
+            "draft": stats.draft_tokens,
+            "rejected_draft": stats.rejected_draft_tokens,
         },
+        "retractions": stats.retractions,
         "allocator": {
             kind: {"calls": op.calls, "ns_per_call": round(op.ns_per_call, 1), "items": op.items}
             for kind, op in stats.alloc_ops.items()

@@ -57,6 +57,9 @@ class SimStats:
     evictions_to_host: int = 0
     host_drops: int = 0
     device_drops: int = 0
+    retractions: int = 0
+    draft_tokens: int = 0
+    rejected_draft_tokens: int = 0
     peak_device_tokens: int = 0
     peak_host_tokens: int = 0
     peak_running: int = 0
