@@ -51,7 +51,8 @@ brackets, config wins):
 * ``replica_num`` (default 1) and ``replicate_config`` (a dict of Mooncake ``ReplicateConfig``
   attributes, e.g. ``{"with_hard_pin": true, "preferred_segment": "10.0.0.5:12345"}``);
 * ``checksum`` (default true), ``retry_backoff_s`` (1.0), ``max_backoff_s`` (10.0),
-  ``reconnect_after`` (3), plus the common ``page_size`` and ``model_fingerprint``.
+  ``reconnect_after`` (3), ``connect_timeout_s`` (1.0: the TCP probe of the master and the
+  metadata server before each connect attempt), plus the common ``page_size`` and ``model_fingerprint``.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ import hashlib
 import logging
 import os
 import re
+import socket
 import struct
 import threading
 import time
@@ -137,6 +139,21 @@ def _option(opts: dict[str, Any], name: str, env: str, default: str) -> str:
     return str(value)
 
 
+def _reachable(address: str, timeout: float) -> bool:
+    """Whether a TCP connection to ``address`` (``host:port`` or an ``http://host:port/...``
+    URL; anything else, e.g. ``P2PHANDSHAKE`` or ``etcd://``, counts as reachable) opens within
+    ``timeout`` seconds. The client's own ``setup`` retries for about 90 s when the master is
+    down, so the backend probes first and backs off instead."""
+    m = re.fullmatch(r"(?:http://)?\[?([^\]/]+?)\]?:(\d+)(?:/.*)?", address)
+    if m is None:
+        return True
+    try:
+        with socket.create_connection((m.group(1), int(m.group(2))), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
 class _Arena:
     """A registered block of ``_CHUNK`` object headers (one per direction, with its lock)."""
 
@@ -201,6 +218,7 @@ class HiCacheMooncake(PageStorageBackend):
         self.retry_backoff_s = float(opts.get("retry_backoff_s", 1.0))
         self.max_backoff_s = float(opts.get("max_backoff_s", 10.0))
         self.reconnect_after = int(opts.get("reconnect_after", 3))
+        self.connect_timeout_s = float(opts.get("connect_timeout_s", 1.0))
         for name in ("replica_num",):
             if name in opts and (not isinstance(opts[name], int) or opts[name] < 1):
                 raise ValueError(f"{name} must be a positive int, got {opts[name]!r}")
@@ -221,6 +239,10 @@ class HiCacheMooncake(PageStorageBackend):
                 return self._store
             try:
                 store = _import_store()()
+                for what, addr in (("master", self.master_server_address),
+                                   ("metadata server", self.metadata_server)):
+                    if not _reachable(addr, self.connect_timeout_s):
+                        raise MooncakeUnavailableError(f"{what} {addr} is not reachable")
                 rc = store.setup(
                     self.local_hostname, self.metadata_server, self.global_segment_size,
                     self.local_buffer_size, self.protocol, self.device_name,
