@@ -332,6 +332,8 @@ class PointerStorageBackend(PageStorageBackend):
         meta_ok = self._batch_put_from(
             mkeys, [m.data_ptr() for m in metas], [_META.size] * len(metas)
         ) if mkeys else []
+        if len(meta_ok) != len(mkeys):
+            raise RuntimeError(f"_batch_put_from returned {len(meta_ok)} results for {len(mkeys)}")
         it = iter(meta_ok)
         return [bool(next(it)) if ok else False for ok in page_ok]
 
@@ -341,6 +343,8 @@ class PointerStorageBackend(PageStorageBackend):
         meta_ok = self._batch_get_into(
             [f"{k}.m" for k in keys], [b.data_ptr() for b in bufs], [_META.size] * n
         )
+        if len(meta_ok) != n:
+            raise RuntimeError(f"_batch_get_into returned {len(meta_ok)} results for {n}")
         want: list[int] = []
         crcs: dict[int, int] = {}
         for p in range(n):
