@@ -14,6 +14,7 @@ import json
 import sys
 
 import torch
+
 from mem_cache_pool import MHATokenToKVPool
 from mem_cache_pool_host import MHATokenToKVPoolHost
 from mem_cache_storage.config import HiCacheStorageConfig

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from mem_cache_pool import MHATokenToKVPool, MLATokenToKVPool
 from mem_cache_pool_host import MHATokenToKVPoolHost, MLATokenToKVPoolHost
 from mem_cache_storage.config import HiCacheStorageConfig
 from mem_cache_storage.mooncake import HEADER_BYTES, HiCacheMooncake, key_tag
-
 from tools.mooncake_store import LocalMooncakeStore
 
 WORKER = Path(__file__).with_name("_mooncake_worker.py")
@@ -110,30 +110,42 @@ def test_registers_pool_once_and_unregisters_on_close(store: LocalMooncakeStore)
     b.close()  # idempotent
 
 
-def test_writes_only_missing_keys_and_copy_path_overwrites(store: LocalMooncakeStore) -> None:
+def test_writes_only_missing_keys_and_last_value_wins(
+    store: LocalMooncakeStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
     host = _host("mha", "page_first", seed=3)
     b = _backend(store, host, model="missing")
+    put_keys: list[str] = []
+    upsert_keys: list[str] = []
+    put, upsert = b._put_chunk, b._upsert_chunk
+    monkeypatch.setattr(b, "_put_chunk", lambda k, *a: put_keys.extend(k) or put(k, *a))
+    monkeypatch.setattr(b, "_upsert_chunk", lambda k, *a: upsert_keys.extend(k) or upsert(k, *a))
     try:
         idx = host.alloc(2 * PAGE)
         assert idx is not None
-        first = _pages(host, idx, 2)
         assert b.batch_set_v1(["k0"], idx[:PAGE]) == [True]
-        for buf in host.buffers:  # new bytes in the same slots
-            buf.view(torch.uint8).add_(1)
-        before = b.get_stats().set_bytes
+        sk0, sk1 = b.storage_key("k0"), b.storage_key("k1")
+        assert put_keys == [sk0]
+        # k0 is present with the same bytes: only k1 is written
         assert b.batch_set_v1(["k0", "k1"], idx) == [True, True]
-        # k0 was present: not rewritten (one page of payload went out, k1)
-        assert b.get_stats().set_bytes - before == 2 * first[0].numel()
+        assert put_keys == [sk0, sk1] and upsert_keys == []
+        for buf in host.buffers:  # new bytes in the same slots: k0 is replaced
+            buf.view(torch.uint8).add_(1)
+        newer = _pages(host, idx, 1)[0]
+        assert b.batch_set_v1(["k0"], idx[:PAGE]) == [True]
+        assert upsert_keys == [sk0]
+        for buf in host.buffers:
+            buf.view(torch.uint8)[:] = 0
         assert b.batch_get_v1(["k0"], idx[:PAGE]) == [True]
-        assert torch.equal(_pages(host, idx, 1)[0], first[0])
-        # copying path: set() replaces an existing key
-        flat = host.get_data_page(int(idx[0])).clone()
+        assert torch.equal(_pages(host, idx, 1)[0], newer)
+        # copying path too
+        flat = host.get_data_page(int(idx[PAGE])).clone()
+        inverted = flat.view(torch.uint8).bitwise_not().view(flat.dtype)
         assert b.set("c", flat)
-        newer = flat.view(torch.uint8).add(7).view(flat.dtype)
-        assert b.set("c", newer)
+        assert b.set("c", inverted)
         out = torch.empty_like(flat)
         assert b.get("c", out) is out
-        assert torch.equal(out.view(torch.uint8), newer.view(torch.uint8))
+        assert torch.equal(out.view(torch.uint8), inverted.view(torch.uint8))
     finally:
         b.clear()
         b.close()
@@ -221,7 +233,7 @@ def test_registry_builds_it(store: LocalMooncakeStore) -> None:
     b.close()
 
 
-def _worker(role: str, store: LocalMooncakeStore, layout: str, seed: int, n: int,
+def _worker(role: str, store: LocalMooncakeStore, layout: str, *, seed: int, n: int,
             prefix: str) -> dict[str, object]:
     proc = subprocess.run(
         [sys.executable, str(WORKER), role, store.master_address, store.metadata_server, layout,

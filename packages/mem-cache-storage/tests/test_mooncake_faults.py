@@ -11,11 +11,11 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+
 from mem_cache_pool import MHATokenToKVPool
 from mem_cache_pool_host import MHATokenToKVPoolHost
 from mem_cache_storage.config import HiCacheStorageConfig
 from mem_cache_storage.mooncake import HiCacheMooncake
-
 from tools.mooncake_store import LocalMooncakeStore, free_port
 
 PAGE = 16
@@ -102,7 +102,7 @@ def test_master_killed_mid_batch_then_restarted(store: LocalMooncakeStore) -> No
                 got = _pages(host, dst, 16)
                 wrong.extend(i for i in range(16) if ok[i] and not torch.equal(got[i], want[i]))
                 b.batch_set_v1([f"n{len(results)}-{i}" for i in range(4)], src[: 4 * PAGE])
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:
             errors.append(exc)
 
     t = threading.Thread(target=traffic)

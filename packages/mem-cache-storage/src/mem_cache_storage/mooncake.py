@@ -22,10 +22,12 @@ on :meth:`HiCacheMooncake.close`.
 option, on by default): a page of another format, a foreign object or damaged bytes is a miss
 (counted in ``rejected``), never wrong data.
 
-**Writes.** ``batch_set_v1`` (the zero-copy path) writes only the keys the store does not hold
-yet (chained page hashes: an existing key already holds these bytes); a key keeps its first
-value until the store evicts or removes it. ``set`` / ``batch_set`` (the copying path, a tensor
-per page) replace an existing key (the store's upsert: a reader sees the old or the new page).
+**Writes.** Only missing keys are written, zero copy (``batch_put_from_multi_buffers``). A key
+the store already holds is read back (reads are several times faster than writes): when its
+header (format, size, CRC-32 of the payload, key tag) equals the new page's, nothing is written
+(chained page hashes: the normal case); otherwise the page is replaced through the store's
+upsert from a staging copy, so the last value wins (with ``checksum=False`` a present key is
+always replaced). A reader racing a replacement gets the old page, the new one or a miss.
 
 **Failures.** Every failure is a miss / failed set, never an exception into the engine and never
 wrong bytes: no master at connect time, a lost connection (``RPC_FAIL``), a full store
@@ -52,7 +54,8 @@ brackets, config wins):
   attributes, e.g. ``{"with_hard_pin": true, "preferred_segment": "10.0.0.5:12345"}``);
 * ``checksum`` (default true), ``retry_backoff_s`` (1.0), ``max_backoff_s`` (10.0),
   ``reconnect_after`` (3), ``connect_timeout_s`` (1.0: the TCP probe of the master and the
-  metadata server before each connect attempt), plus the common ``page_size`` and ``model_fingerprint``.
+  metadata server before each connect attempt), plus the common ``page_size`` and
+  ``model_fingerprint``.
 """
 
 from __future__ import annotations
@@ -96,7 +99,7 @@ _MAGIC = b"MCMK"
 _VERSION = 1
 _CHUNK = 128  # pages per store call (SGLang's STORAGE_BATCH_SIZE)
 _RPC_FAIL = -900  # Mooncake ErrorCode::RPC_FAIL: the master is unreachable
-_OBJECT_NOT_FOUND = -704
+_UPSERT_ATTEMPTS = 4
 
 
 class MooncakeUnavailableError(RuntimeError):
@@ -414,30 +417,44 @@ class HiCacheMooncake(PageStorageBackend):
                         _log.warning("mooncake unregister_buffer failed: %s", exc)
 
     def _put_pages(self, keys: list[str], pages: list[PageRanges], fmt: PageFormat) -> list[bool]:
-        replace = fmt.kind == "flat"  # the copying path overwrites; zero copy writes missing keys
         out = [False] * len(keys)
         for lo in range(0, len(keys), _CHUNK):
             ks, ps = keys[lo : lo + _CHUNK], pages[lo : lo + _CHUNK]
-            if replace:
-                res = self._upsert_chunk(ks, ps, fmt)
-            else:
-                present = self._exist_pages(ks)
-                todo = [i for i, p in enumerate(present) if not p]
-                res = [True] * len(ks)
-                if todo:
-                    wrote = self._put_chunk([ks[i] for i in todo], [ps[i] for i in todo], fmt)
-                    for i, ok in zip(todo, wrote):
+            headers = [self._header(k, fmt, p) for k, p in zip(ks, ps)]
+            present = self._exist_pages(ks)
+            res = [False] * len(ks)
+            missing = [i for i, p in enumerate(present) if not p]
+            if missing:  # zero copy, straight from the pages
+                wrote = self._put_chunk([ks[i] for i in missing], [ps[i] for i in missing],
+                                        [headers[i] for i in missing])
+                for i, ok in zip(missing, wrote):
+                    res[i] = ok
+            there = [i for i, p in enumerate(present) if p]
+            if there:  # present: identical pages are kept, others replaced (last value wins)
+                stored = self._stored_headers([ks[i] for i in there], fmt)
+                replace = []
+                for i, hdr in zip(there, stored):
+                    if self.verify_checksum and hdr == headers[i][: _HDR.size]:
+                        res[i] = True
+                    else:
+                        replace.append(i)
+                if replace:
+                    wrote = self._upsert_chunk([ks[i] for i in replace],
+                                               [ps[i] for i in replace],
+                                               [headers[i] for i in replace], fmt)
+                    for i, ok in zip(replace, wrote):
                         res[i] = ok
             out[lo : lo + len(ks)] = res
         return out
 
-    def _put_chunk(self, keys: list[str], pages: list[PageRanges], fmt: PageFormat) -> list[bool]:
+    def _put_chunk(self, keys: list[str], pages: list[PageRanges], headers: list[bytes]
+                   ) -> list[bool]:
         arena = self._put_arena
         with arena.lock:
             ptrs: list[list[int]] = []
             sizes: list[list[int]] = []
-            for i, (key, page) in enumerate(zip(keys, pages)):
-                arena.write(i, self._header(key, fmt, page))
+            for i, (hdr, page) in enumerate(zip(headers, pages)):
+                arena.write(i, hdr)
                 ptrs.append([arena.ptr(i), *(p for p, _ in page)])
                 sizes.append([HEADER_BYTES, *(n for _, n in page)])
             cfg = self._rconfig
@@ -451,34 +468,59 @@ class HiCacheMooncake(PageStorageBackend):
             codes = self._with_ranges(pages, put)
         return [c == 0 for c in codes]
 
-    def _upsert_chunk(
-        self, keys: list[str], pages: list[PageRanges], fmt: PageFormat
-    ) -> list[bool]:
-        # upsert has no multi-buffer form: stage [header | payload] per page (copying path only)
+    def _stored_headers(self, keys: list[str], fmt: PageFormat) -> list[bytes]:
+        """The headers of the objects stored under ``keys`` (``b""`` when unreadable or of
+        another size); reads whole objects into a staging buffer (reads are the cheap way)."""
         total = HEADER_BYTES + fmt.nbytes
-        staging = torch.empty(len(keys) * total, dtype=torch.uint8)
+        staging = torch.zeros(len(keys) * total, dtype=torch.uint8)
         base = int(staging.data_ptr())
-        for i, (key, page) in enumerate(zip(keys, pages)):
-            hdr = self._header(key, fmt, page)
+
+        def get() -> list[int]:
+            return self._run(
+                "batch_get_into", lambda s, k, p, z: s.batch_get_into(k, p, z), len(keys),
+                keys, [base + i * total for i in range(len(keys))], [total] * len(keys))
+
+        codes = self._with_ranges([((base, staging.numel()),)], get)
+        return [bytes(staging[i * total : i * total + _HDR.size].numpy()) if c == total else b""
+                for i, c in enumerate(codes)]
+
+    def _upsert_chunk(
+        self, keys: list[str], pages: list[PageRanges], headers: list[bytes], fmt: PageFormat
+    ) -> list[bool]:
+        # upsert has no multi-buffer form: stage [header | payload] per page
+        total = HEADER_BYTES + fmt.nbytes
+        staging = torch.zeros(len(keys) * total, dtype=torch.uint8)
+        base = int(staging.data_ptr())
+        for i, (hdr, page) in enumerate(zip(headers, pages)):
             staging[i * total : i * total + len(hdr)] = torch.frombuffer(
                 bytearray(hdr), dtype=torch.uint8)
             off = i * total + HEADER_BYTES
             for ptr, n in page:
-                src = torch.frombuffer(_memory.view(ptr, n), dtype=torch.uint8)
-                staging[off : off + n].copy_(src)
+                staging[off : off + n].copy_(torch.frombuffer(_memory.view(ptr, n),
+                                                              dtype=torch.uint8))
                 off += n
-        ptrs = [base + i * total for i in range(len(keys))]
-        sizes = [total] * len(keys)
         cfg = self._rconfig
+        ok = [False] * len(keys)
+        for attempt in range(_UPSERT_ATTEMPTS):
+            todo = [i for i in range(len(keys)) if not ok[i]]
+            tkeys = [keys[i] for i in todo]
+            ptrs = [base + i * total for i in todo]
 
-        def upsert() -> list[int]:
-            return self._run(
-                "batch_upsert_from",
-                lambda s, k, p, z: s.batch_upsert_from(k, p, z, cfg),
-                len(keys), keys, ptrs, sizes)
+            def upsert(k: list[str] = tkeys, p: list[int] = ptrs) -> list[int]:
+                return self._run(
+                    "batch_upsert_from",
+                    lambda s, k, p, z: s.batch_upsert_from(k, p, z, cfg),
+                    len(k), k, p, [total] * len(k))
 
-        codes = self._with_ranges([((base, staging.numel()),)], upsert)
-        return [c == 0 for c in codes]
+            codes = self._with_ranges([((base, staging.numel()),)], upsert)
+            for i, c in zip(todo, codes):
+                ok[i] = c == 0
+            # a concurrent upsert of the same key makes the loser fail: write again, so the
+            # last writer's page is the one stored; a dead master is not retried
+            if all(ok) or _RPC_FAIL in codes:
+                break
+            time.sleep(0.001 * (attempt + 1))
+        return ok
 
     def _get_pages(self, keys: list[str], pages: list[PageRanges], fmt: PageFormat) -> list[bool]:
         out: list[bool] = []
