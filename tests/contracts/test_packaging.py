@@ -96,6 +96,11 @@ SMOKE: dict[str, str] = {
             assert storage.batch_get_v1(keys, dst) == [True, True]
         assert torch.equal(host.buffers[0][dst].view(torch.int16),
                            host.buffers[0][src].view(torch.int16))
+        memory = create_backend("memory", config, host)  # the pointer-backend base
+        assert memory.batch_set_v1(keys, src) == [True, True]
+        assert memory.batch_get_v1(keys[::-1], dst) == [True, True]
+        assert torch.equal(host.buffers[0][dst[:4]].view(torch.int16),
+                           host.buffers[0][src[4:]].view(torch.int16))
     """,
 }
 

@@ -200,3 +200,42 @@ def test_caller_mistakes_raise(tmp_path: Path, host: Any) -> None:
         st.get("abc", torch.zeros(8, 2)[:, 0])
     with pytest.raises(ValueError, match="capacity_bytes must be >= 0"):
         HiCacheFile(CFG, storage_dir=str(tmp_path), capacity_bytes=-1)
+
+
+def test_dynamic_loads_an_outside_duck_typed_backend(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An SGLang-style backend that does not inherit our base class, named by module path."""
+    (tmp_path / "outside_backend.py").write_text(textwrap.dedent(
+        """
+        class OutsideStore:
+            def __init__(self, storage_config, kwargs):
+                self.config, self.kwargs, self.data = storage_config, kwargs, {}
+            def register_mem_pool_host(self, pool):
+                self.mem_pool_host = pool
+            def get(self, key, target_location=None, target_sizes=None):
+                return self.data.get(key)
+            def batch_get(self, keys, target_locations=None, target_sizes=None):
+                return [self.get(k) for k in keys]
+            def set(self, key, value=None, target_location=None, target_sizes=None):
+                self.data[key] = value
+                return True
+            def batch_set(self, keys, values=None, target_locations=None, target_sizes=None):
+                return all(self.set(k, v) for k, v in zip(keys, values))
+            def exists(self, key):
+                return key in self.data
+            def batch_exists(self, keys, extra_info=None):
+                n = 0
+                while n < len(keys) and keys[n] in self.data:
+                    n += 1
+                return n
+        """
+    ))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = HiCacheStorageConfig(extra_config={"backend_name": "outside",
+                                             "module_path": "outside_backend",
+                                             "class_name": "OutsideStore"})
+    store = create_backend("dynamic", cfg, "pool-object", endpoint="x")
+    assert type(store).__name__ == "OutsideStore"
+    assert store.kwargs == {"endpoint": "x"} and store.mem_pool_host == "pool-object"
+    assert store.set("a", 1) and store.batch_exists(["a", "b"]) == 1

@@ -350,7 +350,8 @@ class PointerStorageBackend(PageStorageBackend):
         for p in range(n):
             if not meta_ok[p]:
                 continue
-            magic, fid, nbytes, crc = _META.unpack(bytes(bufs[p].numpy()))
+            magic, fid, nbytes, crc = _META.unpack(bytes(_memory.view(bufs[p].data_ptr(),
+                                                                      _META.size)))
             if magic != _META_MAGIC or fid != fmt.format_id or nbytes != fmt.nbytes:
                 self.stats.add(rejected=1)
                 continue

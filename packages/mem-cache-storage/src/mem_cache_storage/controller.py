@@ -154,6 +154,11 @@ class PrefetchHandle:
         """Whether the background work ended."""
         return self._done.is_set()
 
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait until the background work ended (after a cancel or a ``wait`` timeout, its pages
+        are then freed); ``False`` if it is still running after ``timeout`` s."""
+        return self._done.wait(timeout)
+
     def wait(self, timeout: float | None = None) -> PrefetchResult:
         """Block until the prefetch ends (at most ``timeout`` s) and take its pages.
 
@@ -269,6 +274,11 @@ class StorageController:
             self._counters.add(backend_errors=1)
             return [False] * len(keys)
         return [r is True for r in result]
+
+    def lookup(self, keys: Sequence[str]) -> int:
+        """How many leading ``keys`` storage holds (``batch_exists`` in batches; a failing
+        backend counts as holding none). Lets a caller make host room before :meth:`prefetch`."""
+        return self._exists_prefix(list(keys))
 
     # ------------------------------------------------------------------ writes
     def write(self, keys: Sequence[str], host_indices: torch.Tensor) -> WriteResult:

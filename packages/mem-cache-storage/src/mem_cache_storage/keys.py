@@ -28,6 +28,7 @@ The alphabet of a storage key is ``[A-Za-z0-9_.-]``, so it is a valid file name 
 
 from __future__ import annotations
 
+import array
 import hashlib
 import re
 import sys
@@ -44,6 +45,7 @@ HASH_HEX_LEN = 64
 _KEY = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
 _SLUG = re.compile(r"[^A-Za-z0-9_\-]")
 _U32 = 1 << 32
+_U32_CODE = next(c for c in "IL" if array.array(c).itemsize == 4)
 
 
 def _token_bytes(token_ids: Sequence[int] | torch.Tensor) -> bytes:
@@ -59,11 +61,10 @@ def _token_bytes(token_ids: Sequence[int] | torch.Tensor) -> bytes:
         raise ValueError(
             f"token_ids must be in [0, 2**32), got values in [{int(t.min())}, {int(t.max())}]"
         )
-    as32 = torch.where(t >= 1 << 31, t - _U32, t).to(torch.int32)
-    data = as32.numpy().tobytes()
+    words = array.array(_U32_CODE, t.tolist())
     if sys.byteorder != "little":  # pragma: no cover - big-endian hosts
-        data = as32.numpy().byteswap().tobytes()
-    return data
+        words.byteswap()
+    return words.tobytes()
 
 
 def get_hash_str(token_ids: Sequence[int] | torch.Tensor, prior_hash: str | None = None) -> str:
