@@ -170,3 +170,47 @@ def test_full_store_fails_sets_and_keeps_serving() -> None:
         assert all(torch.equal(got[i], want[i]) for i in range(n) if got_ok[i])
         assert all(not g for g, w in zip(got_ok, ok) if not w)  # never written, never served
         b.close()
+
+
+def test_controller_prefetch_releases_every_page_when_the_master_dies(
+    store: LocalMooncakeStore,
+) -> None:
+    from mem_cache_storage.controller import StorageController
+
+    host = _host(5, pages=64)
+    b = _backend(store, host, "ctl")
+    ctl = StorageController(b, host, prefetch_budget_pages=32)
+    free_before = host.available_size()
+    src = host.alloc(12 * PAGE)
+    assert src is not None
+    want = _pages(host, src, 12)
+    keys = [f"c{i}" for i in range(12)]
+    assert ctl.write(keys, src).failed == 0
+    res = ctl.prefetch(keys).wait(timeout=60)
+    assert res.status == "done" and res.pages == 12
+    assert all(torch.equal(p, w) for p, w in zip(_pages(host, res.host_indices, 12), want))
+    host.free(res.host_indices)
+    # master killed: prefetches end as misses or failures; a wait timeout cancels one while
+    # the store call is still running, and its pages are freed once that call returns
+    store.kill_master()
+    outcomes = []
+    for timeout in (60.0, 0.05, 60.0):
+        h = ctl.prefetch(keys)
+        r = h.wait(timeout=timeout)
+        outcomes.append(r.status)
+        assert r.pages == 0
+        assert h.join(timeout=60)
+    assert ctl.reserved_pages == 0
+    assert set(outcomes) <= {"miss", "failed", "timeout"}
+    assert ctl.write([f"d{i}" for i in range(4)], src[: 4 * PAGE]).written == 0
+    store.start_master()
+    assert _until(lambda: ctl.write(["e0"], src[:PAGE]).written == 1)
+    r = ctl.prefetch(["e0"]).wait(timeout=60)
+    assert r.status == "done"
+    assert torch.equal(_pages(host, r.host_indices, 1)[0], want[0])
+    host.free(r.host_indices)
+    host.free(src)
+    ctl.close()
+    assert ctl.reserved_pages == 0
+    assert host.available_size() == free_before
+    b.close()
