@@ -95,16 +95,16 @@ def test_zero_copy_round_trip_bit_exact(store: LocalMooncakeStore, kind: str, la
 def test_registers_pool_once_and_unregisters_on_close(store: LocalMooncakeStore) -> None:
     host = _host("mha", "layer_first")
     b = _backend(store, host, model="reg")
-    regs = dict(b._registered)
+    regs = dict(b.client.registered)
     for buf in host.buffers:
         assert regs[int(buf.data_ptr())] == buf.numel() * buf.element_size()
     idx = host.alloc(2 * PAGE)
     assert idx is not None
     b.batch_set_v1(["a", "b"], idx)
     b.batch_get_v1(["a", "b"], idx)
-    assert b._registered == regs  # no per-call registration on the zero-copy path
+    assert b.client.registered == regs  # no per-call registration on the zero-copy path
     b.close()
-    assert b._registered == {}
+    assert b.client.registered == {}
     assert not b.connected
     assert b.batch_get_v1(["a"], idx[:PAGE]) == [False]  # closed: a miss, not an exception
     b.close()  # idempotent
@@ -161,7 +161,7 @@ def test_foreign_or_corrupted_objects_are_misses(store: LocalMooncakeStore) -> N
         skey = b.storage_key("x")
         size = HEADER_BYTES + _pages(host, idx, 1)[0].numel()
         raw = torch.empty(size, dtype=torch.uint8)
-        store_client = b._store
+        store_client = b.client.store
         assert store_client.get_into(skey, raw.data_ptr(), size) == size
         assert int.from_bytes(raw[28:36].numpy()
                               .tobytes(), "little") == key_tag(skey)
@@ -212,8 +212,8 @@ def test_options_from_environment_and_validation(
         monkeypatch.setenv(k, v)
     b = HiCacheMooncake(None, {"page_size": PAGE, "replica_num": 1,
                                "replicate_config": {"with_hard_pin": False}})
-    assert b.connected and b.master_server_address == store.master_address
-    assert b.protocol == "tcp"
+    assert b.connected and b.settings.master_server_address == store.master_address
+    assert b.settings.protocol == "tcp"
     b.close()
     with pytest.raises(ValueError, match="protocol"):
         HiCacheMooncake(None, {"page_size": PAGE, "protocol": "udp"})

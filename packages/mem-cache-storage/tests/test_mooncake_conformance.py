@@ -35,7 +35,7 @@ class TestMooncakeConformance(StorageConformanceSuite):
 
     def corrupt_stored_page(self, storage: Any, key: str) -> None:
         skey = storage.storage_key(key)
-        client = storage._store
+        client = storage.client.store
         size = int(client.get_size(skey))
         raw = torch.empty(size, dtype=torch.uint8)
         assert client.get_into(skey, raw.data_ptr(), size) == size

@@ -71,7 +71,7 @@ def test_no_master_is_a_miss_and_connects_later() -> None:
     assert b.get_stats().set_failed == 2
     with s:
         assert _until(lambda: b.batch_set_v1(["a", "b"], idx) == [True, True])
-        assert b.connected and b.connects == 1
+        assert b.connected and b.client.connects == 1
         want = _pages(host, idx, 2)
         other = host.alloc(2 * PAGE)
         assert other is not None
@@ -146,7 +146,7 @@ def test_holder_stopped_is_a_miss_and_a_new_holder_serves(store: LocalMooncakeSt
     b.close()
 
 
-def test_full_store_fails_sets_and_keeps_serving() -> None:
+def test_full_store_evicts_or_fails_sets_and_keeps_serving() -> None:
     # the smallest segment Mooncake accepts (16 MiB) holds about 170 pages of 96 KiB
     with LocalMooncakeStore(segment_bytes=16 << 20) as s:
         host = _host(4, pages=256, heads=8, dim=64)
@@ -158,7 +158,7 @@ def test_full_store_fails_sets_and_keeps_serving() -> None:
         ok: list[bool] = []
         for lo in range(0, n, 20):
             ok += b.batch_set_v1(keys[lo : lo + 20], src[lo * PAGE : (lo + 20) * PAGE])
-        assert True in ok and False in ok
+        assert True in ok
         want = _pages(host, src, n)
         for buf in host.buffers:
             buf.view(torch.uint8)[:] = 0
@@ -166,7 +166,8 @@ def test_full_store_fails_sets_and_keeps_serving() -> None:
         for lo in range(0, n, 50):
             got_ok += b.batch_get_v1(keys[lo : lo + 50], src[lo * PAGE : (lo + 50) * PAGE])
         got = _pages(host, src, n)
-        assert any(got_ok)
+        # more pages than fit: the master evicted old ones (or refused writes): misses
+        assert any(got_ok) and not all(got_ok)
         assert all(torch.equal(got[i], want[i]) for i in range(n) if got_ok[i])
         assert all(not g for g, w in zip(got_ok, ok) if not w)  # never written, never served
         b.close()

@@ -61,10 +61,7 @@ brackets, config wins):
 from __future__ import annotations
 
 import hashlib
-import logging
-import os
 import re
-import socket
 import struct
 import threading
 import time
@@ -74,6 +71,14 @@ from typing import Any
 import torch
 
 from mem_cache_storage import _memory
+from mem_cache_storage._mooncake_client import (
+    DEFAULT_MASTER,
+    MOONCAKE_DIST,
+    MOONCAKE_VERSION,
+    ClientSettings,
+    MooncakeClient,
+    MooncakeUnavailableError,
+)
 from mem_cache_storage.backend import PageStorageBackend, checksum
 from mem_cache_storage.pages import PageFormat, PageRanges
 
@@ -82,79 +87,24 @@ __all__ = [
     "HEADER_BYTES",
     "MOONCAKE_DIST",
     "MOONCAKE_VERSION",
+    "ClientSettings",
     "HiCacheMooncake",
     "MooncakeUnavailableError",
+    "key_tag",
 ]
 
-_log = logging.getLogger(__name__)
-
-#: the PyPI distribution this backend is tested with on CPU-only machines, and its version
-MOONCAKE_DIST = "mooncake-transfer-engine-non-cuda"
-MOONCAKE_VERSION = "0.3.13.post1"
-DEFAULT_MASTER = "127.0.0.1:50051"
 HEADER_BYTES = 64
 
 _HDR = struct.Struct("<4sHHQQIQ")
 _MAGIC = b"MCMK"
 _VERSION = 1
 _CHUNK = 128  # pages per store call (SGLang's STORAGE_BATCH_SIZE)
-_RPC_FAIL = -900  # Mooncake ErrorCode::RPC_FAIL: the master is unreachable
-_UPSERT_ATTEMPTS = 4
-
-
-class MooncakeUnavailableError(RuntimeError):
-    """The Mooncake client library cannot be imported or set up (the message says why)."""
-
-
-def _import_store() -> Any:
-    try:
-        from mooncake.store import MooncakeDistributedStore
-    except ImportError as exc:  # the extra is missing, or a system library is
-        raise MooncakeUnavailableError(
-            f"cannot import mooncake.store ({exc}); install mem-cache-storage[mooncake] "
-            f"({MOONCAKE_DIST}=={MOONCAKE_VERSION}) and the system libraries libibverbs1 "
-            "librdmacm1 libnuma1"
-        ) from exc
-    return MooncakeDistributedStore
-
-
-def _replicate_config(opts: dict[str, Any]) -> Any:
-    from mooncake.store import ReplicateConfig
-
-    cfg = ReplicateConfig()
-    cfg.replica_num = int(opts.get("replica_num", 1))
-    for name, value in dict(opts.get("replicate_config") or {}).items():
-        if not hasattr(cfg, name):
-            raise ValueError(f"replicate_config has no Mooncake ReplicateConfig field {name!r}")
-        setattr(cfg, name, value)
-    return cfg
+_PUT_ATTEMPTS = 6
 
 
 def key_tag(storage_key: str) -> int:
     """The 64-bit tag of ``storage_key`` stored in each object's header."""
     return int.from_bytes(hashlib.sha256(storage_key.encode()).digest()[:8], "little")
-
-
-def _option(opts: dict[str, Any], name: str, env: str, default: str) -> str:
-    value = opts.get(name)
-    if value is None or value == "":
-        value = os.environ.get(env) or default
-    return str(value)
-
-
-def _reachable(address: str, timeout: float) -> bool:
-    """Whether a TCP connection to ``address`` (``host:port`` or an ``http://host:port/...``
-    URL; anything else, e.g. ``P2PHANDSHAKE`` or ``etcd://``, counts as reachable) opens within
-    ``timeout`` seconds. The client's own ``setup`` retries for about 90 s when the master is
-    down, so the backend probes first and backs off instead."""
-    m = re.fullmatch(r"(?:http://)?\[?([^\]/]+?)\]?:(\d+)(?:/.*)?", address)
-    if m is None:
-        return True
-    try:
-        with socket.create_connection((m.group(1), int(m.group(2))), timeout=timeout):
-            return True
-    except OSError:
-        return False
 
 
 class _Arena:
@@ -186,180 +136,66 @@ class HiCacheMooncake(PageStorageBackend):
         self, storage_config: object | None = None, kwargs: object | None = None, /,
         **options: Any,
     ) -> None:
-        self._lock = threading.RLock()
-        self._store: Any = None
-        self._registered: dict[int, int] = {}  # ptr -> nbytes registered with the client
-        self._down_until = 0.0
-        self._backoff = 0.0
-        self._failures = 0
-        self._closed = False
         self._put_arena = _Arena()
         self._get_arena = _Arena()
-        self.connects = 0
-        self.last_error = ""
+        self.client: MooncakeClient | None = None
         super().__init__(storage_config, kwargs, **options)
-        opts = self.options
-        self.master_server_address = _option(
-            opts, "master_server_address", "MOONCAKE_MASTER", DEFAULT_MASTER)
-        host = self.master_server_address.rsplit(":", 1)[0]
-        self.metadata_server = _option(
-            opts, "metadata_server", "MOONCAKE_TE_META_DATA_SERVER",
-            f"http://{host}:8080/metadata")
-        self.local_hostname = _option(
-            opts, "local_hostname", "MOONCAKE_LOCAL_HOSTNAME", "127.0.0.1")
-        self.protocol = _option(opts, "protocol", "MOONCAKE_PROTOCOL", "tcp")
-        if self.protocol not in ("tcp", "rdma"):
-            raise ValueError(f"protocol must be 'tcp' or 'rdma', got {self.protocol!r}")
-        self.device_name = _option(opts, "device_name", "MOONCAKE_DEVICE", "")
-        self.global_segment_size = int(_option(
-            opts, "global_segment_size", "MOONCAKE_GLOBAL_SEGMENT_SIZE", "0"))
-        self.local_buffer_size = int(_option(
-            opts, "local_buffer_size", "MOONCAKE_LOCAL_BUFFER_SIZE", str(16 << 20)))
-        if self.global_segment_size < 0 or self.local_buffer_size < 0:
-            raise ValueError("global_segment_size and local_buffer_size must be >= 0")
-        self.verify_checksum = bool(opts.get("checksum", True))
-        self.retry_backoff_s = float(opts.get("retry_backoff_s", 1.0))
-        self.max_backoff_s = float(opts.get("max_backoff_s", 10.0))
-        self.reconnect_after = int(opts.get("reconnect_after", 3))
-        self.connect_timeout_s = float(opts.get("connect_timeout_s", 1.0))
-        for name in ("replica_num",):
-            if name in opts and (not isinstance(opts[name], int) or opts[name] < 1):
-                raise ValueError(f"{name} must be a positive int, got {opts[name]!r}")
-        rc = opts.get("replicate_config")
-        if rc is not None and not isinstance(rc, dict):
-            raise TypeError(f"replicate_config must be a dict, got {type(rc).__name__}")
-        self._rconfig: Any = None
-        if opts.get("connect", True):
-            self._client()  # connect now when possible; failures only start the back-off
+        self.settings = ClientSettings.from_options(self.options)
+        self.verify_checksum = bool(self.options.get("checksum", True))
+        self.client = MooncakeClient(self.settings, self._buffers,
+                                     lambda: self.stats.add(errors=1))
+        if self.options.get("connect", True):
+            self.client.get()  # connect now when possible; a failure only starts the back-off
 
-    # ------------------------------------------------------------ connection
-    def _client(self) -> Any:
-        """The connected client, or ``None`` while closed, down or backing off."""
-        with self._lock:
-            if self._closed or time.monotonic() < self._down_until:
-                return None
-            if self._store is not None:
-                return self._store
-            try:
-                store = _import_store()()
-                for what, addr in (("master", self.master_server_address),
-                                   ("metadata server", self.metadata_server)):
-                    if not _reachable(addr, self.connect_timeout_s):
-                        raise MooncakeUnavailableError(f"{what} {addr} is not reachable")
-                rc = store.setup(
-                    self.local_hostname, self.metadata_server, self.global_segment_size,
-                    self.local_buffer_size, self.protocol, self.device_name,
-                    self.master_server_address,
-                )
-                if rc != 0:
-                    raise MooncakeUnavailableError(
-                        f"setup(master={self.master_server_address}, metadata="
-                        f"{self.metadata_server}, protocol={self.protocol}) returned {rc}")
-                self._rconfig = _replicate_config(self.options)
-            except Exception as exc:
-                self._note_down(f"{type(exc).__name__}: {exc}")
-                return None
-            self._store = store
-            self.connects += 1
-            self._register_all()
-            return store
+    def _buffers(self) -> list[tuple[int, int]]:
+        out = [(a.base, a.buf.numel()) for a in (self._put_arena, self._get_arena)]
+        for buf in getattr(self.mem_pool_host, "buffers", None) or []:
+            out.append((int(buf.data_ptr()), int(buf.numel() * buf.element_size())))
+        return out
 
-    def connect(self) -> bool:
-        """Connect now (ignoring the back-off); ``True`` when connected."""
-        with self._lock:
-            self._down_until = 0.0
-            return self._client() is not None
+    @property
+    def _client(self) -> MooncakeClient:
+        if self.client is None:
+            raise RuntimeError("HiCacheMooncake used before its constructor finished")
+        return self.client
 
     @property
     def connected(self) -> bool:
-        return self._store is not None
+        """Whether a client is connected now."""
+        return self.client is not None and self.client.store is not None
 
-    def _register(self, ptr: int, nbytes: int) -> None:
-        if ptr in self._registered or nbytes <= 0 or self._store is None:
-            return
-        rc = self._store.register_buffer(ptr, nbytes)
-        if rc != 0:
-            raise MooncakeUnavailableError(f"register_buffer({nbytes} bytes) returned {rc}")
-        self._registered[ptr] = nbytes
+    @property
+    def last_error(self) -> str:
+        """Why the store was last unavailable (empty when it never was)."""
+        return self.client.last_error if self.client is not None else ""
 
-    def _register_all(self) -> None:
-        self._register(self._put_arena.base, self._put_arena.buf.numel())
-        self._register(self._get_arena.base, self._get_arena.buf.numel())
-        pool = self.mem_pool_host
-        for buf in getattr(pool, "buffers", None) or []:
-            self._register(int(buf.data_ptr()), int(buf.numel() * buf.element_size()))
+    def connect(self) -> bool:
+        """Connect now, ignoring the back-off; ``True`` when connected."""
+        return self._client.connect()
 
     def register_mem_pool_host(self, mem_pool_host: Any) -> None:
         super().register_mem_pool_host(mem_pool_host)
-        with self._lock:
-            if self._store is not None:
-                try:
-                    self._register_all()
-                except Exception as exc:
-                    self._drop_client(f"{type(exc).__name__}: {exc}")
-
-    def _note_down(self, why: str) -> None:
-        self._backoff = min(self.max_backoff_s,
-                            self._backoff * 2 if self._backoff else self.retry_backoff_s)
-        self._down_until = time.monotonic() + self._backoff
-        self.last_error = why
-        _log.warning("mooncake backend unavailable (%s): misses for %.1fs", why, self._backoff)
-
-    def _drop_client(self, why: str) -> None:
-        store, self._store = self._store, None
-        registered, self._registered = self._registered, {}
-        if store is not None:
+        if self.client is not None:  # registered once here (or on the next connect)
             try:
-                for ptr in registered:
-                    store.unregister_buffer(ptr)
-                store.close()
-            except Exception as exc:  # the client is being discarded anyway
-                _log.warning("mooncake close failed: %s", exc)
-        self._note_down(why)
-
-    def _healthy(self) -> None:
-        self._failures = 0
-        self._backoff = 0.0
-
-    def _failed(self, why: str) -> None:
-        with self._lock:
-            self.stats.add(errors=1)
-            self._failures += 1
-            if self._failures >= self.reconnect_after:
-                self._failures = 0
-                self._drop_client(why)
-            else:
-                self._note_down(why)
-
-    def _run(self, what: str, fn: Callable[..., list[int]], n: int, *args: Any) -> list[int]:
-        """``fn(*args)`` on the client: its codes, or ``[_RPC_FAIL] * n`` when unavailable."""
-        store = self._client()
-        if store is None:
-            return [_RPC_FAIL] * n
-        try:
-            codes = [int(c) for c in fn(store, *args)]
-        except Exception as exc:
-            self._failed(f"{what}: {type(exc).__name__}: {exc}")
-            return [_RPC_FAIL] * n
-        if len(codes) != n:
-            self._failed(f"{what} returned {len(codes)} results for {n} keys")
-            return [_RPC_FAIL] * n
-        if n and all(c == _RPC_FAIL for c in codes):
-            self._failed(f"{what}: master unreachable (RPC_FAIL)")
-        else:
-            self._healthy()
-        return codes
+                self.client.register_buffers()
+            except Exception as exc:
+                self.client._failed(f"{type(exc).__name__}: {exc}")
 
     def close(self) -> None:
         """Unregister the buffers and close the client (idempotent)."""
-        with self._lock:
-            self._closed = True
-            store, self._store = self._store, None
-            registered, self._registered = self._registered, {}
-            if store is not None:
-                for ptr in registered:
-                    store.unregister_buffer(ptr)
-                store.close()
+        self._client.close()
+
+    def _run(self, what: str, fn: Callable[..., Any], n: int, *args: Any) -> list[int]:
+        return self._client.run(what, fn, n, *args)
+
+    def _with_ranges(self, pages: list[PageRanges], call: Callable[[], list[int]]) -> list[int]:
+        """``call()`` with the ranges of ``pages`` that lie outside the registered buffers
+        registered for its duration (cheap first/last check for host pool pages)."""
+        regs = self._client.registered
+        ends = [pages[0][0], pages[-1][-1]] if pages and pages[0] else []
+        if all(any(b <= p and p + n <= b + size for b, size in regs.items()) for p, n in ends):
+            return call()
+        return self._client.with_ranges([r for page in pages for r in page], call)
 
     # ------------------------------------------------------------ hooks
     def _header(self, skey: str, fmt: PageFormat, page: PageRanges) -> bytes:
@@ -374,78 +210,51 @@ class HiCacheMooncake(PageStorageBackend):
             out.extend(c == 1 for c in codes)
         return out
 
-    def _outside_pool(self, pages: list[PageRanges]) -> bool:
-        """Whether a range may lie outside the registered buffers (cheap first/last check)."""
-        regs = list(self._registered.items())
-        for ptr, n in (pages[0][0], pages[-1][-1]) if pages and pages[0] else ():
-            if not any(b <= ptr and ptr + n <= b + size for b, size in regs):
-                return True
-        return False
-
-    def _unregistered(self, pages: list[PageRanges]) -> list[tuple[int, int]]:
-        """Ranges outside every registered buffer (tensors of the copying path)."""
-        regs = list(self._registered.items())
-        out: list[tuple[int, int]] = []
-        for page in pages:
-            for ptr, n in page:
-                if not any(b <= ptr and ptr + n <= b + size for b, size in regs):
-                    out.append((ptr, n))
-        return out
-
-    def _with_ranges(self, pages: list[PageRanges], call: Callable[[], list[int]]) -> list[int]:
-        """``call()`` with any unregistered range of ``pages`` registered for its duration."""
-        if not self._outside_pool(pages):
-            return call()
-        with self._lock:
-            extra = [r for r in self._unregistered(pages) if r[0] not in self._registered]
-            store = self._store
-            done: list[int] = []
-            try:
-                for ptr, n in extra:
-                    if store is not None and store.register_buffer(ptr, n) == 0:
-                        done.append(ptr)
-            except Exception as exc:
-                _log.warning("mooncake register_buffer failed: %s", exc)
-        try:
-            return call()
-        finally:
-            if store is not None:
-                for ptr in done:
-                    try:
-                        store.unregister_buffer(ptr)
-                    except Exception as exc:
-                        _log.warning("mooncake unregister_buffer failed: %s", exc)
-
     def _put_pages(self, keys: list[str], pages: list[PageRanges], fmt: PageFormat) -> list[bool]:
         out = [False] * len(keys)
         for lo in range(0, len(keys), _CHUNK):
             ks, ps = keys[lo : lo + _CHUNK], pages[lo : lo + _CHUNK]
             headers = [self._header(k, fmt, p) for k, p in zip(ks, ps)]
-            present = self._exist_pages(ks)
-            res = [False] * len(ks)
-            missing = [i for i, p in enumerate(present) if not p]
-            if missing:  # zero copy, straight from the pages
-                wrote = self._put_chunk([ks[i] for i in missing], [ps[i] for i in missing],
-                                        [headers[i] for i in missing])
-                for i, ok in zip(missing, wrote):
-                    res[i] = ok
-            there = [i for i, p in enumerate(present) if p]
-            if there:  # present: identical pages are kept, others replaced (last value wins)
-                stored = self._stored_headers([ks[i] for i in there], fmt)
-                replace = []
-                for i, hdr in zip(there, stored):
-                    if self.verify_checksum and hdr == headers[i][: _HDR.size]:
-                        res[i] = True
-                    else:
-                        replace.append(i)
-                if replace:
-                    wrote = self._upsert_chunk([ks[i] for i in replace],
-                                               [ps[i] for i in replace],
-                                               [headers[i] for i in replace], fmt)
-                    for i, ok in zip(replace, wrote):
-                        res[i] = ok
-            out[lo : lo + len(ks)] = res
+            todo = list(range(len(ks)))
+            for attempt in range(_PUT_ATTEMPTS):
+                done = self._put_once([ks[i] for i in todo], [ps[i] for i in todo],
+                                      [headers[i] for i in todo], fmt)
+                for i, ok in zip(todo, done):
+                    out[lo + i] = ok
+                todo = [i for i, ok in zip(todo, done) if not ok]
+                # another writer of the same key makes a put or upsert fail: look again, so
+                # the page ends up stored (ours or an identical one, last value wins); a full
+                # or unreachable store is not retried
+                if not todo or not self._client.available or attempt == _PUT_ATTEMPTS - 1:
+                    break
+                time.sleep(0.002 * (attempt + 1))
         return out
+
+    def _put_once(self, keys: list[str], pages: list[PageRanges], headers: list[bytes],
+                  fmt: PageFormat) -> list[bool]:
+        present = self._exist_pages(keys)
+        res = [False] * len(keys)
+        missing = [i for i, p in enumerate(present) if not p]
+        if missing:  # zero copy, straight from the pages
+            wrote = self._put_chunk([keys[i] for i in missing], [pages[i] for i in missing],
+                                    [headers[i] for i in missing])
+            for i, ok in zip(missing, wrote):
+                res[i] = ok
+        there = [i for i, p in enumerate(present) if p]
+        if there:  # present: an identical page is kept, another one replaced
+            stored = self._stored_headers([keys[i] for i in there], fmt)
+            replace = []
+            for i, hdr in zip(there, stored):
+                if self.verify_checksum and hdr == headers[i][: _HDR.size]:
+                    res[i] = True
+                else:
+                    replace.append(i)
+            if replace:
+                wrote = self._upsert_chunk([keys[i] for i in replace], [pages[i] for i in replace],
+                                           [headers[i] for i in replace], fmt)
+                for i, ok in zip(replace, wrote):
+                    res[i] = ok
+        return res
 
     def _put_chunk(self, keys: list[str], pages: list[PageRanges], headers: list[bytes]
                    ) -> list[bool]:
@@ -457,7 +266,7 @@ class HiCacheMooncake(PageStorageBackend):
                 arena.write(i, hdr)
                 ptrs.append([arena.ptr(i), *(p for p, _ in page)])
                 sizes.append([HEADER_BYTES, *(n for _, n in page)])
-            cfg = self._rconfig
+            cfg = self._client.replicate
 
             def put() -> list[int]:
                 return self._run(
@@ -499,28 +308,16 @@ class HiCacheMooncake(PageStorageBackend):
                 staging[off : off + n].copy_(torch.frombuffer(_memory.view(ptr, n),
                                                               dtype=torch.uint8))
                 off += n
-        cfg = self._rconfig
-        ok = [False] * len(keys)
-        for attempt in range(_UPSERT_ATTEMPTS):
-            todo = [i for i in range(len(keys)) if not ok[i]]
-            tkeys = [keys[i] for i in todo]
-            ptrs = [base + i * total for i in todo]
+        cfg = self._client.replicate
+        ptrs = [base + i * total for i in range(len(keys))]
 
-            def upsert(k: list[str] = tkeys, p: list[int] = ptrs) -> list[int]:
-                return self._run(
-                    "batch_upsert_from",
-                    lambda s, k, p, z: s.batch_upsert_from(k, p, z, cfg),
-                    len(k), k, p, [total] * len(k))
+        def upsert() -> list[int]:
+            return self._run("batch_upsert_from",
+                             lambda s, k, p, z: s.batch_upsert_from(k, p, z, cfg),
+                             len(keys), keys, ptrs, [total] * len(keys))
 
-            codes = self._with_ranges([((base, staging.numel()),)], upsert)
-            for i, c in zip(todo, codes):
-                ok[i] = c == 0
-            # a concurrent upsert of the same key makes the loser fail: write again, so the
-            # last writer's page is the one stored; a dead master is not retried
-            if all(ok) or _RPC_FAIL in codes:
-                break
-            time.sleep(0.001 * (attempt + 1))
-        return ok
+        codes = self._with_ranges([((base, staging.numel()),)], upsert)
+        return [c == 0 for c in codes]
 
     def _get_pages(self, keys: list[str], pages: list[PageRanges], fmt: PageFormat) -> list[bool]:
         out: list[bool] = []
@@ -567,10 +364,11 @@ class HiCacheMooncake(PageStorageBackend):
     def _clear(self) -> None:
         ks = self.keyspace
         pattern = f"^{re.escape(ks.prefix)}.*{re.escape(ks.suffix)}$"
-        store = self._client()
-        if store is None:
-            raise MooncakeUnavailableError(f"clear: store unavailable ({self.last_error})")
-        store.remove_by_regex(pattern, True)
+        codes = self._run("remove_by_regex", lambda s, p: [s.remove_by_regex(p, True)], 1,
+                          pattern)
+        if codes[0] < 0:
+            raise MooncakeUnavailableError(
+                f"clear: remove_by_regex returned {codes[0]} ({self.last_error})")
 
     def remove(self, keys: list[str]) -> int:
         """Remove the pages of caller ``keys`` (even when leased); the number removed."""
