@@ -1,6 +1,8 @@
 """An engine process for the Mooncake tests: writes or reads seeded pages through the backend.
 
-``python _mooncake_worker.py write|read|exists MASTER METADATA LAYOUT SEED NPAGES [PREFIX]``
+``python _mooncake_worker.py write|read|exists MASTER METADATA LAYOUTS SEED NPAGES [PREFIX]``
+
+(``LAYOUTS``: comma-separated host layouts, one host pool and backend each.)
 
 It builds its own host pool whose buffers hold bytes derived from SEED, so a reader knows what
 a writer stored without ever seeing it. ``write`` stores NPAGES pages (keys ``PREFIX{i}``) with
@@ -42,12 +44,10 @@ def expected_pages(layout: str, seed: int, n: int) -> tuple[MHATokenToKVPoolHost
     return host, idx, pages
 
 
-def main(argv: list[str]) -> int:
-    role, master, metadata, layout, seed_s, n_s = argv[:6]
-    prefix = argv[6] if len(argv) > 6 else "xp"
-    seed, n = int(seed_s), int(n_s)
+def run_layout(role: str, *, master: str, metadata: str, layout: str, seed: int, n: int,
+               prefix: str) -> dict[str, object]:
     host, idx, pages = expected_pages(layout, seed, n)
-    cfg = HiCacheStorageConfig(model_name="xproc", extra_config={
+    cfg = HiCacheStorageConfig(model_name=f"xproc-{layout}", extra_config={
         "master_server_address": master, "metadata_server": metadata})
     backend = HiCacheMooncake(cfg, host)
     keys = [f"{prefix}{i}" for i in range(n)]
@@ -70,7 +70,16 @@ def main(argv: list[str]) -> int:
         result["exact"] = exact
         result["wrong"] = sum(o and not e for o, e in zip(ok, exact))
     backend.close()
-    print(json.dumps(result), flush=True)
+    return result
+
+
+def main(argv: list[str]) -> int:
+    role, master, metadata, layouts, seed_s, n_s = argv[:6]
+    prefix = argv[6] if len(argv) > 6 else "xp"
+    out = {layout: run_layout(role, master=master, metadata=metadata, layout=layout,
+                              seed=int(seed_s), n=int(n_s), prefix=prefix)
+           for layout in layouts.split(",")}
+    print(json.dumps(out), flush=True)
     return 0
 
 

@@ -243,14 +243,17 @@ def _worker(role: str, store: LocalMooncakeStore, layout: str, *, seed: int, n: 
     return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
-@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
 def test_page_written_by_one_process_is_read_bit_exact_by_another(
-    store: LocalMooncakeStore, layout: str
+    store: LocalMooncakeStore,
 ) -> None:
     # the writer exits before the reader starts: the pages live in the holder's segment
-    wrote = _worker("write", store, layout, seed=11, n=6, prefix=f"xp-{layout}-")
-    assert wrote["connected"] and wrote["ok"] == [True] * 6
-    read = _worker("read", store, layout, seed=11, n=6, prefix=f"xp-{layout}-")
-    assert read["ok"] == [True] * 6
-    assert read["exact"] == [True] * 6
-    assert read["wrong"] == 0
+    layouts = "page_first,layer_first"
+    wrote = _worker("write", store, layouts, seed=11, n=6, prefix="xp-")
+    read = _worker("read", store, layouts, seed=11, n=6, prefix="xp-")
+    for layout in layouts.split(","):
+        w, r = wrote[layout], read[layout]
+        assert isinstance(w, dict) and isinstance(r, dict)
+        assert w["connected"] and w["ok"] == [True] * 6
+        assert r["ok"] == [True] * 6
+        assert r["exact"] == [True] * 6
+        assert r["wrong"] == 0
