@@ -151,6 +151,30 @@ class LocalMooncakeStore:
                 f"mooncake_master did not start ({exc}); command: {' '.join(cmd)}\n"
                 f"{_tail(self._log('master'))}") from None
 
+    def capacity_bytes(self) -> int:
+        """The master's mounted segment capacity (its metrics endpoint); -1 if unreadable."""
+        import urllib.request
+
+        try:
+            url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+            text = urllib.request.urlopen(url, timeout=2).read().decode()
+        except OSError:
+            return -1
+        for line in text.splitlines():
+            if line.startswith("master_total_capacity_bytes"):
+                return int(float(line.split()[-1]))
+        return -1
+
+    def wait_mounted(self, timeout: float = 30.0) -> bool:
+        """Wait until some segment is mounted (after a master restart the holder re-mounts
+        its segment by itself, about a second later)."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if self.capacity_bytes() > 0:
+                return True
+            time.sleep(0.1)
+        return False
+
     def start_holder(self) -> None:
         """Start (or restart) the holder process and wait until its segment is mounted."""
         cmd = [sys.executable, "-m", "tools.mooncake_store", "holder",
