@@ -181,17 +181,17 @@ def run(cfg: Config, root: Path, mooncake: dict[str, Any] | None = None
 
 
 def _table(rows: list[Row], prefetch: list[dict[str, Any]]) -> str:
-    head = (f"{'backend':<8}{'op':<5}{'ps':>4}{'batch':>7}{'KiB/page':>10}{'pages/s':>11}"
+    head = (f"{'backend':<9}{'op':<5}{'ps':>4}{'batch':>7}{'KiB/page':>10}{'pages/s':>11}"
             f"{'GB/s':>8}{'memcpy':>8}{'ratio':>7}")
     lines = [head, "-" * len(head)]
     for r in rows:
-        lines.append(f"{r.backend:<8}{r.op:<5}{r.page_size:>4}{r.batch:>7}"
+        lines.append(f"{r.backend:<9}{r.op:<5}{r.page_size:>4}{r.batch:>7}"
                      f"{r.page_bytes / 1024:>10.0f}{r.pages_per_s:>11,.0f}{r.gbps:>8.2f}"
                      f"{r.memcpy_gbps:>8.2f}{r.ratio:>7.3f}")
     lines.append("")
     lines.append("controller prefetch (lookup + reserve + background batch_get_v1 + hand-off)")
     for p in prefetch:
-        lines.append(f"{p['backend']:<8}{'pf':<5}{p['page_size']:>4}{p['pages']:>7}"
+        lines.append(f"{p['backend']:<9}{'pf':<5}{p['page_size']:>4}{p['pages']:>7}"
                      f"{p['page_bytes'] / 1024:>10.0f}{p['pages_per_s']:>11,.0f}"
                      f"{p['gbps']:>8.2f}{p['memcpy_gbps']:>8.2f}{p['ratio']:>7.3f}")
     return "\n".join(lines)
