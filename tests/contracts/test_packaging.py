@@ -178,3 +178,54 @@ def test_wheel_installs_alone(dist: Dist, wheels: Path, torch_base: Path,
         """
     )
     assert "smoke ok" in _run(py, "-c", probe, env=env, cwd=tmp_path).stdout
+
+
+def test_refactor_tools_install_without_torch_and_check_another_repository(
+    tmp_path: Path,
+) -> None:
+    """mem-cache-refactor: its wheel installs into a clean environment that has no torch (and
+    nothing else of ours), and its console scripts check a repository that is not ours."""
+    from tests.tools._engine import MC, NEW, OLD, engine_repo, moved_files
+
+    out = tmp_path / "wheel"
+    _run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+         "-w", out, ROOT / "packages" / "mem-cache-refactor")
+    [wheel] = out.glob("mem_cache_refactor-*.whl")
+    venv = tmp_path / "venv"
+    _run(sys.executable, "-m", "venv", "--without-pip", venv)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "PIP_NO"))}
+    pip = (sys.executable, "-m", "pip", "--python", venv / "bin" / "python")
+    _run(*pip, "install", "-q", wheel, env=env)
+    listing = json.loads(_run(*pip, "list", "--path", _site_packages(venv), "--format", "json",
+                              env=env).stdout)
+    names = {p["name"].lower() for p in listing}
+    assert "mem-cache-refactor" in names and "import-linter" in names and "libcst" in names
+    assert not {n for n in names if n == "torch" or n.startswith("mem-cache-")} - {
+        "mem-cache-refactor"
+    }, names
+
+    # an engine repository (python/<pkg> layout, its own tools/ folder): the split leaves one
+    # importer on the old path and re-exports a module that loads the kernel extension
+    repo, _ = engine_repo(tmp_path / "engine")
+    repo.write(moved_files(keep_chunk_cache=True, reexport=True))
+    repo.commit("move the sparse allocators")
+    proc = subprocess.run(
+        [str(venv / "bin" / "move-check"), "HEAD~1", "HEAD", "--allow-removal", OLD],
+        cwd=repo.root, capture_output=True, text=True, timeout=300, env=env, check=False,
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"{MC}/chunk_cache.py:21: still imports {OLD}.SparseTokenAllocator" in proc.stdout
+    assert f"engine.srt.mem_cache.allocator -> {NEW} (l.4) -> {OLD} (l.4) -> kernel_ext (l.5)" \
+        in proc.stdout
+    rewrite = subprocess.run(
+        [str(venv / "bin" / "rewrite-imports"), f"{OLD}.SparseTokenAllocator",
+         f"{NEW}.SparseTokenAllocator", "--check"],
+        cwd=repo.root, capture_output=True, text=True, timeout=120, env=env, check=False,
+    )
+    assert rewrite.returncode == 1, rewrite.stdout + rewrite.stderr
+    assert f"{MC}/chunk_cache.py" in rewrite.stdout
+    probe = "import sys, mem_cache_refactor.move_check, mem_cache_refactor.contracts; " \
+            "print(sorted({m.split('.')[0] for m in sys.modules} & " \
+            "{'torch', 'triton', 'mem_cache_kernels', 'mem_cache_pool', 'mem_cache_allocator'}))"
+    loaded = _run(venv / "bin" / "python", "-c", probe, env=env, cwd=tmp_path).stdout
+    assert loaded.strip() == "[]"

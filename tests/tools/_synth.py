@@ -98,7 +98,9 @@ class SynthRepo:
 
 def run_tool(module: str, *args: str, cwd: Path | None = None,
              env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """``python -m <module> args`` from the repository root (so ``tools`` imports)."""
+    """``python -m mem_cache_refactor.<module> args`` (a dotted ``module`` is taken as is)."""
+    if "." not in module:
+        module = f"mem_cache_refactor.{module}"
     full_env = dict(os.environ)
     full_env.pop("MEM_CACHE_API_BASE", None)
     full_env.update(env or {})

@@ -68,11 +68,11 @@ def _repo(tmp_path: Path) -> SynthRepo:
 def test_snapshot_update_check_and_drift(tmp_path: Path) -> None:
     repo = _repo(tmp_path)
     root = str(repo.root)
-    missing = run_tool("tools.api_snapshot", "check", "--root", root)
+    missing = run_tool("api_snapshot", "check", "--root", root)
     assert missing.returncode == 1
-    assert "run python -m tools.api_snapshot update" in missing.stdout
+    assert "run api-snapshot update" in missing.stdout
 
-    assert run_tool("tools.api_snapshot", "update", "--root", root).returncode == 0
+    assert run_tool("api_snapshot", "update", "--root", root).returncode == 0
     snap_path = repo.root / "tests/contracts/api/demo_pkg.json"
     snap = json.loads(snap_path.read_text())
     root_mod = snap["modules"]["demo_pkg"]
@@ -92,20 +92,20 @@ def test_snapshot_update_check_and_drift(tmp_path: Path) -> None:
     assert square["members"]["unit"]["kind"] == "classmethod"
     assert set(snap["modules"]) == {"demo_pkg", "demo_pkg.shapes"}
 
-    ok = run_tool("tools.api_snapshot", "check", "--root", root)
+    ok = run_tool("api_snapshot", "check", "--root", root)
     assert ok.returncode == 0, ok.stdout
     assert "demo_pkg matches" in ok.stdout
 
     # A signature change is an API change: check fails with a diff and the regeneration hint.
     shapes = repo.root / "packages/demo-pkg/src/demo_pkg/shapes.py"
     shapes.write_text(shapes.read_text().replace("def area(self)", "def area(self, k: int)"))
-    drift = run_tool("tools.api_snapshot", "check", "--package", "demo-pkg", "--root", root)
+    drift = run_tool("api_snapshot", "check", "--package", "demo-pkg", "--root", root)
     assert drift.returncode == 1
     assert "-              \"signature\": \"(self) -> 'int'\"" in drift.stdout
     assert "+              \"signature\": \"(self, k: 'int') -> 'int'\"" in drift.stdout
-    assert "run python -m tools.api_snapshot update" in drift.stdout
+    assert "run api-snapshot update" in drift.stdout
 
-    unknown = run_tool("tools.api_snapshot", "check", "--package", "nope", "--root", root)
+    unknown = run_tool("api_snapshot", "check", "--package", "nope", "--root", root)
     assert unknown.returncode == 2
 
 
@@ -113,14 +113,14 @@ def test_griffe_check_against_base(tmp_path: Path) -> None:
     repo = _repo(tmp_path)
     base = repo.commit("base")
     root = str(repo.root)
-    no_base = run_tool("tools.griffe_check", "--root", root)
+    no_base = run_tool("griffe_check", "--root", root)
     assert no_base.returncode == 0
     assert "no base: skipped" in no_base.stdout
 
     init = repo.root / "packages/demo-pkg/src/demo_pkg/__init__.py"
     init.write_text(init.read_text().replace("*, scale: float = 1.0", "*, scale: float"))
     repo.commit("make scale required")
-    broken = run_tool("tools.griffe_check", "--root", root, env={"MEM_CACHE_API_BASE": base})
+    broken = run_tool("griffe_check", "--root", root, env={"MEM_CACHE_API_BASE": base})
     assert broken.returncode == 1, broken.stdout + broken.stderr
     assert "area(scale)" in broken.stdout
     assert "demo_pkg against" in broken.stdout and "BREAKING" in broken.stdout
@@ -131,11 +131,11 @@ def test_griffe_check_uses_merge_base_with_origin_main(tmp_path: Path) -> None:
     base = repo.commit("base")
     root = str(repo.root)
     repo.git("update-ref", "refs/remotes/origin/main", base)
-    same = run_tool("tools.griffe_check", "--root", root)  # HEAD == merge base: nothing to do
+    same = run_tool("griffe_check", "--root", root)  # HEAD == merge base: nothing to do
     assert same.returncode == 0 and "no base: skipped" in same.stdout
     shapes = repo.root / "packages/demo-pkg/src/demo_pkg/shapes.py"
     shapes.write_text(shapes.read_text().replace("    side: int\n", "    side: int\n    n: int\n"))
     repo.commit("add a required field")
-    broken = run_tool("tools.griffe_check", "--root", root)
+    broken = run_tool("griffe_check", "--root", root)
     assert broken.returncode == 1, broken.stdout + broken.stderr
     assert f"against {base[:12]}" in broken.stdout

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
+from mem_cache_refactor.move_check import check, render_text
 from tests.tools._synth import SynthRepo, run_tool
-from tools.move_check import check, render_text
 
 WIDGET = '''
     """Widgets."""
@@ -54,7 +54,7 @@ USE_NEW = '''
 
 
 def _check(repo: SynthRepo, a: str, b: str, *extra: str) -> tuple[int, str]:
-    proc = run_tool("tools.move_check", a, b, "--root", str(repo.root), *extra)
+    proc = run_tool("move_check", a, b, "--root", str(repo.root), *extra)
     assert proc.returncode in (0, 1), proc.stderr
     return proc.returncode, proc.stdout
 
@@ -103,15 +103,23 @@ def test_move_with_edited_body_fails_with_diff_unless_declared(
     moved = repo.commit("move and edit Widget")
     rc, out = _check(repo, base, moved)
     assert rc == 1
-    assert "body: CHANGED, NOT allowed" in out
+    assert "body: CHANGED in area, NOT allowed" in out
+    # the diff is numbered with the files' lines (the method sits at l.12-13 in both files)
+    assert "--- a/highpkg/models.py:6-13" in out and "+++ b/lowpkg/widgets.py:6-13" in out
+    assert "@@ -10,4 +10,4 @@" in out
     assert "-        return self.size * self.size" in out
     assert "+        return self.size**2" in out
-    assert "body changed (declare with --allow-edit Widget)" in out
-    assert "7/8 lines (87.5%)" in out  # the edited line belongs to the move commit
+    assert "body changed (declare with --allow-edit Widget.area)" in out
+    # blame counts the unedited lines only: all of them trace back to the base commit
+    assert "7/7 unedited lines (100.0%)" in out
     assert "old path highpkg.models.Widget: reexport (same object" in out
-    rc, out = _check(repo, base, moved, "--allow-edit", "Widget")
-    assert rc == 0, out
-    assert "allowed by --allow-edit (move + edit)" in out
+    for allowed in ("Widget", "Widget.area", "lowpkg.widgets.Widget.area"):
+        rc, out = _check(repo, base, moved, "--allow-edit", allowed)
+        assert rc == 0, out
+        assert "allowed by --allow-edit (move + edit)" in out
+    # another method does not cover the edit
+    rc, out = _check(repo, base, moved, "--allow-edit", "Widget.__init__")
+    assert rc == 1 and "NOT allowed" in out
 
 
 def test_missed_import_site_fails_then_rewriter_fixes_it(synth: tuple[SynthRepo, str]) -> None:
@@ -133,7 +141,7 @@ def test_missed_import_site_fails_then_rewriter_fixes_it(synth: tuple[SynthRepo,
     assert "highpkg/extra.py:6: still imports highpkg.models.Widget" in out
     assert "old path highpkg.models.Widget: gone" in out
 
-    proc = run_tool("tools.rewrite_imports", "highpkg.models.Widget", "lowpkg.widgets.Widget",
+    proc = run_tool("rewrite_imports", "highpkg.models.Widget", "lowpkg.widgets.Widget",
                     str(repo.root))
     assert proc.returncode == 0, proc.stderr
     assert "2 file(s) changed" in proc.stdout
@@ -145,6 +153,9 @@ def test_missed_import_site_fails_then_rewriter_fixes_it(synth: tuple[SynthRepo,
     assert "import lowpkg.widgets\n" in extra and "lowpkg.widgets.Widget(scale(1))" in extra
     fixed = repo.commit("rewrite imports")
     rc, out = _check(repo, base, fixed, "--json")
+    assert rc == 1, out  # no silent pass: the old path is gone
+    assert any("--allow-removal highpkg.models.Widget" in f for f in json.loads(out)["failures"])
+    rc, out = _check(repo, base, fixed, "--json", "--allow-removal", "highpkg.models.Widget")
     assert rc == 0, out
     report = json.loads(out)
     assert report["ok"] is True
@@ -190,11 +201,11 @@ def test_no_moves_and_bad_refs(synth: tuple[SynthRepo, str]) -> None:
     rc, out = _check(repo, base, edited)
     assert rc == 0
     assert "0 move(s)" in out
-    typo = run_tool("tools.move_check", base, edited, "--root", str(repo.root),
+    typo = run_tool("move_check", base, edited, "--root", str(repo.root),
                     "--allow-edit", "Wigdet")
     assert typo.returncode == 0
     assert "--allow-edit Wigdet matches no moved definition" in typo.stderr
-    proc = run_tool("tools.move_check", base, "no-such-ref", "--root", str(repo.root))
+    proc = run_tool("move_check", base, "no-such-ref", "--root", str(repo.root))
     assert proc.returncode == 2
     assert "no-such-ref" in proc.stderr
 

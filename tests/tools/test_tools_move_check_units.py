@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from tools.move_check._defs import collect_definitions, find_moves
-from tools.move_check._sites import find_import_sites
-from tools.move_check.modpath import module_name_for_path, resolve_relative
+from mem_cache_refactor.modpath import SourceRoots, module_name_for_path, resolve_relative
+from mem_cache_refactor.move_check._defs import collect_definitions, find_moves
+from mem_cache_refactor.move_check._probe import probe_env, static_old_path
+from mem_cache_refactor.move_check._sites import find_import_sites
 
 
 @pytest.mark.parametrize(
@@ -81,8 +82,74 @@ def test_find_moves_pairs_identical_bodies_first(tmp_path: Path) -> None:
             (root / rel).parent.mkdir(parents=True, exist_ok=True)
             (root / rel).write_text(text)
     changed = ["p/one.py", "p/two.py", "p/stay.py", "q/near.py", "q/far.py"]
-    pairs = find_moves(collect_definitions(a, changed), collect_definitions(b, changed))
+    top = SourceRoots(("",))
+    pairs = find_moves(collect_definitions(a, changed, top), collect_definitions(b, changed, top))
     assert [(o.module, n.module, o.dump == n.dump) for o, n in pairs] == [
         ("p.one", "q.far", True),
         ("p.two", "q.near", False),
     ]
+
+
+def _tree(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return root
+
+
+@pytest.mark.parametrize(
+    ("files", "roots", "path", "module"),
+    [
+        # SGLang's layout: python/pyproject.toml, packages auto-discovered in python/
+        ({"python/pyproject.toml": "[project]\nname = 'e'\n", "python/e/__init__.py": "",
+          "test/srt/t.py": ""}, ("python", ""), "python/e/srt/x.py", "e.srt.x"),
+        # a top-level python/ folder without any project file
+        ({"python/e/__init__.py": ""}, ("python", ""), "python/e/__init__.py", "e"),
+        # setuptools package-dir / packages.find.where, hatch wheel packages, poetry from
+        ({"pyproject.toml": "[tool.setuptools]\npackage-dir = {'' = 'lib'}\n",
+          "lib/a/__init__.py": ""}, ("lib", ""), "lib/a/b.py", "a.b"),
+        ({"pyproject.toml": "[tool.setuptools.packages.find]\nwhere = ['code']\n",
+          "code/a/__init__.py": ""}, ("code", ""), "code/a/b.py", "a.b"),
+        ({"pkgs/x/pyproject.toml": "[tool.hatch.build.targets.wheel]\npackages = ['src/x']\n",
+          "pkgs/x/src/x/__init__.py": ""}, ("pkgs/x/src", ""), "pkgs/x/src/x/m.py", "x.m"),
+        ({"pyproject.toml": "[tool.poetry]\npackages = [{include = 'a', from = 'srcs'}]\n",
+          "srcs/a/__init__.py": ""}, ("srcs", ""), "srcs/a/m.py", "a.m"),
+        # files outside every root are named from the top
+        ({"python/e/__init__.py": ""}, ("python", ""), "test/srt/test_a.py", "test.srt.test_a"),
+    ],
+)
+def test_source_roots(
+    tmp_path: Path, files: dict[str, str], roots: tuple[str, ...], path: str, module: str
+) -> None:
+    found = SourceRoots.discover(_tree(tmp_path, files))
+    assert found.roots == roots
+    assert found.module_name(path) == module
+
+
+def test_source_roots_from_the_command_line_come_first(tmp_path: Path) -> None:
+    tree = _tree(tmp_path, {"weird/pkg/__init__.py": "", "src/other/__init__.py": ""})
+    found = SourceRoots.discover(tree, extra=["weird"])
+    assert found.roots == ("weird", "src", "")
+    assert found.module_name("weird/pkg/mod.py") == "pkg.mod"
+    assert SourceRoots.discover(tree, extra=[tree / "weird"]).roots[0] == "weird"
+
+
+def test_pythonpath_is_extended_not_replaced(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", "/keep/me")
+    env = probe_env([Path("/tree/python"), Path("/tree")])
+    assert env["PYTHONPATH"].split(":") == ["/tree/python", "/tree", "/keep/me"]
+
+
+def test_static_old_path(tmp_path: Path) -> None:
+    root = _tree(tmp_path, {
+        "p/__init__.py": "",
+        "p/kept.py": "from p.new import Thing\n",
+        "p/dyn.py": "def __getattr__(name):\n    raise AttributeError(name)\n",
+        "p/emptied.py": "import os\n\ndef other():\n    from p.new import Thing\n",
+    })
+    assert static_old_path([root], "p.kept", "Thing")[0] is True
+    assert static_old_path([root], "p.dyn", "Thing")[0] is True
+    gone, detail = static_old_path([root], "p.emptied", "Thing")
+    assert gone is False and "no longer defines or imports Thing" in detail
+    gone, detail = static_old_path([root], "p.removed", "Thing")
+    assert gone is False and "module p.removed no longer exists" in detail

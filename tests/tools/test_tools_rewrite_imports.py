@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from mem_cache_refactor.rewrite_imports import rewrite_source
 from tests.tools._synth import run_tool
-from tools.rewrite_imports import rewrite_source
 
 NAME = ("a.b.X", "c.d.X")
 MODULE = ("a.b", "c.d")
@@ -135,12 +135,12 @@ def test_cli_rewrites_tree_and_resolves_relative_imports(tmp_path: Path) -> None
     hidden = tmp_path / ".venv" / "lib"
     hidden.mkdir(parents=True)
     (hidden / "dep.py").write_text("from pkg.old import Helper\n")
-    dry = run_tool("tools.rewrite_imports", "pkg.old.Helper", "pkg.new.Helper", str(tmp_path),
+    dry = run_tool("rewrite_imports", "pkg.old.Helper", "pkg.new.Helper", str(tmp_path),
                    "--check")
     assert dry.returncode == 1
     assert "2 file(s) still import pkg.old.Helper" in dry.stdout
     assert (pkg / "__init__.py").read_text() == "from .old import Helper, keep\n"  # untouched
-    proc = run_tool("tools.rewrite_imports", "pkg.old.Helper", "pkg.new.Helper", str(tmp_path))
+    proc = run_tool("rewrite_imports", "pkg.old.Helper", "pkg.new.Helper", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     assert "2 file(s) changed" in proc.stdout
     assert (pkg / "__init__.py").read_text() == (
@@ -150,9 +150,9 @@ def test_cli_rewrites_tree_and_resolves_relative_imports(tmp_path: Path) -> None
         "from pkg import old\nimport pkg.new\n\nh = pkg.new.Helper()\nk = old.keep\n"
     )
     assert (hidden / "dep.py").read_text() == "from pkg.old import Helper\n"  # skipped folder
-    clean = run_tool("tools.rewrite_imports", "pkg.old.Helper", "pkg.new.Helper", str(tmp_path),
+    clean = run_tool("rewrite_imports", "pkg.old.Helper", "pkg.new.Helper", str(tmp_path),
                      "--check")
     assert clean.returncode == 0, clean.stdout
-    bad = run_tool("tools.rewrite_imports", "pkg", "pkg.new")
+    bad = run_tool("rewrite_imports", "pkg", "pkg.new")
     assert bad.returncode == 2
     assert "at least two components" in bad.stderr

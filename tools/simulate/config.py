@@ -2,7 +2,8 @@
 
 The default is what ``python3 tools/dev run`` executes: a small MHA model whose device pool is
 deliberately too small for the working set of the sessions, so finished prefixes are backed up to
-the host pool and loaded back while the run completes in well under a minute on two CPU cores.
+the host pool and loaded back, and the host pool in turn overflows into the storage tier (L3, a
+file backend in a temporary directory) from which returning turns are prefetched.
 """
 
 from __future__ import annotations
@@ -45,6 +46,11 @@ class SimConfig:
 
     Sizes are in tokens; ``device_tokens`` and ``host_tokens`` are rounded down to whole pages by
     the pools. ``faults`` is the probability that one host<->device transfer fails or is aborted.
+    ``storage`` selects the L3 backend (``"file"`` or ``"none"``) in ``storage_dir`` (a temporary
+    directory when ``None``), written under ``storage_write``, bounded by
+    ``storage_capacity_mb`` (0: unlimited); ``storage_fault_rate`` is the probability that one
+    storage call fails, is slow, corrupts a page or stops partway; ``restart_at`` (>= 0) is the
+    step at which the engine restarts (caches flushed to L3 and dropped).
     """
 
     model: Model = "mha"

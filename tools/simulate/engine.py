@@ -113,16 +113,28 @@ class Engine:
         self.transfers.close()
 
     def restart(self) -> None:
-        """An engine restart: every cached device and host prefix is gone (not written back);
-        the storage tier reopens its directory. Running requests carry on."""
+        """A graceful engine restart: every cached prefix is flushed to the storage tier (host
+        entries directly, device entries through a device->host backup) and then dropped; the
+        storage tier reopens its directory. Running requests carry on."""
+        host = self.stack.host_pool
+        device_entries: list[PrefixEntry] = []
         for session in self.store.sessions():
             entry = self.store.take(session)
             if entry is None:
                 continue
             if entry.tier == "device":
-                self._free_device(entry.slots)
-            else:
-                self.stack.host_pool.free(entry.slots)
+                device_entries.append(entry)
+                continue
+            if self.l3 is not None:
+                self.l3.on_host_drop(entry)
+            host.free(entry.slots)
+        for entry in device_entries:
+            staging = host.alloc(entry.length) if self.l3 is not None else None
+            if staging is not None:
+                if self.transfers.backup(entry.slots, staging) and self.l3 is not None:
+                    self.l3.on_host_drop(PrefixEntry(entry.session, entry.length, "host", staging))
+                host.free(staging)
+            self._free_device(entry.slots)
         if self.l3 is not None:
             self.l3.restart()
 

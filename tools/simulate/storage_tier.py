@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import logging
 import shutil
 import tempfile
 import time
@@ -115,7 +116,8 @@ class StorageTier:
         self._faults: dict[str, int] = dict.fromkeys(STORAGE_FAULT_KINDS, 0)
         self._latency = LatencyRecorder()
         self._hashes: dict[int, list[str]] = {}
-        self._rejected = 0
+        if fault_rate:  # injected failures are counted in the report, not logged one by one
+            logging.getLogger("mem_cache_storage").setLevel(logging.ERROR)
         self._open(first=True)
 
     # --------------------------------------------------------------- lifecycle

@@ -158,3 +158,97 @@ def test_write_policies_and_mla_rank(host: Any) -> None:
     with pytest.raises(ValueError, match="host_indices must hold"), _controller(host) as c:
         c.write(keys, src[:PS])
     host.free(src)
+
+
+class _Jittery(HiCacheMemory):
+    """Random delays, exceptions and partial batches on the read path."""
+
+    def __init__(self, *a: Any, **k: Any) -> None:
+        super().__init__(*a, **k)
+        import random
+
+        self.rng = random.Random(3)
+        self.lock = threading.Lock()
+
+    def _get_pages(self, keys: list[str], pages: Any, fmt: Any) -> list[bool]:
+        with self.lock:
+            r = self.rng.random()
+            delay = self.rng.random() * 0.004
+        threading.Event().wait(delay)
+        if r < 0.15:
+            raise OSError("flaky")
+        ok = super()._get_pages(keys, pages, fmt)
+        if r < 0.3 and len(ok) > 1:
+            ok[-1] = False
+        return ok
+
+
+def test_concurrent_prefetches_with_cancels_and_timeouts_leak_nothing() -> None:
+    import random
+
+    host = make_host(size=256)
+    try:
+        free0 = host.available_size()
+        storage = _Jittery(CFG)
+        with _controller(host, storage, prefetch_budget_pages=24, io_threads=3,
+                         batch_pages=3) as c:
+            chains = [_keys(8, salt=s) for s in range(6)]
+            src = host.alloc(8 * PS)
+            for keys in chains:
+                c.write(keys, src)
+            ref = pages_of(host, src)  # page i of every chain holds these bytes
+            host.free(src)
+            errors: list[str] = []
+
+            def client(seed: int) -> None:
+                rng = random.Random(seed)
+                for _ in range(25):
+                    keys = rng.choice(chains)[: rng.randint(1, 8)]
+                    handle = c.prefetch(keys)
+                    action = rng.random()
+                    if action < 0.25:
+                        handle.cancel()
+                        continue
+                    res = handle.wait(timeout=0.001 if action < 0.5 else 30)
+                    if res.pages:
+                        got = pages_of(host, res.host_indices)
+                        if res.host_indices.numel() != res.pages * PS:
+                            errors.append(f"{res.pages} pages, {res.host_indices.numel()} slots")
+                        elif not all(torch.equal(a, b) for a, b in zip(got, ref)):
+                            errors.append("a prefetched page holds other bytes")
+                        host.free(res.host_indices)
+
+            threads = [threading.Thread(target=client, args=(s,)) for s in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert not errors, errors[:3]
+            assert c.reserved_pages <= 24
+        assert c.reserved_pages == 0
+        assert host.available_size() == free0
+        s = c.stats()
+        assert s.prefetches == 100
+        assert (s.prefetch_hits + s.prefetch_misses + s.prefetch_failed + s.prefetch_cancelled
+                + s.prefetch_timeouts) == 100
+    finally:
+        host.close()
+
+
+def test_write_async_frees_through_the_callback(host: Any) -> None:
+    free0 = host.available_size()
+    with _controller(host) as c:
+        keys = _keys(3, salt=11)
+        src = host.alloc(3 * PS)
+        ref = pages_of(host, src)
+        done: list[Any] = []
+        future = c.write_async(keys, src, lambda r: (done.append(r), host.free(src)))
+        result = future.result(timeout=30)
+        assert result.written == 3 and done == [result]
+        res = c.prefetch(keys).wait(timeout=30)
+        assert res.pages == 3
+        assert all(torch.equal(a, b) for a, b in zip(ref, pages_of(host, res.host_indices)))
+        host.free(res.host_indices)
+        bad = c.write_async(keys, src[:PS])  # wrong slot count: counted as failed, no raise
+        assert bad.result(timeout=30).failed == 3
+    assert host.available_size() == free0

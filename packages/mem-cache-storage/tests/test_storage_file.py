@@ -239,3 +239,35 @@ def test_dynamic_loads_an_outside_duck_typed_backend(
     assert type(store).__name__ == "OutsideStore"
     assert store.kwargs == {"endpoint": "x"} and store.mem_pool_host == "pool-object"
     assert store.set("a", 1) and store.batch_exists(["a", "b"]) == 1
+
+
+class _SGLangLikeHostPool:
+    """Only what SGLang's host pools offer a storage backend (no ``store_dtype``)."""
+
+    def __init__(self, pages: int, page_size: int, page_bytes: int) -> None:
+        self.page_size, self.layout, self.dtype = page_size, "page_first", torch.bfloat16
+        self.size = pages * page_size
+        self.k = torch.randint(0, 256, (pages, page_bytes // 2), dtype=torch.uint8)
+        self.v = torch.randint(0, 256, (pages, page_bytes // 2), dtype=torch.uint8)
+
+    def get_size_per_token(self) -> int:
+        return int(self.k.shape[1] * 2 // self.page_size)
+
+    def get_page_buffer_meta(self, indices: torch.Tensor) -> tuple[list[int], list[int]]:
+        ptrs, sizes = [], []
+        for page in (indices[:: self.page_size] // self.page_size).tolist():
+            for buf in (self.k, self.v):
+                ptrs.append(buf[page].data_ptr())
+                sizes.append(buf.shape[1])
+        return ptrs, sizes
+
+
+def test_works_on_an_sglang_like_host_pool(tmp_path: Path) -> None:
+    pool = _SGLangLikeHostPool(8, 4, 256)
+    st = HiCacheFile(CFG, pool, storage_dir=str(tmp_path))
+    keys = _keys(3)
+    src = torch.arange(0, 12)
+    assert st.batch_set_v1(keys, src) == [True] * 3
+    dst = torch.arange(16, 28)
+    assert st.batch_get_v1(keys, dst) == [True] * 3
+    assert torch.equal(pool.k[4:7], pool.k[0:3]) and torch.equal(pool.v[4:7], pool.v[0:3])

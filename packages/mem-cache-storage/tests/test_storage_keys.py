@@ -72,3 +72,13 @@ def test_bad_keys_and_configs_are_rejected() -> None:
         HiCacheStorageConfig(tp_rank=2, tp_size=2)
     with pytest.raises(ValueError, match="unknown fields"):
         HiCacheStorageConfig.from_any({"tp_rnak": 1})
+
+
+def test_backend_options_fingerprint_wins() -> None:
+    from mem_cache_storage import HiCacheMemory
+
+    cfg = HiCacheStorageConfig(model_name="m", extra_config={"model_fingerprint": "a"})
+    from_config = HiCacheMemory(cfg, {"page_size": 4}).storage_key("k")
+    from_kwargs = HiCacheMemory(cfg, {"page_size": 4, "model_fingerprint": "b"}).storage_key("k")
+    assert from_config == KeySpace.from_config(cfg, 4).storage_key("k")
+    assert from_kwargs == KeySpace.from_config(cfg, 4, "b").storage_key("k") != from_config

@@ -16,6 +16,13 @@ from mem_cache_storage.config import (
     HiCacheStorageConfig,
     HiCacheStorageExtraInfo,
 )
+from mem_cache_storage.controller import (
+    ControllerStats,
+    PrefetchHandle,
+    PrefetchResult,
+    StorageController,
+    WriteResult,
+)
 from mem_cache_storage.file import HiCacheFile
 from mem_cache_storage.keys import KeySpace, get_hash_str, page_hashes
 from mem_cache_storage.memory import HiCacheMemory
@@ -25,6 +32,7 @@ from mem_cache_storage.stats import LatencyRecorder, LatencySummary, StorageStat
 
 __all__ = [
     "STORAGE_BATCH_SIZE",
+    "ControllerStats",
     "HiCacheFile",
     "HiCacheMemory",
     "HiCacheStorage",
@@ -37,8 +45,12 @@ __all__ = [
     "PageRanges",
     "PageStorageBackend",
     "PointerStorageBackend",
+    "PrefetchHandle",
+    "PrefetchResult",
     "StorageBackendFactory",
+    "StorageController",
     "StorageStats",
+    "WriteResult",
     "checksum",
     "create_backend",
     "get_hash_str",

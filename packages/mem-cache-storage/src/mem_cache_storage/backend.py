@@ -100,7 +100,11 @@ class PageStorageBackend(HiCacheStorage):
                 raise ValueError(
                     f"page_size {page_size} differs from this backend's {self._keyspace.page_size}"
                 )
-            self._keyspace = KeySpace.from_config(self.storage_config, page_size)
+            fingerprint = self.options.get("model_fingerprint")
+            self._keyspace = KeySpace.from_config(
+                self.storage_config, page_size,
+                None if fingerprint is None else str(fingerprint),
+            )
 
     @property
     def keyspace(self) -> KeySpace:
@@ -237,7 +241,28 @@ class PageStorageBackend(HiCacheStorage):
     def batch_exists(
         self, keys: list[str], extra_info: HiCacheStorageExtraInfo | None = None
     ) -> int:
-        found = self._exist(self.keyspace.storage_keys(keys))
+        skeys = self.keyspace.storage_keys(keys)
+        self.stats.add(exists_queries=len(skeys))
+        if not skeys:
+            return 0
+        try:
+            n = self._exist_prefix(skeys)
+        except Exception as exc:  # a failing backend holds nothing
+            self.stats.add(errors=1)
+            _log.warning("%s: exists failed (%s: %s): treated as a miss",
+                         type(self).__name__, type(exc).__name__, exc)
+            return 0
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= len(skeys):
+            self.stats.add(errors=1)
+            return 0
+        return n
+
+    def _exist_prefix(self, keys: list[str]) -> int:
+        """How many leading storage keys hold a page (default: one ``_exist_pages`` call;
+        override to stop at the first miss)."""
+        found = self._exist_pages(keys)
+        if len(found) != len(keys):
+            raise RuntimeError(f"_exist_pages returned {len(found)} results for {len(keys)}")
         return found.index(False) if False in found else len(found)
 
     def batch_get_v1(

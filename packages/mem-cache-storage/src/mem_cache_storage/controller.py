@@ -1,10 +1,11 @@
 """``StorageController``: the storage half of a HiCache controller (prefetch and write-back).
 
-* **Write** (:meth:`StorageController.write`): host pages -> storage, skipping the leading keys
-  the backend already has (``batch_exists``), in batches of ``batch_pages`` through the
-  zero-copy ``batch_set_v1``. The hooks :meth:`on_host_evict` (``write_policy="write_back"``)
-  and :meth:`on_host_insert` (``"write_through"``) call it at the point the policy names. With
-  an MLA model only TP rank 0 writes (every rank holds the same KV).
+* **Write** (:meth:`StorageController.write`, or :meth:`~StorageController.write_async` on a
+  backup thread): host pages -> storage, skipping the leading keys the backend already has
+  (``batch_exists``), in batches of ``batch_pages`` through the zero-copy ``batch_set_v1``.
+  The hooks :meth:`on_host_evict` (``write_policy="write_back"``) and :meth:`on_host_insert`
+  (``"write_through"``) call it at the point the policy names. With an MLA model only TP rank 0
+  writes (every rank holds the same KV).
 * **Prefetch** (:meth:`StorageController.prefetch`): on a background thread, ``batch_exists``
   finds how many leading pages storage has, that many host pages are reserved (at most the free
   part of ``prefetch_budget_pages`` and what the host pool can give), and the pages are read with
@@ -28,8 +29,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -220,6 +221,7 @@ class StorageController:
         self._handles: set[PrefetchHandle] = set()
         self._io = ThreadPoolExecutor(max_workers=io_threads,
                                       thread_name_prefix="storage-prefetch")
+        self._backup = ThreadPoolExecutor(max_workers=1, thread_name_prefix="storage-backup")
         self._counters = _Counters()
         self._prefetch_latency = LatencyRecorder()
         self._write_latency = LatencyRecorder()
@@ -311,6 +313,33 @@ class StorageController:
                            write_seconds=io_s)
         self._write_latency.record(time.perf_counter() - t0)
         return WriteResult(written, present, failed)
+
+    def write_async(
+        self,
+        keys: Sequence[str],
+        host_indices: torch.Tensor,
+        on_done: Callable[[WriteResult], None] | None = None,
+    ) -> Future[WriteResult]:
+        """:meth:`write` on the backup thread. The caller keeps the host pages until the write
+        ended: ``on_done(result)`` runs on the backup thread right after (e.g. to free them), and
+        the returned future completes after it. A failing write completes with
+        ``failed == len(keys)``; a raising ``on_done`` fails the future."""
+        if self._closed:
+            raise RuntimeError("StorageController is closed")
+        keys = list(keys)
+
+        def job() -> WriteResult:
+            try:
+                result = self.write(keys, host_indices)
+            except Exception as exc:
+                _log.warning("storage write failed (%s): counted as failed pages", exc)
+                self._counters.add(pages_write_failed=len(keys))
+                result = WriteResult(0, 0, len(keys))
+            if on_done is not None:
+                on_done(result)
+            return result
+
+        return self._backup.submit(job)
 
     def on_host_evict(self, keys: Sequence[str], host_indices: torch.Tensor) -> WriteResult:
         """Host pages are about to be freed: write them under ``write_back``."""
@@ -450,6 +479,7 @@ class StorageController:
             handles = list(self._handles)
         for h in handles:
             h.cancel()
+        self._backup.shutdown(wait=True)
         self._io.shutdown(wait=True)
         if self.reserved_pages:
             raise RuntimeError(f"{self.reserved_pages} prefetch pages still reserved after close")

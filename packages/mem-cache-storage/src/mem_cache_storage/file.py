@@ -190,6 +190,12 @@ class HiCacheFile(PageStorageBackend):
     def _exist_pages(self, keys: list[str]) -> list[bool]:
         return [self._path(k).is_file() for k in keys]
 
+    def _exist_prefix(self, keys: list[str]) -> int:
+        for i, key in enumerate(keys):
+            if not self._path(key).is_file():
+                return i
+        return len(keys)
+
     # --------------------------------------------------------- capacity / clear
     def _scan(self) -> list[tuple[float, str, int]]:
         """(mtime, storage key, bytes) of every page file."""

@@ -114,11 +114,16 @@ class KeySpace:
     is_mla: bool = False
 
     @classmethod
-    def from_config(cls, config: HiCacheStorageConfig, page_size: int) -> KeySpace:
-        extra = config.extra
+    def from_config(
+        cls, config: HiCacheStorageConfig, page_size: int, model_fingerprint: str | None = None
+    ) -> KeySpace:
+        """The key space of ``config`` with pages of ``page_size`` tokens; the fingerprint is
+        ``model_fingerprint`` if given, else ``config.extra_config["model_fingerprint"]``."""
+        if model_fingerprint is None:
+            model_fingerprint = str(config.extra.get("model_fingerprint", ""))
         return cls(
             model_name=config.model_name or "",
-            model_fingerprint=str(extra.get("model_fingerprint", "")),
+            model_fingerprint=model_fingerprint,
             page_size=page_size,
             tp_rank=config.tp_rank,
             tp_size=config.tp_size,

@@ -82,8 +82,11 @@ def host_page_ranges(
             f"host_indices must be 1-D with len(keys) * page_size = {num_pages * page_size} "
             f"slots, got shape {tuple(host_indices.shape)}"
         )
+    # SGLang's host pools name the element type ``dtype``; ours also have ``store_dtype``
+    dtype = str(getattr(pool, "store_dtype", getattr(pool, "dtype", "")))
+    layout = str(getattr(pool, "layout", ""))
     if num_pages == 0:
-        return [], PageFormat(f"native:{pool.layout}", str(pool.store_dtype), ())
+        return [], PageFormat(f"native:{layout}", dtype, ())
     ptrs, sizes = pool.get_page_buffer_meta(host_indices.to("cpu", torch.int64))
     if len(ptrs) != len(sizes) or len(ptrs) % num_pages:
         raise RuntimeError(
@@ -98,5 +101,5 @@ def host_page_ranges(
         if sizes[lo : lo + per] != first:
             raise RuntimeError("get_page_buffer_meta returned pages of different sizes")
         pages.append(tuple(zip(ptrs[lo : lo + per], sizes[lo : lo + per])))
-    fmt = PageFormat(f"native:{pool.layout}", str(pool.store_dtype), tuple(int(s) for s in first))
+    fmt = PageFormat(f"native:{layout}", dtype, tuple(int(s) for s in first))
     return pages, fmt

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tools.move_check.modpath import module_name_for_path, resolve_relative
+from mem_cache_refactor.modpath import SourceRoots, resolve_relative
 
 __all__ = ["ImportSite", "find_import_sites"]
 
@@ -33,12 +33,14 @@ def _dotted(node: ast.expr) -> str | None:
     return ".".join(reversed(parts))
 
 
-def _sites_in_file(source: str, rel: str, targets: set[str]) -> list[tuple[int, str]]:
+def _sites_in_file(
+    source: str, rel: str, targets: set[str], roots: SourceRoots
+) -> list[tuple[int, str]]:
     try:
         tree = ast.parse(source)
     except SyntaxError:
         return []
-    module = module_name_for_path(rel)
+    module = roots.module_name(rel)
     is_package = rel.endswith("__init__.py")
     old_modules = {t.rpartition(".")[0] for t in targets}
     hits: list[tuple[int, str]] = []
@@ -79,11 +81,16 @@ def _sites_in_file(source: str, rel: str, targets: set[str]) -> list[tuple[int, 
     return hits
 
 
-def find_import_sites(tree: Path, rel_paths: Iterable[str], targets: set[str]) -> list[ImportSite]:
+def find_import_sites(
+    tree: Path, rel_paths: Iterable[str], targets: set[str], roots: SourceRoots | None = None
+) -> list[ImportSite]:
     """Every place in the ``.py`` files of ``tree`` that reaches one of ``targets`` (dotted
     ``old.module.Name``) through its old module: ``from old import Name [as X]``, relative
     forms, ``from old import *``, and ``old.Name`` after ``import old [as o]`` or
-    ``from pkg import old``."""
+    ``from pkg import old``, at module level and inside functions and classes alike, in every
+    file of the tree (inside a source root or not). ``roots`` name the files' modules (for
+    relative imports); default: the tree's top and ``src`` folders."""
+    roots = roots or SourceRoots(("",))
     sites: list[ImportSite] = []
     if not targets:
         return sites
@@ -95,7 +102,7 @@ def find_import_sites(tree: Path, rel_paths: Iterable[str], targets: set[str]) -
             continue
         source = file.read_text(encoding="utf-8", errors="replace")
         lines = source.splitlines()
-        for line, target in sorted(set(_sites_in_file(source, rel, targets))):
+        for line, target in sorted(set(_sites_in_file(source, rel, targets, roots))):
             code = lines[line - 1].strip() if 0 < line <= len(lines) else ""
             sites.append(ImportSite(rel, line, target, code))
     return sites

@@ -33,8 +33,14 @@ def git(root: Path, *args: str) -> str:
 
 
 def rev_parse(root: Path, ref: str) -> str:
-    """Full commit id of ``ref`` (raises GitError for an unknown ref)."""
-    return git(root, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}").strip()
+    """Full commit id of ``ref`` (raises GitError naming ``ref`` when it is unknown)."""
+    proc = subprocess.run(
+        ["git", "-C", str(root), "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"],
+        capture_output=True, text=True, check=False,
+    )
+    if proc.returncode != 0 or not proc.stdout.strip():
+        raise GitError(f"unknown ref {ref!r}: not a commit in {root}")
+    return proc.stdout.strip()
 
 
 def rev_list(root: Path, ref_a: str, ref_b: str) -> set[str]:
@@ -74,10 +80,17 @@ class BlameLine:
     orig_path: str
 
 
-def blame(root: Path, ref: str, path: str, start: int, end: int) -> list[BlameLine]:
-    """``git blame -C -C -C`` of lines ``start..end`` (1-based, inclusive) of ``path``."""
+def blame(
+    root: Path, ref: str, path: str, start: int, end: int, *, min_chars: int = 40
+) -> list[BlameLine]:
+    """``git blame -C -C -C`` of lines ``start..end`` (1-based, inclusive) of ``path``.
+
+    ``min_chars``: the least alphanumeric characters a moved block needs to be traced (git's
+    default is 40, which misses a whole two-line function).
+    """
     out = git(
-        root, "blame", "--porcelain", "-C", "-C", "-C", "-L", f"{start},{end}", ref, "--", path
+        root, "blame", "--porcelain", "-C", "-C", f"-C{min_chars}", "-L", f"{start},{end}", ref,
+        "--", path,
     )
     lines: list[BlameLine] = []
     last_path: dict[str, str] = {}

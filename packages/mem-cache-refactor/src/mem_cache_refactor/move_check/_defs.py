@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import ast
+import copy
 import difflib
 import textwrap
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tools.move_check.modpath import module_name_for_path
+from mem_cache_refactor.modpath import SourceRoots
 
-__all__ = ["Definition", "collect_definitions", "find_moves", "source_diff"]
+__all__ = [
+    "Definition",
+    "changed_members",
+    "collect_definitions",
+    "find_moves",
+    "source_diff",
+    "unchanged_new_lines",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +34,10 @@ class Definition:
     end: int  # last line (inclusive)
     dump: str  # ast.dump of the node: formatting-insensitive, docstrings included
     source: str  # dedented source text of the definition
+    #: for a class: (member name, ast.dump) of each method defined in its body
+    members: tuple[tuple[str, str], ...] = ()
+    #: ast.dump of the definition with its methods removed (the class "frame")
+    frame: str = ""
 
     @property
     def qualname(self) -> str:
@@ -46,17 +58,31 @@ def _definitions_in(source: str, module: str, path: str) -> dict[str, Definition
         end = node.end_lineno or node.lineno
         text = textwrap.dedent("\n".join(lines[start - 1 : end])) + "\n"
         kind = "class" if isinstance(node, ast.ClassDef) else "function"
+        members: tuple[tuple[str, str], ...] = ()
+        frame = ast.dump(node)
+        if isinstance(node, ast.ClassDef):
+            methods = [
+                m for m in node.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))
+            ]
+            members = tuple((m.name, ast.dump(m)) for m in methods)
+            rest = [m for m in node.body if m not in methods]
+            shell = copy.copy(node)
+            shell.body = rest
+            frame = ast.dump(shell) + "|" + ",".join(m.name for m in methods)
         found[node.name] = Definition(
-            module, path, node.name, kind, start, end, ast.dump(node), text
+            module, path, node.name, kind, start, end, ast.dump(node), text, members, frame
         )
     return found
 
 
-def collect_definitions(tree: Path, rel_paths: Iterable[str]) -> dict[str, dict[str, Definition]]:
-    """``{module: {name: Definition}}`` for the ``.py`` files ``rel_paths`` present in ``tree``."""
+def collect_definitions(
+    tree: Path, rel_paths: Iterable[str], roots: SourceRoots
+) -> dict[str, dict[str, Definition]]:
+    """``{module: {name: Definition}}`` for the ``.py`` files ``rel_paths`` present in ``tree``
+    (module names from the tree's source ``roots``)."""
     result: dict[str, dict[str, Definition]] = {}
     for rel in sorted(rel_paths):
-        module = module_name_for_path(rel)
+        module = roots.module_name(rel)
         file = tree / rel
         if module is None or not file.is_file():
             continue
@@ -103,13 +129,45 @@ def find_moves(
     return pairs
 
 
-def source_diff(old: Definition, new: Definition) -> str:
-    """Unified diff of the two definitions' source texts."""
-    return "".join(
-        difflib.unified_diff(
-            old.source.splitlines(keepends=True),
-            new.source.splitlines(keepends=True),
-            fromfile=f"a/{old.path}:{old.start}",
-            tofile=f"b/{new.path}:{new.start}",
+def changed_members(old: Definition, new: Definition) -> tuple[str, ...] | None:
+    """Names of the methods whose bodies differ (added or removed ones too) when only methods
+    changed; None when anything else differs (the class frame, or for functions)."""
+    if old.kind != "class" or new.kind != "class":
+        return None
+    old_m, new_m = dict(old.members), dict(new.members)
+    if old.frame.split("|")[0] != new.frame.split("|")[0]:
+        return None
+    return tuple(sorted(n for n in set(old_m) | set(new_m) if old_m.get(n) != new_m.get(n)))
+
+
+def source_diff(old: Definition, new: Definition, context: int = 3) -> str:
+    """Unified diff of the two definitions, numbered with the lines of their files."""
+    a = old.source.splitlines()
+    b = new.source.splitlines()
+    out = [f"--- a/{old.path}:{old.start}-{old.end}\n", f"+++ b/{new.path}:{new.start}-{new.end}\n"]
+    matcher = difflib.SequenceMatcher(None, a, b, autojunk=False)
+    for group in matcher.get_grouped_opcodes(context):
+        i1, i2 = group[0][1], group[-1][2]
+        j1, j2 = group[0][3], group[-1][4]
+        out.append(
+            f"@@ -{old.start + i1},{i2 - i1} +{new.start + j1},{j2 - j1} @@\n"
         )
+        for tag, a1, a2, b1, b2 in group:
+            if tag == "equal":
+                out.extend(f" {line}\n" for line in a[a1:a2])
+                continue
+            out.extend(f"-{line}\n" for line in a[a1:a2])
+            out.extend(f"+{line}\n" for line in b[b1:b2])
+    return "".join(out) if len(out) > 2 else ""
+
+
+def unchanged_new_lines(old: Definition, new: Definition) -> set[int]:
+    """File line numbers of ``new`` whose text equals the matching line of ``old``."""
+    matcher = difflib.SequenceMatcher(
+        None, old.source.splitlines(), new.source.splitlines(), autojunk=False
     )
+    lines: set[int] = set()
+    for tag, _, _, j1, j2 in matcher.get_opcodes():
+        if tag == "equal":
+            lines.update(range(new.start + j1, new.start + j2))
+    return lines

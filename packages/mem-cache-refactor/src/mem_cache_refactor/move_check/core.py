@@ -1,0 +1,336 @@
+"""move_check: verify that definitions moved between two git refs moved safely.
+
+For every top-level class or function that left one module and appeared in another between
+``REF_A`` and ``REF_B`` it reports:
+
+* whether the body is identical (``ast.dump``; formatting-insensitive, docstrings count) and a
+  unified diff numbered with the files' lines when it is not;
+* the import sites in the tree at ``REF_B`` that still use the old path (``file:line``), at
+  module level or inside functions, in every file of the tree;
+* whether the old path still resolves at ``REF_B`` and to the same object (shim / re-export) or
+  is gone, found by importing both paths in a fresh interpreter with the ``REF_B`` source roots
+  first on ``PYTHONPATH``; when that interpreter cannot import the tree (missing dependencies),
+  a static look at the old module decides whether the old path is gone;
+* the share of the new definition's (unedited) lines that ``git blame -C -C -C`` attributes to
+  commits before the move (commits not in ``REF_A..REF_B``);
+* the import-linter contracts that ``REF_B`` breaks and ``REF_A`` kept.
+
+Module names come from the repository's source roots
+(:class:`mem_cache_refactor.modpath.SourceRoots`: ``pyproject.toml``, ``src/``, ``python/``,
+``--src-root DIR``).
+
+Nothing passes silently. It fails (exit 1) on a changed body not declared with ``--allow-edit``
+(``Class``, ``Class.method`` or a dotted path), a stale import site, an old path that resolves to
+a different object, an old path that is ``gone`` (accept with ``--allow-removal NAME``), a probe
+``error`` (accept with ``--allow-probe-error``), a blame share under ``--min-blame`` (default
+90 %), a configured import-linter that cannot run (skip deliberately with ``--no-contracts``) and
+a newly broken contract. An import site of the old path is stale unless the old path is a silent
+re-export (the same object without a ``DeprecationWarning``: the old path is deliberately still
+public); such sites are listed but do not fail. Exit 2: usage or git error (an unknown ref is
+named).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+from mem_cache_refactor.modpath import SourceRoots
+from mem_cache_refactor.move_check._defs import (
+    Definition,
+    changed_members,
+    collect_definitions,
+    find_moves,
+    source_diff,
+    unchanged_new_lines,
+)
+from mem_cache_refactor.move_check._git import (
+    GitError,
+    blame,
+    changed_py_files,
+    export_tree,
+    git,
+    rev_list,
+    rev_parse,
+)
+from mem_cache_refactor.move_check._probe import (
+    OldPath,
+    probe_old_paths,
+    run_import_linter,
+    static_old_path,
+)
+from mem_cache_refactor.move_check._report import (
+    DEFAULT_MIN_BLAME,
+    ContractReport,
+    MoveReport,
+    Options,
+    Report,
+    render_text,
+)
+from mem_cache_refactor.move_check._sites import find_import_sites
+
+__all__ = [
+    "DEFAULT_MIN_BLAME",
+    "ContractReport",
+    "MoveReport",
+    "Options",
+    "Report",
+    "check",
+    "main",
+    "render_text",
+]
+
+def _broken_details(output: str, names: tuple[str, ...]) -> str:
+    """lint-imports' explanation blocks of the contracts ``names`` (a name line, then dashes)."""
+    lines = output.splitlines()
+    blocks: list[str] = []
+    for i, line in enumerate(lines[:-1]):
+        if line.strip() in names and set(lines[i + 1].strip()) == {"-"}:
+            end = i + 2
+            while end < len(lines) and not (
+                end + 1 < len(lines)
+                and lines[end + 1].strip()
+                and set(lines[end + 1].strip()) == {"-"}
+                and lines[end].strip()
+            ):
+                end += 1
+            blocks.append("\n".join(lines[i:end]).strip())
+    return "\n\n".join(blocks)
+
+
+def _contracts(
+    tree_a: Path, roots_a: list[Path], tree_b: Path, roots_b: list[Path], python: str | None
+) -> ContractReport:
+    run_b = run_import_linter(tree_b, roots_b, python=python)
+    if not run_b.ran:
+        note = run_b.output.strip()[-2000:] or "lint-imports did not run"
+        return ContractReport(False, note, configured=run_b.configured)
+    broken_b = [name for name, kept in run_b.results.items() if not kept]
+    kept_b = tuple(name for name, kept in run_b.results.items() if kept)
+    if not broken_b:
+        return ContractReport(True, "lint-imports at REF_B", True, False, kept_b)
+    run_a = run_import_linter(tree_a, roots_a, python=python)
+    before = run_a.results if run_a.ran else {}
+    newly = tuple(n for n in broken_b if before.get(n, True))
+    already = tuple(n for n in broken_b if not before.get(n, True))
+    return ContractReport(
+        True, "lint-imports at REF_B (and REF_A)", True, False, kept_b, newly, already,
+        _broken_details(run_b.output, newly),
+    )
+
+
+def _blame(
+    root: Path, ref_b: str, new: Definition, change_commits: set[str], only: set[int]
+) -> tuple[int, int, dict[str, int]]:
+    # a short definition is one short block: let blame trace it (git's default needs 40 chars)
+    alnum = sum(c.isalnum() for c in new.source)
+    min_chars = min(40, max(10, alnum // 2))
+    traced = blame(root, ref_b, new.path, new.start, new.end, min_chars=min_chars)
+    lines = [b for b in traced if b.line in only]
+    before = [b for b in lines if b.commit not in change_commits]
+    sources = Counter(f"{b.orig_path}@{b.commit[:10]}" for b in before)
+    return len(lines), len(before), dict(sorted(sources.items()))
+
+
+def _names(old: Definition, new: Definition) -> set[str]:
+    return {old.name, old.qualname, new.qualname}
+
+
+def _edit_allowed(
+    allow: set[str], old: Definition, new: Definition, members: tuple[str, ...] | None
+) -> bool:
+    """A whole definition (``Name`` or a dotted path) or, for a class whose methods alone
+    changed, each changed method (``Class.method`` or a dotted path ending so)."""
+    names = _names(old, new)
+    if names & allow:
+        return True
+    if not members:
+        return False
+    return all(any(f"{n}.{m}" in allow for n in names) for m in members)
+
+
+def _removal_allowed(allow: set[str], old: Definition) -> bool:
+    """``--allow-removal`` names the old path (``module.Name``), its module, or ``Name``."""
+    return bool({old.name, old.qualname, old.module} & allow)
+
+
+def _old_path(probe: OldPath, roots_b: list[Path], old: Definition) -> OldPath:
+    """When the probe could not decide, a static look at the old module settles ``gone``."""
+    if probe.status != "error":
+        return probe
+    resolvable, detail = static_old_path(roots_b, old.module, old.name)
+    if not resolvable:
+        return OldPath("gone", f"{detail}; the runtime probe failed: {probe.detail}", None, None)
+    return OldPath("error", f"{probe.detail} ({detail})", None, None)
+
+
+def check(
+    root: Path,
+    ref_a: str,
+    ref_b: str,
+    allow_edit: list[str] | None = None,
+    options: Options | None = None,
+) -> Report:
+    """Compare ``ref_a`` and ``ref_b`` of the repository at ``root`` (see the module docstring)."""
+    opts = options or Options()
+    allow = set(allow_edit or []) | set(opts.allow_edit)
+    allow_removal = set(opts.allow_removal)
+    commit_a, commit_b = rev_parse(root, ref_a), rev_parse(root, ref_b)
+    changed = changed_py_files(root, commit_a, commit_b)
+    with tempfile.TemporaryDirectory(prefix="move_check_") as tmp:
+        tree_a, tree_b = Path(tmp) / "a", Path(tmp) / "b"
+        files_a = export_tree(root, commit_a, tree_a)
+        files_b = export_tree(root, commit_b, tree_b)
+        extra = [str(Path(r)) if not Path(r).is_absolute() else _rel_to(Path(r), root)
+                 for r in opts.src_roots]
+        src_a = SourceRoots.discover(tree_a, files_a, extra)
+        src_b = SourceRoots.discover(tree_b, files_b, extra)
+        pairs = find_moves(
+            collect_definitions(tree_a, changed, src_a),
+            collect_definitions(tree_b, changed, src_b),
+        )
+        roots_a, roots_b = src_a.paths(tree_a), src_b.paths(tree_b)
+        targets = {old.qualname for old, _ in pairs}
+        sites = find_import_sites(tree_b, files_b, targets, src_b)
+        probes = probe_old_paths(
+            roots_b, Path(tmp), [(old.module, old.name, new.module) for old, new in pairs],
+            python=opts.python,
+        )
+        change_commits = rev_list(root, commit_a, commit_b)
+        moves: list[MoveReport] = []
+        for (old, new), probe in zip(pairs, probes):
+            identical = old.dump == new.dump
+            members = None if identical else changed_members(old, new)
+            mine = tuple(
+                s for s in sites if s.target in (old.qualname, f"{old.module}.*")
+            )
+            only = set(range(new.start, new.end + 1)) if identical else unchanged_new_lines(
+                old, new
+            )
+            total, before, sources = _blame(root, commit_b, new, change_commits, only)
+            moves.append(
+                MoveReport(
+                    name=old.name,
+                    kind=old.kind,
+                    old_module=old.module,
+                    new_module=new.module,
+                    old_file=old.path,
+                    old_lines=(old.start, old.end),
+                    new_file=new.path,
+                    new_lines=(new.start, new.end),
+                    body_identical=identical,
+                    edit_allowed=identical or _edit_allowed(allow, old, new, members),
+                    changed_members=members,
+                    diff="" if identical else source_diff(old, new),
+                    stale_sites=mine,
+                    old_path=_old_path(probe, roots_b, old),
+                    blame_lines=total,
+                    blame_before_move=before,
+                    blame_sources=sources,
+                    removal_allowed=_removal_allowed(allow_removal, old),
+                    probe_error_allowed=opts.allow_probe_error,
+                    min_blame=opts.min_blame,
+                )
+            )
+        if not opts.contracts:
+            contracts = ContractReport(False, "skipped (--no-contracts)", skipped=True)
+        else:
+            contracts = _contracts(tree_a, roots_a, tree_b, roots_b, opts.python)
+    failures = [f for m in moves for f in m.failures]
+    if contracts.configured and not contracts.ran:
+        failures.append(
+            "import-linter is configured but could not run (see contracts above): fix the "
+            "environment (--src-root, --python) or skip deliberately with --no-contracts"
+        )
+    failures += [f"contract broken by the change: {name}" for name in contracts.newly_broken]
+    return Report(ref_a, ref_b, commit_a, commit_b, tuple(moves), contracts, tuple(failures))
+
+
+def _rel_to(path: Path, root: Path) -> str:
+    try:
+        return path.resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="move-check",
+        description="Check the classes/functions moved between two git refs.",
+    )
+    parser.add_argument("ref_a", help="the ref before the move (e.g. HEAD~1)")
+    parser.add_argument("ref_b", help="the ref after the move (e.g. HEAD)")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument(
+        "--allow-edit", action="append", default=[], metavar="NAME",
+        help="accept a changed body: Class, Class.method, function, or a dotted old/new path "
+             "(a declared move + edit; repeatable)",
+    )
+    parser.add_argument(
+        "--allow-removal", action="append", default=[], metavar="NAME",
+        help="accept that the old path is gone: old.module.Name, old.module (all its moved "
+             "names) or Name (repeatable)",
+    )
+    parser.add_argument(
+        "--allow-probe-error", action="store_true",
+        help="accept old paths the runtime probe could not verify (and static checks kept)",
+    )
+    parser.add_argument(
+        "--min-blame", type=float, default=DEFAULT_MIN_BLAME, metavar="PCT",
+        help=f"least share (%%) of moved lines blame must trace to commits before the move "
+             f"(default {DEFAULT_MIN_BLAME:g}; 0 turns the check off)",
+    )
+    parser.add_argument(
+        "--no-contracts", action="store_true",
+        help="do not run import-linter even when the repository configures it",
+    )
+    parser.add_argument(
+        "--src-root", action="append", default=[], metavar="DIR",
+        help="an import root of the repository, relative to its top (repeatable; default: "
+             "found from pyproject.toml, src/, python/ and the top)",
+    )
+    parser.add_argument(
+        "--python", default=None, metavar="EXE",
+        help="interpreter for the runtime probe and lint-imports (default: this one)",
+    )
+    parser.add_argument("--root", type=Path, default=None, help="repository (default: cwd's)")
+    args = parser.parse_args(argv)
+    if not 0.0 <= args.min_blame <= 100.0:
+        parser.error(f"--min-blame must be within 0..100, got {args.min_blame}")
+    options = Options(
+        allow_edit=tuple(args.allow_edit),
+        allow_removal=tuple(args.allow_removal),
+        allow_probe_error=args.allow_probe_error,
+        min_blame=args.min_blame,
+        contracts=not args.no_contracts,
+        src_roots=tuple(args.src_root),
+        python=args.python,
+    )
+    try:
+        start = args.root or Path.cwd()
+        root = Path(git(start, "rev-parse", "--show-toplevel").strip())
+        report = check(root, args.ref_a, args.ref_b, options=options)
+    except GitError as exc:
+        print(f"move-check: {exc}", file=sys.stderr)
+        return 2
+    edits = {n for m in report.moves for n in (
+        m.name, f"{m.old_module}.{m.name}", f"{m.new_module}.{m.name}")}
+    for name in args.allow_edit:
+        if name not in edits and name.rpartition(".")[0] not in edits:
+            print(f"move-check: --allow-edit {name} matches no moved definition",
+                  file=sys.stderr)
+    removals = {n for m in report.moves for n in (m.name, m.old_module,
+                                                   f"{m.old_module}.{m.name}")}
+    for name in args.allow_removal:
+        if name not in removals:
+            print(f"move-check: --allow-removal {name} matches no moved definition",
+                  file=sys.stderr)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        print(render_text(report), end="")
+    return 0 if report.ok else 1

@@ -1,0 +1,456 @@
+"""Rewrite every import of an old dotted path to a new one (a libcst transformer, no formatter).
+
+``rewrite-imports OLD.DOTTED NEW.DOTTED [paths...] [--check] [--src-root DIR ...]``
+
+(``--check`` changes nothing: it lists the files that would change and exits 1 if there are any.)
+A file's own module name (needed to resolve its relative imports) comes from the source roots of
+its repository (:class:`mem_cache_refactor.modpath.SourceRoots`: ``pyproject.toml``, ``src/``,
+``python/``, or ``--src-root DIR``).
+
+``OLD`` is a module (``mem_cache_pool.old_mod``) or a name in a module
+(``mem_cache_pool.old_mod.Helper``); so is ``NEW``. Both need at least two components. Paths are
+files or directories (searched for ``*.py``, skipping hidden and virtual-environment folders);
+default: the current directory. Handled forms:
+
+* ``from a.b import X`` / ``from a.b import X as Y`` -> ``from c.d import X [as Y]``; a
+  multi-name import where only some names moved is split (the rest stay where they were);
+  relative imports (``from .b import X``) are resolved from the file's module name and rewritten
+  to absolute ones;
+* ``import a.b`` / ``import a.b as m`` when ``a.b`` (or a submodule) itself moved;
+* attribute references ``a.b.X`` (after ``import a.b``), ``m.X`` (after ``import a.b as m``) and
+  ``b.X`` (after ``from a import b``): rewritten to ``c.d.X`` with an ``import c.d`` added right
+  after the import that served them (or to an existing alias of ``c.d``); the old import is
+  removed when nothing else uses it, so no stale import is left.
+
+In the new home itself, an import of the moved name is dropped and ``old.X`` becomes ``X``.
+Everything else stays byte-identical (no reformatting). When the last component changes (a
+rename), ``from a.b import X`` becomes ``from c.d import Z as X`` so the code below still works.
+Not handled: string references (``"a.b.X"``, ``importlib.import_module``), imports inside
+one-line compound statements (``if x: import y``), and ``import a.b`` whose head ``a`` is also
+used for other attributes after a top-level rename. Run ``ruff check --fix`` (isort) afterwards
+to re-sort the import blocks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import libcst as cst
+
+from mem_cache_refactor.modpath import SKIP_DIRS, SourceRoots, resolve_relative
+
+__all__ = ["iter_python_files", "main", "rewrite_file", "rewrite_source"]
+
+
+
+def _dotted(node: cst.BaseExpression) -> str | None:
+    parts: list[str] = []
+    while isinstance(node, cst.Attribute):
+        parts.append(node.attr.value)
+        node = node.value
+    if not isinstance(node, cst.Name):
+        return None
+    parts.append(node.value)
+    return ".".join(reversed(parts))
+
+
+def _moved(path: str, old: str) -> bool:
+    return path == old or path.startswith(old + ".")
+
+
+def _renamed(path: str, old: str, new: str) -> str:
+    return new + path[len(old) :]
+
+
+def _expr(dotted: str) -> cst.Attribute | cst.Name:
+    expr = cst.parse_expression(dotted)
+    assert isinstance(expr, (cst.Attribute, cst.Name))
+    return expr
+
+
+class _Scan(cst.CSTVisitor):
+    """First pass: import bindings, rewritable attribute chains, and name reference counts."""
+
+    def __init__(self, old: str, module: str | None, is_package: bool) -> None:
+        super().__init__()
+        self.old, self.module, self.is_package = old, module, is_package
+        self.aliases: dict[str, str] = {}  # local name -> dotted path it binds
+        self.plain: set[str] = set()  # modules of `import a.b` (no alias)
+        self.refs: Counter[str] = Counter()  # Name loads per identifier
+        self.chain_hits: Counter[str] = Counter()  # rewritable chains per head name
+        self.chains: Counter[str] = Counter()  # dotted texts of every other attribute chain
+        self._attr_names: set[int] = set()
+
+    def visit_Import(self, node: cst.Import) -> bool:
+        for alias in node.names:
+            name = _dotted(alias.name) or ""
+            if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+                self.aliases[alias.asname.name.value] = name
+            else:
+                self.plain.add(name)
+        return False
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
+        base = self.base_of(node)
+        if base and not isinstance(node.names, cst.ImportStar):
+            for alias in node.names:
+                name = _dotted(alias.name) or ""
+                local = name
+                if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+                    local = alias.asname.name.value
+                self.aliases[local] = f"{base}.{name}"
+        return False
+
+    def base_of(self, node: cst.ImportFrom) -> str:
+        target = _dotted(node.module) if node.module is not None else None
+        return resolve_relative(self.module, self.is_package, len(node.relative), target)
+
+    def full_path(self, dotted: str) -> str | None:
+        head, _, rest = dotted.partition(".")
+        if head in self.aliases:
+            return f"{self.aliases[head]}.{rest}" if rest else self.aliases[head]
+        if any(p.split(".")[0] == head for p in self.plain):
+            return dotted
+        return None
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        self._attr_names.add(id(node.attr))
+        dotted = _dotted(node)
+        if dotted is not None:
+            if self.full_path(dotted) == self.old:
+                self.chain_hits[dotted.split(".")[0]] += 1
+            else:
+                self.chains[dotted] += 1
+        return True
+
+    def visit_Name(self, node: cst.Name) -> bool:
+        if id(node) not in self._attr_names:
+            self.refs[node.value] += 1
+        return False
+
+
+class _Rewrite(cst.CSTTransformer):
+    def __init__(self, scan: _Scan, old: str, new: str) -> None:
+        super().__init__()
+        self.scan, self.old, self.new = scan, old, new
+        self.new_parent, _, self.new_last = new.rpartition(".")
+        self.changed = False
+        # Heads whose chains we rewrite, and which of their bindings become unused.
+        self.stale_aliases = {
+            h for h, n in scan.chain_hits.items() if h in scan.aliases and scan.refs[h] == n
+        }
+        self.stale_plain = self._stale_plain()
+        # How a rewritten chain spells the new module, and whether an import must be added.
+        self.new_module_expr, self.need_import = self._new_module_spelling()
+        self.import_added = False
+
+    def _stale_plain(self) -> set[str]:
+        """Plain ``import a.b`` statements that only served the rewritten ``a.b.X`` chains."""
+        stale: set[str] = set()
+        scan = self.scan
+        for mod in scan.plain:
+            head = mod.split(".")[0]
+            hits = scan.chain_hits[head]
+            if not self.old.startswith(mod + ".") or hits == 0:
+                continue
+            # Any other use under `mod`: a chain that is not a prefix of the rewritten ones, or a
+            # prefix (such as `a.b` itself) used more often than inside the rewritten chains.
+            other = any(
+                _moved(c, mod) and not self.old.startswith(c + ".") for c in scan.chains
+            ) or any(
+                n > hits for c, n in scan.chains.items()
+                if _moved(c, mod) and self.old.startswith(c + ".")
+            )
+            if other:
+                continue
+            others = [p for p in scan.plain if p != mod and p.split(".")[0] == head]
+            if scan.refs[head] == hits or others:
+                stale.add(mod)
+        return stale
+
+    def _new_module_spelling(self) -> tuple[str, bool]:
+        if not self.scan.chain_hits or self.new_parent == self.scan.module:
+            return self.new_parent, False
+        for local, target in sorted(self.scan.aliases.items()):
+            if target == self.new_parent and local not in self.stale_aliases:
+                return local, False
+        if any(_moved(p, self.old) for p in self.scan.plain):
+            return self.new_parent, False  # the module import itself is rewritten
+        if self.new_parent in self.scan.plain:
+            return self.new_parent, False
+        return self.new_parent, True
+
+    # -- attribute chains -------------------------------------------------------------------
+    def visit_Import(self, node: cst.Import) -> bool:
+        return False
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
+        return False
+
+    def leave_Attribute(
+        self, original_node: cst.Attribute, updated_node: cst.Attribute
+    ) -> cst.BaseExpression:
+        dotted = _dotted(original_node)
+        if dotted is None or self.scan.full_path(dotted) != self.old:
+            return updated_node
+        self.changed = True
+        if any(_moved(p, self.old) for p in self.scan.plain) and dotted == self.old:
+            spelled = self.new  # `import old` itself becomes `import new`
+        elif self.new_parent == self.scan.module:
+            spelled = self.new_last  # this file is the new home of the name
+        else:
+            spelled = f"{self.new_module_expr}.{self.new_last}"
+        replacement = _expr(spelled)
+        return replacement.with_changes(
+            lpar=updated_node.lpar, rpar=updated_node.rpar
+        )
+
+    # -- import statements ------------------------------------------------------------------
+    def _rewrite_import(self, node: cst.Import) -> tuple[list[cst.BaseSmallStatement], bool]:
+        names: list[cst.ImportAlias] = []
+        touched = anchor = False
+        for alias in node.names:
+            name = _dotted(alias.name) or ""
+            local = alias.asname.name.value if alias.asname and isinstance(
+                alias.asname.name, cst.Name) else None
+            if _moved(name, self.old):
+                names.append(alias.with_changes(name=_expr(_renamed(name, self.old, self.new))))
+                touched = True
+                continue
+            if local is not None and local in self.scan.chain_hits:
+                anchor = True
+                if local in self.stale_aliases:
+                    touched = True
+                    continue
+            if local is None and self.scan.chain_hits[name.split(".")[0]]:
+                anchor = anchor or self.old.startswith(name + ".")
+                if name in self.stale_plain:
+                    touched = True
+                    continue
+            names.append(alias)
+        if not touched:
+            return [node], anchor
+        if not names:
+            return [], anchor
+        names[-1] = names[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+        return [node.with_changes(names=names)], anchor
+
+    def _rewrite_from(self, node: cst.ImportFrom) -> tuple[list[cst.BaseSmallStatement], bool]:
+        base = self.scan.base_of(node)
+        if not base:
+            return [node], False
+        if _moved(base, self.old):
+            module = _expr(_renamed(base, self.old, self.new))
+            return [node.with_changes(module=module, relative=[])], False
+        if isinstance(node.names, cst.ImportStar):
+            return [node], False
+        kept: list[cst.ImportAlias] = []
+        moved: dict[str, list[str]] = {}
+        anchor = touched = False
+        for alias in node.names:
+            name = _dotted(alias.name) or ""
+            local = alias.asname.name.value if alias.asname and isinstance(
+                alias.asname.name, cst.Name) else None
+            full = f"{base}.{name}"
+            if _moved(full, self.old):
+                new_mod, _, new_name = _renamed(full, self.old, self.new).rpartition(".")
+                bind = local or (name if new_name != name else None)
+                touched = True
+                if new_mod == self.scan.module and bind in (None, new_name):
+                    continue  # this file is the new home: the name is defined right here
+                spec = f"{new_name} as {bind}" if bind else new_name
+                moved.setdefault(new_mod, []).append(spec)
+                continue
+            if (local or name) in self.scan.chain_hits:
+                anchor = True
+                if (local or name) in self.stale_aliases:
+                    touched = True
+                    continue
+            kept.append(alias)
+        if not touched:
+            return [node], anchor
+        out: list[cst.BaseSmallStatement] = []
+        if kept:
+            if node.lpar is None:
+                kept[-1] = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+            out.append(node.with_changes(names=kept))
+        for new_mod, specs in moved.items():
+            stmt = cst.parse_statement(f"from {new_mod} import {', '.join(specs)}\n")
+            assert isinstance(stmt, cst.SimpleStatementLine)
+            out.append(stmt.body[0])
+        return out, anchor
+
+    def leave_SimpleStatementLine(
+        self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
+    ) -> cst.BaseStatement | cst.FlattenSentinel[cst.BaseStatement] | cst.RemovalSentinel:
+        if not any(isinstance(s, (cst.Import, cst.ImportFrom)) for s in updated_node.body):
+            return updated_node
+        body: list[cst.BaseSmallStatement] = []
+        extra: list[cst.BaseSmallStatement] = []
+        changed = False
+        for small in updated_node.body:
+            if isinstance(small, cst.Import):
+                new_small, anchor = self._rewrite_import(small)
+            elif isinstance(small, cst.ImportFrom):
+                new_small, anchor = self._rewrite_from(small)
+            else:
+                body.append(small)
+                continue
+            if new_small != [small]:
+                changed = True
+            body.extend(new_small[:1])
+            extra.extend(new_small[1:])
+            if anchor and self.need_import and not self.import_added:
+                stmt = cst.parse_statement(f"import {self.new_parent}\n")
+                assert isinstance(stmt, cst.SimpleStatementLine)
+                extra.append(stmt.body[0])
+                self.import_added = changed = True
+        if not changed:
+            return updated_node
+        self.changed = True
+        lines: list[cst.BaseStatement] = []
+        if body:
+            last = len(body) - 1
+            body = [
+                s.with_changes(semicolon=cst.MaybeSentinel.DEFAULT) if i == last else s
+                for i, s in enumerate(body)
+            ]
+            lines.append(updated_node.with_changes(body=body))
+        for i, small in enumerate(extra):
+            line = cst.SimpleStatementLine(body=[small])
+            if not lines and i == 0:
+                line = line.with_changes(
+                    leading_lines=updated_node.leading_lines,
+                    trailing_whitespace=updated_node.trailing_whitespace,
+                )
+            lines.append(line)
+        if not lines:
+            return cst.RemoveFromParent()
+        return cst.FlattenSentinel(lines)
+
+
+def _check_path(label: str, dotted: str) -> None:
+    parts = dotted.split(".")
+    if len(parts) < 2 or not all(p.isidentifier() for p in parts):
+        raise ValueError(
+            f"{label} must be a dotted path with at least two components, got {dotted!r}"
+        )
+
+
+def rewrite_source(
+    source: str, old: str, new: str, module: str | None = None, is_package: bool = False
+) -> str:
+    """Return ``source`` with every import of ``old`` rewritten to ``new`` (see module doc).
+
+    ``module`` is the dotted name of the file (for relative imports); ``is_package`` is True
+    for an ``__init__.py``. Returns ``source`` itself when nothing refers to ``old``.
+    """
+    _check_path("old", old)
+    _check_path("new", new)
+    if old.rpartition(".")[2] not in source:  # every reference spells the last component
+        return source
+    tree = cst.parse_module(source)
+    scan = _Scan(old, module, is_package)
+    tree.visit(scan)
+    rewriter = _Rewrite(scan, old, new)
+    result = tree.visit(rewriter)
+    return result.code if rewriter.changed else source
+
+
+def iter_python_files(paths: Iterable[Path]) -> list[Path]:
+    """``.py`` files under ``paths`` (files kept as given), skipping hidden/venv/build dirs."""
+    found: list[Path] = []
+    for path in paths:
+        if path.is_file():
+            found.append(path)
+            continue
+        for file in sorted(path.rglob("*.py")):
+            rel = file.relative_to(path).parts[:-1]
+            if any(p in SKIP_DIRS or p.startswith(".") for p in rel):
+                continue
+            found.append(file)
+    return found
+
+
+def _repo_top(file: Path) -> Path | None:
+    """The innermost folder above ``file`` that holds ``.git``."""
+    for parent in file.resolve().parents:
+        if (parent / ".git").exists():
+            return parent
+    return None
+
+
+_ROOTS: dict[tuple[Path, tuple[str, ...]], SourceRoots] = {}
+
+
+def _module_of(file: Path, src_roots: Sequence[Path] = ()) -> str | None:
+    top = _repo_top(file)
+    if top is None:
+        return None
+    key = (top, tuple(str(r) for r in src_roots))
+    if key not in _ROOTS:
+        _ROOTS[key] = SourceRoots.discover(top, extra=[Path(r).resolve() for r in src_roots])
+    return _ROOTS[key].module_name(file.resolve().relative_to(top).as_posix())
+
+
+def rewrite_file(
+    file: Path, old: str, new: str, *, write: bool = True, src_roots: Sequence[Path] = ()
+) -> bool:
+    """Rewrite ``file`` in place (only report when ``write`` is False); True when it changes.
+
+    ``src_roots``: extra source roots of the file's repository (see ``--src-root``).
+    """
+    source = file.read_text(encoding="utf-8")
+    try:
+        result = rewrite_source(
+            source, old, new, module=_module_of(file, src_roots),
+            is_package=file.name == "__init__.py",
+        )
+    except cst.ParserSyntaxError as exc:
+        print(f"rewrite_imports: skipping {file}: {exc.message}", file=sys.stderr)
+        return False
+    if result == source:
+        return False
+    if write:
+        file.write_text(result, encoding="utf-8")
+    return True
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="rewrite-imports",
+        description="Rewrite imports of OLD (module or module.Name) to NEW across files.",
+    )
+    parser.add_argument("old", help="old dotted path, e.g. mem_cache_pool.util.helper")
+    parser.add_argument("new", help="new dotted path, e.g. mem_cache_pool.layout.helper")
+    parser.add_argument("paths", nargs="*", type=Path, help="files/dirs (default: .)")
+    parser.add_argument("--check", action="store_true",
+                        help="change nothing; list the files that still use OLD, exit 1 if any")
+    parser.add_argument("--src-root", action="append", default=[], type=Path, metavar="DIR",
+                        help="an import root of the repository (repeatable; default: found from "
+                             "pyproject.toml, src/, python/)")
+    args = parser.parse_args(argv)
+    try:
+        _check_path("OLD", args.old)
+        _check_path("NEW", args.new)
+    except ValueError as exc:
+        parser.error(str(exc))
+    files = iter_python_files(args.paths or [Path(".")])
+    changed = [f for f in files if rewrite_file(f, args.old, args.new, write=not args.check,
+                                      src_roots=args.src_root)]
+    verb = "would rewrite" if args.check else "rewrote"
+    for f in changed:
+        print(f"{verb} {f}")
+    if args.check:
+        print(f"rewrite_imports: {len(changed)} file(s) still import {args.old}")
+        return 1 if changed else 0
+    print(f"rewrite_imports: {len(changed)} file(s) changed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
