@@ -276,7 +276,8 @@ def test_works_on_an_sglang_like_host_pool(tmp_path: Path) -> None:
 def test_copying_path_pages_of_another_host_layout_are_misses(tmp_path: Path) -> None:
     """Flat pages follow the host layout (as SGLang's do): a page stored through ``set`` from a
     ``page_first`` pool is a miss for a ``layer_first`` pool, and a hit for a ``page_first`` one."""
-    first, layered, again = make_host("page_first"), make_host("layer_first"), make_host("page_first")
+    first, again = make_host("page_first"), make_host("page_first")
+    layered = make_host("layer_first")
     try:
         key = _keys(1, 5)[0]
         writer = HiCacheFile(CFG, first, storage_dir=str(tmp_path))
