@@ -3,15 +3,21 @@
 A seeded trace (lognormal prompt and output lengths, about ``--running`` requests in flight, a
 share of requests hitting a cached page-aligned prefix, chunked prefill with a token budget per
 step) drives both allocators through the same calls: ``alloc_extend`` for prefill chunks,
-``alloc_decode`` for the decode batch, frees of finished requests inside a free group. Page
-size 1 uses ``alloc`` for both (as SGLang's scheduler does). Every op is timed per call
-(``perf_counter_ns``), and both allocators must return identical slots (checked on every call).
+``alloc_decode`` for the decode batch, frees of finished requests inside a free group, shaped as
+engines pass them (each request's slots shuffled, every other free int32, requests concatenated
+in pairs, so partial last pages sit inside one free); ``--free-api segments`` frees each request
+with ``free_segments`` instead (positions stated: the sync-free API). Page size 1 uses ``alloc``
+for both (as SGLang's scheduler does). Every op is timed per call (``perf_counter_ns``), and both
+allocators must return identical slots (checked on every call).
 
-The baseline (``NaiveAllocator`` below) is a straightforward vectorised torch allocator with
-SGLang 0.5.14's data structures: one free-list tensor rebuilt with ``torch.cat`` on every free,
-``torch.unique`` page dedup, free groups concatenated at the end.
+The baseline (``NaiveAllocator``, i.e. ``mem_cache_allocator._reference.ReferenceAllocator``) is a
+straightforward vectorised torch allocator with SGLang 0.5.23's data structures and semantics: one
+free-list tensor rebuilt with ``torch.cat`` on every free, ``torch.unique`` page dedup, free
+groups freed as one concatenated free at the end. The last table is the total allocator time
+(ours / baseline), as a plain sum and as per-op medians x calls (robust to preemption spikes).
 
-Usage: ``python -m tools.bench_allocator [--quick] [--json PATH] [--page-sizes 1,16,64]``.
+Usage: ``python -m tools.bench_allocator [--quick] [--json PATH] [--page-sizes 1,16,64]
+[--free-api free|segments]``.
 """
 
 from __future__ import annotations
@@ -29,162 +35,18 @@ from typing import Any
 
 import torch
 
+from mem_cache_allocator._reference import (
+    ReferenceAllocator,
+    naive_alloc_decode,
+    naive_alloc_extend,
+)
+
 __all__ = ["NaiveAllocator", "TraceConfig", "main", "naive_alloc_decode", "naive_alloc_extend"]
 
 
 # ---------------------------------------------------------------------------- baseline
-def naive_alloc_extend(  # noqa: PLR0917 - mirrors the kernel signature
-    prefix_lens: torch.Tensor,
-    seq_lens: torch.Tensor,
-    last_loc: torch.Tensor,
-    free_pages: torch.Tensor,
-    page_size: int,
-    total: int,
-) -> torch.Tensor:
-    """Vectorised extend allocation (SGLang semantics), written independently of the kernels."""
-    ps = page_size
-    pre = prefix_lens.to(torch.int64)
-    seq = seq_lens.to(torch.int64)
-    ext = seq - pre
-    out_start = torch.cumsum(ext, 0) - ext
-    new_pages = (seq + ps - 1) // ps - (pre + ps - 1) // ps
-    page_start = torch.cumsum(new_pages, 0) - new_pages
-    owner = torch.repeat_interleave(torch.arange(pre.shape[0], device=pre.device), ext)
-    pos = torch.arange(total, device=pre.device) - out_start[owner] + pre[owner]
-    first_new = (pre + ps - 1) // ps  # first page index (in positions / ps) that is a new page
-    in_old = pos < first_new[owner] * ps
-    old_slot = last_loc.to(torch.int64)[owner] + 1 + (pos - pre[owner])
-    page_idx = page_start[owner] + pos // ps - first_new[owner]
-    if free_pages.numel():
-        page_idx = page_idx.clamp(0, free_pages.numel() - 1)
-        new_slot = free_pages[page_idx] * ps + pos % ps
-    else:
-        new_slot = old_slot
-    return torch.where(in_old, old_slot, new_slot)
-
-
-def naive_alloc_decode(
-    seq_lens: torch.Tensor, last_loc: torch.Tensor, free_pages: torch.Tensor, page_size: int
-) -> torch.Tensor:
-    """Vectorised decode allocation (one token per request)."""
-    need = (seq_lens.to(torch.int64) - 1) % page_size == 0
-    nxt = last_loc.to(torch.int64) + 1
-    if free_pages.numel() == 0:
-        return nxt
-    rank = torch.cumsum(need.to(torch.int64), 0) - need.to(torch.int64)
-    rank = rank.clamp(max=free_pages.numel() - 1)
-    return torch.where(need, free_pages[rank] * page_size, nxt)
-
-
-class NaiveAllocator:
-    """SGLang-0.5.14-like paged (``token=False``) or token (``token=True``) allocator."""
-
-    def __init__(
-        self,
-        size: int,
-        page_size: int,
-        device: str = "cpu",
-        *,
-        need_sort: bool = False,
-        token: bool = False,
-    ) -> None:
-        self.page_size = page_size
-        self.device = torch.device(device)
-        self.need_sort = need_sort
-        self.token = token
-        self.num_pages = size // page_size
-        self.group: list[torch.Tensor] | None = None
-        self.clear()
-
-    def clear(self) -> None:
-        self.free_pages = torch.arange(1, self.num_pages + 1, dtype=torch.int64, device=self.device)
-        self.release_pages = torch.empty(0, dtype=torch.int64, device=self.device)
-
-    def available_size(self) -> int:
-        return (len(self.free_pages) + len(self.release_pages)) * self.page_size
-
-    def merge_and_sort_free(self) -> None:
-        if len(self.release_pages) > 0:
-            self.free_pages = torch.sort(torch.cat((self.free_pages, self.release_pages))).values
-            self.release_pages = self.release_pages[:0]
-
-    def alloc(self, need_size: int) -> torch.Tensor | None:
-        ps = self.page_size
-        n = need_size // ps
-        if self.need_sort and n > len(self.free_pages):
-            self.merge_and_sort_free()
-        if n > len(self.free_pages):
-            return None
-        pages = self.free_pages[:n]
-        self.free_pages = self.free_pages[n:]
-        if ps == 1:
-            return pages
-        offs = torch.arange(ps, dtype=torch.int64, device=self.device)
-        return (pages[:, None] * ps + offs).reshape(-1)
-
-    def alloc_extend(  # noqa: PLR0917 - SGLang-compatible positional signature
-        self,
-        prefix_lens: torch.Tensor,
-        prefix_lens_cpu: torch.Tensor,
-        seq_lens: torch.Tensor,
-        seq_lens_cpu: torch.Tensor,
-        last_loc: torch.Tensor,
-        extend_num_tokens: int,
-    ) -> torch.Tensor | None:
-        ps = self.page_size
-        bs = len(seq_lens_cpu)
-        if self.need_sort and extend_num_tokens // ps + bs + 1 > len(self.free_pages):
-            self.merge_and_sort_free()
-        num_new = int(
-            ((seq_lens_cpu + ps - 1) // ps - (prefix_lens_cpu + ps - 1) // ps).sum().item()
-        )
-        if num_new > len(self.free_pages):
-            return None
-        out = naive_alloc_extend(
-            prefix_lens, seq_lens, last_loc, self.free_pages[:num_new], ps, extend_num_tokens
-        )
-        self.free_pages = self.free_pages[num_new:]
-        return out
-
-    def alloc_decode(
-        self, seq_lens: torch.Tensor, seq_lens_cpu: torch.Tensor, last_loc: torch.Tensor
-    ) -> torch.Tensor | None:
-        ps = self.page_size
-        bs = len(seq_lens_cpu)
-        if self.need_sort and bs > len(self.free_pages):
-            self.merge_and_sort_free()
-        num_new = int(((seq_lens_cpu - 1) % ps == 0).sum().item())
-        if num_new > len(self.free_pages):
-            return None
-        out = naive_alloc_decode(seq_lens, last_loc, self.free_pages[:num_new], ps)
-        self.free_pages = self.free_pages[num_new:]
-        return out
-
-    def free(self, free_index: torch.Tensor) -> None:
-        if free_index.numel() == 0:
-            return
-        if self.group is not None:
-            self.group.append(free_index.clone())
-            return
-        if self.token:
-            if self.need_sort:
-                self.release_pages = torch.cat((self.release_pages, free_index))
-            else:
-                self.free_pages = torch.cat((self.free_pages, free_index))
-            return
-        pages = torch.unique(free_index // self.page_size)
-        if self.need_sort:
-            self.release_pages = torch.cat((pages, self.release_pages))
-        else:
-            self.free_pages = torch.cat((pages, self.free_pages))
-
-    def free_group_begin(self) -> None:
-        self.group = []
-
-    def free_group_end(self) -> None:
-        group, self.group = self.group, None
-        if group:
-            self.free(torch.cat(group))
+# The SGLang-0.5.23-like reference (also used by the equivalence tests and the conformance kit).
+NaiveAllocator = ReferenceAllocator
 
 
 # ---------------------------------------------------------------------------- trace
@@ -247,8 +109,24 @@ def _i64(values: Sequence[int], device: torch.device) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.int64, device=device)
 
 
+def _engine_shaped_frees(
+    finished: list[_Req], dev: torch.device, shuffle: torch.Generator, free_api: str
+) -> list[Any]:
+    """The group's free calls: ``free`` (shuffled, int32/int64, pairs concatenated) or, for
+    ``free_api="segments"``, one ``free_segments`` per request (positions stated)."""
+    if free_api == "segments":
+        return [[(_i64(r.slots, dev), r.prefix)] for r in finished]
+    out: list[Any] = []
+    for k in range(0, len(finished), 2):
+        slots = [s for r in finished[k : k + 2] for s in r.slots]
+        t = _i64(slots, dev)
+        t = t[torch.randperm(t.numel(), generator=shuffle)]
+        out.append(t.to(torch.int32) if (k // 2) % 2 else t)
+    return out
+
+
 def run_trace(
-    allocs: Sequence[Any], page_size: int, cfg: TraceConfig
+    allocs: Sequence[Any], page_size: int, cfg: TraceConfig, free_api: str = "free"
 ) -> tuple[list[_Timer], list[list[int]], int]:
     """Drive every allocator in ``allocs`` through one trace; returns timers, per-step ns, steps.
 
@@ -268,6 +146,7 @@ def run_trace(
     running: list[_Req] = []
     prefilling: list[_Req] = []
     steps = 0
+    shuffle = torch.Generator().manual_seed(cfg.seed + 7)
 
     flip = [0]
 
@@ -359,16 +238,21 @@ def run_trace(
             for r, s in zip(running, out.tolist()):
                 r.slots.append(s)
                 r.done += 1
-        # ---- free finished requests in one group
+        # ---- free finished requests in one group, shaped as engines pass them (item 4 of the
+        # free-path issue): each request's slots shuffled, int32 for every other one, and
+        # requests concatenated in pairs (partial last pages in the middle of one free)
         finished = [r for r in running if r.done >= r.total]
         if finished:
             running = [r for r in running if r.done < r.total]
-            tensors = [_i64(r.slots, dev) for r in finished]
+            tensors = _engine_shaped_frees(finished, dev, shuffle, free_api)
             for i in order():
                 timers[i].call("free_group_begin", allocs[i].free_group_begin)
             for x in tensors:
                 for i in order():
-                    timers[i].call("free", allocs[i].free, x)
+                    if free_api == "segments":
+                        timers[i].call("free", allocs[i].free_segments, x)
+                    else:
+                        timers[i].call("free", allocs[i].free, x)
             for i in order():
                 timers[i].call("free_group_end", allocs[i].free_group_end)
         for i, t in enumerate(timers):
@@ -396,7 +280,7 @@ def _stats(ns: list[int]) -> dict[str, float]:
 TARGETS_US = {"alloc_decode": 60.0, "alloc_extend": 150.0, "free_group_end": 40.0}
 
 
-def bench_page_size(page_size: int, cfg: TraceConfig) -> dict[str, Any]:
+def bench_page_size(page_size: int, cfg: TraceConfig, free_api: str = "free") -> dict[str, Any]:
     from mem_cache_allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 
     ours: Any
@@ -407,10 +291,10 @@ def bench_page_size(page_size: int, cfg: TraceConfig) -> dict[str, Any]:
     naive = NaiveAllocator(cfg.capacity, page_size, token=page_size == 1)
     # warm-up (first-call costs) on a tiny trace, then the measured run
     warm = TraceConfig(num_requests=20, running=8, capacity=cfg.capacity, seed=cfg.seed + 1)
-    run_trace([ours, naive], page_size, warm)
+    run_trace([ours, naive], page_size, warm, free_api)
     ours.clear()
     naive.clear()
-    timers, step_ns, steps = run_trace([ours, naive], page_size, cfg)
+    timers, step_ns, steps = run_trace([ours, naive], page_size, cfg, free_api)
     ops = sorted(set(timers[0].ns) | set(timers[1].ns))
     result: dict[str, Any] = {"page_size": page_size, "steps": steps, "ops": {}}
     for op in ops:
@@ -422,7 +306,34 @@ def bench_page_size(page_size: int, cfg: TraceConfig) -> dict[str, Any]:
         }
     a, b = _stats(step_ns[0]), _stats(step_ns[1])
     result["ops"]["step"] = {"ours": a, "baseline": b, "speedup": b["mean_us"] / a["mean_us"]}
+    ours_ns = sum(sum(v) for v in timers[0].ns.values())
+    base_ns = sum(sum(v) for v in timers[1].ns.values())
+    result["total_ms"] = {"ours": ours_ns / 1e6, "baseline": base_ns / 1e6}
+    result["total_ratio"] = ours_ns / base_ns
+    # robust to preemption spikes on a shared machine: per op, median x calls, summed
+    med = [sum(statistics.median(v) * len(v) for v in t.ns.values() if v) for t in timers[:2]]
+    result["median_total_ms"] = {"ours": med[0] / 1e6, "baseline": med[1] / 1e6}
+    result["median_total_ratio"] = med[0] / med[1]
     return result
+
+
+TOTAL_RATIO_TARGET = 0.5  # total allocator time, ours / baseline, at most
+
+
+def _print_totals(results: list[dict[str, Any]]) -> None:
+    """Total allocator time (every op of the trace), ours / baseline: the sum of all calls, and
+    the sum of per-op medians x calls (robust to the preemption spikes of a shared machine)."""
+    print(
+        f"{'ps':>3} {'total ours ms':>14} {'total base ms':>14} {'ours/base':>10}  "
+        f"{'median-based':>12}  target"
+    )
+    for res in results:
+        t, r, rm = res["total_ms"], res["total_ratio"], res["median_total_ratio"]
+        ok = "ok" if max(r, rm) <= TOTAL_RATIO_TARGET else "MISS"
+        print(
+            f"{res['page_size']:>3} {t['ours']:>14.1f} {t['baseline']:>14.1f} {r:>9.2f}x  "
+            f"{rm:>11.2f}x  <= {TOTAL_RATIO_TARGET:g} {ok}"
+        )
 
 
 def _print_table(results: list[dict[str, Any]]) -> None:
@@ -457,6 +368,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--page-sizes", default="1,16,64")
     parser.add_argument("--requests", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--free-api",
+        choices=("free", "segments"),
+        default="free",
+        help="how finished requests are freed: engine-shaped free() calls (shuffled, int32, "
+        "pairs concatenated) or free_segments() with the positions stated (sync-free)",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     if args.quick:
@@ -468,17 +386,24 @@ def main(argv: list[str] | None = None) -> int:
             **{**{f: getattr(cfg, f) for f in cfg.__slots__}, "num_requests": args.requests}
         )
     page_sizes = [int(p) for p in args.page_sizes.split(",") if p]
-    results = [bench_page_size(ps, cfg) for ps in page_sizes]
+    results = [bench_page_size(ps, cfg, args.free_api) for ps in page_sizes]
     print(
         f"trace: {cfg.num_requests} requests, ~{cfg.running} running, prefill budget "
         f"{cfg.prefill_budget} tokens/step, prefix hits {cfg.prefix_hit_rate:.0%}, CPU tensors, "
-        f"torch {torch.__version__}, {platform.processor() or platform.machine()}"
+        f"torch {torch.__version__}, {platform.processor() or platform.machine()}, "
+        f"frees: {args.free_api}"
     )
     _print_table(results)
+    print()
+    _print_totals(results)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(
-                {"config": {f: getattr(cfg, f) for f in cfg.__slots__}, "results": results},
+                {
+                    "config": {f: getattr(cfg, f) for f in cfg.__slots__},
+                    "free_api": args.free_api,
+                    "results": results,
+                },
                 f,
                 indent=2,
             )

@@ -11,8 +11,14 @@ One ``step()``:
 3. prefill: one ``alloc_extend`` (``alloc`` for page size 1) for the admitted batch,
    ``write_req_to_token`` for their rows, ``set_kv_buffer`` of every layer for the new tokens;
 4. decode: one token for every request admitted earlier (``get_last_loc`` + ``alloc_decode``);
+   with ``spec_draft`` N, speculative decoding: ``1 + N`` slots per request (``alloc_extend``),
+   a deterministic number accepted, the slots of the rejected drafts that leave the request's
+   pages freed in one shuffled ``free`` of all requests' rejected slots (partial pages);
 5. finish: requests that decoded their whole answer verify one layer of their sequence, hand the
-   page-aligned part of it to the prefix store and free the rest inside one free group;
+   page-aligned part of it to the prefix store and free the unshared tail (the partial last
+   page's slots) inside one free group;
+   with ``retract_after`` N, a queue head that waited N steps for memory makes the running
+   request with the most output left retract (its slots freed, its turn queued again);
 6. the slot-conservation check.
 """
 
@@ -32,6 +38,7 @@ from tools.simulate.integrity import check_conservation, owned_slots
 from tools.simulate.prefix_store import PrefixEntry, PrefixStore
 from tools.simulate.stack import MemoryStack
 from tools.simulate.stats import SimStats
+from tools.simulate.storage_tier import StorageTier
 from tools.simulate.workload import SessionId, SessionSpec, Workload
 
 __all__ = ["Engine", "Req"]
@@ -55,7 +62,8 @@ class Engine:
     """Drives one ``MemoryStack`` through a ``Workload``; see the module docstring."""
 
     def __init__(
-        self, workload: Workload, stack: MemoryStack, stats: SimStats, faults: FaultInjector
+        self, workload: Workload, stack: MemoryStack, stats: SimStats, faults: FaultInjector,
+        l3: StorageTier | None = None,
     ) -> None:
         self.cfg = stack.cfg
         self.stack = stack
@@ -63,6 +71,7 @@ class Engine:
         self.ps = stack.page_size
         self.store = PrefixStore()
         self.transfers = HostTransfers(stack, stats, faults)
+        self.l3 = l3  # the storage tier (L3), or None
         self.running: list[Req] = []
         self.ready: deque[tuple[SessionSpec, int]] = deque()
         self._later: list[tuple[int, SessionId, int]] = []  # (ready step, session, turn)
@@ -70,6 +79,8 @@ class Engine:
         self._arrivals = deque(sorted(workload.sessions, key=lambda s: s.arrival_step))
         self.total_requests = workload.requests
         self.device = stack.device
+        self._blocked = 0  # steps the queue head has waited for memory
+        self._shuffle = torch.Generator().manual_seed(stack.cfg.seed)
 
     def _tensor(self, values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.int64, device=self.device)
@@ -83,6 +94,8 @@ class Engine:
 
     def step(self) -> None:
         now = self.stats.steps
+        if now == self.cfg.restart_at:
+            self.restart()
         while self._arrivals and self._arrivals[0].arrival_step <= now:
             self.ready.append((self._arrivals.popleft(), 0))
         while self._later and self._later[0][0] <= now:
@@ -107,6 +120,32 @@ class Engine:
     def close(self) -> None:
         self.transfers.close()
 
+    def restart(self) -> None:
+        """A graceful engine restart: every cached prefix is flushed to the storage tier (host
+        entries directly, device entries through a device->host backup) and then dropped; the
+        storage tier reopens its directory. Running requests carry on."""
+        host = self.stack.host_pool
+        device_entries: list[PrefixEntry] = []
+        for session in self.store.sessions():
+            entry = self.store.take(session)
+            if entry is None:
+                continue
+            if entry.tier == "device":
+                device_entries.append(entry)
+                continue
+            if self.l3 is not None:
+                self.l3.on_host_drop(entry)
+            host.free(entry.slots)
+        for entry in device_entries:
+            staging = host.alloc(entry.length) if self.l3 is not None else None
+            if staging is not None:
+                if self.transfers.backup(entry.slots, staging) and self.l3 is not None:
+                    self.l3.on_host_drop(PrefixEntry(entry.session, entry.length, "host", staging))
+                host.free(staging)
+            self._free_device(entry.slots)
+        if self.l3 is not None:
+            self.l3.restart()
+
     def drain(self) -> None:
         """Free every cached prefix (after the last request finished)."""
         if self.running:
@@ -124,10 +163,33 @@ class Engine:
     def _pages(self, tokens: int) -> int:
         return owned_slots(tokens, self.ps)
 
+    def _margin(self) -> int:
+        """Slots a speculative step may take past a request's final length."""
+        draft = self.cfg.spec_draft
+        return self._pages(draft + 1) + self.ps if draft else 0
+
+    def _retract(self) -> None:
+        """Retract the running request with the most output left (SGLang under memory pressure):
+        its whole row is freed, its turn goes back to the queue (recomputed on re-admission)."""
+        victim = max(self.running, key=lambda r: (r.final_len - r.seq_len, r.row))
+        self.running.remove(victim)
+        slots = self.stack.req_pool.req_to_token[victim.row, : victim.seq_len].to(torch.int64)
+        self._free_device(slots.flip(0))
+        self.stack.req_pool.free(victim.row)
+        self.ready.append((victim.spec, victim.turn))
+        self.stats.retractions += 1
+
     def _admit(self) -> list[Req]:
         admitted: list[Req] = []
+        after = self.cfg.retract_after
+        if after and self._blocked >= after and self.running:
+            self._retract()
+            self._blocked = 0
         # future growth every running request has been promised (decodes never fail)
-        reserve = sum(self._pages(r.final_len) - self._pages(r.seq_len) for r in self.running)
+        margin = self._margin()
+        reserve = sum(
+            self._pages(r.final_len) - self._pages(r.seq_len) + margin for r in self.running
+        )
         while self.ready and len(self.running) + len(admitted) < self.cfg.max_running:
             spec, turn = self.ready[0]
             t = spec.turns[turn]
@@ -136,10 +198,11 @@ class Engine:
             final_len = input_len + t.output_len
             entry = self.store.take(spec.session)
             on_device = entry.length if entry is not None and entry.tier == "device" else 0
-            need = self._pages(final_len) - on_device
+            need = self._pages(final_len) - on_device + margin
             if not self._make_room(reserve + need):
                 if entry is not None:
                     self.store.put(entry)
+                self._blocked += 1
                 if not self.running and not admitted:
                     raise RuntimeError(
                         f"cannot admit session {spec.session} turn {turn} ({final_len} tokens) "
@@ -147,13 +210,14 @@ class Engine:
                     )
                 break
             self.ready.popleft()
+            self._blocked = 0
             prefix = self._prefix_slots(spec, turn, history, entry)
             rows = self.stack.req_pool.alloc(1)
             if rows is None:
                 raise RuntimeError("ReqToTokenPool has no free row below max_running requests")
             req = Req(spec, turn, rows[0], prefix.numel(), prefix, input_len, final_len)
             admitted.append(req)
-            reserve += self._pages(final_len) - req.prefix_len
+            reserve += self._pages(final_len) - req.prefix_len + margin
         return admitted
 
     def _prefix_slots(
@@ -165,6 +229,9 @@ class Engine:
             stats.returning_turns += 1
             stats.reusable_tokens += history
         empty = self._arange(0, 0)
+        from_l3 = entry is None and turn > 0 and self.l3 is not None
+        if from_l3 and self.l3 is not None:  # L1 and L2 missed: prefetch from storage
+            entry = self.l3.fetch(spec.session, history, self._make_host_room)
         if entry is None:
             stats.misses += turn > 0
             return empty
@@ -183,9 +250,14 @@ class Engine:
         if not ok:
             self._free_device(device_slots)
             stats.misses += 1
+            if from_l3 and self.l3 is not None:
+                self.l3.record_load_failure()
             return empty
-        stats.host_hits += 1
-        stats.host_hit_tokens += entry.length
+        if from_l3 and self.l3 is not None:
+            self.l3.record_hit(entry.length)
+        else:
+            stats.host_hits += 1
+            stats.host_hit_tokens += entry.length
         return device_slots
 
     def _make_room(self, tokens: int) -> bool:
@@ -203,6 +275,8 @@ class Engine:
         if host_slots is not None and self.transfers.backup(entry.slots, host_slots):
             self._free_device(self.store.move_to_host(entry.session, host_slots))
             self.stats.evictions_to_host += 1
+            if self.l3 is not None:
+                self.l3.on_host_insert(entry)
             return True
         if host_slots is not None:  # the backup failed: its host slots hold garbage
             self.stack.host_pool.free(host_slots)
@@ -212,15 +286,23 @@ class Engine:
         return True
 
     def _reserve_host(self, tokens: int) -> torch.Tensor | None:
+        if not self._make_host_room(tokens):
+            return None
+        return self.stack.host_pool.alloc(tokens)
+
+    def _make_host_room(self, tokens: int) -> bool:
+        """Drop LRU host entries (written back to L3 first) until ``tokens`` host slots are free."""
         host = self.stack.host_pool
         while host.available_size() < tokens:
             victim = self.store.oldest("host")
             if victim is None:
-                return None
+                return False
             self.store.take(victim.session)
+            if self.l3 is not None:
+                self.l3.on_host_drop(victim)
             host.free(victim.slots)
             self.stats.host_drops += 1
-        return host.alloc(tokens)
+        return True
 
     def _free_device(self, slots: torch.Tensor) -> None:
         with self.stats.timed("free", slots.numel()):
@@ -264,6 +346,9 @@ class Engine:
         stats.prefill_tokens += extend
 
     def _decode(self, reqs: list[Req]) -> None:
+        if self.cfg.spec_draft:
+            self._decode_spec(reqs)
+            return
         stack, stats = self.stack, self.stats
         bs = len(reqs)
         rows = self._tensor([r.row for r in reqs])
@@ -288,6 +373,57 @@ class Engine:
             r.seq_len += 1
         stats.decode_tokens += bs
 
+    def _decode_spec(self, reqs: list[Req]) -> None:
+        """Speculative decoding: ``1 + spec_draft`` slots per request, some accepted, the slots
+        of rejected drafts past the accepted tokens' pages freed (one shuffled ``free``)."""
+        stack, stats, ps = self.stack, self.stats, self.ps
+        n = 1 + self.cfg.spec_draft
+        bs = len(reqs)
+        rows = self._tensor([r.row for r in reqs])
+        before_cpu = torch.tensor([r.seq_len for r in reqs], dtype=torch.int64)
+        after_cpu = before_cpu + n
+        before, after = before_cpu.to(self.device), after_cpu.to(self.device)
+        allocator = stack.allocator
+        req_to_token = stack.req_pool.req_to_token
+        if isinstance(allocator, TokenToKVPoolAllocator):
+            with stats.timed("alloc (decode)", bs * n):
+                out = allocator.alloc(bs * n)
+        else:
+            last_loc = get_last_loc(req_to_token, rows, before)
+            with stats.timed("alloc_extend", bs * n):
+                out = allocator.alloc_extend(before, before_cpu, after, after_cpu, last_loc, bs * n)
+        if out is None:
+            raise RuntimeError(f"speculative decode of {bs} x {n} failed despite the reservation")
+        grid = out.view(bs, n)
+        accepted = [
+            min(r.final_len - r.seq_len, 1 + (int(r.spec.session) * 7 + r.seq_len) % n)
+            for r in reqs
+        ]
+        acc_cpu = torch.tensor(accepted, dtype=torch.int64)
+        keep = torch.arange(n).expand(bs, n) < acc_cpu[:, None]
+        acc_slots = grid[keep.to(self.device)]
+        write_req_to_token(req_to_token, rows, before, before + acc_cpu.to(self.device), acc_slots)
+        sessions = torch.repeat_interleave(self._tensor([int(r.spec.session) for r in reqs]),
+                                           acc_cpu.to(self.device))
+        starts = torch.cumsum(acc_cpu, 0) - acc_cpu
+        positions = torch.arange(int(acc_cpu.sum())) + torch.repeat_interleave(
+            before_cpu - starts, acc_cpu
+        )
+        stack.write_kv(acc_slots, sessions, positions.to(self.device))
+        rejected = []
+        for i, r in enumerate(reqs):
+            r.seq_len += accepted[i]
+            first_free = -(-r.seq_len // ps) * ps - (r.seq_len - accepted[i])  # local index
+            if first_free < n:
+                rejected.append(grid[i, first_free:])
+        stats.decode_tokens += sum(accepted)
+        stats.draft_tokens += bs * n
+        if rejected:
+            flat = torch.cat(rejected)
+            stats.rejected_draft_tokens += flat.numel()
+            order = torch.randperm(flat.numel(), generator=self._shuffle).to(self.device)
+            self._free_device(flat[order])
+
     # --------------------------------------------------------------- finish
     def _finish(self) -> None:
         done = [r for r in self.running if r.seq_len >= r.final_len]
@@ -305,11 +441,9 @@ class Engine:
                 if aligned:
                     entry = PrefixEntry(r.spec.session, aligned, "device", slots[:aligned].clone())
                     self.store.put(entry)
-                if aligned < r.seq_len:  # the partial last page, passed as a whole page
-                    page = int(slots[aligned]) // ps
-                    whole = self._arange(page * ps, (page + 1) * ps)
-                    with stats.timed("free", ps):
-                        allocator.free(whole)
+                if aligned < r.seq_len:  # the unshared tail: the partial last page's slots
+                    with stats.timed("free", r.seq_len - aligned):
+                        allocator.free(slots[aligned:])
                 stack.req_pool.free(r.row)
                 stats.requests_done += 1
                 if r.turn + 1 < len(r.spec.turns):

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from tools.simulate.config import SimConfig
 from tools.simulate.stats import SimStats
+from tools.simulate.storage_report import l3_dict, l3_rows
 
 __all__ = ["render_report", "report_dict"]
 
@@ -38,7 +39,10 @@ def report_dict(cfg: SimConfig, stats: SimStats) -> dict[str, Any]:
             "prefill": stats.prefill_tokens,
             "decode": stats.decode_tokens,
             "recomputed": stats.recomputed_tokens,
+            "draft": stats.draft_tokens,
+            "rejected_draft": stats.rejected_draft_tokens,
         },
+        "retractions": stats.retractions,
         "allocator": {
             kind: {"calls": op.calls, "ns_per_call": round(op.ns_per_call, 1), "items": op.items}
             for kind, op in stats.alloc_ops.items()
@@ -81,6 +85,7 @@ def report_dict(cfg: SimConfig, stats: SimStats) -> dict[str, Any]:
             "integrity_failures": stats.integrity_failures,
             "failures": list(stats.failures),
         },
+        "storage": l3_dict(stats),
         "leaks": {pool: {"available": a, "capacity": c} for pool, (a, c) in stats.leaks.items()},
         "ok": stats.integrity_failures == 0 and not stats.leaked and bool(stats.leaks),
     }
@@ -122,6 +127,8 @@ def render_report(console: Console, cfg: SimConfig, stats: SimStats) -> None:
               f"{stats.host_hits}/{stats.returning_turns} returning turns; "
               f"{_pct(stats.host_hit_tokens, stats.reusable_tokens)} of prefix tokens; "
               f"misses {stats.misses}")
+    for row in l3_rows(stats):
+        t.add_row(*row)
     bpt = stats.bytes_per_token
     t.add_row("peak device memory", _mib(stats.peak_device_tokens * bpt),
               f"{stats.peak_device_tokens:,}/{stats.device_capacity:,} tokens "

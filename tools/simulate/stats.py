@@ -6,6 +6,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = ["OpTimer", "SimStats", "TransferStat"]
 
@@ -56,6 +57,9 @@ class SimStats:
     evictions_to_host: int = 0
     host_drops: int = 0
     device_drops: int = 0
+    retractions: int = 0
+    draft_tokens: int = 0
+    rejected_draft_tokens: int = 0
     peak_device_tokens: int = 0
     peak_host_tokens: int = 0
     peak_running: int = 0
@@ -74,6 +78,7 @@ class SimStats:
     transfers: dict[str, TransferStat] = field(default_factory=dict)
     leaks: dict[str, tuple[int, int]] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
+    l3: Any = None  # storage_tier.L3Stats when the storage tier (L3) ran
 
     @contextmanager
     def timed(self, kind: str, items: int = 0) -> Iterator[None]:

@@ -18,7 +18,16 @@ def test_alloc_bench_quick_writes_json(tmp_path: Path, capsys: pytest.CaptureFix
     ops = data["results"][1]["ops"]
     for op in ("alloc_extend", "alloc_decode", "free_group_end", "step"):
         assert ops[op]["ours"]["calls"] > 0 and ops[op]["baseline"]["calls"] > 0
+    assert data["results"][1]["total_ratio"] > 0 and "median_total_ratio" in data["results"][1]
+    assert data["free_api"] == "free"
     assert "speedup" in capsys.readouterr().out
+
+
+def test_alloc_bench_segments_mode_agrees_slot_for_slot(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    argv = ["--quick", "--free-api", "segments", "--json", str(out), "--page-sizes", "16"]
+    assert bench_allocator.main(argv) == 0
+    assert json.loads(out.read_text())["free_api"] == "segments"
 
 
 def test_alloc_bench_baseline_matches_worked_example() -> None:

@@ -5,7 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mem_cache_allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+from mem_cache_allocator import (
+    AllocatorDebugError,
+    PagedTokenToKVPoolAllocator,
+    TokenToKVPoolAllocator,
+)
 from mem_cache_allocator.mamba import MambaSlotAllocator
 
 F16 = torch.float16
@@ -73,15 +77,52 @@ def test_alloc_debug_partial_page_still_in_use() -> None:
     assert a.available_size() == 60
 
 
-def test_alloc_debug_unaligned_free_input() -> None:
+def test_alloc_debug_free_is_set_shaped_but_rejects_a_live_partial_page() -> None:
     a = paged()
     x = a.alloc(12)  # slots 4..15
     assert x is not None
-    # two partial pages around a whole one: the stride samples pages 1 and 2 only
-    with pytest.raises(ValueError, match=r"page-aligned runs.*pages \[1, 2, 3\].*free_unaligned"):
+    # pages 1 and 3 only partly listed while their other slots are live: that would hand
+    # live slots out again, so debug mode raises (naming them) and nothing changes
+    with pytest.raises(AllocatorDebugError, match=r"part of page\(s\) \[1, 3\]"):
         a.free(t(4, 5, 8, 9, 10, 11, 12, 13))
     assert a.available_size() == 52
-    a.free_unaligned(t(4, 5, 8, 9, 10, 11, 12, 13, 6, 7, 14, 15))
+    # any order, duplicates: set semantics
+    a.free(t(15, 4, 5, 8, 9, 10, 11, 12, 13, 6, 7, 14, 9, 4))
+    assert a.available_size() == 64
+
+
+def test_alloc_debug_free_segment_checks_the_stated_structure() -> None:
+    a = paged()
+    x = a.alloc(8)  # slots 4..11
+    assert x is not None
+    with pytest.raises(AllocatorDebugError, match="free_segment expects"):
+        a.free_segment(t(4, 5, 6, 8, 7, 9, 10, 11), start_pos=0)  # not position order
+    assert a.available_size() == 56
+    with pytest.raises(AllocatorDebugError, match=r"part of page\(s\) \[1\].*slots \[4\]"):
+        a.free_segment(x[1:], start_pos=1)  # releases page 1 whole while slot 4 is live
+    a.free_segments([(x[:1], 0), (x[1:], 1)])  # page 1 shared by both segments: once
+    assert a.available_size() == 64
+
+
+def test_alloc_debug_errors_are_value_and_assertion_errors() -> None:
+    a = paged()
+    x = a.alloc(4)
+    assert x is not None
+    a.free(x)
+    with pytest.raises(AssertionError):
+        a.free(x)
+    assert issubclass(AllocatorDebugError, ValueError)
+    assert issubclass(AllocatorDebugError, AssertionError)
+
+
+def test_alloc_debug_same_page_twice_in_a_group_is_one_release() -> None:
+    a = paged()
+    x = a.alloc(8)
+    assert x is not None
+    a.free_group_begin()
+    a.free(x[:5])
+    a.free(x[3:])
+    a.free_group_end()
     assert a.available_size() == 64
 
 

@@ -154,13 +154,20 @@ def test_extend_from_a_page_boundary_after_a_non_adjacent_page() -> None:
     assert _mapped(a) == {4: 4, 5: 5, 6: 6, 7: 7, 12: 8, 13: 9}
 
 
-def test_debug_rejects_unmapped_mid_page_prefix() -> None:
-    a = _alloc()
+@pytest.mark.parametrize("debug", [False, True])
+def test_extend_after_logical_only_entry_gets_a_fresh_device_page(debug: bool) -> None:
+    # issue 19 item 7: SGLang continues from the unmapped last entry (device slot 0) and hands
+    # out slot 1 of the padding page; here the request gets a fresh device page instead
+    a = _alloc(debug)
     p, s = torch.tensor([0]), torch.tensor([6])
     out = a.alloc_logical_only(p, p, s, s, torch.tensor([-1]), 6)  # entry at position 3 unmapped
     assert out is not None and _mapped(a) == {}
-    with pytest.raises(ValueError, match="compressed prefix ending mid-page"):
-        _extend(a, [6], [10], [int(out[-1])])
+    more = _extend(a, [6], [10], [int(out[-1])])
+    assert more is not None and more.tolist() == [134, 135, 136, 137]
+    assert _mapped(a) == {33: 33}  # entry at position 7: device page 1, in-page offset 1
+    assert a.hisparse_attn_allocator.available_size() == 32
+    a.free(torch.cat([out, more]))
+    assert a.available_size() == 256 and a.hisparse_attn_allocator.available_size() == 64
 
 
 def test_free_releases_both_sides_and_clears_mapping() -> None:
@@ -189,36 +196,51 @@ def test_alloc_decode_is_logical_only() -> None:
     assert _mapped(a) == {32: 32}  # the decode token completes entry 33: no device slot yet
 
 
-def test_alloc_device_buffer_grows_and_reserves_the_newest_slot() -> None:
+def _compressed(full: torch.Tensor) -> torch.Tensor:
+    """What SGLang's coordinator passes to alloc_device_buffer: the logical compressed slots."""
+    return full[3::4] // 4
+
+
+def test_alloc_device_buffer_grows_from_compressed_indices() -> None:
     a = _alloc()
-    out = _extend(a, [0], [20], [-1])  # 5 entries -> device slots 32..36 (page 1)
+    out = _extend(a, [0], [20], [-1])  # 5 entries (compressed 32..36) -> device slots 32..36
     assert out is not None
-    buf = a.alloc_device_buffer(out, 64)  # two device pages
-    assert buf is not None and buf.shape == (64,)
-    assert sorted(buf.tolist()) == list(range(32, 96))
-    assert int(buf[-1]) == 36  # the newest compressed entry sits in the reserved last slot
-    assert int(buf[4]) == 95 and buf[:4].tolist() == [32, 33, 34, 35]
+    buf = a.alloc_device_buffer(_compressed(out), 64)  # two device pages
+    assert buf is not None and buf.tolist() == list(range(32, 96))  # rest of page 1, page 2
     assert _mapped(a) == {}  # the buffer owns the device slots now
     assert a.hisparse_attn_allocator.available_size() == 0
     # nothing of the request is mapped any more and the device is full: no second buffer
-    assert a.alloc_device_buffer(out, 32) is None
+    assert a.alloc_device_buffer(_compressed(out), 32) is None
     a.free(out)
     assert a.hisparse_attn_allocator.available_size() == 0  # buffers are the coordinator's
     a.free_hisparse_indices(buf)
     assert a.available_size() == 256 and a.hisparse_attn_allocator.available_size() == 64
 
 
-def test_alloc_device_buffer_shrinks_keeping_the_newest_page() -> None:
+def test_alloc_device_buffer_puts_the_newest_entry_at_need_minus_c4_page() -> None:
     a = _alloc()
-    out = _extend(a, [0], [256], [-1])  # 64 entries -> device pages 1 and 2
+    out = _extend(a, [0], [256], [-1])  # 64 entries -> device pages 1 and 2 (slots 32..95)
     assert out is not None
-    buf = a.alloc_device_buffer(out, 32)  # keep one page: the newest entry's (page 2)
-    assert buf is not None and sorted(buf.tolist()) == list(range(64, 96))
-    assert int(buf[-1]) == 95
-    assert a.hisparse_attn_allocator.available_size() == 32  # page 1 freed
-    assert _mapped(a) == {}
+    buf = a.alloc_device_buffer(_compressed(out), 32)
+    # 0.5.23: the newest (95) is swapped into index need - c4_page = 0; both pages hold buffer
+    # slots, so neither is freed
+    assert buf is not None and buf.tolist() == [95, *range(33, 64)]
+    assert a.hisparse_attn_allocator.available_size() == 0 and _mapped(a) == {}
+    a.free_hisparse_indices(buf)  # frees every page the buffer touches
+    assert a.hisparse_attn_allocator.available_size() == 64
     with pytest.raises(ValueError, match="multiple of the c4 page size 32"):
-        a.alloc_device_buffer(out, 16)
+        a.alloc_device_buffer(_compressed(out), 16)
+
+
+def test_alloc_device_buffer_swap_and_pad_never_repeat_a_slot() -> None:
+    # SGLang 0.5.23 pads from the last listed slot, which the swap made an older one:
+    # [4, 5, 6, 7, 9, 8, 9, 10] (slot 9 twice). Here the pad follows the newest entry.
+    a = _kit_factory(False)  # c4 page 4, device pages 1..4
+    out = _extend(a, [0], [24], [-1])  # 6 entries -> device slots 4..9
+    assert out is not None and sorted(_mapped(a).values()) == list(range(4, 10))
+    buf = a.alloc_device_buffer(_compressed(out), 8)
+    assert buf is not None and buf.tolist() == [4, 5, 6, 7, 9, 8, 10, 11]
+    assert a.hisparse_attn_allocator.available_size() == 8  # pages 1 and 2 are the buffer's
 
 
 def test_alloc_device_buffer_out_of_pages_changes_nothing() -> None:
@@ -227,7 +249,7 @@ def test_alloc_device_buffer_out_of_pages_changes_nothing() -> None:
     other = _extend(a, [0], [4], [-1])
     assert out is not None and other is not None
     before = (_mapped(a), a.hisparse_attn_allocator.available_size())
-    assert a.alloc_device_buffer(out, 64) is None  # needs 1 extra page, none free
+    assert a.alloc_device_buffer(_compressed(out), 64) is None  # needs 1 extra page
     assert (_mapped(a), a.hisparse_attn_allocator.available_size()) == before
 
 
@@ -257,7 +279,7 @@ def test_random_cycles_do_not_leak() -> None:
             if out is not None:
                 reqs.append(out)
         elif op < 0.65 and reqs:
-            buf = a.alloc_device_buffer(reqs[rng.randrange(len(reqs))], 32)
+            buf = a.alloc_device_buffer(_compressed(reqs[rng.randrange(len(reqs))]), 32)
             if buf is not None:
                 buffers.append(buf)
         elif op < 0.85 and reqs:

@@ -128,3 +128,12 @@ def test_token_allocator_arena_path_is_sync_free() -> None:
     assert a.alloc(a.available_size()) is not None
     a.restore_state(state)
     assert a.available_size() == 24
+
+
+def test_alloc_unique_sorted_matches_torch_unique_on_long_inputs() -> None:
+    from mem_cache_allocator._page_allocator import unique_sorted
+
+    g = torch.Generator().manual_seed(3)
+    for n, hi in ((10, 5), (2048, 100), (2049, 100), (5000, 400), (9000, 1 << 20), (7000, 3)):
+        x = torch.randint(0, hi, (n,), generator=g)
+        assert torch.equal(unique_sorted(x), torch.unique(x)), (n, hi)

@@ -52,21 +52,26 @@ def test_alloc_paged_hot_path_is_sync_free(need_sort: bool) -> None:
     assert ext is not None and ext.shape == (14,) and ext.dtype == torch.int64
     dec = a.alloc_decode(dev(6, 12), cpu(6, 12), dev(12, 22))
     assert dec is not None and dec.shape == (2,)
-    used = 8 + 4 * 4
+    z = a.alloc(4)
+    assert z is not None
+    used = 8 + 4 * 4 + 4
     assert a.available_size() == 256 - used
     a.free_group_begin()
-    a.free(ext)
-    a.free_segment(x[4:], start_pos=4)
+    a.free_segments([(ext[:5], 0)])  # request 1: 2 pages
+    a.free_segment(ext[7:], start_pos=4)  # request 2 after x's page: 2 pages
+    a.free_segment(x[4:], start_pos=4)  # page 2
     a.free_group_end()
-    a.free(x[:4])
-    a.free_page_ids(dev(60))
-    assert a.available_size() == 256 - used + 4 * 4 + 4 + 4 + 4
+    # request 2's prefix (slots 4, 5) and positions 2, 3 (slots 6, 7): page 1, shared by two
+    # segments, released once
+    a.free_segments([(x[:2], 0), (ext[5:7], 2)])
+    a.free_page_ids(z[:1] // 4)
+    assert a.available_size() == 256
     state = a.backup_state()
     big = a.alloc(a.available_size())  # forces a need_sort merge when staged pages exist
     assert big is not None and a.available_size() == 0
     assert a.alloc(4) is None
     a.restore_state(state)
-    assert a.available_size() == 256 - used + 4 * 4 + 12
+    assert a.available_size() == 256
 
 
 def test_alloc_token_hot_path_is_sync_free() -> None:
@@ -89,9 +94,13 @@ def test_alloc_swa_allocation_is_sync_free() -> None:
 
 
 def test_alloc_meta_device_detects_syncs() -> None:
-    """The probe can fail: the legacy set-shaped free needs data and is rejected on meta."""
+    """The probe can fail: the set-shaped ``free`` deduplicates (``torch.unique``, a sync)."""
     a = PagedTokenToKVPoolAllocator(64, 4, F16, META, None)
     x = a.alloc(8)
     assert x is not None
     with pytest.raises((NotImplementedError, RuntimeError)):
-        a.free_unaligned(x)
+        a.free(x)
+    a.free_group_begin()
+    a.free(x)  # queued: no sync yet
+    with pytest.raises((NotImplementedError, RuntimeError)):
+        a.free_group_end()  # the group's one dedup

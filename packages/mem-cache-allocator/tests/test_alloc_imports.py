@@ -75,6 +75,7 @@ def test_alloc_lazy_attributes() -> None:
     assert mem_cache_allocator.HiSparseTokenToKVPoolAllocator is HiSparseTokenToKVPoolAllocator
     assert "SWATokenToKVPoolAllocator" in dir(mem_cache_allocator)
     assert set(mem_cache_allocator.__all__) == {
+        "AllocatorDebugError",
         "BaseTokenToKVPoolAllocator",
         "PagedTokenToKVPoolAllocator",
         "TokenToKVPoolAllocator",

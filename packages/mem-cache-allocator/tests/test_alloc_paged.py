@@ -13,7 +13,7 @@ from mem_cache_allocator import (
     TokenToKVPoolAllocator,
 )
 from mem_cache_allocator import _kernels as kernels_shim
-from tools.bench_allocator import NaiveAllocator
+from mem_cache_allocator._reference import ReferenceAllocator as NaiveAllocator
 
 F16 = torch.float16
 
@@ -299,8 +299,8 @@ def test_alloc_free_page_ids_segment_and_unaligned() -> None:
     a.free_page_ids(t(4))
     a.free_segment(x[0:2], start_pos=0)  # slots 4, 5: a partial page is released whole
     with pytest.raises(ValueError, match="start_pos"):
-        a.free_segment(x[8:10], start_pos=2)
-    a.free_unaligned(t(13, 14))  # any slot of page 3 releases it
+        a.free_segment(x[8:10], start_pos=-2)
+    a.free_segment(x[9:10], start_pos=1)  # starts inside page 3: releases it
     assert a.free_pages_tensor()[:4].tolist() == [3, 1, 4, 5]
     assert a.available_size() == 64 - 4
 

@@ -63,6 +63,13 @@ def test_sizing_errors_name_the_argument(kwargs: dict[str, object], match: str) 
         plan_host_capacity(**args)  # type: ignore[arg-type]
 
 
+def test_sizing_rejects_a_ratio_that_is_not_a_number() -> None:
+    with pytest.raises(TypeError, match="host_to_device_ratio must be a number, got str"):
+        plan_host_capacity(
+            device_size=64, bytes_per_token=64, page_size=16, host_to_device_ratio="2"
+        )  # type: ignore[arg-type]
+
+
 def test_preflight_fails_before_allocating_with_the_numbers() -> None:
     with pytest.raises(ValueError, match=r"needs 2000 bytes .* only 500 bytes"):
         preflight_host_memory(2000, reserve_bytes=500, available=1000)
@@ -124,6 +131,13 @@ def test_pool_rejects_mismatched_arguments(make_pool: MakePool) -> None:
         MHATokenToKVPoolHost(mha, device="meta")
     with pytest.raises(TypeError, match="get_buffer_desc"):
         MHATokenToKVPoolHost(object())  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"allocator must have allocate\(nbytes\)"):
+        MHATokenToKVPoolHost(mha, allocator=object())  # type: ignore[arg-type]
+    host = MHATokenToKVPoolHost(mha)
+    with pytest.raises(ValueError, match="page_size_bytes must be >= 1, got 0"):
+        host.is_stride_page_aligned(0)
+    with pytest.raises(TypeError, match="layer_index must be an int"):
+        host.layer_done_counter.complete("0")  # type: ignore[arg-type]
 
 
 def test_pool_accepts_a_buffer_descriptor(make_pool: MakePool) -> None:

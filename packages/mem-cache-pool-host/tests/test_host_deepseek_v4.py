@@ -110,6 +110,12 @@ def test_token_ops_validate_and_abort_the_counter() -> None:
         host.backup_tokens_from_device_all_layer(dev, torch.tensor([32]), torch.tensor([4]))
     with pytest.raises(ValueError, match="equal lengths"):
         host.backup_tokens_from_device_all_layer(dev, torch.tensor([1, 2]), torch.tensor([4]))
+    with pytest.raises(ValueError, match=r"device_indices must lie in \[0, 20\)"):
+        host.backup_tokens_from_device_all_layer(dev, torch.tensor([1]), torch.tensor([20]))
+    with pytest.raises(ValueError, match="device_indices must be on the CPU or on the device"):
+        host.backup_tokens_from_device_all_layer(
+            dev, torch.tensor([1]), torch.tensor([4], device="meta")
+        )
     host.layer_done_counter.begin()
     with pytest.raises(ValueError, match=r"layer_id must be in \[0, 2\)"):
         host.load_tokens_to_device_per_layer(dev, torch.tensor([1]), torch.tensor([4]), 2)

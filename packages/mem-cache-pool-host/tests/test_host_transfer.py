@@ -168,8 +168,57 @@ def test_failed_load_aborts_the_batch_and_copies_nothing(make_pool: MakePool) ->
 def test_direct_io_rejects_partial_pages(make_pool: MakePool) -> None:
     device = make_pool("mha", torch.float16, page_size=4, size=16, seed=5)
     host = MHATokenToKVPoolHost(device, layout="page_first_direct")
-    with pytest.raises(ValueError, match="page"):
+    before = [b.clone() for b in host.buffers]
+    with pytest.raises(ValueError, match="host_indices length must be a multiple of page_size=4"):
         host.backup_from_device_all_layer(device, torch.arange(0, 3), torch.arange(4, 7), "direct")
+    with pytest.raises(ValueError, match="device_indices must hold whole pages of 4 consecutive"):
+        host.backup_from_device_all_layer(
+            device, torch.arange(0, 4), torch.tensor([4, 5, 7, 6]), "direct"
+        )
+    with pytest.raises(ValueError, match="host_indices pages must start at multiples"):
+        host.backup_from_device_all_layer(device, torch.arange(1, 5), torch.arange(4, 8), "direct")
+    assert all(torch.equal(a, b) for a, b in zip(before, host.buffers))
+
+
+@pytest.mark.parametrize(
+    ("host_idx", "dev_idx", "error", "match"),
+    [
+        ([0, 1], [1], ValueError, "host_indices and device_indices must have equal lengths"),
+        ([0, 99], [1, 2], ValueError, r"host_indices values must lie in \[0, 32\)"),
+        ([0, 1], [1, 20], ValueError, r"device_indices values must lie in \[0, 20\)"),
+        ([0, -2], [1, 2], ValueError, r"host_indices values .* \(or be -1 to skip\), got min -2"),
+        ([0.0, 1.0], [1, 2], TypeError, "host_indices must be int32 or int64"),
+        ([[0, 1]], [1, 2], ValueError, "host_indices must be 1-D"),
+        ("meta", [1, 2], ValueError, "host_indices must be on the CPU or on the device pool"),
+    ],
+)
+@pytest.mark.parametrize("direction", ["load", "backup"])
+def test_bad_indices_name_the_callers_argument_and_copy_nothing(  # noqa: PLR0917
+    make_pool: MakePool,
+    host_idx: Any,
+    dev_idx: list[int],
+    error: type[Exception],
+    match: str,
+    direction: str,
+) -> None:
+    device = make_pool("mha", torch.float16, page_size=4, size=16, seed=7)
+    host = MHATokenToKVPoolHost(device, layout="layer_first")
+    host_before, dev_before = [b.clone() for b in host.buffers], snapshot(device)
+    hidx = torch.tensor([0, 1], device="meta") if host_idx == "meta" else torch.tensor(host_idx)
+    didx = torch.tensor(dev_idx)
+    with pytest.raises(error, match=match):
+        if direction == "load":
+            host.load_to_device_per_layer(device, hidx, didx, 0)
+        else:
+            host.backup_from_device_all_layer(device, hidx, didx)
+    assert all(torch.equal(a, b) for a, b in zip(host_before, host.buffers))
+    assert all(
+        torch.equal(as_bytes(a), as_bytes(b))
+        for ra, rb in zip(dev_before, snapshot(device))
+        for a, b in zip(ra, rb)
+    )
+    with pytest.raises(TypeError, match="layer_id must be an int"):
+        host.load_to_device_per_layer(device, torch.tensor([0]), torch.tensor([1]), 0.0)  # type: ignore[arg-type]
 
 
 def test_kernel_io_to_an_accelerator_needs_pinned_memory(make_pool: MakePool) -> None:

@@ -206,6 +206,10 @@ def test_hisparse_c4_pool_writes_through_the_mapping() -> None:
     bad[-1] = 0
     with pytest.raises(ValueError, match="sentinel -1"):
         pool.register_mapping(bad)
+    bad = mapping.clone()
+    bad[3] = pool.slot_limit
+    with pytest.raises(ValueError, match=r"mapping\[:-1\] values must lie in \[0, 10\)"):
+        pool.register_mapping(bad)
 
 
 # ----------------------------------------------------------------------------- indexer / state
@@ -362,8 +366,7 @@ def test_composite_mapping_and_hisparse_variant() -> None:
     assert pool.translate_loc_from_full_to_compressed(torch.arange(260), 128).tolist() == [0, 1]
     with pytest.raises(ValueError, match="mapping must have shape"):
         pool.register_mapping(mapping[:-1])
-    with pytest.raises(RuntimeError, match="no full-attention pool"):
-        _ = pool.full_kv_pool
+    assert pool.full_kv_pool is None  # SGLang reads it with a default of None
     with pytest.raises(NotImplementedError):
         pool.move_kv_cache(torch.tensor([1]), torch.tensor([2]))
 
@@ -445,3 +448,23 @@ class _SingleKVModel(RuleBasedStateMachine):
 
 TestSingleKVModel = _SingleKVModel.TestCase
 TestSingleKVModel.settings = settings(max_examples=12, stateful_step_count=12, deadline=None)
+
+
+def test_every_store_writes_the_padding_slot_like_sglang() -> None:
+    # SGLang 0.5.23's DeepSeek-V4 stores (SetKAndS, fused_store_cache, the indexer store) take
+    # no skip index: slot 0 is written like any other slot
+    pool = _single()
+    rec = _records(2, seed=5)
+    pool.set_key_buffer(0, torch.tensor([0, 1]), rec)
+    assert torch.equal(pool.get_key_records(0, torch.tensor([0, 1])), rec)
+    k = torch.randn(1, 512).to(torch.bfloat16)
+    pool.set_kv_buffer(1, torch.tensor([0]), k)
+    assert torch.equal(pool.get_key_parts(1, torch.tensor([0]))[2], k[:, 448:])
+    indexer = DeepSeekV4IndexerPool(8, 4, FP8, 16, 1, "cpu")
+    keys = torch.full((1, 16), 9, dtype=torch.uint8)
+    indexer.set_index_k_scale_buffer(0, torch.tensor([0]), keys, torch.tensor([0.5]))
+    got_k, got_s = indexer.get_index_k_scale_buffer(0, torch.tensor([0]))
+    assert torch.equal(got_k.view(torch.uint8), keys) and got_s.tolist() == [0.5]
+    composite = _composite()
+    composite.set_swa_key_buffer(1, torch.tensor([0]), rec[:1])
+    assert torch.equal(composite.swa_kv_pool.get_key_records(1, torch.tensor([0])), rec[:1])

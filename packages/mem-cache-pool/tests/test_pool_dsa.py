@@ -156,3 +156,22 @@ def test_bad_index_input_and_waiter() -> None:
     pool.get_index_k_with_scale_buffer(0)
     pool.get_key_buffer(1)
     assert calls == [1, 0, 1]
+
+
+@pytest.mark.parametrize("ps", [1, 64])
+def test_padding_slot_per_store_path(ps: int) -> None:
+    # SGLang 0.5.23: set_mla_kv_buffer skips slot 0; the packed-row store and the indexer-key
+    # store (SetKAndS) write it like any other slot
+    pool = _pool(ps)
+    pool.set_mla_kv_buffer(0, torch.tensor([0, 2]), torch.ones(2, 1, 8), torch.ones(2, 1, 4))
+    assert not pool.kv_buffer[0][0].any()
+    assert bool((pool.kv_buffer[0][2] == 1).all())
+    packed = torch.full((1, 1, 12), 2.0)
+    pool.set_kv_buffer(0, torch.tensor([0]), packed, None)
+    assert bool((pool.kv_buffer[0][0] == 2).all())
+    keys, scales = _random_index(2)
+    pool.set_index_k_scale_buffer(0, torch.tensor([0, 1]), keys, scales)
+    for t in (0, 1):
+        key, scale = _raw_token(pool.index_k_with_scale_buffer[0], t, ps)
+        assert torch.equal(key, keys[t].view(torch.uint8))
+        assert torch.equal(scale, scales[t : t + 1])

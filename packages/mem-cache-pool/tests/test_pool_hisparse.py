@@ -122,3 +122,29 @@ def test_cpu_copy_unsupported() -> None:
     pool = _pool()
     with pytest.raises(NotImplementedError):
         pool.get_cpu_copy(torch.tensor([1]))
+
+
+def test_padding_slot_after_translation() -> None:
+    # SGLang 0.5.23 translates first, then stores: set_mla_kv_buffer skips device slot 0 (which
+    # is where unmapped logical tokens translate to); the packed-row store writes it
+    pool = _pool()
+    pool.register_mapping(_mapping())
+    logical = torch.tensor([3, 21, 0])  # 3 and 0 are unmapped -> device slot 0
+    nope, rope = torch.ones(3, 1, 8).half(), torch.ones(3, 1, 4).half()
+    pool.set_mla_kv_buffer(0, logical, nope, rope)
+    assert not pool.kv_buffer[0][0].any()
+    assert bool((pool.kv_buffer[0][5] == 1).all())
+    assert int((pool.kv_buffer[0] != 0).any(-1).sum()) == 1  # nothing else written
+    packed = torch.full((1, 1, 12), 2.0).half()
+    pool.set_kv_buffer(0, torch.tensor([3]), packed, None)
+    assert torch.equal(pool.kv_buffer[0][0], packed[0])
+    assert logical.tolist() == [3, 21, 0]
+
+
+def test_register_mapping_rejects_device_slots_out_of_range() -> None:
+    pool = _pool()
+    bad = _mapping()
+    bad[21] = SIZE + PS
+    with pytest.raises(ValueError, match=r"values must lie in \[0, 12\) \(0 = unmapped\)"):
+        pool.register_mapping(bad)
+    assert pool.full_to_hisparse_device_index_mapping is None

@@ -199,3 +199,60 @@ def test_debug_mode_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MEM_CACHE_DEBUG", "0")
     assert not _pool().debug
     assert _pool(debug=True).debug
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=str)
+@pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32], ids=str)
+def test_set_kv_buffer_skips_the_padding_slot(dtype: torch.dtype, index_dtype: torch.dtype) -> None:
+    # SGLang 0.5.23's store_cache kernel skips slot 0 (reserved_skip_index=0): padded tokens of
+    # a CUDA-graph batch write there, and the slot keeps its zeros
+    pool = _pool(dtype)
+    loc = torch.tensor([0, 1, 0, 5], dtype=index_dtype)
+    k = (torch.randn(4, 2, 8) + 3).to(dtype)
+    v = (torch.randn(4, 2, 8) - 3).to(dtype)
+    for layer_loc in (loc, KVWriteLoc(loc)):
+        pool.set_kv_buffer(1, layer_loc, k, v)
+        assert not pool.k_buffer[1][0].any() and not pool.v_buffer[1][0].any()
+        # only slot 0 is skipped: slot 1 (same padding page) and slot 5 are written
+        assert torch.equal(_bits(pool.get_key_buffer(1)[[1, 5]]), _bits(k[[1, 3]]))
+        assert torch.equal(_bits(pool.get_value_buffer(1)[[1, 5]]), _bits(v[[1, 3]]))
+    assert loc.tolist() == [0, 1, 0, 5]  # the caller's slots are not modified
+    assert not pool.k_buffer[0].any()
+
+
+def test_scale_of_the_wrong_kind_raises_before_writing() -> None:
+    pool = _pool(torch.float16)
+    k = torch.ones(1, 2, 8)
+    with pytest.raises(TypeError, match="k_scale must be a number, a tensor or None, got str"):
+        pool.set_kv_buffer(0, torch.tensor([1]), k, k, k_scale="2")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="v_scale must be"):
+        pool.set_kv_buffer(0, torch.tensor([1]), k, k, v_scale=True)
+    assert not pool.k_buffer[0].any() and not pool.v_buffer[0].any()
+    pool.set_kv_buffer(0, torch.tensor([1]), k.float() * 4, k.float() * 4, torch.tensor(2.0), 4)
+    assert pool.k_buffer[0][1].tolist() == torch.full((2, 8), 2.0).tolist()
+    assert pool.v_buffer[0][1].tolist() == torch.ones(2, 8).tolist()
+
+
+def test_layer_below_start_layer_raises_instead_of_writing_the_last_layer() -> None:
+    # deliberate deviation (README): SGLang indexes k_buffer[layer_id - start_layer], so layer 2
+    # of a pool holding layers [3, 5) would silently write local layer -1, the last one
+    pool = _pool(torch.float16, start_layer=3)
+    k = torch.ones(1, 2, 8)
+    for call in (
+        lambda: pool.set_kv_buffer(2, torch.tensor([1]), k, k),
+        lambda: pool.set_kv_buffer(4, torch.tensor([1]), k, k, layer_id_override=2),
+        lambda: pool.get_key_buffer(2),
+    ):
+        with pytest.raises(ValueError, match=r"layer_id must lie in \[3, 5\), got 2"):
+            call()
+    assert not any(t.any() for t in (*pool.k_buffer, *pool.v_buffer))
+
+
+def test_cpu_copy_takes_sglang_0_5_23_keywords() -> None:
+    # SGLang 0.5.23: get_cpu_copy(indices, mamba_indices=None, req_pool_index=None); the
+    # allocator forwards mamba_indices, and a KV pool ignores it
+    pool = _pool(torch.float32)
+    pool.set_kv_buffer(0, torch.tensor([1, 2]), torch.ones(2, 2, 8), torch.ones(2, 2, 8))
+    copy = pool.get_cpu_copy(torch.tensor([1, 2]), mamba_indices=None, req_pool_index=3)
+    pool.load_cpu_copy(copy, torch.tensor([5, 6]), torch.tensor([0]), req_pool_index=3)
+    assert torch.equal(pool.k_buffer[0][[5, 6]], torch.ones(2, 2, 8))

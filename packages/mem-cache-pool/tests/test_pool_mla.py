@@ -116,3 +116,34 @@ def test_bad_input() -> None:
     assert not any(t.any() for t in pool.kv_buffer)
     with pytest.raises(ValueError, match="override_kv_cache_dim"):
         _pool(override_kv_cache_dim=8)
+
+
+def test_set_mla_kv_buffer_skips_the_padding_slot() -> None:
+    # issue 20's repro: SGLang 0.5.23's set_mla_kv_buffer (Triton, JIT and torch-native paths)
+    # skips slot 0, so row 0 stays zero
+    pool = MLATokenToKVPool(8, 1, torch.bfloat16, 4, 2, 1, "cpu")
+    pool.set_mla_kv_buffer(0, torch.tensor([0, 1]), torch.ones(2, 1, 4), torch.ones(2, 1, 2))
+    assert not pool.kv_buffer[0][0].any()
+    assert torch.equal(pool.kv_buffer[0][1], torch.ones(1, 6, dtype=torch.bfloat16))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=str)
+def test_padding_slot_per_store_path(dtype: torch.dtype) -> None:
+    pool = _pool(dtype)
+    loc = torch.tensor([0, 3, 0], dtype=torch.int32)
+    nope = (torch.rand(3, 1, 16) + 1).to(dtype)
+    rope = (torch.rand(3, 1, 4) + 1).to(dtype)
+    pool.set_mla_kv_buffer(1, loc, nope, rope)
+    assert not pool.kv_buffer[1][0].any()  # skipped
+    assert torch.equal(_bits(pool.get_key_buffer(1)[3]), _bits(torch.cat([nope[1], rope[1]], -1)))
+    # the packed-row store writes slot 0 like any other slot (SGLang's indexed assignment)
+    packed = (torch.rand(2, 1, 20) + 1).to(dtype)
+    pool.set_kv_buffer(1, torch.tensor([0, 4]), packed)
+    assert torch.equal(_bits(pool.get_key_buffer(1)[[0, 4]]), _bits(packed))
+    assert loc.tolist() == [0, 3, 0]
+
+
+def test_get_mla_kv_buffer_rejects_a_bad_dst_dtype() -> None:
+    pool = _pool()
+    with pytest.raises(TypeError, match=r"dst_dtype must be a torch\.dtype or None, got 'x'"):
+        pool.get_mla_kv_buffer(0, torch.tensor([1]), dst_dtype="x")  # type: ignore[arg-type]

@@ -1,7 +1,9 @@
 """Random write / move / retract sequences against a plain dict model ``slot -> row bytes``.
 
 A *row* here is every byte a pool keeps for one slot across all layers and roles (for DSA also the
-token's index key and scale inside its page). The model starts empty (absent = all-zero row).
+token's index key and scale inside its page). The model starts empty (absent = all-zero row). Writes
+to slot 0 (the padding slot) are dropped by the stores that skip it (MHA ``set_kv_buffer``, as in
+SGLang 0.5.23); moves and CPU-copy reloads write it.
 """
 
 from __future__ import annotations
@@ -81,6 +83,7 @@ class _PoolModel(RuleBasedStateMachine):
     write_rows: Callable[[KVCache, torch.Tensor, torch.Tensor], None]
     read_rows: Callable[[KVCache, torch.Tensor], torch.Tensor]
     row_bytes: int
+    skips_padding_slot: bool
 
     def __init__(self) -> None:
         super().__init__()
@@ -111,7 +114,8 @@ class _PoolModel(RuleBasedStateMachine):
         rows = torch.randint(0, 256, (len(slots), self.row_bytes), dtype=torch.uint8, generator=gen)
         type(self).write_rows(self.pool, torch.tensor(slots), rows)
         for s, row in zip(slots, rows):
-            self.model[s] = row.clone()
+            if not (s == 0 and type(self).skips_padding_slot):
+                self.model[s] = row.clone()
 
     @precondition(lambda self: bool(self.model))
     @rule(data=st.data())
@@ -142,6 +146,7 @@ class MHAPoolModel(_PoolModel):
     write_rows = staticmethod(_write_mha)
     read_rows = staticmethod(_read_mha)
     row_bytes = _L * 12
+    skips_padding_slot = True
 
 
 class DSAPoolModel(_PoolModel):
@@ -149,6 +154,7 @@ class DSAPoolModel(_PoolModel):
     write_rows = staticmethod(_write_dsa)
     read_rows = staticmethod(_read_dsa)
     row_bytes = _L * _DSA_ROW
+    skips_padding_slot = False  # packed-row and index-key stores write slot 0
 
 
 TestMHAPoolModel = MHAPoolModel.TestCase

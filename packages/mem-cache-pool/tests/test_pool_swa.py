@@ -135,6 +135,13 @@ def test_cpu_copy_round_trip() -> None:
         pool.load_cpu_copy({"full.k": copy["full.k"]}, torch.tensor([6, 7]))
 
 
+def test_constructor_names_size_swa() -> None:
+    with pytest.raises(ValueError, match="size_swa must be >= 0, got -1"):
+        _pool(size_swa=-1)
+    with pytest.raises(ValueError, match="device must name a torch device"):
+        _pool(device="nodev")
+
+
 def test_constructor_validation_and_single_kind() -> None:
     with pytest.raises(ValueError, match="contiguous"):
         _pool(swa_attention_layer_ids=[1, 2], full_attention_layer_ids=[0, 2])
@@ -145,3 +152,26 @@ def test_constructor_validation_and_single_kind() -> None:
     with pytest.raises(RuntimeError, match="no sliding-window layers"):
         _ = only_full.swa_kv_pool
     only_full.move_kv_cache(torch.tensor([3]), torch.tensor([2]))  # no mapping needed
+
+
+def test_padding_slot_is_skipped_in_both_sub_pools() -> None:
+    # SGLang 0.5.23 routes to the MHA sub-pools, whose store_cache skips slot 0: a padded token
+    # (full slot 0, window slot 0) leaves both padding rows untouched
+    pool = _pool()
+    wl = KVWriteLoc(torch.tensor([0, 3]), swa_loc=torch.tensor([0, 5]))
+    k, v = torch.ones(2, 2, 4), torch.full((2, 2, 4), 2.0)
+    pool.set_kv_buffer(0, wl, k, v)
+    pool.set_kv_buffer(1, wl, k, v)
+    for sub in (pool.full_kv_pool, pool.swa_kv_pool):
+        assert not sub.k_buffer[0][0].any() and not sub.v_buffer[0][0].any()
+    assert torch.equal(pool.full_kv_pool.v_buffer[0][3], v[1])
+    assert torch.equal(pool.swa_kv_pool.k_buffer[0][5], k[1])
+
+
+def test_register_mapping_rejects_window_slots_out_of_range() -> None:
+    pool = _pool()
+    bad = _mapping()
+    bad[5] = SIZE_SWA + PS  # one past the window pool's rows
+    with pytest.raises(ValueError, match=r"mapping\[:-1\] values must lie in \[0, 10\)"):
+        pool.register_mapping(bad)
+    assert pool.full_to_swa_index_mapping is None

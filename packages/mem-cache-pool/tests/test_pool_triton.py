@@ -80,10 +80,11 @@ def _compare(
 def test_mha_triton(interpreter: pytest.MonkeyPatch) -> None:
     def scenario(p: KVCache) -> list[torch.Tensor]:
         assert isinstance(p, MHATokenToKVPool)
-        loc = torch.tensor([2, 3, 4, 9])
+        loc = torch.tensor([2, 0, 4, 9])  # slot 0 (padding) is skipped by both backends
         for layer in range(2):
             k = torch.randn(4, 2, 8).to(torch.float8_e4m3fn)
             p.set_kv_buffer(layer, loc, k, torch.randn(4, 2, 4))
+            assert not p.k_buffer[layer][0].any() and not p.v_buffer[layer][0].any()
         p.move_kv_cache(torch.tensor([3, 4, 5]), torch.tensor([2, 3, 4]))
         copy = p.get_cpu_copy(torch.tensor([5, 9]))
         p.load_cpu_copy(copy, torch.tensor([10, 11]))
@@ -98,9 +99,11 @@ def test_mha_triton(interpreter: pytest.MonkeyPatch) -> None:
 def test_mla_triton(interpreter: pytest.MonkeyPatch) -> None:
     def scenario(p: KVCache) -> list[torch.Tensor]:
         assert isinstance(p, MLATokenToKVPool)
-        loc = torch.tensor([1, 5, 6])
+        loc = torch.tensor([1, 0, 6])
         p.set_mla_kv_buffer(0, loc, torch.randn(3, 1, 16), torch.randn(3, 1, 4))
+        assert not p.kv_buffer[0][0].any()  # skipped by both backends
         p.set_kv_buffer(1, loc, torch.randn(3, 1, 20), None)
+        assert p.kv_buffer[1][0].any()  # the packed-row store writes slot 0
         p.move_kv_cache(torch.tensor([6, 7]), torch.tensor([5, 6]))
         return list(p.get_mla_kv_buffer(0, torch.tensor([7, 1])))
 
@@ -117,10 +120,11 @@ def test_swa_triton(interpreter: pytest.MonkeyPatch) -> None:
         mapping[2:6] = torch.tensor([2, 3, 4, 5])
         mapping[-1] = -1
         p.register_mapping(mapping)
-        full = torch.tensor([2, 3, 7])
+        full = torch.tensor([2, 3, 7, 0])  # 7 has no window slot: translated to 0, skipped
         wl = KVWriteLoc(full, p.translate_loc_from_full_to_swa(full))
         for layer in range(2):
-            p.set_kv_buffer(layer, wl, torch.randn(3, 1, 4), torch.randn(3, 1, 4))
+            p.set_kv_buffer(layer, wl, torch.randn(4, 1, 4), torch.randn(4, 1, 4))
+        assert not p.swa_kv_pool.k_buffer[0][0].any() and not p.full_kv_pool.v_buffer[0][0].any()
         p.move_kv_cache(torch.tensor([3, 4]), torch.tensor([2, 3]))
         return []
 

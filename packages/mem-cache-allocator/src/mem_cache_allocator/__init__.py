@@ -1,6 +1,7 @@
 """mem_cache_allocator: KV slot allocators (SGLang's ``mem_cache.allocator``).
 
-Exports the base, token and paged allocators. The composite allocators live in their own modules
+Exports the base, token and paged allocators and ``AllocatorDebugError`` (debug-mode failures:
+a ``ValueError`` and an ``AssertionError``). The composite allocators live in their own modules
 and are imported on first access (PEP 562), so ``import mem_cache_allocator`` imports neither the
 pool families they need nor any kernel code:
 
@@ -15,11 +16,13 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from mem_cache_allocator._debug import AllocatorDebugError
 from mem_cache_allocator.base import BaseTokenToKVPoolAllocator
 from mem_cache_allocator.paged import PagedTokenToKVPoolAllocator
 from mem_cache_allocator.token import TokenToKVPoolAllocator
 
 __all__ = [
+    "AllocatorDebugError",
     "BaseTokenToKVPoolAllocator",
     "PagedTokenToKVPoolAllocator",
     "TokenToKVPoolAllocator",

@@ -7,8 +7,9 @@ Enabled per allocator by ``debug=True`` or for every allocator by the environmen
 * a slot is *live* from the moment it is handed out (``alloc*`` returned it) until its page is
   freed; ``ever`` remembers slots that were live once, to tell a double free from a bogus slot.
 
-Every check raises ``ValueError`` naming the offending slots or pages (at most ``_SHOW`` of them)
-before any allocator state changes.
+Every check raises :class:`AllocatorDebugError` (a ``ValueError`` and an ``AssertionError``:
+SGLang's debug mode asserts, engines' tests expect ``AssertionError``) naming the offending slots
+or pages (at most ``_SHOW`` of them) before any allocator state changes.
 """
 
 from __future__ import annotations
@@ -17,10 +18,24 @@ import os
 
 import torch
 
-__all__ = ["DEBUG_ENV_VAR", "DebugTracker", "debug_enabled", "describe"]
+__all__ = [
+    "DEBUG_ENV_VAR",
+    "AllocatorDebugError",
+    "DebugTracker",
+    "debug_enabled",
+    "describe",
+]
 
 DEBUG_ENV_VAR = "MEM_CACHE_DEBUG"
 _SHOW = 16
+
+
+class AllocatorDebugError(ValueError, AssertionError):
+    """A debug-mode ownership check failed (double free, bogus slot, misaligned input, ...).
+
+    Both a ``ValueError`` (mem-cache's caller-mistake convention) and an ``AssertionError``
+    (what SGLang's ``SGLANG_DEBUG_MEMORY_POOL`` asserts raise, and what engines' tests expect).
+    """
 
 
 def debug_enabled(flag: bool) -> bool:
@@ -82,19 +97,19 @@ class DebugTracker:
         pages = s // self.page_size
         in_range = (s > 0) & (pages <= self.num_pages)
         if not bool(in_range.all()):
-            raise ValueError(
+            raise AllocatorDebugError(
                 f"{self.name}: allocation produced out-of-range slots {describe(s[~in_range])}"
             )
         not_owned = s[~self._owned[pages]]
         if not_owned.numel():
-            raise ValueError(
+            raise AllocatorDebugError(
                 f"{self.name}: allocation wrote slots {describe(not_owned)} in pages this "
                 f"caller does not own (wrong last_loc?)"
             )
         uniq, counts = torch.unique(s, return_counts=True)
         dup = torch.unique(torch.cat([s[self._live[s]], uniq[counts > 1]]))
         if dup.numel():
-            raise ValueError(
+            raise AllocatorDebugError(
                 f"{self.name}: allocation would hand out slots {describe(dup)} that are already "
                 f"in use (wrong last_loc or prefix_lens?)"
             )
@@ -102,46 +117,59 @@ class DebugTracker:
         self._ever[s] = True
 
     # ---------------------------------------------------------------- free side
-    def check_free_slots(self, slots: torch.Tensor, pages: torch.Tensor, *, aligned: bool) -> None:
+    def check_free_slots(
+        self, slots: torch.Tensor, pages: torch.Tensor, *, aligned: bool, dedup: bool = False
+    ) -> None:
         """Validate a free of ``slots`` that releases ``pages`` (the allocator's page derivation).
 
-        ``aligned``: the caller derived ``pages`` by stride (``slots[::page_size] // page_size``),
-        so the input must consist of page-aligned runs.
+        ``aligned``: the caller derived ``pages`` by stride (``free_segment``), so every page
+        ``slots`` touches must be among ``pages``. ``dedup``: set semantics (the paged ``free``):
+        a slot listed twice is one slot, not a double free.
         """
         s = slots.detach().to("cpu", torch.int64).reshape(-1)
+        if dedup:
+            s = torch.unique(s)
         p = pages.detach().to("cpu", torch.int64).reshape(-1)
         ps = self.page_size
         zero = s[(s >= 0) & (s < ps)]
         if zero.numel():
-            raise ValueError(f"{self.name}: free of slots in the padding page 0: {describe(zero)}")
+            raise AllocatorDebugError(
+                f"{self.name}: free of slots in the padding page 0: {describe(zero)}"
+            )
         oob = s[(s < 0) | (s // ps > self.num_pages)]
         if oob.numel():
-            raise ValueError(f"{self.name}: free of out-of-range slots {describe(oob)}")
+            raise AllocatorDebugError(f"{self.name}: free of out-of-range slots {describe(oob)}")
         self._check_not_live_twice(s)
-        derived = s // ps
-        if aligned and (
-            p.numel() != torch.unique(derived).numel() or not bool(torch.isin(derived, p).all())
-        ):
-            raise ValueError(
-                f"{self.name}: free(slots) expects page-aligned runs (each page's slots together, "
-                f"the first slot of every page at a multiple of page_size={ps} in the input); "
-                f"got slots {describe(s)} (pages {describe(torch.unique(derived))}); "
-                f"use free_unaligned() for arbitrary slot sets"
-            )
+        if aligned:
+            self.check_derivation(s, p)
         self.check_free_pages(p)
         # Freeing part of a page still in use: a live slot of a freed page that is not in `s`.
         page_slots = (p[:, None] * ps + torch.arange(ps)[None, :]).reshape(-1)
         still = page_slots[self._live[page_slots] & ~torch.isin(page_slots, s)]
         if still.numel():
-            raise ValueError(
+            raise AllocatorDebugError(
                 f"{self.name}: freeing part of page(s) {describe(torch.unique(still // ps))} "
                 f"whose slots {describe(still)} are still in use"
+            )
+
+    def check_derivation(self, slots: torch.Tensor, pages: torch.Tensor) -> None:
+        """``pages`` (stride-derived by ``free_segment``) must be exactly the pages ``slots``
+        touch: the caller's stated structure (consecutive positions of one request) holds."""
+        s = slots.detach().to("cpu", torch.int64).reshape(-1)
+        p = pages.detach().to("cpu", torch.int64).reshape(-1)
+        derived = torch.unique(s // self.page_size)
+        if p.numel() != derived.numel() or not torch.equal(torch.sort(p).values, derived):
+            raise AllocatorDebugError(
+                f"{self.name}: free_segment expects one request's slots of consecutive positions "
+                f"starting at start_pos (each page's slots together); got slots {describe(s)} "
+                f"(pages {describe(derived)}, derived {describe(p)}); "
+                f"use free() for arbitrary slot sets"
             )
 
     def _check_not_live_twice(self, s: torch.Tensor) -> None:
         uniq, counts = torch.unique(s, return_counts=True)
         if bool((counts > 1).any()):
-            raise ValueError(
+            raise AllocatorDebugError(
                 f"{self.name}: double free: slots {describe(uniq[counts > 1])} "
                 f"appear more than once in one free"
             )
@@ -149,8 +177,8 @@ class DebugTracker:
         if dead.numel():
             twice = dead[self._ever[dead]]
             if twice.numel():
-                raise ValueError(f"{self.name}: double free of slots {describe(twice)}")
-            raise ValueError(
+                raise AllocatorDebugError(f"{self.name}: double free of slots {describe(twice)}")
+            raise AllocatorDebugError(
                 f"{self.name}: free of slots {describe(dead)} that were never handed out"
             )
 
@@ -161,19 +189,19 @@ class DebugTracker:
             return
         zero = p[p == 0]
         if zero.numel():
-            raise ValueError(f"{self.name}: free of the padding page 0 (slot 0)")
+            raise AllocatorDebugError(f"{self.name}: free of the padding page 0 (slot 0)")
         oob = p[(p < 0) | (p > self.num_pages)]
         if oob.numel():
-            raise ValueError(f"{self.name}: free of out-of-range pages {describe(oob)}")
+            raise AllocatorDebugError(f"{self.name}: free of out-of-range pages {describe(oob)}")
         uniq, counts = torch.unique(p, return_counts=True)
         if bool((counts > 1).any()):
-            raise ValueError(
+            raise AllocatorDebugError(
                 f"{self.name}: double free: pages {describe(uniq[counts > 1])} "
                 f"appear more than once in one free"
             )
         free = p[~self._owned[p]]
         if free.numel():
-            raise ValueError(
+            raise AllocatorDebugError(
                 f"{self.name}: double free (or never allocated) of pages {describe(free)}"
             )
 

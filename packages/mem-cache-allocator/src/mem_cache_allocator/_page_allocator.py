@@ -9,12 +9,17 @@ State (all lengths on the host):
   same slots).
 
 Subclasses choose where freed pages go (``_FREE_TO_FRONT``: paged reuses freed pages first, the
-token allocator last) and whether a free's page ids are sorted (``_SORT_FREES``: the paged
-allocator's ``torch.unique`` order, reproduced sync-free with ``torch.sort`` of stride-derived ids).
+token allocator last) and whether ``free`` deduplicates (``_SORT_FREES``: the paged allocator's
+``torch.unique`` pages, ascending; the token allocator keeps the slots as given, like SGLang's).
+
+Free paths: ``free`` (any slot set; one dedup per call, or per free group), ``free_segment(s)``
+(page ids by stride at caller-stated positions: no dedup, no sync) and ``free_page_ids``. Every
+path validates first (``prepare_free`` / checks) and changes state only after (``commit_free``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -23,10 +28,17 @@ import torch
 from mem_cache_allocator import _kernels
 from mem_cache_allocator._debug import DebugTracker, debug_enabled, describe
 from mem_cache_allocator._free_list import ChunkedFreeList, FreeListSnapshot
+from mem_cache_allocator._host_checks import (
+    check_decode_inputs,
+    check_extend_device_inputs,
+    check_extend_lengths,
+)
 from mem_cache_allocator._pages import (
     check_cpu_lengths,
+    check_start_pos,
     num_new_pages_decode,
     num_new_pages_extend,
+    trim_segments,
 )
 from mem_cache_allocator.base import BaseTokenToKVPoolAllocator
 
@@ -58,6 +70,14 @@ def _check_index(name: str, t: object) -> torch.Tensor:
 
 
 _INDEX = (torch.int64, torch.int32)
+def unique_sorted(t: torch.Tensor) -> torch.Tensor:
+    """``torch.unique(t)``: ascending, deduplicated (a data-dependent shape: syncs on GPUs)."""
+    out: torch.Tensor = torch.unique(t)
+    return out
+
+
+_SLOTS = "slots"  # free-group entry kinds: slot ids (``free``; page ids for paged) ...
+_PAGES = "pages"  # ... or exact page ids (``free_segment(s)`` / ``free_page_ids``)
 
 
 def _lengths_ok(bs: int, cpu: object, *tensors: object) -> bool:
@@ -104,6 +124,7 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
         self._release: list[torch.Tensor] = []
         self._num_release = 0
         self._page_offsets = torch.arange(page_size, dtype=torch.int64, device=self.device)
+        self._free_empty = torch.empty(0, dtype=torch.int64, device=self.device)
         self._debug: DebugTracker | None = (
             DebugTracker(type(self).__name__, self.num_pages, page_size)
             if debug_enabled(debug)
@@ -128,6 +149,31 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
     def free_page_count(self) -> int:
         """Pages on the free list plus staged pages (host-side)."""
         return len(self._free) + self._num_release
+
+    @property
+    def free_pages(self) -> torch.Tensor:
+        """Read-only view under SGLang's name: the free list front-to-back (staged pages not
+        included; a tensor the allocator never writes, O(free pages) on first access)."""
+        return self._free.to_tensor()
+
+    @property
+    def release_pages(self) -> torch.Tensor:
+        """Read-only view under SGLang's name: the staged (``need_sort``) pages, a new tensor."""
+        if not self._release:
+            return self._free_empty
+        return torch.cat(self._release) if len(self._release) > 1 else self._release[0]
+
+    @property
+    def free_group(self) -> list[torch.Tensor] | None:
+        """Read-only view under SGLang's name: ``None`` outside a free group, else the queued
+        tensors (page ids for paged ``free``/``free_segment``, slots for the token allocator)."""
+        group = self._free_group
+        return None if group is None else [t for t, _ in group]
+
+    @property
+    def is_not_in_free_group(self) -> bool:
+        """SGLang 0.5.14's flag: ``True`` outside a free group."""
+        return self._free_group is None
 
     def free_pages_tensor(self) -> torch.Tensor:
         """The free list front-to-back followed by staged pages (a copy; O(free pages))."""
@@ -175,6 +221,12 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
         self._release = []
         self._num_release = 0
 
+    def merge_for_decode(self, bs: int) -> None:
+        """SGLang's ``alloc_decode`` merge trigger (``need_sort`` and ``bs > len(free)``); the
+        paired allocators run it on both sides before their capacity pre-check."""
+        if self.need_sort and bs > len(self._free):
+            self.merge_and_sort_free()
+
     # ------------------------------------------------------------------ allocation
     def _pages_to_slots(self, pages: torch.Tensor) -> torch.Tensor:
         if self.page_size == 1:
@@ -219,8 +271,7 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
                 if _check_index(name, t).shape[0] != bs:
                     raise ValueError(f"{name} must have {bs} entries, got {t.shape[0]}")
         ps = self.page_size
-        if self.need_sort and extend_num_tokens // ps + bs + 1 > len(self._free):
-            self.merge_and_sort_free()
+        check_extend_lengths(prefix_lens_cpu, seq_lens_cpu)
         pages, tokens = num_new_pages_extend(prefix_lens_cpu, seq_lens_cpu, ps)
         if tokens != extend_num_tokens:
             raise ValueError(
@@ -231,6 +282,11 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
             raise ValueError(
                 f"num_new_pages must be {pages} for these lengths, got {num_new_pages}"
             )
+        check_extend_device_inputs(
+            prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, ps
+        )
+        if self.need_sort and extend_num_tokens // ps + bs + 1 > len(self._free):
+            self.merge_and_sort_free()
         if pages > len(self._free):
             return None
         if self._debug is not None:
@@ -257,9 +313,10 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
             for name, t in (("seq_lens", seq_lens), ("last_loc", last_loc)):
                 if _check_index(name, t).shape[0] != bs:
                     raise ValueError(f"{name} must have {bs} entries, got {t.shape[0]}")
+        ps = self.page_size
+        check_decode_inputs(seq_lens, seq_lens_cpu)
         if self.need_sort and bs > len(self._free):
             self.merge_and_sort_free()
-        ps = self.page_size
         pages = num_new_pages_decode(seq_lens_cpu, ps)
         if pages > len(self._free):
             return None
@@ -279,66 +336,232 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
 
     # ------------------------------------------------------------------ free
     def free(self, free_index: torch.Tensor) -> None:
-        """Release the pages of ``free_index``: page-aligned runs of one owner's slots.
+        """Release every page any slot of ``free_index`` touches (SGLang 0.5.23's ``free``).
 
-        Contract (sync-free fast path): ``free_index`` lists, for each page it releases, that
-        page's slots together, and the first slot of every page sits at an input position that is
-        a multiple of ``page_size`` (a request's slots from a page-aligned position, whole pages,
-        or such runs concatenated where every run but the last has a multiple of ``page_size``
-        entries). Page ids are ``free_index[::page_size] // page_size``, sorted ascending (the
-        order SGLang's ``torch.unique`` gives). A partial last page is released whole. Debug mode
-        verifies the contract; :meth:`free_unaligned` takes arbitrary slot sets (syncs).
+        Any slot set: any order, int32 or int64, partial pages, several requests concatenated,
+        duplicates. Paged: the pages ``unique(free_index // page_size)`` go, ascending, in front
+        of the free list (``need_sort``: staged). Token allocator (page size 1): the slots are
+        appended in the given order, no dedup (as SGLang). Inside a free group the call is
+        queued and the group's pages are deduplicated at :meth:`free_group_end`.
+
+        Cost: ``torch.unique`` has a data-dependent output shape, so a paged ``free`` outside a
+        group makes one device->host sync (one per group inside a group). The sync-free release
+        is :meth:`free_segment` / :meth:`free_segments` (the caller states the positions).
+
+        Errors (before any state change): ``TypeError``/``ValueError`` for a non-tensor or a
+        non-integer / non-1-D tensor; on CPU tensors ``ValueError`` for a slot of the padding
+        page 0 or out of range; ``ValueError`` when the free would push ``available_size()``
+        above capacity (a double free the host-side count can see); debug mode checks ownership.
         """
-        _check_index("free_index", free_index)
-        if free_index.numel() == 0:
+        group = self._free_group
+        # range checks of CPU inputs run on the deduplicated pages (paged) or at the group's end
+        idx = self._index_input(
+            "free_index",
+            free_index,
+            page_ids=False,
+            check_range=group is None and not self._SORT_FREES,
+        )
+        if idx is None:
             return
-        pages = self._stride_pages(free_index)
-        if self._debug is not None:
-            self._debug.check_free_slots(free_index, pages, aligned=True)
-            self._debug.on_free_pages(pages)
-        self._release_pages(pages, from_slots=True)
+        if group is not None:
+            group.append((idx.clone() if idx is free_index else idx, _SLOTS))
+            return
+        self.commit_free(self.prepare_free(idx, free_index))
 
-    def free_page_ids(self, page_ids: torch.Tensor) -> None:
-        """Release exactly ``page_ids`` (no dedup, kept in the given order)."""
-        _check_index("page_ids", page_ids)
-        if page_ids.numel() == 0:
-            return
-        pages = page_ids.to(device=self.device, dtype=torch.int64, copy=True)
+    def prepare_free(self, idx: torch.Tensor, caller: object = None) -> torch.Tensor:
+        """The pages ``free`` would release for validated slots ``idx`` (int64, this device),
+        checked (range on CPU, capacity count, debug ownership) but not released:
+        :meth:`commit_free` does. Composites validate both sides before changing either."""
+        if not self._SORT_FREES:
+            pages = idx.clone() if idx is caller else idx
+            if self._debug is not None:
+                self._debug.check_free_slots(idx, pages, aligned=False)
+            self._check_count(pages.shape[0])
+            return pages
+        uniq = unique_sorted(idx >> self._page_shift if self.page_size > 1 else idx)
+        if uniq.device.type == "cpu":
+            self._check_sorted_pages("free_index", uniq, idx)
         if self._debug is not None:
-            self._debug.check_free_pages(pages)
+            self._debug.check_free_slots(idx, uniq, aligned=False, dedup=True)
+        self._check_count(uniq.shape[0])
+        return uniq
+
+    def commit_free(self, pages: torch.Tensor) -> None:
+        """Release ``pages`` from :meth:`prepare_free` (no checks; never raises)."""
+        if self._debug is not None:
             self._debug.on_free_pages(pages)
-        self._release_pages(pages, from_slots=False)
+        self._push(pages)
+
+    def check_free_input(self, name: str, t: object) -> torch.Tensor | None:
+        """Validate a slot tensor as ``free`` does; int64 on this device, ``None`` if empty."""
+        return self._free_input(name, t)
 
     def free_unaligned(self, free_index: torch.Tensor) -> None:
-        """Legacy set-shaped free: every page any slot of ``free_index`` touches is released.
+        """Same as :meth:`free` (kept for callers of the earlier API)."""
+        self.free(free_index)
 
-        Uses ``torch.unique`` (a device->host sync on GPUs); prefer :meth:`free`.
-        """
-        _check_index("free_index", free_index)
-        if free_index.numel() == 0:
+    def free_page_ids(self, page_ids: torch.Tensor) -> None:
+        """Release exactly ``page_ids`` (no dedup, kept in the given order); sync-free."""
+        pages = self._index_input("page_ids", page_ids, page_ids=True)
+        if pages is None:
             return
-        idx = free_index.to(device=self.device, dtype=torch.int64)
-        pages = torch.unique(idx // self.page_size) if self._SORT_FREES else idx.clone()
-        if self._debug is not None:
-            self._debug.check_free_slots(idx, pages, aligned=False)
-            self._debug.on_free_pages(pages)
-        self._release_pages(pages, from_slots=True)
-
-    def _stride_pages(self, free_index: torch.Tensor) -> torch.Tensor:
-        """Page ids of a page-aligned-runs input; always a new tensor (queued frees own it)."""
-        ps = self.page_size
-        if free_index.dtype is torch.int64 and free_index.device == self.device:
-            return free_index.clone() if ps == 1 else free_index[::ps] >> self._page_shift
-        idx = free_index.to(device=self.device, dtype=torch.int64)
-        return idx if ps == 1 else idx[::ps] >> self._page_shift
-
-    def _release_pages(self, pages: torch.Tensor, *, from_slots: bool) -> None:
+        pages = pages.clone() if pages is page_ids else pages
         if self._free_group is not None:
-            self._free_group.append((pages, from_slots))
+            self._free_group.append((pages, _PAGES))
             return
-        if from_slots and self._SORT_FREES:
-            pages = torch.sort(pages).values
-        self._push(pages)
+        if self._debug is not None:
+            self._debug.check_free_pages(pages)
+        self._check_count(pages.shape[0])
+        self.commit_free(pages)
+
+    def free_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
+        """Free one request's slots of positions ``[start_pos, start_pos + len(free_index))``.
+
+        Sync-free: the caller states the structure (``free_index[k]`` is the slot of position
+        ``start_pos + k`` of one request, so a page's slots sit together), and the page ids are
+        taken by stride on the host-known positions: the first slot, then the first slot of every
+        page boundary after ``start_pos``. Releases exactly ``unique(free_index // page_size)``
+        (a segment starting inside a page releases that page too), in position order.
+        """
+        check_start_pos(start_pos)
+        idx = self._index_input("free_index", free_index, page_ids=False, check_range=False)
+        if idx is None:
+            return
+        pages = self._segment_pages(idx, start_pos)
+        self._release_page_list([pages], free_index, [(idx, pages)])
+
+    def free_segments(self, segments: Iterable[tuple[torch.Tensor, int]]) -> None:
+        """Free ascending ``(free_index, start_pos)`` segments of one request's kv row.
+
+        A page shared by two consecutive segments (one ends inside it, the next starts in it) is
+        released once; every other page as :meth:`free_segment` would. Sync-free; one release
+        (one free-list insertion) for all segments, pages in position order.
+        """
+        parts: list[torch.Tensor] = []
+        checked: list[tuple[torch.Tensor, torch.Tensor]] = []
+        if self._debug is not None and isinstance(segments, list | tuple):
+            segments = list(segments)  # the debug check sees the untrimmed slots
+        for free_index, start_pos in trim_segments(segments, self.page_size):
+            idx = self._index_input("segments", free_index, page_ids=False, check_range=False)
+            if idx is None:
+                continue
+            pages = self._segment_pages(idx, start_pos)
+            parts.append(pages)
+            checked.append((idx, pages))
+        if parts:
+            whole: list[torch.Tensor] | None = None
+            if self._debug is not None and isinstance(segments, list):
+                whole = []
+                for seg in segments:
+                    i = self._free_input("segments", seg[0])
+                    if i is not None:
+                        whole.append(i)
+            self._release_page_list(parts, None, checked, whole)
+
+    def _release_page_list(
+        self,
+        parts: list[torch.Tensor],
+        caller: torch.Tensor | None,
+        checked: list[tuple[torch.Tensor, torch.Tensor]],
+        whole: list[torch.Tensor] | None = None,
+    ) -> None:
+        pages = torch.cat(parts) if len(parts) > 1 else parts[0]
+        if pages is caller:
+            pages = pages.clone()
+        if self._free_group is not None:
+            self._free_group.append((pages, _PAGES))
+            return
+        if pages.device.type == "cpu":
+            self._check_cpu_range("free_segment", pages, page_ids=True)
+        if self._debug is not None:
+            for idx, p in checked:
+                self._debug.check_derivation(idx, p)
+            slots = whole or [idx for idx, _ in checked]
+            self._debug.check_free_slots(
+                torch.cat(slots) if len(slots) > 1 else slots[0], pages, aligned=False
+            )
+        self._check_count(pages.shape[0])
+        self.commit_free(pages)
+
+    def _segment_pages(self, idx: torch.Tensor, start_pos: int) -> torch.Tensor:
+        """Page ids of the segment ``idx`` of positions from ``start_pos`` (position order)."""
+        ps = self.page_size
+        if ps == 1:
+            return idx.clone()  # the free list / the group owns what it keeps
+        head = start_pos & (ps - 1)
+        if head == 0:
+            return idx[::ps] >> self._page_shift
+        first_boundary = ps - head  # local index of the first slot of the next page
+        if first_boundary >= idx.shape[0]:
+            return idx[:1] >> self._page_shift
+        return torch.cat((idx[:1], idx[first_boundary::ps])) >> self._page_shift
+
+    # ------------------------------------------------------------------ free helpers
+    def _free_input(self, name: str, t: object) -> torch.Tensor | None:
+        """``t`` as int64 on the allocator's device (``None`` when empty), validated."""
+        return self._index_input(name, t, page_ids=False)
+
+    def _check_sorted_pages(self, name: str, pages: torch.Tensor, slots: torch.Tensor) -> None:
+        """Range of ascending CPU page ids ``pages`` derived from ``slots`` (two reads)."""
+        lo, hi = int(pages[0]), int(pages[-1])
+        if lo >= 1 and hi <= self.num_pages:
+            return
+        if lo < 0 or hi > self.num_pages:
+            limit = (self.num_pages + 1) * self.page_size
+            bad = slots[(slots < 0) | (slots >= limit)]
+            raise ValueError(
+                f"{name} has out-of-range slots {describe(bad)} (valid: [{self.page_size}, "
+                f"{limit}))"
+            )
+        bad = slots[slots < self.page_size]
+        raise ValueError(
+            f"{name}: free of the padding page 0: {describe(bad)} (page 0 is never handed out)"
+        )
+
+    def _index_input(
+        self, name: str, t: object, *, page_ids: bool, check_range: bool = True
+    ) -> torch.Tensor | None:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype is not torch.int64 and t.dtype is not torch.int32:
+            raise ValueError(f"{name} must be int32 or int64, got {t.dtype}")
+        if t.dim() != 1:
+            raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
+        if t.shape[0] == 0:
+            return None
+        if check_range and t.device.type == "cpu":
+            self._check_cpu_range(name, t, page_ids=page_ids)
+        if t.dtype is torch.int64 and t.device == self.device:
+            return t
+        return t.to(device=self.device, dtype=torch.int64)
+
+    def _check_cpu_range(self, name: str, t: torch.Tensor, *, page_ids: bool) -> None:
+        """Host-side checks on CPU inputs (no device sync): padding page 0 and out-of-range."""
+        lo_t, hi_t = torch.aminmax(t)
+        lo, hi = int(lo_t), int(hi_t)
+        unit = 1 if page_ids else self.page_size
+        limit = (self.num_pages + 1) * unit
+        if lo < 0 or hi >= limit:
+            bad = t[(t < 0) | (t >= limit)]
+            what = "page ids" if page_ids else "slots"
+            raise ValueError(
+                f"{name} has out-of-range {what} {describe(bad)} (valid: [{unit}, {limit}))"
+            )
+        if lo < unit:
+            bad = t[t < unit]
+            raise ValueError(
+                f"{name}: free of the padding page 0: {describe(bad)} (page 0 is never handed out)"
+            )
+
+    def _check_count(self, n: int, queued: int = 0) -> None:
+        """A free of ``n`` pages must not push the free count above capacity (double free)."""
+        have = len(self._free) + self._num_release + queued
+        if have + n > self.num_pages:
+            raise ValueError(
+                f"{type(self).__name__}: double free: releasing {n} pages with {have} of "
+                f"{self.num_pages} already free would exceed capacity (available_size() "
+                f"{(have + n) * self.page_size} > {self.capacity})"
+            )
 
     def _push(self, pages: torch.Tensor) -> None:
         if self.need_sort:
@@ -349,19 +572,67 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
         else:
             self._free.push_back(pages)
 
+    def free_group_end(self) -> None:
+        """Apply the group's frees as SGLang does: one free of their union.
+
+        Paged: the pages of every ``free`` in the group, deduplicated and ascending, go first
+        (one ``torch.unique``: the group's one sync), then the pages of ``free_segment(s)`` /
+        ``free_page_ids`` calls that the ``free`` calls did not release already, in call order,
+        in front of them. Token allocator: every slot in call order, appended. On an error
+        (double free by the count, debug ownership) nothing is released and the group stays
+        open.
+        """
+        super().free_group_end()
+
     def _flush_free_group(self, group: list[Any]) -> None:
-        slot_pages = [p for p, from_slots in group if from_slots]
-        page_ids = [p for p, from_slots in group if not from_slots]
-        if not (self.need_sort or self._FREE_TO_FRONT or self._SORT_FREES):
-            self._free.extend_back(page_ids + slot_pages)  # one write into the free list's arena
-            return
-        if page_ids:
-            self._push(torch.cat(page_ids) if len(page_ids) > 1 else page_ids[0])
-        if slot_pages:
-            merged = torch.cat(slot_pages) if len(slot_pages) > 1 else slot_pages[0]
-            if self._SORT_FREES:
-                merged = torch.sort(merged).values
-            self._push(merged)
+        try:
+            pages = self._group_pages(group)
+        except BaseException:
+            self._free_group = group
+            raise
+        if pages is not None:
+            for part in pages:
+                self._push(part)
+
+    def _group_pages(self, group: list[Any]) -> list[torch.Tensor] | None:
+        cpu = self.device.type == "cpu"
+        if not self._SORT_FREES:
+            merged = torch.cat([t for t, _ in group]) if len(group) > 1 else group[0][0]
+            if cpu:
+                self._check_cpu_range("free_index", merged, page_ids=False)
+            if self._debug is not None:
+                self._debug.check_free_slots(merged, merged, aligned=False)
+            self._check_count(merged.shape[0])
+            if self._debug is not None:
+                self._debug.on_free_pages(merged)
+            if not (self.need_sort or self._FREE_TO_FRONT):
+                self._free.extend_back([t for t, _ in group])
+                return None
+            return [merged]
+        slot_parts = [t for t, kind in group if kind is _SLOTS]
+        page_parts = [t for t, kind in group if kind is _PAGES]
+        out: list[torch.Tensor] = []
+        unique_pages: torch.Tensor | None = None
+        if slot_parts:
+            slots = torch.cat(slot_parts) if len(slot_parts) > 1 else slot_parts[0]
+            unique_pages = unique_sorted(slots >> self._page_shift if self.page_size > 1 else slots)
+            if cpu:
+                self._check_sorted_pages("free_index", unique_pages, slots)
+            out.append(unique_pages)
+        if page_parts:
+            listed = torch.cat(page_parts) if len(page_parts) > 1 else page_parts[0]
+            if cpu:
+                self._check_cpu_range("free_segment / free_page_ids", listed, page_ids=True)
+            if unique_pages is not None:  # a page both kinds release goes once
+                listed = listed[~torch.isin(listed, unique_pages)]
+            out.append(listed)
+        merged = torch.cat(out) if len(out) > 1 else out[0]
+        if self._debug is not None:
+            self._debug.check_free_pages(merged)
+        self._check_count(merged.shape[0])
+        if self._debug is not None:
+            self._debug.on_free_pages(merged)
+        return out
 
     # ------------------------------------------------------------------ debug helpers
     def _debug_commit(self, pages: torch.Tensor, slots: torch.Tensor) -> None:

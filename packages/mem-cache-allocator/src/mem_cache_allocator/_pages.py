@@ -6,9 +6,17 @@ Page counts are exact for every power-of-two page size, including 1 (SGLang's de
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
+
 import torch
 
-__all__ = ["check_cpu_lengths", "num_new_pages_decode", "num_new_pages_extend"]
+__all__ = [
+    "check_cpu_lengths",
+    "check_start_pos",
+    "num_new_pages_decode",
+    "num_new_pages_extend",
+    "trim_segments",
+]
 
 
 def check_cpu_lengths(name: str, t: torch.Tensor, bs: int | None = None) -> int:
@@ -71,3 +79,59 @@ def num_new_pages_decode(seq_lens_cpu: torch.Tensor, page_size: int) -> int:
         counts: list[int] = (seq_lens_cpu & m).tolist()
         return counts.count(1)
     return bs - int(torch.count_nonzero((seq_lens_cpu - 1).bitwise_and_(m)))
+
+
+def check_start_pos(start_pos: object, name: str = "start_pos") -> int:
+    """``start_pos`` as an int; ``ValueError`` unless it is a non-negative int (``bool`` no)."""
+    if isinstance(start_pos, bool) or not isinstance(start_pos, int) or start_pos < 0:
+        raise ValueError(f"{name} must be a non-negative int, got {start_pos!r}")
+    return start_pos
+
+
+def trim_segments(
+    segments: Iterable[tuple[torch.Tensor, int]], page_size: int
+) -> Iterator[tuple[torch.Tensor, int]]:
+    """``(free_index, start_pos)`` segments of one request with shared boundary pages trimmed.
+
+    Segments must be ascending and non-overlapping in positions (``ValueError`` otherwise). A
+    segment that starts in the page where the previous one ended loses its slots in that page
+    (the previous segment releases it); a segment entirely inside that page yields nothing.
+    All arithmetic is on host-known positions and lengths: no device data is read.
+    """
+    if not isinstance(segments, (list, tuple)) and (
+        isinstance(segments, torch.Tensor) or not isinstance(segments, Iterable)
+    ):
+        raise TypeError(
+            f"segments must be an iterable of (free_index, start_pos) pairs, "
+            f"got {type(segments).__name__}"
+        )
+    prev_end: int | None = None
+    for k, seg in enumerate(segments):
+        if not isinstance(seg, (tuple, list)) or len(seg) != 2:
+            raise TypeError(f"segments[{k}] must be a (free_index, start_pos) pair, got {seg!r}")
+        free_index, start_pos = seg
+        if type(start_pos) is not int or start_pos < 0:
+            check_start_pos(start_pos, f"segments[{k}] start_pos")
+        if not isinstance(free_index, torch.Tensor):
+            raise TypeError(
+                f"segments[{k}] free_index must be a torch.Tensor, got {type(free_index).__name__}"
+            )
+        n = int(free_index.shape[0]) if free_index.dim() == 1 else -1
+        if n < 0:
+            raise ValueError(
+                f"segments[{k}] free_index must be 1-D, got shape {tuple(free_index.shape)}"
+            )
+        if n == 0:
+            continue
+        if prev_end is not None and start_pos < prev_end:
+            raise ValueError(
+                f"segments must be ascending and disjoint: segments[{k}] starts at {start_pos}, "
+                f"before the previous segment's end {prev_end}"
+            )
+        skip = 0
+        if prev_end is not None:
+            shared_end = ((prev_end - 1) // page_size + 1) * page_size  # end of the shared page
+            skip = min(n, max(0, shared_end - start_pos))
+        prev_end = start_pos + n
+        if skip < n:
+            yield (free_index[skip:] if skip else free_index), start_pos + skip

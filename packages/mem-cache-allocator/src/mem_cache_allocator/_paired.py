@@ -163,8 +163,15 @@ class PairedAllocators:
     def alloc_decode(
         self, seq_lens: torch.Tensor, seq_lens_cpu: torch.Tensor, last_loc: torch.Tensor
     ) -> torch.Tensor | None:
-        """One decode slot per request on both sides (secondary ``last_loc`` translated)."""
-        check_cpu_lengths("seq_lens_cpu", seq_lens_cpu)
+        """One decode slot per request on both sides (secondary ``last_loc`` translated).
+
+        Each side's ``need_sort`` merge trigger runs first, as SGLang's inner ``alloc_decode``
+        calls run it before they give up, so a ``None`` here leaves the same merged state.
+        """
+        bs = check_cpu_lengths("seq_lens_cpu", seq_lens_cpu)
+        for side in (self.primary, self.secondary):
+            if isinstance(side, PageAllocatorCore):
+                side.merge_for_decode(bs)
         pages = num_new_pages_decode(seq_lens_cpu, self.primary.page_size)
         if not self.fits(pages, pages):
             return None
@@ -183,10 +190,10 @@ class PairedAllocators:
         self.mapping[keys] = 0
 
     def free_secondary(self, slots: torch.Tensor) -> None:
-        """Free secondary ``slots`` (entries <= 0 ignored) via ``free_unaligned`` (syncs)."""
+        """Free secondary ``slots`` (entries <= 0 ignored) with set semantics (syncs)."""
         live = slots[slots > 0]
         if live.numel():
-            self.secondary.free_unaligned(live)
+            self.secondary.free(live)
 
     # ------------------------------------------------------------------ state
     def merge_and_sort_free(self) -> None:

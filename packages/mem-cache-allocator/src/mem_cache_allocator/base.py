@@ -13,9 +13,16 @@ Index space (shared with :mod:`mem_cache_pool`):
 * ``available_size()`` is in tokens (free pages x ``ps``), computed on the host: it never reads
   device memory.
 
+Freeing (SGLang 0.5.23 semantics): ``free(slots)`` takes any slot set (any order, int32/int64,
+partial pages, several requests concatenated, duplicates) and releases every page a slot of it
+touches, once. ``free_segment(slots, start_pos=)`` / ``free_segments([(slots, start_pos), ...])``
+release the same pages for a request's consecutive positions; the caller stating the positions
+lets page allocators avoid the device->host sync of a deduplication.
+
 Free groups: between ``free_group_begin()`` and ``free_group_end()`` every ``free*`` call is
 queued (the queued data is copied, so callers may pass views of rows they overwrite later) and
-applied once at ``free_group_end()``. Nesting is an error (``RuntimeError``).
+applied once at ``free_group_end()``, pages deduplicated over the whole group. Nesting is an
+error (``RuntimeError``).
 
 ``backup_state()`` returns an opaque token that ``restore_state()`` accepts to put the allocator
 back into that state (free lists, staged frees, debug bookkeeping); it is cheap (references, no
@@ -28,9 +35,12 @@ group protocol and corrupt internal state raise ``RuntimeError``.
 from __future__ import annotations
 
 import abc
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
+
+from mem_cache_allocator._pages import check_start_pos, trim_segments
 
 if TYPE_CHECKING:
     from mem_cache_pool.base import KVCache
@@ -46,7 +56,16 @@ class BaseTokenToKVPoolAllocator(abc.ABC):
     ``device`` (where slot tensors live), ``kvcache`` (the pool, or ``None`` for an allocator used
     without one), ``need_sort`` (stage frees and merge them sorted when the free list runs short;
     SGLang sets it for PD disaggregation).
+
+    Only ``alloc``, ``free`` and ``clear`` are abstract (as in SGLang); the other methods SGLang's
+    base leaves raising ``NotImplementedError`` raise it here too, so an engine's subclass that
+    SGLang's base accepts is accepted.
     """
+
+    #: SGLang's scheduler reads this from out-of-tree allocators: ``False`` means allocations are
+    #: page-aligned (``alloc_extend`` / ``alloc_decode`` follow the page layout), not legacy
+    #: real-length token allocations.
+    uses_legacy_real_length_alloc: ClassVar[bool] = False
 
     def __init__(  # noqa: PLR0917 - SGLang-compatible positional signature
         self,
@@ -80,9 +99,17 @@ class BaseTokenToKVPoolAllocator(abc.ABC):
         """Capacity in tokens of the (full-attention) pool."""
         return self.size
 
-    @abc.abstractmethod
     def available_size(self) -> int:
-        """Free tokens (free + staged pages x page_size); host-side, never syncs."""
+        """Free tokens (free + staged pages x page_size); host-side, never syncs.
+
+        Default (SGLang's): ``(len(self.free_pages) + len(self.release_pages)) * page_size``
+        for subclasses that keep those tensors; ``NotImplementedError`` otherwise.
+        """
+        free = getattr(self, "free_pages", None)
+        if free is None:
+            raise NotImplementedError(f"{type(self).__name__} does not implement available_size")
+        release = getattr(self, "release_pages", None)
+        return (len(free) + (0 if release is None else len(release))) * self.page_size
 
     def get_kvcache(self) -> KVCache | None:
         """The device pool this allocator hands out slots of (``None`` without a pool)."""
@@ -121,19 +148,30 @@ class BaseTokenToKVPoolAllocator(abc.ABC):
     def free(self, free_index: torch.Tensor) -> None:
         """Release the pages of ``free_index`` (see the concrete class for the exact contract)."""
 
+    def free_full(self, free_index: torch.Tensor) -> None:
+        """Free slots whose secondary (window) peers are already released; a plain ``free``
+        for single-pool allocators (SGLang's default)."""
+        self.free(free_index)
+
     def free_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
         """Free a request's slots of positions ``[start_pos, start_pos + len(free_index))``.
 
-        ``start_pos`` must be a multiple of page_size (``ValueError`` otherwise); the pages
-        ``[start_pos // ps, ceil(end / ps))`` are released, the last one whole.
+        Releases exactly the pages ``unique(free_index // page_size)`` (a segment that starts or
+        ends inside a page releases that page whole). ``start_pos`` is a non-negative int
+        (``ValueError`` otherwise). Default: a plain :meth:`free`.
         """
-        if isinstance(start_pos, bool) or not isinstance(start_pos, int) or start_pos < 0:
-            raise ValueError(f"start_pos must be a non-negative int, got {start_pos!r}")
-        if start_pos % self.page_size:
-            raise ValueError(
-                f"start_pos must be a multiple of page_size={self.page_size}, got {start_pos}"
-            )
+        check_start_pos(start_pos)
         self.free(free_index)
+
+    def free_segments(self, segments: Iterable[tuple[torch.Tensor, int]]) -> None:
+        """Free ascending, disjoint ``(free_index, start_pos)`` segments of one request's row.
+
+        A page two consecutive segments share is released once (the later segment's slots in it
+        are dropped before its :meth:`free_segment`). ``ValueError`` for overlapping or
+        descending segments, ``TypeError`` for malformed pairs.
+        """
+        for free_index, start_pos in trim_segments(segments, self.page_size):
+            self.free_segment(free_index, start_pos=start_pos)
 
     def free_group_begin(self) -> None:
         """Start queueing frees until :meth:`free_group_end`; nesting raises ``RuntimeError``."""
@@ -170,24 +208,34 @@ class BaseTokenToKVPoolAllocator(abc.ABC):
     def clear(self) -> None:
         """Return every page to the free list (initial state)."""
 
-    @abc.abstractmethod
     def backup_state(self) -> Any:
         """An opaque snapshot for :meth:`restore_state`."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement backup_state")
 
-    @abc.abstractmethod
     def restore_state(self, state: Any) -> None:
         """Return to the state captured by :meth:`backup_state` of this allocator."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement restore_state")
 
     # ------------------------------------------------------------------ pool pass-through
     def get_cpu_copy(self, indices: torch.Tensor, mamba_indices: torch.Tensor | None = None) -> Any:
-        """The pool's ``get_cpu_copy`` (request retraction / offload)."""
-        return self._pool_method("get_cpu_copy")(indices, mamba_indices=mamba_indices)
+        """The pool's ``get_cpu_copy(indices)`` (request retraction / offload).
+
+        ``mamba_indices`` is forwarded only when given (pools with Mamba state take it; KV pools
+        do not), so ``get_cpu_copy(indices)`` works over every pool.
+        """
+        copy = self._pool_method("get_cpu_copy")
+        if mamba_indices is None:
+            return copy(indices)
+        return copy(indices, mamba_indices=mamba_indices)
 
     def load_cpu_copy(
         self, kv_cache_cpu: Any, indices: torch.Tensor, mamba_indices: torch.Tensor | None = None
     ) -> Any:
-        """The pool's ``load_cpu_copy`` (inverse of :meth:`get_cpu_copy`)."""
+        """The pool's ``load_cpu_copy`` (inverse of :meth:`get_cpu_copy`; ``mamba_indices``
+        forwarded only when given)."""
         load = self._pool_method("load_cpu_copy")
+        if mamba_indices is None:
+            return load(kv_cache_cpu, indices)
         return load(kv_cache_cpu, indices, mamba_indices=mamba_indices)
 
     def _pool_method(self, name: str) -> Any:

@@ -8,30 +8,39 @@ has a compressed entry iff ``(f + 1) % 4 == 0``, at logical compressed slot ``f 
 0 = no device slot, trailing -1) maps logical compressed slots to device slots; it is registered
 into the c4 pool, which translates through it on every key read/write.
 
-* ``available_size() = min(logical, 4 x device)`` (tokens).
+SGLang builds the stack as ``SWATokenToKVPoolAllocator(..., kvcache=<DeepSeekV4TokenToKVPool>)``
+(the pool's ``full_kv_pool`` is ``None``) wrapped by this class; any logical allocator over the
+pool works (the conformance kit also uses a paged one).
+
+* ``available_size()`` and ``full_available_size()`` are ``min(logical, 4 x device available)``
+  (tokens); ``swa_available_size``, ``translate_loc_from_full_to_swa``, ``free_swa``,
+  ``size_swa``, ``alloc_extend_swa_tail`` are the logical allocator's.
 * ``alloc_extend``: logical slots, then device slots for the ``seq // 4 - prefix // 4`` new
-  compressed tokens of every request (capacity of both checked on the host first; a failure
-  leaves nothing changed). The device ``last_loc`` is ``mapping[(L - 3) // 4]`` when the
-  compressed prefix ends inside a device page (see ``_deepseek_v4_slots.device_last_loc``).
-  Contract: when a request's compressed prefix ends inside a device page, its last compressed
-  entry must still be device-mapped (true when the request's previous chunk came from
-  ``alloc_extend``); debug mode checks it.
+  compressed tokens of every request (capacity of both checked on the host first, SGLang's
+  pre-check; a failure leaves nothing changed). The device ``last_loc`` is
+  ``mapping[(L - 3) // 4]`` (``_deepseek_v4_slots.device_last_loc``). A request whose
+  compressed prefix ends inside a device page on an entry without device slot (a logical-only
+  decode token) gets a fresh device page; SGLang hands out the padding page there.
 * ``alloc(n)``: whole logical pages plus the matching device pages (an extension: SGLang's class
   has no ``alloc``; it lets the allocator conformance kit drive this class).
 * ``alloc_decode`` / ``alloc_logical_only``: logical slots only (the HiSparse coordinator places
-  decode tokens on the device through :meth:`alloc_device_buffer`).
+  decode tokens on the device through :meth:`alloc_device_buffer`, which takes the request's
+  logical *compressed* slots, as SGLang's coordinator passes them).
 * ``free`` / ``free_segment``: the logical pages *and* the device slots mapped from the freed
-  compressed entries, clearing their mapping (``free_hisparse``); calling ``free_hisparse``
-  before is harmless (the mapping is already cleared). Free groups check nesting only.
-* ``free_hisparse_indices(device_slots)`` releases device buffers (whole pages).
+  compressed entries, clearing their mapping (as SGLang 0.5.23; calling ``free_hisparse`` first
+  is harmless). ``free`` and ``free_full`` are queued inside a free group and applied at
+  ``free_group_end`` as one free (set semantics).
+* ``free_hisparse`` / ``free_compressed`` / ``free_hisparse_indices`` release device slots at
+  once (whole pages; ``torch.unique``: one sync per call).
 
-Deviation from SGLang (documented): SGLang's ``free`` releases only logical slots and relies on
-the coordinator to call ``free_hisparse``; here ``free`` releases both so no device slot leaks.
-Device frees release every page touched (``torch.unique``: one sync per call).
+Deliberate deviations (package README, "HiSparse and DeepSeek-V4"): the fresh device page above;
+``alloc_device_buffer`` pads inside the newest entry's page (SGLang can list a slot twice) and
+returns ``None`` when the device is short (SGLang asserts).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,8 +48,17 @@ import torch
 
 from mem_cache_allocator._composite import check_need_size, new_mapping
 from mem_cache_allocator._deepseek_v4_slots import device_last_loc, entry_offsets
-from mem_cache_allocator._pages import check_cpu_lengths, num_new_pages_extend
+from mem_cache_allocator._hisparse_device import (
+    check_slots,
+    lookup,
+    mapped_pages,
+    pad_slots,
+    plan_device_extend,
+    surplus_pages,
+)
+from mem_cache_allocator._pages import check_cpu_lengths, num_new_pages_extend, trim_segments
 from mem_cache_allocator._paired import PairedAllocators, check_own_state
+from mem_cache_allocator._scheduler_hooks import capacity_pair, request_slot_reserve
 from mem_cache_allocator.base import BaseTokenToKVPoolAllocator
 from mem_cache_allocator.paged import PagedTokenToKVPoolAllocator
 from mem_cache_pool.deepseek_v4 import (
@@ -115,7 +133,9 @@ class DeepSeekV4HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             debug=debug,
         )
         self.debug = debug
-        self.c4_logical_size = logical.size // _RATIO
+        self.spec_scratch_tokens = 0
+        self._full_free_group: list[torch.Tensor] = []
+        self.c4_logical_size = pool.size // _RATIO
         self.full_to_hisparse_device_index_mapping = new_mapping(
             self.c4_logical_size + self.hisparse_page_size, self.device
         )
@@ -123,6 +143,7 @@ class DeepSeekV4HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         self._pair = PairedAllocators(
             logical, self.hisparse_attn_allocator, self.full_to_hisparse_device_index_mapping
         )
+        self._full_slots = self.c4_logical_size * _RATIO + self.page_size  # range of full slots
 
     # ------------------------------------------------------------------ capacity / delegation
     @property
@@ -130,7 +151,13 @@ class DeepSeekV4HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         """Device compressed slots (the c4 pool's size)."""
         return self.hisparse_attn_allocator.size
 
+    @property
+    def size_full(self) -> int:
+        """The logical allocator's full-side capacity (tokens)."""
+        return self.logical_attn_allocator.size_full
+
     def available_size(self) -> int:
+        """``min(logical available, 4 x device available)`` (tokens)."""
         return self._pair.available_size(_RATIO)
 
     def _delegate(self, name: str) -> Any:
@@ -145,10 +172,14 @@ class DeepSeekV4HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         return self._delegate("translate_loc_from_full_to_swa")(kv_indices)  # type: ignore[no-any-return]
 
     def free_swa(self, free_index: torch.Tensor) -> None:
+        """The logical allocator's ``free_swa`` (applied at once, as in SGLang)."""
         self._delegate("free_swa")(free_index)
 
     def full_available_size(self) -> int:
-        return int(self._delegate("full_available_size")())
+        """``min(logical full-side available, 4 x device available)`` (SGLang 0.5.23)."""
+        inner = getattr(self.logical_attn_allocator, "full_available_size", None)
+        logical = self.logical_attn_allocator.available_size() if inner is None else int(inner())
+        return min(logical, _RATIO * self.hisparse_attn_allocator.available_size())
 
     def swa_available_size(self) -> int:
         return int(self._delegate("swa_available_size")())
@@ -157,6 +188,42 @@ class DeepSeekV4HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
     def size_swa(self) -> int:
         return int(self._delegate("size_swa"))
 
+    @property
+    def full_to_swa_index_mapping(self) -> torch.Tensor:
+        return self._delegate("full_to_swa_index_mapping")  # type: ignore[no-any-return]
+
+    def swa_capacity_and_available(
+        self, *, full_capacity: int | None = None, swa_capacity: int | None = None
+    ) -> tuple[tuple[int, int], tuple[int, int]]:
+        """``((size_full, full_available_size()), (size_swa, swa_available_size()))``.
+
+        The keyword hints are validated and otherwise ignored: the sides of this stack own their
+        buffers, so the allocator's own capacities are the answer (as in SGLang).
+        """
+        return capacity_pair(
+            (self.size_full, self.full_available_size()),
+            (self.size_swa, self.swa_available_size()),
+            full_capacity,
+            swa_capacity,
+        )
+
+    def configure_spec_scratch(self, num_draft_tokens: int) -> None:
+        """Record the speculative draft tokens per running request (``request_slot_reserve``)."""
+        if (
+            isinstance(num_draft_tokens, bool)
+            or not isinstance(num_draft_tokens, int)
+            or num_draft_tokens < 0
+        ):
+            raise ValueError(
+                f"num_draft_tokens must be a non-negative int, got {num_draft_tokens!r}"
+            )
+        self.spec_scratch_tokens = num_draft_tokens
+
+    def request_slot_reserve(self, num_reqs: int = 1) -> int:
+        """Tokens to keep free for ``num_reqs`` requests: a logical page each plus the
+        speculative scratch rounded up to pages."""
+        return request_slot_reserve(num_reqs, self.page_size, self.spec_scratch_tokens)
+
     # ------------------------------------------------------------------ translation
     def get_last_loc_compressed(self, last_loc: torch.Tensor) -> torch.Tensor:
         """Logical compressed ``last_loc``: ``(L - 3) // 4``; -1 stays -1."""
@@ -164,6 +231,7 @@ class DeepSeekV4HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
 
     def get_last_loc_hisparse_device(self, last_loc: torch.Tensor) -> torch.Tensor:
         """Device slot of the compressed ``last_loc`` of full ``last_loc`` (-1 stays -1)."""
+        check_slots(last_loc, "last_loc", self._full_slots, check=self.debug)
         return self.full_to_hisparse_device_index_mapping[self.get_last_loc_compressed(last_loc)]
 
     def _compressed_of(self, full: torch.Tensor) -> torch.Tensor:
@@ -201,32 +269,45 @@ class DeepSeekV4HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         last_loc: torch.Tensor,
         extend_num_tokens: int,
     ) -> torch.Tensor | None:
+        """Logical slots, and device slots for the ``seq // 4 - prefix // 4`` new compressed
+        entries of every request (capacity of both checked on the host first; SGLang's
+        pre-check). A request whose compressed prefix ends inside a device page on an entry
+        without device slot gets a fresh device page (SGLang: slots of the padding page)."""
         bs = check_cpu_lengths("seq_lens_cpu", seq_lens_cpu)
         check_cpu_lengths("prefix_lens_cpu", prefix_lens_cpu, bs)
         c_pre_cpu, c_seq_cpu = prefix_lens_cpu // _RATIO, seq_lens_cpu // _RATIO
         logical_pages, _ = num_new_pages_extend(prefix_lens_cpu, seq_lens_cpu, self.page_size)
-        dev_pages, dev_tokens = num_new_pages_extend(c_pre_cpu, c_seq_cpu, self.hisparse_page_size)
+        dev_pages, _ = num_new_pages_extend(c_pre_cpu, c_seq_cpu, self.hisparse_page_size)
         if not self._pair.fits(logical_pages, dev_pages):
             return None
-        dev_last = self._device_last_loc(prefix_lens, last_loc)
-        if self.debug:
-            self._check_device_prefix(c_pre_cpu, dev_last)
+        c_pre = prefix_lens // _RATIO
+        plan = plan_device_extend(
+            c_pre,
+            c_pre_cpu,
+            c_seq_cpu,
+            self._device_last_loc(prefix_lens, last_loc),
+            self.hisparse_page_size,
+        )
+        if plan.pages > dev_pages and not self._pair.fits(logical_pages, plan.pages):
+            return None
         lens = (prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu)
         got = self._pair.run_in_step(
             lambda: self.logical_attn_allocator.alloc_extend(*lens, last_loc, extend_num_tokens),
             lambda: self.hisparse_attn_allocator.alloc_extend(
-                prefix_lens // _RATIO,
-                c_pre_cpu,
+                plan.prefix_lens,
+                plan.prefix_lens_cpu,
                 seq_lens // _RATIO,
                 c_seq_cpu,
-                dev_last,
-                dev_tokens,
+                plan.last_loc,
+                plan.tokens,
             ),
         )
         if got is None:
             return None
         logical, dev = got
-        if dev_tokens:
+        if plan.keep is not None:
+            dev = dev[plan.keep]
+        if dev.numel():
             rows = entry_offsets(prefix_lens_cpu, seq_lens_cpu, _RATIO).to(
                 self.device, non_blocking=True
             )
@@ -237,16 +318,6 @@ class DeepSeekV4HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         """The device allocator's ``last_loc`` (see :func:`device_last_loc`)."""
         mapped = self.get_last_loc_hisparse_device(last_loc)
         return device_last_loc(prefix_lens, mapped, self.hisparse_page_size, _RATIO)
-
-    def _check_device_prefix(self, c_pre_cpu: torch.Tensor, dev_last: torch.Tensor) -> None:
-        mid_page = (c_pre_cpu % self.hisparse_page_size != 0).to(dev_last.device)
-        bad = torch.nonzero(mid_page & (dev_last <= 0)).reshape(-1)
-        if bad.numel():
-            raise ValueError(
-                f"requests {bad.tolist()} have a compressed prefix ending mid-page whose last "
-                "entry has no device slot (mapping is 0): allocate them with alloc_extend "
-                "chunks or place them with alloc_device_buffer"
-            )
 
     def alloc_logical_only(  # noqa: PLR0917 - SGLang-compatible positional signature
         self,
@@ -262,6 +333,32 @@ class DeepSeekV4HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens
         )
 
+    def alloc_extend_swa_tail(  # noqa: PLR0917 - SGLang-compatible positional signature
+        self,
+        prefix_lens: torch.Tensor,
+        prefix_lens_cpu: torch.Tensor,
+        seq_lens: torch.Tensor,
+        seq_lens_cpu: torch.Tensor,
+        last_loc: torch.Tensor,
+        extend_num_tokens: int,
+        swa_tail_len: int | None = None,
+        **kwargs: Any,
+    ) -> torch.Tensor | None:
+        """The logical allocator's ``alloc_extend_swa_tail`` (PD decode pre-allocation; no c4
+        device slots, as in SGLang). Extra keywords (e.g. ``swa_tail_end``) are forwarded."""
+        if swa_tail_len is not None:
+            kwargs["swa_tail_len"] = swa_tail_len
+        result: torch.Tensor | None = self._delegate("alloc_extend_swa_tail")(
+            prefix_lens=prefix_lens,
+            prefix_lens_cpu=prefix_lens_cpu,
+            seq_lens=seq_lens,
+            seq_lens_cpu=seq_lens_cpu,
+            last_loc=last_loc,
+            extend_num_tokens=extend_num_tokens,
+            **kwargs,
+        )
+        return result
+
     def alloc_decode(
         self, seq_lens: torch.Tensor, seq_lens_cpu: torch.Tensor, last_loc: torch.Tensor
     ) -> torch.Tensor | None:
@@ -273,14 +370,20 @@ class DeepSeekV4HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
     ) -> torch.Tensor | None:
         """Turn one request's c4 device slots into a buffer of exactly ``need_size`` slots.
 
-        ``allocated_indices``: the request's logical full slots for positions ``0..n-1`` (its
-        compressed entries are the slots at positions ``3, 7, ...``). Their mapped device slots
-        are taken over (mapping cleared) page by page: the first ``need_size / c4_page`` pages
-        are kept (the page holding the newest compressed entry always is), surplus pages are
-        freed, missing pages are allocated. The buffer lists every slot of the kept pages; the
-        slot of the newest compressed entry is swapped into the last, reserved position.
-        ``need_size`` must be a positive multiple of ``hisparse_page_size``. Returns ``None``
-        (nothing changed) when the device is out of pages. Syncs.
+        ``allocated_indices``: the request's *logical compressed* slots in position order (what
+        SGLang's coordinator passes: ``translate_loc_from_full_to_compressed`` of its full
+        slots). Their device slots (unmapped ones skipped) are taken over and the mapping
+        cleared. When there are more than ``need - c4_page + 1`` of them, the newest is swapped
+        into index ``need - c4_page`` (the position SGLang's coordinator reads). With at least
+        ``need_size`` slots the first ``need_size`` are the buffer and the surplus pages holding
+        no buffer slot are freed; otherwise the rest of the newest entry's page pads the buffer
+        and new pages supply the remainder. ``need_size``: a positive multiple of
+        ``hisparse_page_size``. Returns ``None`` (nothing changed) when the device is out of
+        pages (SGLang asserts). Syncs.
+
+        Deviation: SGLang pads from the *last listed* slot, which after the swap is an older one,
+        so the buffer can list a slot twice (``[4, 5, 6, 7, 9, 8, 9, 10]``); here the padding
+        follows the newest entry (``[4, 5, 6, 7, 9, 8, 10, 11]``).
         """
         cps = self.hisparse_page_size
         if isinstance(need_size, bool) or not isinstance(need_size, int) or need_size <= 0:
@@ -289,71 +392,129 @@ class DeepSeekV4HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             raise ValueError(
                 f"need_size must be a multiple of the c4 page size {cps}, got {need_size}"
             )
-        if not isinstance(allocated_indices, torch.Tensor) or allocated_indices.dim() != 1:
-            raise ValueError("allocated_indices must be a 1-D tensor of logical slots")
         mapping = self.full_to_hisparse_device_index_mapping
-        entries = allocated_indices.to(self.device, torch.int64)[_RATIO - 1 :: _RATIO] // _RATIO
-        dev = mapping[entries]
-        dev = dev[dev > 0]
-        pages = torch.unique_consecutive(dev // cps)
-        need_pages = need_size // cps
-        keep, surplus = pages[:need_pages].clone(), pages[need_pages:]
-        if surplus.numel():
-            newest = dev[-1] // cps
-            if not bool((keep == newest).any()):
-                surplus = torch.cat([surplus[surplus != newest], keep[-1:]])
-                keep[-1] = newest
-        missing = need_pages - int(keep.numel())
-        if missing > self.hisparse_attn_allocator.free_page_count():
+        dev = lookup(mapping, allocated_indices, "allocated_indices", check=self.debug)
+        dev = dev[dev > 0].clone()
+        n = int(dev.shape[0])
+        newest = int(dev[-1]) if n else 0
+        reserved = need_size - cps
+        if n > reserved + 1:
+            old = dev[reserved].clone()
+            dev[reserved] = dev[n - 1]
+            dev[n - 1] = old
+        if n >= need_size:
+            buffer = dev[:need_size]
+            surplus = dev[need_size:]
+            mapping[allocated_indices] = 0
+            if surplus.numel():
+                pages = surplus_pages(buffer, surplus, cps)
+                if pages.numel():
+                    self.hisparse_attn_allocator.free_page_ids(pages)
+            return buffer
+        if n % cps:
+            dev = torch.cat([dev, pad_slots(newest, cps - n % cps, cps, self.device)])
+        extra_size = need_size - int(dev.shape[0])
+        extra_pages = -(-extra_size // cps)
+        if extra_pages > self.hisparse_attn_allocator.free_page_count():
             return None
-        if missing:
-            extra = self.hisparse_attn_allocator.alloc(missing * cps)
-            if extra is None:  # pragma: no cover - the check above guarantees room
-                return None
-            keep = torch.cat([keep, extra[::cps] // cps])
-        if surplus.numel():
-            self.hisparse_attn_allocator.free_page_ids(surplus)
-        mapping[entries] = 0
-        offsets = torch.arange(cps, dtype=torch.int64, device=self.device)
-        buffer: torch.Tensor = (keep[:, None] * cps + offsets).reshape(-1)
-        if dev.numel():
-            pos = torch.nonzero(buffer == dev[-1]).reshape(-1)[:1]
-            last = buffer[-1:].clone()
-            buffer[-1:] = buffer[pos]
-            buffer[pos] = last
-        return buffer
+        extra = self.hisparse_attn_allocator.alloc(extra_pages * cps)
+        if extra is None:
+            return None
+        mapping[allocated_indices] = 0
+        return torch.cat([dev, extra[:extra_size]])
 
     # ------------------------------------------------------------------ free
     def free(self, free_index: torch.Tensor) -> None:
-        """Free logical slots (the logical allocator's ``free`` contract) and the device slots
-        of their compressed entries, clearing the mapping."""
+        """Free logical slots (the logical allocator's ``free``) and the device slots of their
+        compressed entries (``free_hisparse``), as SGLang 0.5.23 does. Inside a free group the
+        call is queued (copied) and applied at ``free_group_end`` as one free."""
         if free_index.numel() == 0:
+            return
+        check_slots(free_index, "free_index", self._full_slots, check=self.debug)
+        if self._free_group is not None:
+            self._free_group.append(free_index.to(self.device, torch.int64, copy=True))
             return
         self.logical_attn_allocator.free(free_index)
         self.free_hisparse(free_index)
 
+    def free_full(self, free_index: torch.Tensor) -> None:
+        """The logical allocator's ``free_full`` (full side of a request whose window slots
+        ``free_swa`` released); queued inside a free group."""
+        if free_index.numel() == 0:
+            return
+        if self._free_group is not None:
+            self._full_free_group.append(free_index.to(self.device, torch.int64, copy=True))
+            return
+        self._delegate("free_full")(free_index)
+
     def free_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
         """Free a request's slots of positions ``[start_pos, ...)`` (page-aligned start)."""
+        if self._free_group is not None:
+            super().free_segment(free_index, start_pos=start_pos)  # checks, then queues
+            return
         self._delegate("free_segment")(free_index, start_pos=start_pos)
         self.free_hisparse(free_index)
 
+    def free_segments(self, segments: Iterable[tuple[torch.Tensor, int]]) -> None:
+        """The logical allocator's ``free_segments`` and the device slots of *every* given slot's
+        compressed entry (a page two segments share is released once on the logical side, but
+        all its entries' device slots go). Queued as one free inside a free group."""
+        segs = list(segments)
+        if not segs:
+            return
+        slots = torch.cat([idx.to(self.device, torch.int64).reshape(-1) for idx, _ in segs])
+        if self._free_group is not None:
+            for _ in trim_segments(segs, self.page_size):  # validates the segments
+                pass
+            self.free(slots)  # set semantics at group end: the same pages, every entry
+            return
+        self._delegate("free_segments")(segs)
+        self.free_hisparse(slots)
+
+    def free_group_begin(self) -> None:
+        super().free_group_begin()
+        self._full_free_group = []
+
+    def _flush_free_group(self, group: list[Any]) -> None:
+        """One free of the group's slots with SGLang's set semantics (the logical allocator's
+        ``free``: the sorted unique pages of all of them)."""
+        slots = torch.cat(group) if len(group) > 1 else group[0]
+        self.logical_attn_allocator.free(slots)
+        self.free_hisparse(slots)
+
+    def free_group_end(self) -> None:
+        super().free_group_end()
+        full = self._full_free_group
+        self._full_free_group = []
+        if full:
+            self.free_full(torch.cat(full))
+
     def free_hisparse(self, free_indices: torch.Tensor) -> None:
-        """Release the device slots of the compressed entries of logical ``free_indices`` and
-        clear their mapping (``free_compressed``)."""
+        """Release the device slots of the compressed entries of logical full slots
+        ``free_indices`` and clear their mapping (never deferred)."""
         if free_indices.numel() == 0:
             return
-        entries = self._compressed_of(free_indices)
+        check_slots(free_indices, "free_indices", self._full_slots, check=self.debug)
+        self.free_compressed(self._compressed_of(free_indices))
+
+    def free_compressed(self, compressed_indices: torch.Tensor) -> None:
+        """Release the device slots of logical compressed slots ``compressed_indices`` and
+        clear their mapping (never deferred)."""
         mapping = self.full_to_hisparse_device_index_mapping
-        dev = mapping[entries]
-        mapping[entries] = 0
-        self.free_hisparse_indices(dev)
+        pages = mapped_pages(
+            mapping, compressed_indices, self.hisparse_page_size, "compressed_indices",
+            check=self.debug,
+        )  # fmt: skip
+        mapping[compressed_indices] = 0
+        if pages.numel():
+            self.hisparse_attn_allocator.free_page_ids(pages)
 
     def free_hisparse_indices(self, buffer_indices: torch.Tensor) -> None:
-        """Release device slots directly (whole pages; entries <= 0 ignored); never deferred."""
+        """Release device slots directly (every page they touch, as SGLang's set-semantics
+        ``free``; entries <= 0 ignored); never deferred."""
         dev = buffer_indices.to(self.device, torch.int64)
         dev = dev[dev > 0]
         if dev.numel():
-            # by page, not slot: a buffer claims whole pages, some slots never handed out singly
             pages = torch.unique(dev // self.hisparse_page_size)
             self.hisparse_attn_allocator.free_page_ids(pages)
 
@@ -364,6 +525,7 @@ class DeepSeekV4HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
     def clear(self) -> None:
         self._pair.clear()
         self._free_group = None
+        self._full_free_group = []
 
     def backup_state(self) -> DeepSeekV4HiSparseAllocatorState:
         return DeepSeekV4HiSparseAllocatorState(id(self), *self._pair.snapshot())
@@ -371,14 +533,6 @@ class DeepSeekV4HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
     def restore_state(self, state: Any) -> None:
         own = check_own_state(state, DeepSeekV4HiSparseAllocatorState, self)
         self._pair.restore(own.logical, own.device, own.mapping)
-
-    def get_cpu_copy(self, indices: torch.Tensor, mamba_indices: torch.Tensor | None = None) -> Any:
-        raise NotImplementedError("DeepSeekV4HiSparseTokenToKVPoolAllocator has no CPU copies")
-
-    def load_cpu_copy(
-        self, kv_cache_cpu: Any, indices: torch.Tensor, mamba_indices: torch.Tensor | None = None
-    ) -> Any:
-        raise NotImplementedError("DeepSeekV4HiSparseTokenToKVPoolAllocator has no CPU copies")
 
     def debug_print(self) -> str:
         return self._pair.describe("logical", "hisparse")

@@ -7,27 +7,43 @@ the ids requests see) and a *device* one over the ``size`` slots of the
 device slots; it is registered into the pool (``kvcache.register_mapping``), which translates
 logical locs through it on every read/write.
 
+* ``alloc`` (SGLang: page size 1 only; here whole pages): logical first, then device; a short
+  device frees the logical slots again (SGLang's order, so the free lists stay equal).
 * ``alloc_extend`` takes logical and device slots in step (capacity of both checked on the host
   first); ``alloc_logical_only`` / ``alloc_decode`` take logical slots only (the HiSparse
-  coordinator assigns device slots later, e.g. via ``alloc_device_buffer``).
-* ``free`` releases logical pages and the mapped device slots and clears the mapping at once;
-  free groups therefore apply frees immediately (they only check nesting).
+  coordinator assigns device slots later, via ``alloc_device_buffer``). A request continuing a
+  partial page whose last token has no device slot gets a fresh device page (SGLang: slots of
+  the padding page; see the package README).
+* ``free`` releases logical pages and the mapped device pages (set semantics) and clears the
+  mapping at once; free groups therefore apply frees immediately (they only check nesting).
+* ``alloc_device_buffer`` frees only surplus pages that hold no buffer slot and pads inside the
+  last slot's page (SGLang frees and pads past what the buffer owns).
 
 Importing this module imports no pool module at run time (the pool type is for type checking).
-Device-slot frees go through the paged allocator's ``free_unaligned`` (the mapped device slots
-form an arbitrary set), which syncs once per call.
+Device frees resolve the mapped device pages with ``torch.unique`` (one sync per call).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 
 from mem_cache_allocator._composite import check_need_size, make_inner, new_mapping
+from mem_cache_allocator._hisparse_device import (
+    check_slots,
+    lookup,
+    mapped_pages,
+    pad_slots,
+    plan_device_extend,
+    surplus_pages,
+)
 from mem_cache_allocator._page_allocator import PageAllocatorState
+from mem_cache_allocator._pages import check_cpu_lengths, num_new_pages_extend, trim_segments
 from mem_cache_allocator._paired import PairedAllocators, check_own_state
+from mem_cache_allocator._scheduler_hooks import request_slot_reserve
 from mem_cache_allocator.base import BaseTokenToKVPoolAllocator
 
 __all__ = ["HiSparseAllocatorState", "HiSparseTokenToKVPoolAllocator"]
@@ -75,6 +91,7 @@ class HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         self._size_hisparse = size
         self.host_to_device_ratio = host_to_device_ratio
         self.compress_ratio = 1
+        self.spec_scratch_tokens = 0
         self.logical_attn_allocator = make_inner(
             self.size, page_size, dtype, self.device, kvcache, need_sort, debug, paged_only=True
         )
@@ -97,17 +114,61 @@ class HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
     def size_hisparse(self) -> int:
         return self._size_hisparse
 
+    @property
+    def debug(self) -> bool:
+        return self.logical_attn_allocator.debug
+
     def available_size(self) -> int:
         return self._pair.available_size()
 
+    def get_last_loc_compressed(self, last_locs: torch.Tensor) -> torch.Tensor:
+        """``last_locs`` unchanged (no compression; SGLang's coordinator calls it on both
+        HiSparse allocators)."""
+        return last_locs
+
     def get_last_loc_hisparse_device(self, last_locs: torch.Tensor) -> torch.Tensor:
-        """Device slots of logical ``last_locs`` (-1 stays -1)."""
-        return self.full_to_hisparse_device_index_mapping[last_locs]
+        """Device slots of logical ``last_locs`` (-1 stays -1, 0 = no device slot)."""
+        return lookup(
+            self.full_to_hisparse_device_index_mapping, last_locs, "last_locs", check=self.debug
+        )
+
+    # ------------------------------------------------------------------ scheduler hooks
+    def configure_spec_scratch(self, num_draft_tokens: int) -> None:
+        """Record the speculative-decoding draft tokens each running request may hold at once
+        (``request_slot_reserve`` counts them); 0 turns it off."""
+        if (
+            isinstance(num_draft_tokens, bool)
+            or not isinstance(num_draft_tokens, int)
+            or num_draft_tokens < 0
+        ):
+            raise ValueError(
+                f"num_draft_tokens must be a non-negative int, got {num_draft_tokens!r}"
+            )
+        self.spec_scratch_tokens = num_draft_tokens
+
+    def request_slot_reserve(self, num_reqs: int = 1) -> int:
+        """Tokens the scheduler keeps free per ``num_reqs`` admitted requests: one page each
+        (every request may open a new page) plus the speculative scratch rounded up to pages."""
+        return request_slot_reserve(num_reqs, self.page_size, self.spec_scratch_tokens)
 
     # ------------------------------------------------------------------ allocation
     def alloc(self, need_size: int) -> torch.Tensor | None:
-        """Logical and device slots in step (whole pages); returns the logical slots."""
-        return self._pair.alloc(need_size)
+        """Logical and device slots in step (whole pages); returns the logical slots.
+
+        SGLang's order: the logical allocation first (a short ``need_sort`` free list merges its
+        staged frees before giving up), then the device one; when the device is short, the
+        logical slots are freed again (as SGLang does, so the free lists stay equal).
+        """
+        check_need_size(need_size)
+        logical = self.logical_attn_allocator.alloc(need_size)
+        if logical is None:
+            return None
+        dev = self.hisparse_attn_allocator.alloc(need_size)
+        if dev is None:
+            self.logical_attn_allocator.free(logical)
+            return None
+        self.full_to_hisparse_device_index_mapping[logical] = dev
+        return logical
 
     def alloc_extend(  # noqa: PLR0917 - SGLang-compatible positional signature
         self,
@@ -118,9 +179,47 @@ class HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         last_loc: torch.Tensor,
         extend_num_tokens: int,
     ) -> torch.Tensor | None:
-        """Logical and device slots in step; the device ``last_loc`` is the mapped one."""
-        lens = (prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu)
-        return self._pair.alloc_extend(lens, last_loc, extend_num_tokens)
+        """Logical and device slots in step; the device ``last_loc`` is the mapped one.
+
+        Capacity of both sides is checked on the host first (SGLang's pre-check: staged frees
+        count, nothing merges when it fails). A request whose prefix ends inside a page on a
+        token without device slot (a logical-only decode token) gets a fresh device page; SGLang
+        hands out slots of the padding page there (see the package README).
+        """
+        bs = check_cpu_lengths("seq_lens_cpu", seq_lens_cpu)
+        check_cpu_lengths("prefix_lens_cpu", prefix_lens_cpu, bs)
+        pages, _ = num_new_pages_extend(prefix_lens_cpu, seq_lens_cpu, self.page_size)
+        if not self._pair.fits(pages, pages):
+            return None
+        plan = plan_device_extend(
+            prefix_lens,
+            prefix_lens_cpu,
+            seq_lens_cpu,
+            self.get_last_loc_hisparse_device(last_loc),
+            self.page_size,
+        )
+        if plan.pages > pages and not self._pair.fits(pages, plan.pages):
+            return None
+        got = self._pair.run_in_step(
+            lambda: self.logical_attn_allocator.alloc_extend(
+                prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens
+            ),
+            lambda: self.hisparse_attn_allocator.alloc_extend(
+                plan.prefix_lens,
+                plan.prefix_lens_cpu,
+                seq_lens,
+                seq_lens_cpu,
+                plan.last_loc,
+                plan.tokens,
+            ),
+        )
+        if got is None:
+            return None
+        logical, dev = got
+        self.full_to_hisparse_device_index_mapping[logical] = (
+            dev if plan.keep is None else dev[plan.keep]
+        )
+        return logical
 
     def alloc_logical_only(  # noqa: PLR0917 - SGLang-compatible positional signature
         self,
@@ -149,55 +248,92 @@ class HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
 
         Takes the device slots mapped from logical ``allocated_indices`` (in order; unmapped ones
         are skipped) and clears those mapping entries. With at least ``need_size`` of them, the
-        first ``need_size`` are the buffer and the rest are freed; otherwise the last partial
-        page is claimed whole and new pages are allocated for the remainder. ``need_size`` must
-        be a multiple of page_size. Returns ``None`` (nothing changed) when the device allocator
-        cannot supply the extra pages. Syncs (the number of mapped slots is data-dependent).
+        first ``need_size`` are the buffer and the pages of the rest that hold no buffer slot
+        are freed; otherwise the rest of the last slot's page pads the buffer and new pages are
+        allocated for the remainder. ``need_size`` must be a multiple of page_size. Returns
+        ``None`` (nothing changed) when the device allocator cannot supply the extra pages
+        (SGLang asserts). Syncs (the number of mapped slots is data-dependent).
         """
         ps = self.page_size
         check_need_size(need_size)
         if need_size % ps:
             raise ValueError(f"need_size must be a multiple of page_size={ps}, got {need_size}")
         mapping = self.full_to_hisparse_device_index_mapping
-        dev = mapping[allocated_indices]
+        dev = lookup(mapping, allocated_indices, "allocated_indices", check=self.debug)
         dev = dev[dev > 0]
         n = int(dev.shape[0])
         if n >= need_size:
-            mapping[allocated_indices] = 0
             buffer = dev[:need_size]
-            self.free_hisparse_indices(dev[need_size:])
+            surplus = dev[need_size:]
+            mapping[allocated_indices] = 0
+            if surplus.numel():
+                pages = surplus_pages(buffer, surplus, ps)
+                if pages.numel():
+                    self.hisparse_attn_allocator.free_page_ids(pages)
             return buffer
-        residual = n % ps
-        if residual:
-            last = int(dev[-1])
-            pad = torch.arange(last + 1, last + 1 + ps - residual, dtype=torch.int64)
-            dev = torch.cat([dev, pad.to(self.device)])
+        if n % ps:
+            dev = torch.cat([dev, pad_slots(int(dev[-1]), ps - n % ps, ps, self.device)])
         extra_size = need_size - int(dev.shape[0])
-        if extra_size // ps > self.hisparse_attn_allocator.free_page_count():
+        extra_pages = -(-extra_size // ps)
+        if extra_pages > self.hisparse_attn_allocator.free_page_count():
             return None
-        extra = self.hisparse_attn_allocator.alloc(extra_size)
-        if extra is None:  # pragma: no cover - the check above guarantees room
+        extra = self.hisparse_attn_allocator.alloc(extra_pages * ps)
+        if extra is None:
             return None
         mapping[allocated_indices] = 0
-        return torch.cat([dev, extra])
+        return torch.cat([dev, extra[:extra_size]])
 
     # ------------------------------------------------------------------ free
     def free(self, free_index: torch.Tensor) -> None:
-        """Free logical slots (paged ``free`` contract) and their device slots; clear mapping."""
+        """Free logical slots and their device slots and clear the mapping (``free_hisparse``),
+        with SGLang 0.5.23's set semantics on both sides (the pages of the given slots: any
+        order, several requests concatenated, partial pages). Syncs once (the device side is
+        data-dependent anyway). Never deferred: free groups only check nesting."""
         if free_index.numel() == 0:
             return
+        dev_pages = self._device_pages_of(free_index, "free_index")
         self.logical_attn_allocator.free(free_index)
-        self.free_hisparse(free_index)
+        self._release(free_index, dev_pages)
+
+    def free_segments(self, segments: Iterable[tuple[torch.Tensor, int]]) -> None:
+        """Free ascending ``(slots, start_pos)`` segments of one request: one :meth:`free` of all
+        their slots (set semantics release a page two segments share once, and every slot's
+        device page goes -- trimming the shared page's slots would leave them mapped)."""
+        segs = list(segments)
+        for _ in trim_segments(segs, self.page_size):  # validates the segments
+            pass
+        if segs:
+            self.free(torch.cat([idx.to(self.device, torch.int64).reshape(-1) for idx, _ in segs]))
 
     def free_hisparse(self, free_indices: torch.Tensor) -> None:
-        """Release the device slots mapped from logical ``free_indices`` and clear the mapping."""
+        """Release the device pages mapped from logical ``free_indices`` and clear the mapping
+        (SGLang's set-semantics ``free`` of the mapped device slots)."""
         if free_indices.numel() == 0:
             return
-        self._pair.release(free_indices)
+        self._release(free_indices, self._device_pages_of(free_indices, "free_indices"))
+
+    def _device_pages_of(self, keys: torch.Tensor, name: str) -> torch.Tensor:
+        """The device pages mapped from ``keys`` (debug: none still mapped from other keys)."""
+        mapping = self.full_to_hisparse_device_index_mapping
+        return mapped_pages(mapping, keys, self.page_size, name, check=self.debug)
+
+    def _release(self, keys: torch.Tensor, pages: torch.Tensor) -> None:
+        self.full_to_hisparse_device_index_mapping[keys] = 0
+        if pages.numel():
+            self.hisparse_attn_allocator.free_page_ids(pages)
 
     def free_hisparse_indices(self, buffer_indices: torch.Tensor) -> None:
-        """Release device slots directly (entries <= 0 are ignored); never deferred."""
-        self._pair.free_secondary(buffer_indices)
+        """Release device slots directly: every page they touch (SGLang's set-semantics
+        ``free``; a buffer owns whole pages, some of whose slots were never handed out singly).
+        Entries <= 0 are ignored; never deferred. Syncs (``torch.unique``)."""
+        check_slots(
+            buffer_indices, "buffer_indices", self._size_hisparse + self.page_size, check=self.debug
+        )
+        dev = buffer_indices.to(self.device, torch.int64)
+        dev = dev[dev > 0]
+        if dev.numel():
+            pages = torch.unique(dev // self.page_size)
+            self.hisparse_attn_allocator.free_page_ids(pages)
 
     def free_group_begin(self) -> None:
         """Checks nesting only: HiSparse frees must clear the mapping at once."""
@@ -221,14 +357,6 @@ class HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
     def restore_state(self, state: Any) -> None:
         own = check_own_state(state, HiSparseAllocatorState, self)
         self._pair.restore(own.logical, own.device, own.mapping)
-
-    def get_cpu_copy(self, indices: torch.Tensor, mamba_indices: torch.Tensor | None = None) -> Any:
-        raise NotImplementedError("HiSparseTokenToKVPoolAllocator does not support CPU copies")
-
-    def load_cpu_copy(
-        self, kv_cache_cpu: Any, indices: torch.Tensor, mamba_indices: torch.Tensor | None = None
-    ) -> Any:
-        raise NotImplementedError("HiSparseTokenToKVPoolAllocator does not support CPU copies")
 
     def debug_print(self) -> str:
         return self._pair.describe("logical", "hisparse")

@@ -30,6 +30,7 @@ class MambaSlotAllocatorState:
 
     owner: int
     free: FreeListSnapshot
+    group_unused: torch.Tensor  # pre-allocated group slots not yet handed out (free again)
     live: torch.Tensor | None
 
 
@@ -47,6 +48,10 @@ class MambaSlotAllocator:
         self._live: torch.Tensor | None = (
             torch.zeros(size + 1, dtype=torch.bool) if debug_enabled(debug) else None
         )
+        # debug only: slots ever handed out (tells a double free from a never-allocated slot)
+        self._ever: torch.Tensor | None = (
+            torch.zeros(size + 1, dtype=torch.bool) if self._live is not None else None
+        )
         self.clear()
 
     @property
@@ -57,6 +62,11 @@ class MambaSlotAllocator:
         """Free slots (host-side; pre-allocated group slots are not counted)."""
         return len(self._free)
 
+    def schedulable_available_size(self) -> int:
+        """Slots the scheduler may plan with (SGLang 0.5.23's admission query): the free slots,
+        as for every allocator whose slots are not shared with another pool."""
+        return len(self._free)
+
     def clear(self) -> None:
         self._free.clear()
         self._free.push_back(torch.arange(1, self.size + 1, dtype=torch.int64, device=self.device))
@@ -64,6 +74,8 @@ class MambaSlotAllocator:
         self._group_pos = 0
         if self._live is not None:
             self._live.zero_()
+        if self._ever is not None:
+            self._ever.zero_()
 
     # ------------------------------------------------------------------ allocation
     def alloc(self, need_size: int) -> torch.Tensor | None:
@@ -81,8 +93,10 @@ class MambaSlotAllocator:
         if need_size > len(self._free):
             return None
         out = self._free.take(need_size).clone()
-        if self._live is not None:
-            self._live[out.cpu()] = True
+        if self._live is not None and self._ever is not None:
+            host = out.cpu()
+            self._live[host] = True
+            self._ever[host] = True
         return out
 
     def alloc_group_begin(self, num_reqs: int) -> None:
@@ -118,6 +132,12 @@ class MambaSlotAllocator:
             bad = host[(host <= 0) | (host > self.size)]
             if bad.numel():
                 raise ValueError(f"MambaSlotAllocator: free of invalid slots {describe(bad)}")
+            assert self._ever is not None
+            never = host[~self._ever[host]]
+            if never.numel():
+                raise ValueError(
+                    f"MambaSlotAllocator: free of never-allocated slots {describe(never)}"
+                )
             uniq, counts = torch.unique(host, return_counts=True)
             dup = torch.cat([uniq[counts > 1], host[~self._live[host]]])
             if dup.numel():
@@ -127,14 +147,33 @@ class MambaSlotAllocator:
 
     # ------------------------------------------------------------------ state
     def backup_state(self) -> MambaSlotAllocatorState:
+        """Snapshot; inside an alloc group the group's unused slots count as free (a restore
+        returns them to the free list and empties the open group, so none leaks)."""
+        group = self._group
+        unused = (
+            group[self._group_pos :].clone()
+            if group is not None
+            else torch.empty(0, dtype=torch.int64, device=self.device)
+        )
         live = None if self._live is None else self._live.clone()
-        return MambaSlotAllocatorState(owner=id(self), free=self._free.snapshot(), live=live)
+        return MambaSlotAllocatorState(
+            owner=id(self), free=self._free.snapshot(), group_unused=unused, live=live
+        )
 
     def restore_state(self, state: Any) -> None:
+        """Back to ``state``: its free list plus its group's unused slots; an open group stays
+        open but empty (its slots are accounted for by the restored free list)."""
         if not isinstance(state, MambaSlotAllocatorState) or state.owner != id(self):
             raise ValueError(
                 f"state must come from this allocator's backup_state(), got {type(state).__name__}"
             )
         self._free.restore(state.free)
+        if state.group_unused.numel():
+            self._free.push_back(state.group_unused.clone())
+        if self._group is not None:
+            self._group = torch.empty(0, dtype=torch.int64, device=self.device)
+            self._group_pos = 0
         if self._live is not None and state.live is not None:
             self._live = state.live.clone()
+            if state.group_unused.numel():
+                self._live[state.group_unused.cpu()] = False

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from mem_cache_allocator._composite import make_inner, new_mapping, slots_of_pages_touched
+from mem_cache_allocator._composite import make_inner, new_mapping
 from mem_cache_allocator._page_allocator import PageAllocatorState
 from mem_cache_allocator._pages import check_cpu_lengths, num_new_pages_extend
 from mem_cache_allocator._paired import PairedAllocators, check_own_state
@@ -66,7 +66,7 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         self._size_full = size
         self._size_swa = size_swa
         self.size = min(size, size_swa)
-        full_pool = None if kvcache is None else kvcache.full_kv_pool
+        full_pool = None if kvcache is None else getattr(kvcache, "full_kv_pool", None)
         swa_pool = None if kvcache is None else kvcache.swa_kv_pool
         self.full_attn_allocator = make_inner(
             size, page_size, dtype, self.device, full_pool, need_sort, debug
@@ -82,6 +82,7 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             self.translate_loc_from_full_to_swa,
         )
         self._swa_group: list[torch.Tensor] = []
+        self._page_offsets = torch.arange(page_size, dtype=torch.int64, device=self.device)
         if kvcache is not None:
             kvcache.register_mapping(self.full_to_swa_index_mapping)
 
@@ -105,8 +106,16 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
 
     # ------------------------------------------------------------------ mapping
     def translate_loc_from_full_to_swa(self, kv_indices: torch.Tensor) -> torch.Tensor:
-        """Window slots of full slots ``kv_indices`` (0 = not in the window, -1 for -1)."""
-        return self.full_to_swa_index_mapping[kv_indices]
+        """Window slots of full slots ``kv_indices`` (0 = not in the window, -1 for -1).
+
+        An index past the mapping raises ``ValueError`` naming ``kv_indices`` (no extra cost:
+        torch's own bounds check, re-raised)."""
+        mapping = self.full_to_swa_index_mapping
+        try:
+            return mapping[kv_indices]
+        except IndexError as exc:
+            bound = mapping.shape[0] - 1
+            raise ValueError(f"kv_indices must hold full slots in [-1, {bound}): {exc}") from exc
 
     def set_full_to_swa_mapping(
         self, full_indices: torch.Tensor, swa_indices: torch.Tensor
@@ -145,28 +154,40 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         last_loc: torch.Tensor,
         extend_num_tokens: int,
         swa_tail_len: int,
+        swa_tail_end: int | None = None,
     ) -> torch.Tensor | None:
-        """Full slots for the whole extend, window slots only for its last ``swa_tail_len``.
+        """Full slots for the whole extend, window slots only for a tail of it.
 
         Batch size 1 (PD decode pre-allocation). The window slots are a fresh allocation
-        (prefix 0, ``last_loc`` -1 in the window space); earlier tokens stay unmapped (0).
+        (prefix 0, ``last_loc`` -1 in the window space) for the extend's tokens
+        ``[swa_tail_end - swa_tail_len, swa_tail_end)``; ``swa_tail_end`` defaults to
+        ``extend_num_tokens`` (newer SGLang passes it when padding follows the tail). Every other
+        token of the extend is unmapped (0).
         """
         bs = check_cpu_lengths("seq_lens_cpu", seq_lens_cpu)
         if bs != 1:
             raise ValueError(f"alloc_extend_swa_tail supports one request, got {bs}")
         check_cpu_lengths("prefix_lens_cpu", prefix_lens_cpu, 1)
-        if not 0 <= swa_tail_len <= extend_num_tokens:
+        if isinstance(swa_tail_len, bool) or not isinstance(swa_tail_len, int):
+            raise TypeError(f"swa_tail_len must be an int, got {type(swa_tail_len).__name__}")
+        end = extend_num_tokens if swa_tail_end is None else swa_tail_end
+        if isinstance(end, bool) or not isinstance(end, int) or not 0 <= end <= extend_num_tokens:
             raise ValueError(
-                f"swa_tail_len must be in [0, extend_num_tokens={extend_num_tokens}], "
-                f"got {swa_tail_len}"
+                f"swa_tail_end must be an int in [0, extend_num_tokens={extend_num_tokens}], "
+                f"got {swa_tail_end!r}"
             )
+        if not 0 <= swa_tail_len <= end:
+            raise ValueError(f"swa_tail_len must be in [0, swa_tail_end={end}], got {swa_tail_len}")
         ps = self.page_size
         full_pages, _ = num_new_pages_extend(prefix_lens_cpu, seq_lens_cpu, ps)
         if not self._pair.fits(full_pages, -(-swa_tail_len // ps)):
             return None
         lens = (prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu)
         if swa_tail_len == 0:
-            return self.full_attn_allocator.alloc_extend(*lens, last_loc, extend_num_tokens)
+            full_only = self.full_attn_allocator.alloc_extend(*lens, last_loc, extend_num_tokens)
+            if full_only is not None:
+                self.full_to_swa_index_mapping.index_fill_(0, full_only, 0)
+            return full_only
         dev = self.device
         zero = torch.zeros(1, dtype=torch.int64)
         tail = torch.tensor([swa_tail_len], dtype=torch.int64)
@@ -180,7 +201,10 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         if got is None:
             return None
         full, swa = got
-        self.full_to_swa_index_mapping[full[-swa_tail_len:]] = swa
+        start = end - swa_tail_len
+        mapping = self.full_to_swa_index_mapping
+        mapping.index_fill_(0, full, 0)
+        mapping[full[start:end]] = swa
         return full
 
     def alloc_decode(
@@ -190,23 +214,77 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
 
     # ------------------------------------------------------------------ free
     def free(self, free_index: torch.Tensor) -> None:
-        """Free full slots (same contract as the paged ``free``) and their window slots."""
-        if free_index.numel() == 0:
+        """Free full slots (any slot set, as the paged ``free``) and their window slots.
+
+        The window side first (``free_swa``: every slot of the touched full pages, mapping
+        entries cleared), then the full side (``free_full``). Outside a free group both sides
+        are validated (range on CPU tensors, capacity counts, debug ownership) before either
+        changes: a failed call changes nothing. Inside a group both are queued; the mapping is
+        resolved and cleared at queue time (a later allocation in the group may map the same
+        full slots again), the window slots are released at :meth:`free_group_end`.
+        """
+        idx = self.full_attn_allocator.check_free_input("free_index", free_index)
+        if idx is None:
             return
-        self.full_attn_allocator.free(free_index)
         if self._free_group is not None:
-            self._swa_group.append(free_index.to(device=self.device, dtype=torch.int64, copy=True))
-        else:
-            self.free_swa(free_index)
+            self._queue_swa(idx)
+            self.full_attn_allocator.free(idx)
+            return
+        full = self.full_attn_allocator
+        full_pages = full.prepare_free(idx, free_index)
+        keys, window = self._window_of(idx)
+        window_pages = self._prepare_window(window)
+        self.full_to_swa_index_mapping.index_fill_(0, keys, 0)
+        if window_pages is not None:
+            self.swa_attn_allocator.commit_free(window_pages)
+        full.commit_free(full_pages)
 
     def free_swa(self, free_index: torch.Tensor) -> None:
         """Release the window slots mapped from every full page ``free_index`` touches.
 
-        The full slots stay allocated; their mapping entries (whole pages) become 0. Syncs once.
+        The full slots stay allocated; their mapping entries (whole pages) become 0. Outside a
+        group: one filter and one dedup (device->host syncs). Inside a group: queued, released
+        with the group's other window frees at :meth:`free_group_end` (one sorted free).
         """
-        if free_index.numel() == 0:
+        idx = self.full_attn_allocator.check_free_input("free_index", free_index)
+        if idx is None:
             return
-        self._pair.release(slots_of_pages_touched(free_index.to(self.device), self.page_size))
+        if self._free_group is not None:
+            self._queue_swa(idx)
+            return
+        keys, window = self._window_of(idx)
+        window_pages = self._prepare_window(window)
+        self.full_to_swa_index_mapping.index_fill_(0, keys, 0)
+        if window_pages is not None:
+            self.swa_attn_allocator.commit_free(window_pages)
+
+    def free_full(self, free_index: torch.Tensor) -> None:
+        """Release only the full-side slots (their window slots were released by ``free_swa``,
+        as SGLang's scheduler does when a request's window part left earlier)."""
+        self.full_attn_allocator.free(free_index)
+
+    def _window_of(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(every full slot of the pages ``idx`` touches, their mapped window slots).
+
+        Sync-free: duplicates are kept (the window side's free deduplicates pages)."""
+        ps = self.page_size
+        if ps == 1:
+            keys = idx
+        else:
+            base = (idx >> (ps.bit_length() - 1)) * ps
+            keys = (base[:, None] + self._page_offsets).reshape(-1)
+        return keys, self.full_to_swa_index_mapping[keys]
+
+    def _prepare_window(self, window: torch.Tensor) -> torch.Tensor | None:
+        live = window[window > 0]
+        if live.numel() == 0:
+            return None
+        return self.swa_attn_allocator.prepare_free(live)
+
+    def _queue_swa(self, idx: torch.Tensor) -> None:
+        keys, window = self._window_of(idx)
+        self._swa_group.append(window)  # a new tensor (advanced indexing): the queue owns it
+        self.full_to_swa_index_mapping.index_fill_(0, keys, 0)
 
     def free_group_begin(self) -> None:
         super().free_group_begin()
@@ -214,15 +292,36 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         self._swa_group = []
 
     def free_group_end(self) -> None:
-        if self._free_group is None:
+        """Release the group: the window slots of every queued window free in one free
+        (deduplicated, ascending pages), the full side's queue as its own ``free_group_end``.
+        On an error nothing is released and the group stays open."""
+        group = self._free_group
+        if group is None:
             raise RuntimeError(
                 "SWATokenToKVPoolAllocator.free_group_end() called without free_group_begin()"
             )
-        self._free_group = None
-        swa_group, self._swa_group = self._swa_group, []
-        self.full_attn_allocator.free_group_end()
+        swa_group = self._swa_group
+        window_pages = None
         if swa_group:
-            self.free_swa(torch.cat(swa_group))
+            window_pages = self._prepare_window(
+                torch.cat(swa_group) if len(swa_group) > 1 else swa_group[0]
+            )
+        self.full_attn_allocator.free_group_end()  # raises with its group still open
+        self._free_group = None
+        self._swa_group = []
+        if window_pages is not None:
+            self.swa_attn_allocator.commit_free(window_pages)
+
+    @property
+    def free_group(self) -> list[torch.Tensor] | None:
+        """Read-only view under SGLang's name: ``None`` outside a group, else the queued
+        window slots (mapping already resolved)."""
+        return None if self._free_group is None else list(self._swa_group)
+
+    @property
+    def is_not_in_free_group(self) -> bool:
+        """SGLang 0.5.14's flag: ``True`` outside a free group."""
+        return self._free_group is None
 
     # ------------------------------------------------------------------ state
     def merge_and_sort_free(self) -> None:

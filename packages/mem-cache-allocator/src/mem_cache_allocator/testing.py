@@ -22,8 +22,18 @@ The machine drives a token/paged-style allocator (``alloc``, ``alloc_extend``, `
 * a free gives back exactly the freed pages; a free group defers nothing past its end and
   rejects nesting; ``restore_state`` undoes everything allocated after ``backup_state``.
 
+Frees are generated the way engines and SGLang's tests make them: shuffled, reversed, int32,
+partial last pages, several requests concatenated, the same page twice in one free group
+(page allocators, ``page_size > 1``: they deduplicate; the token allocator, like SGLang's, does
+not), speculative decoding's rejected drafts (a request's slots past its accepted pages), and
+retraction of a running request (its whole row).
+
 :func:`slot_allocator_state_machine` does the same for request-level slot allocators
 (``MambaSlotAllocator``: ``alloc``, ``free``, ``alloc_group_begin/end``).
+
+:func:`hisparse_state_machine` drives the two HiSparse allocators the way SGLang's HiSparse
+coordinator and scheduler call them (logical-only decode tokens, ``alloc_device_buffer`` with
+compressed indices, ``free_hisparse``, free groups, the scheduler hooks).
 
 This module imports ``hypothesis`` (install the ``testing`` extra).
 """
@@ -37,7 +47,32 @@ import torch
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-__all__ = ["allocator_state_machine", "slot_allocator_state_machine"]
+from mem_cache_allocator._testing_hisparse import hisparse_state_machine
+
+__all__ = ["allocator_state_machine", "hisparse_state_machine", "slot_allocator_state_machine"]
+
+
+def _shaped(
+    data: st.DataObject, slots: list[int], device: torch.device, dups: bool
+) -> torch.Tensor:
+    """``slots`` as an engine may pass them: in order, shuffled, reversed, with duplicates
+    (``dups``), int64 or int32."""
+    out = list(slots)
+    mode = data.draw(
+        st.sampled_from(
+            ["plain", "shuffled", "reversed", "dups"] if dups else ["plain", "shuffled", "reversed"]
+        ),
+        label="shape",
+    )
+    if mode == "shuffled":
+        out = data.draw(st.permutations(out), label="perm")
+    elif mode == "reversed":
+        out.reverse()
+    elif mode == "dups" and out:
+        out = out + out[: data.draw(st.integers(1, len(out)), label="ndup")]
+        out = data.draw(st.permutations(out), label="perm")
+    dtype = data.draw(st.sampled_from([torch.int64, torch.int32]), label="dtype")
+    return torch.tensor(out, dtype=dtype, device=device)
 
 
 def _as_list(t: Any) -> list[int]:
@@ -57,12 +92,17 @@ def allocator_state_machine(
     decode: bool = True,
     max_batch: int = 3,
     max_extend: int = 24,
+    split_in_group: bool | None = None,
 ) -> type[RuleBasedStateMachine]:
     """A state machine class exercising allocators built by ``factory()`` (a fresh one per run).
 
     ``decode=False`` skips ``alloc_decode`` (for allocators whose decode allocates on one side
     only, like HiSparse). ``max_batch`` requests per call, up to ``max_extend`` tokens each.
+    ``split_in_group=False`` never frees a page twice inside one free group (for allocators whose
+    groups do not defer, like SGLang's HiSparse); the default is ``decode`` (the HiSparse-style
+    allocators, decode on one side only, are the ones whose groups do not defer).
     """
+    split_pages_in_group = decode if split_in_group is None else split_in_group
 
     class AllocatorMachine(RuleBasedStateMachine):
         def __init__(self) -> None:
@@ -220,10 +260,16 @@ def allocator_state_machine(
             self.live.update(slots)
             assert self.a.available_size() == before - pages * self.ps
 
-        def _free_slots(self, slots: list[int], *, grouped: bool) -> None:
+        def _free_slots(
+            self, slots: list[int], *, grouped: bool, data: st.DataObject | None = None
+        ) -> None:
             before = self.a.available_size()
             pages = {s // self.ps for s in slots}
-            self.a.free(torch.tensor(slots, dtype=torch.int64, device=self.device))
+            if data is None:
+                arg = torch.tensor(slots, dtype=torch.int64, device=self.device)
+            else:
+                arg = _shaped(data, slots, self.device, self.ps > 1)
+            self.a.free(arg)
             self.live.difference_update(slots)
             if not grouped:
                 assert self.a.available_size() == before + len(pages) * self.ps, (
@@ -236,7 +282,7 @@ def allocator_state_machine(
             keys = [("r", k) for k in self.reqs] + [("b", k) for k in self.blocks]
             kind, key = data.draw(st.sampled_from(keys))
             if kind == "b":
-                self._free_slots(self.blocks.pop(key), grouped=False)
+                self._free_slots(self.blocks.pop(key), grouped=False, data=data)
                 return
             slots = self.reqs[key]
             # free a page-aligned tail (whole request when start == 0)
@@ -253,8 +299,31 @@ def allocator_state_machine(
                 assert self.a.available_size() == before + len(freed) * self.ps
                 self.reqs[key] = slots[:start]
             else:
-                self._free_slots(slots, grouped=False)
+                self._free_slots(slots, grouped=False, data=data)  # retraction / finish
                 del self.reqs[key]
+
+        @precondition(lambda self: len(self.reqs) >= 2)
+        @rule(data=st.data())
+        def free_concatenated(self, data: st.DataObject) -> None:
+            """Several finished requests' slots (partial last pages) in one ``free``."""
+            keys = data.draw(
+                st.lists(st.sampled_from(sorted(self.reqs)), min_size=2, max_size=3, unique=True)
+            )
+            slots = [s for k in keys for s in self.reqs.pop(k)]
+            self._free_slots(slots, grouped=False, data=data)
+
+        @precondition(lambda self: any(len(v) > 1 for v in self.reqs.values()))
+        @rule(data=st.data())
+        def reject_drafts(self, data: st.DataObject) -> None:
+            """Speculative decoding: the draft slots past the accepted tokens' pages go back."""
+            key = data.draw(st.sampled_from(sorted(k for k, v in self.reqs.items() if len(v) > 1)))
+            row = self.reqs[key]
+            accepted = data.draw(st.integers(1, len(row) - 1), label="accepted")
+            keep = -(-accepted // self.ps) * self.ps
+            if keep >= len(row):
+                return
+            self.reqs[key] = row[:keep]
+            self._free_slots(row[keep:], grouped=False, data=data)
 
         @precondition(lambda self: len(self.reqs) + len(self.blocks) >= 1)
         @rule(data=st.data())
@@ -273,9 +342,17 @@ def allocator_state_machine(
             for kind, key in chosen:
                 slots = self.blocks.pop(key) if kind == "b" else self.reqs.pop(key)
                 freed_pages.update(s // self.ps for s in slots)
-                view = torch.tensor(slots, dtype=torch.int64, device=self.device)
-                self.a.free(view)
-                view.fill_(0)  # the allocator must have copied what it queued
+                parts = [slots]
+                split = split_pages_in_group and self.ps > 1 and len(slots) > self.ps
+                if split and data.draw(st.booleans(), label="split"):
+                    # prefix insertion frees the duplicate pages, then the tail: the page at
+                    # the cut is listed twice in the group (released once)
+                    cut = data.draw(st.integers(1, (len(slots) - 1) // self.ps), label="cut")
+                    parts = [slots[: cut * self.ps + 1], slots[cut * self.ps :]]
+                for part in parts:
+                    view = _shaped(data, part, self.device, self.ps > 1)
+                    self.a.free(view)
+                    view.fill_(0)  # the allocator must have copied what it queued
                 self.live.difference_update(slots)
             self.a.free_group_end()
             assert self.a.available_size() == before + len(freed_pages) * self.ps

@@ -2,8 +2,8 @@
 
 Public surface: host memory (:mod:`.memory`, :mod:`.registration`), sizing (:mod:`.capacity`),
 layouts (:mod:`.layout`), the slot allocator (:mod:`.slots`), the pools (:mod:`.base`,
-:mod:`.mha`, :mod:`.mla`), the HiSparse host mixin (:mod:`.hisparse`) and the layer-wise load
-counter (:mod:`.layer_counter`).
+:mod:`.mha`, :mod:`.mla`), the storage page format (:mod:`.page_format`), the HiSparse host mixin
+(:mod:`.hisparse`) and the layer-wise load counter (:mod:`.layer_counter`).
 """
 
 from mem_cache_pool_host.base import DevicePoolLike, HostKVCache, resolve_buffer_desc
@@ -26,6 +26,12 @@ from mem_cache_pool_host.memory import (
 )
 from mem_cache_pool_host.mha import MHATokenToKVPoolHost
 from mem_cache_pool_host.mla import MLATokenToKVPoolHost
+from mem_cache_pool_host.page_format import (
+    PAGE_FORMAT_NAME,
+    PAGE_FORMAT_VERSION,
+    PageFormat,
+    convert_flat_page,
+)
 from mem_cache_pool_host.pages import StoragePageMixin
 from mem_cache_pool_host.registration import CudaHostRegistrar, HostRegistrar
 from mem_cache_pool_host.slots import HostSlotAllocator
@@ -34,6 +40,8 @@ __all__ = [
     "DEFAULT_HOST_TO_DEVICE_RATIO",
     "IO_BACKENDS",
     "LAYOUTS",
+    "PAGE_FORMAT_NAME",
+    "PAGE_FORMAT_VERSION",
     "CudaHostRegistrar",
     "DevicePoolLike",
     "HiSparseHostPoolMixin",
@@ -51,8 +59,10 @@ __all__ = [
     "MLATokenToKVPoolHost",
     "MmapHostAllocation",
     "MmapHostTensorAllocator",
+    "PageFormat",
     "StoragePageMixin",
     "available_host_memory",
+    "convert_flat_page",
     "default_host_tensor_allocator",
     "plan_host_capacity",
     "preflight_host_memory",

@@ -1,11 +1,13 @@
 """Whole-page views of host buffers for storage (L3) backends.
 
-The *flat page* format is layout independent: for each role in order, that role's page as
-``[layer_num, page_size, *row]`` flattened, concatenated (store dtype elements). A page saved from
-a ``page_first`` pool can be restored into a ``layer_first`` pool of the same model.
+The *flat page* (format: :mod:`mem_cache_pool_host.page_format`) is, for each role in order, that
+role's page in the layout's native row order, flattened: ``[layer_num, page_size, *row]`` for
+``layer_first`` and ``page_first_direct``, ``[page_size, layer_num, *row]`` for ``page_first``
+(SGLang 0.5.23's bytes for the same layout).
 
-Buffer meta (pointers) is layout *native* (zero-copy): it describes where the page's bytes sit in
-this pool's layout, so it is only meaningful to a backend reading and writing the same layout.
+Buffer meta (pointers) is layout native too (zero-copy): per page, ``layer_first`` lists one range
+per layer and role (``k0 v0 k1 v1 ...``, SGLang's order); the page-major layouts one range per
+role.
 """
 
 from __future__ import annotations
@@ -20,19 +22,21 @@ __all__ = ["page_buffer_meta", "read_page", "role_page", "stride_page_aligned", 
 
 
 def role_page(layout: Layout, host: torch.Tensor, page: int, page_size: int) -> torch.Tensor:
-    """View of one role's page ``page`` as ``[L, page_size, *row]`` (may be strided)."""
+    """View of one role's page ``page`` in the layout's row order: ``[L, page_size, *row]``
+    (``layer_first``, may be strided; ``page_first_direct``) or ``[page_size, L, *row]``
+    (``page_first``, contiguous)."""
     start = page * page_size
     if layout == "layer_first":
         return host[:, start : start + page_size]
     if layout == "page_first":
-        return host[start : start + page_size].transpose(0, 1)
+        return host[start : start + page_size]
     return host[page]
 
 
 def read_page(
     layout: Layout, host: Sequence[torch.Tensor], page: int, page_size: int
 ) -> list[torch.Tensor]:
-    """Per-role ``[L, page_size, *row]`` views of ``page``."""
+    """Per-role views of ``page`` in the layout's row order (see :func:`role_page`)."""
     return [role_page(layout, h, page, page_size) for h in host]
 
 
@@ -53,26 +57,29 @@ def page_buffer_meta(
 ) -> tuple[list[int], list[int]]:
     """``(ptrs, sizes)`` of the contiguous byte ranges holding ``pages`` (layout native).
 
-    ``layer_first``: per page, per role, per layer one range of ``page_size * row_bytes``.
-    ``page_first`` / ``page_first_direct``: per page, per role one range of
-    ``layer_num * page_size * row_bytes``.
+    ``layer_first``: per page, per layer, per role one range of ``page_size * row_bytes``
+    (``k0 v0 k1 v1 ...``, SGLang 0.5.23's order). ``page_first`` / ``page_first_direct``: per
+    page, per role one range of ``layer_num * page_size * row_bytes``.
     """
     ptrs: list[int] = []
     sizes: list[int] = []
     for page in pages:
-        for h in host:
-            item = h.element_size()
-            if layout == "layer_first":
-                layer_stride = h.stride(0) * item
-                row_bytes = h.stride(1) * item
-                base = h.data_ptr() + page * page_size * row_bytes
-                for layer in range(h.shape[0]):
-                    ptrs.append(base + layer * layer_stride)
+        if layout == "layer_first":
+            layer_num = host[0].shape[0]
+            for layer in range(layer_num):
+                for h in host:
+                    item = h.element_size()
+                    row_bytes = h.stride(1) * item
+                    base = h.data_ptr() + page * page_size * row_bytes
+                    ptrs.append(base + layer * h.stride(0) * item)
                     sizes.append(page_size * row_bytes)
-            else:
-                page_bytes = h.stride(0) * item * (page_size if layout == "page_first" else 1)
-                ptrs.append(h.data_ptr() + page * page_bytes)
-                sizes.append(page_bytes)
+            continue
+        for h in host:
+            page_bytes = (
+                h.stride(0) * h.element_size() * (page_size if layout == "page_first" else 1)
+            )
+            ptrs.append(h.data_ptr() + page * page_bytes)
+            sizes.append(page_bytes)
     return ptrs, sizes
 
 

@@ -162,6 +162,11 @@ class HostKVCache(StoragePageMixin):
         self.row_bytes = desc.row_bytes
         self.pin_memory = pin_memory
         self.device = torch.device("cpu")
+        if allocator is not None and not callable(getattr(allocator, "allocate", None)):
+            raise TypeError(
+                "allocator must have allocate(nbytes) -> HostAllocation, got "
+                f"{type(allocator).__name__}"
+            )
         tensor_allocator = allocator or default_host_tensor_allocator(pin_memory)
         self._allocations: list[HostAllocation] = []
         self.buffers: tuple[torch.Tensor, ...] = self._allocate_buffers(tensor_allocator)
@@ -278,11 +283,67 @@ class HostKVCache(StoragePageMixin):
             )
         return desc
 
-    @staticmethod
-    def _check_indices(host_indices: torch.Tensor, device_indices: torch.Tensor) -> None:
-        for name, idx in (("host_indices", host_indices), ("device_indices", device_indices)):
+    def _check_indices(
+        self, desc: KVBufferDesc, host_indices: torch.Tensor, device_indices: torch.Tensor
+    ) -> None:
+        """Validate the caller's index tensors (names in errors are the caller's arguments).
+
+        Kind, dtype, rank, equal lengths and device are always checked; values (``-1`` = skip,
+        else below the host / device row count) when the tensor is on the CPU (no sync).
+        """
+        device_rows = int(desc.buffers[0][0].shape[0])
+        for name, idx, limit in (
+            ("host_indices", host_indices, self.size),
+            ("device_indices", device_indices, device_rows),
+        ):
             if not isinstance(idx, torch.Tensor):
                 raise TypeError(f"{name} must be a torch.Tensor, got {type(idx).__name__}")
+            if idx.dtype not in (torch.int32, torch.int64):
+                raise TypeError(f"{name} must be int32 or int64, got {idx.dtype}")
+            if idx.dim() != 1:
+                raise ValueError(f"{name} must be 1-D, got shape {tuple(idx.shape)}")
+            if idx.device.type not in ("cpu", desc.device.type):
+                raise ValueError(
+                    f"{name} must be on the CPU or on the device pool's device {desc.device}, "
+                    f"got {idx.device}"
+                )
+            if idx.device.type == "cpu" and idx.numel():
+                lo, hi = int(idx.min()), int(idx.max())
+                if lo < -1 or hi >= limit:
+                    raise ValueError(
+                        f"{name} values must lie in [0, {limit}) (or be -1 to skip), got "
+                        f"min {lo}, max {hi}"
+                    )
+        if host_indices.numel() != device_indices.numel():
+            raise ValueError(
+                f"host_indices and device_indices must have equal lengths, got "
+                f"{host_indices.numel()} and {device_indices.numel()}"
+            )
+
+    def _check_direct_pages(self, host_idx: torch.Tensor, device_idx: torch.Tensor) -> None:
+        """Direct IO moves whole pages: each run of ``page_size`` entries must be one page's
+        consecutive slots (host pages also start at a multiple of ``page_size``); a run whose
+        first entry is -1 is skipped. Both tensors are on the CPU here."""
+        ps = self.page_size
+        if host_idx.numel() % ps:
+            raise ValueError(
+                f"host_indices length must be a multiple of page_size={ps} for direct IO, got "
+                f"{host_idx.numel()}"
+            )
+        step = torch.arange(ps, dtype=torch.int64)
+        for name, idx, aligned in (
+            ("host_indices", host_idx, True),
+            ("device_indices", device_idx, False),
+        ):
+            pages = idx.to(torch.int64).view(-1, ps)
+            live = pages[:, 0] >= 0
+            first = pages[live, :1]
+            if not bool((pages[live] == first + step).all()):
+                raise ValueError(
+                    f"{name} must hold whole pages of {ps} consecutive slots for direct IO"
+                )
+            if aligned and bool((first % ps != 0).any()):
+                raise ValueError(f"{name} pages must start at multiples of page_size={ps}")
 
     def _io_backend(self, io_backend: str, desc: KVBufferDesc) -> IOBackend:
         backend = effective_io_backend(self.layout, io_backend)
@@ -320,19 +381,25 @@ class HostKVCache(StoragePageMixin):
         """
         try:
             self._check_open()
+            if isinstance(layer_id, bool) or not isinstance(layer_id, int):
+                raise TypeError(f"layer_id must be an int, got {type(layer_id).__name__}")
             if not 0 <= layer_id < self.layer_num:
                 raise ValueError(f"layer_id must be in [0, {self.layer_num}), got {layer_id}")
             desc = self._desc_for(device_pool)
             backend = self._io_backend(io_backend, desc)
-            self._check_indices(host_indices, device_indices)
+            self._check_indices(desc, host_indices, device_indices)
+            host_idx = self._indices_for(backend, desc, host_indices)
+            device_idx = self._indices_for(backend, desc, device_indices)
+            if backend == "direct":
+                self._check_direct_pages(host_idx, device_idx)
             device_layer = [desc.buffers[r][layer_id] for r in range(len(self.roles))]
             _transfer.load_one_layer(
                 layout=self.layout,
                 backend=backend,
                 host=self.buffers,
                 device_layer=device_layer,
-                host_indices=self._indices_for(backend, desc, host_indices),
-                device_indices=self._indices_for(backend, desc, device_indices),
+                host_indices=host_idx,
+                device_indices=device_idx,
                 layer=layer_id,
                 page_size=self.page_size,
             )
@@ -356,14 +423,18 @@ class HostKVCache(StoragePageMixin):
         self._check_open()
         desc = self._desc_for(device_pool)
         backend = self._io_backend(io_backend, desc)
-        self._check_indices(host_indices, device_indices)
+        self._check_indices(desc, host_indices, device_indices)
+        host_idx = self._indices_for(backend, desc, host_indices)
+        device_idx = self._indices_for(backend, desc, device_indices)
+        if backend == "direct":
+            self._check_direct_pages(host_idx, device_idx)
         _transfer.backup_all_layers(
             layout=self.layout,
             backend=backend,
             device=desc.buffers,
             host=self.buffers,
             host_layer_views=self._layer_views,
-            device_indices=self._indices_for(backend, desc, device_indices),
-            host_indices=self._indices_for(backend, desc, host_indices),
+            device_indices=device_idx,
+            host_indices=host_idx,
             page_size=self.page_size,
         )

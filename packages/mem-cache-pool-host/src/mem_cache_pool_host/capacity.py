@@ -36,6 +36,15 @@ class HostCapacity:
         return self.size * self.bytes_per_token
 
 
+def _check_int_arg(name: str, value: object, *, optional: bool = False) -> None:
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(
+            f"{name} must be an int{' or None' if optional else ''}, got {type(value).__name__}"
+        )
+
+
 def plan_host_capacity(
     *,
     device_size: int,
@@ -50,6 +59,13 @@ def plan_host_capacity(
     Otherwise ``device_size * host_to_device_ratio`` tokens, rounded down to whole pages. Raises
     ``ValueError`` naming the argument when the result would hold no page.
     """
+    for name, value in (
+        ("device_size", device_size),
+        ("bytes_per_token", bytes_per_token),
+        ("page_size", page_size),
+    ):
+        _check_int_arg(name, value)
+    _check_int_arg("host_size_bytes", host_size_bytes, optional=True)
     if page_size <= 0:
         raise ValueError(f"page_size must be > 0, got {page_size}")
     if bytes_per_token <= 0:
@@ -65,6 +81,12 @@ def plan_host_capacity(
                 f"one page needs {page_bytes} bytes"
             )
     else:
+        if isinstance(host_to_device_ratio, bool) or not isinstance(
+            host_to_device_ratio, (int, float)
+        ):
+            raise TypeError(
+                f"host_to_device_ratio must be a number, got {type(host_to_device_ratio).__name__}"
+            )
         if not host_to_device_ratio > 0:
             raise ValueError(f"host_to_device_ratio must be > 0, got {host_to_device_ratio}")
         tokens = int(device_size * host_to_device_ratio)
@@ -120,6 +142,9 @@ def preflight_host_memory(
     :func:`available_host_memory`, ``reserve_bytes`` to :func:`default_reserve_bytes`). When the
     available amount cannot be determined the check passes.
     """
+    _check_int_arg("requested_bytes", requested_bytes)
+    _check_int_arg("reserve_bytes", reserve_bytes, optional=True)
+    _check_int_arg("available", available, optional=True)
     if reserve_bytes is None:
         reserve_bytes = default_reserve_bytes()
     if reserve_bytes < 0:

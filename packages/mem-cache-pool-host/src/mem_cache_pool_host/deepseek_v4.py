@@ -149,6 +149,16 @@ class DeepSeekV4SingleKVPoolHost(HostKVCache):
             )
         if host.device.type != "cpu":
             raise ValueError(f"host_indices must be on the CPU, got {host.device}")
+        if dev.device.type not in ("cpu", desc.device.type):
+            raise ValueError(
+                f"device_indices must be on the CPU or on the device pool's device {desc.device}, "
+                f"got {dev.device}"
+            )
+        if dev.device.type == "cpu" and dev.numel():
+            limit = int(desc.buffers[0][0].shape[0]) * self.tokens_per_page
+            lo, hi = int(dev.min()), int(dev.max())
+            if lo < 0 or hi >= limit:
+                raise ValueError(f"device_indices must lie in [0, {limit}), got range [{lo}, {hi}]")
         if host.numel():
             lo, hi = int(host.min()), int(host.max())
             if lo < 0 or hi >= self.token_size:
@@ -184,6 +194,8 @@ class DeepSeekV4SingleKVPoolHost(HostKVCache):
         device token slots ``device_indices`` and mark the layer done (aborting the counter's
         batch on error, like ``load_to_device_per_layer``)."""
         try:
+            if isinstance(layer_id, bool) or not isinstance(layer_id, int):
+                raise TypeError(f"layer_id must be an int, got {type(layer_id).__name__}")
             if not 0 <= layer_id < self.layer_num:
                 raise ValueError(f"layer_id must be in [0, {self.layer_num}), got {layer_id}")
             desc, host, dev = self._token_args(device_pool, host_indices, device_indices)

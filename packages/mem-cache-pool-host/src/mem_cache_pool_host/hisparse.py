@@ -22,7 +22,21 @@ import torch
 __all__ = ["HiSparseHostPoolMixin"]
 
 
+def _check_row(req_to_host_pool: torch.Tensor, req_pool_idx: int) -> None:
+    rows = req_to_host_pool.shape[0]
+    if isinstance(req_pool_idx, bool) or not isinstance(req_pool_idx, int):
+        raise TypeError(f"req_pool_idx must be an int, got {type(req_pool_idx).__name__}")
+    if not 0 <= req_pool_idx < rows:
+        raise ValueError(f"req_pool_idx must be in [0, {rows}), got {req_pool_idx}")
+
+
 def _check_tables(req_to_host_pool: torch.Tensor, allocated_len: torch.Tensor) -> None:
+    for name, t in (
+        ("req_to_host_pool", req_to_host_pool),
+        ("req_to_host_pool_allocated_len", allocated_len),
+    ):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if req_to_host_pool.dtype != torch.int64 or req_to_host_pool.dim() != 2:
         raise ValueError(
             "req_to_host_pool must be a 2-D int64 tensor, got "
@@ -55,6 +69,8 @@ class HiSparseHostPoolMixin:
 
     def alloc_page(self, num_pages: int) -> torch.Tensor | None:
         """``num_pages`` whole pages of host slots (CPU int64), or ``None``."""
+        if isinstance(num_pages, bool) or not isinstance(num_pages, int):
+            raise TypeError(f"num_pages must be an int, got {type(num_pages).__name__}")
         if num_pages < 0:
             raise ValueError(f"num_pages must be >= 0, got {num_pages}")
         return self.alloc(num_pages * self.page_size)
@@ -75,9 +91,8 @@ class HiSparseHostPoolMixin:
         the host pool is short. ``ValueError`` if the row cannot hold the positions.
         """
         _check_tables(req_to_host_pool, req_to_host_pool_allocated_len)
-        rows, max_len = req_to_host_pool.shape
-        if not 0 <= req_pool_idx < rows:
-            raise ValueError(f"req_pool_idx must be in [0, {rows}), got {req_pool_idx}")
+        _check_row(req_to_host_pool, req_pool_idx)
+        max_len = req_to_host_pool.shape[1]
         if start_pos < 0 or num_tokens < 0:
             raise ValueError(
                 f"start_pos and num_tokens must be >= 0, got {start_pos} and {num_tokens}"
@@ -113,6 +128,7 @@ class HiSparseHostPoolMixin:
     ) -> torch.Tensor:
         """All host slots backing row ``req_pool_idx`` (whole pages, a copy)."""
         _check_tables(req_to_host_pool, req_to_host_pool_allocated_len)
+        _check_row(req_to_host_pool, req_pool_idx)
         have = int(req_to_host_pool_allocated_len[req_pool_idx])
         return req_to_host_pool[req_pool_idx, :have].clone()
 
@@ -124,6 +140,7 @@ class HiSparseHostPoolMixin:
     ) -> int:
         """Free every page of row ``req_pool_idx``, reset it to ``-1``; returns slots freed."""
         _check_tables(req_to_host_pool, req_to_host_pool_allocated_len)
+        _check_row(req_to_host_pool, req_pool_idx)
         with self.lock:
             have = int(req_to_host_pool_allocated_len[req_pool_idx])
             if have == 0:

@@ -128,6 +128,8 @@ class LayerDoneCounter:
     def abort(self, exc: BaseException | None = None) -> None:
         """End the batch in flight as failed: its readers (now and later) raise
         :class:`LayerLoadAbortedError` chained to ``exc``. No-op when nothing is in flight."""
+        if exc is not None and not isinstance(exc, BaseException):
+            raise TypeError(f"exc must be an exception or None, got {type(exc).__name__}")
         with self._cond:
             if not (self._batches and self._batches[-1].running):
                 return
@@ -146,7 +148,9 @@ class LayerDoneCounter:
 
         A batch not begun yet is waited for; one older than ``history`` counts as loaded.
         """
-        if batch_id is not None and (isinstance(batch_id, bool) or batch_id < 1):
+        if batch_id is not None and (
+            isinstance(batch_id, bool) or not isinstance(batch_id, int) or batch_id < 1
+        ):
             raise ValueError(f"batch_id must be a positive int or None, got {batch_id!r}")
         with self._cond:
             self._consumer = batch_id
@@ -218,5 +222,7 @@ class LayerDoneCounter:
             raise err
 
     def _check_layer(self, layer_index: int) -> None:
+        if isinstance(layer_index, bool) or not isinstance(layer_index, int):
+            raise TypeError(f"layer_index must be an int, got {type(layer_index).__name__}")
         if not 0 <= layer_index < self.num_layers:
             raise ValueError(f"layer_index must be in [0, {self.num_layers}), got {layer_index}")

@@ -90,6 +90,22 @@ def host_buffer_shape(
     layout: Layout, *, num_pages: int, page_size: int, layer_num: int, row_shape: tuple[int, ...]
 ) -> tuple[int, ...]:
     """Shape of one role's host tensor (see the table in the module docstring)."""
+    layout = check_layout(layout) if isinstance(layout, str) else layout
+    if not isinstance(layout, str):
+        raise TypeError(f"layout must be a str, got {type(layout).__name__}")
+    for name, value in (
+        ("num_pages", num_pages),
+        ("page_size", page_size),
+        ("layer_num", layer_num),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        if value < 0:
+            raise ValueError(f"{name} must be >= 0, got {value}")
+    if not isinstance(row_shape, tuple) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in row_shape
+    ):
+        raise TypeError(f"row_shape must be a tuple of non-negative ints, got {row_shape!r}")
     slots = num_pages * page_size
     if layout == "layer_first":
         return (layer_num, slots, *row_shape)

@@ -207,4 +207,6 @@ def default_host_tensor_allocator(pin_memory: bool = True) -> MmapHostTensorAllo
     ``pin_memory=True`` registers with CUDA when it is available (plain memory on CPU-only
     machines); ``False`` never registers.
     """
+    if not isinstance(pin_memory, bool):
+        raise TypeError(f"pin_memory must be a bool, got {type(pin_memory).__name__}")
     return MmapHostTensorAllocator(register="auto" if pin_memory else False)

@@ -112,6 +112,8 @@ class HostSlotAllocator:
             raise ValueError(f"indices must be int32 or int64, got {indices.dtype}")
         if indices.dim() != 1:
             raise ValueError(f"indices must be 1-D, got shape {tuple(indices.shape)}")
+        if indices.device.type == "meta":
+            raise ValueError("indices must hold data (a CPU or accelerator tensor), got meta")
         ps = self.page_size
         if indices.numel() % ps:
             raise ValueError(

@@ -13,6 +13,7 @@ from typing import Any
 
 from mem_cache_pool.base import (
     FP8_DTYPES,
+    PADDING_SLOT,
     CpuKVCopy,
     KVBufferDesc,
     KVCache,
@@ -40,6 +41,7 @@ __all__ = [
     "LayerReadyWaiter",
     "MHATokenToKVPool",
     "MLATokenToKVPool",
+    "PADDING_SLOT",
     "ReqToTokenPool",
     "SWAKVPool",
     "storage_dtype",

@@ -17,6 +17,7 @@ import torch
 __all__ = [
     "DEBUG_ENV_VAR",
     "INDEX_DTYPES",
+    "check_device_arg",
     "check_distinct",
     "check_index",
     "check_int",
@@ -41,6 +42,20 @@ def check_int(name: str, value: object, minimum: int) -> int:
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
     return value
+
+
+def check_device_arg(name: str, device: object) -> torch.device:
+    """``device`` (a ``torch.device`` or a device string) as a ``torch.device``."""
+    if isinstance(device, torch.device):
+        return device
+    if not isinstance(device, str):
+        raise TypeError(f"{name} must be a torch.device or a str, got {type(device).__name__}")
+    try:
+        return torch.device(device)
+    except RuntimeError:
+        raise ValueError(
+            f"{name} must name a torch device (e.g. 'cpu', 'cuda:0'), got {device!r}"
+        ) from None
 
 
 def _check_device(name: str, tensor: torch.Tensor, device: torch.device) -> None:
@@ -124,11 +139,18 @@ def check_rows(
 
 
 def check_mapping(
-    name: str, mapping: object, device: torch.device, length: int, *, full: bool
+    name: str,
+    mapping: object,
+    device: torch.device,
+    length: int,
+    *,
+    full: bool,
+    targets: int | None = None,
 ) -> torch.Tensor:
-    """Validate a slot mapping: int64 ``[length]`` on ``device`` with ``mapping[-1] == -1``.
+    """Validate a slot mapping: int64 ``[length]`` on ``device`` with ``mapping[-1] == -1`` and,
+    when ``targets`` is given, every other value in ``[0, targets)``.
 
-    The sentinel (a device read) is checked when ``full`` or on the CPU.
+    The values (a device read) are checked when ``full`` or on the CPU.
     """
     if not isinstance(mapping, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(mapping).__name__}")
@@ -141,4 +163,11 @@ def check_mapping(
         last = int(mapping[-1])
         if last != -1:
             raise ValueError(f"{name}[-1] must be the sentinel -1, got {last}")
+        if targets is not None and length > 1:
+            lo, hi = int(mapping[:-1].min()), int(mapping[:-1].max())
+            if lo < 0 or hi >= targets:
+                raise ValueError(
+                    f"{name}[:-1] values must lie in [0, {targets}) (0 = unmapped), got min "
+                    f"{lo}, max {hi}"
+                )
     return mapping

@@ -144,7 +144,12 @@ class DeepSeekV4IndexerPool(PageRowPool):
         for index in range(self.layer_num):
             self._scatter(index, tgt, self._gather(index, src))
 
-    def get_cpu_copy(self, indices: torch.Tensor) -> CpuKVCopy:
+    def get_cpu_copy(
+        self,
+        indices: torch.Tensor,
+        mamba_indices: torch.Tensor | None = None,
+        req_pool_index: int | None = None,
+    ) -> CpuKVCopy:
         """``{"kv": [per-layer CPU uint8 [n, key_bytes + 4]]}`` (keys then scale bytes)."""
         idx = self._check_slots("indices", indices)
         return {"kv": [self._gather(i, idx).cpu() for i in range(self.layer_num)]}
@@ -164,7 +169,13 @@ class DeepSeekV4IndexerPool(PageRowPool):
                 f"kv_cache_cpu['kv'] must be {self.layer_num} uint8 tensors of shape {want}"
             )
 
-    def load_cpu_copy(self, kv_cache_cpu: CpuKVCopy, indices: torch.Tensor) -> None:
+    def load_cpu_copy(
+        self,
+        kv_cache_cpu: CpuKVCopy,
+        indices: torch.Tensor,
+        mamba_indices: torch.Tensor | None = None,
+        req_pool_index: int | None = None,
+    ) -> None:
         """Write a :meth:`get_cpu_copy` result at distinct slots ``indices`` (checked first)."""
         idx = self._check_slots("indices", indices)
         check_distinct("indices", idx, full=self.debug)

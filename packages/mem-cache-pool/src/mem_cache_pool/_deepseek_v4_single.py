@@ -26,7 +26,15 @@ def translate_full_to_compressed(full_loc: torch.Tensor, compress_ratio: int = 4
     device. Example (ratio 4): ``[3, 4, 7, 8, 11] -> [0, 1, 2]``. The boolean selection reads
     device memory (a sync on GPUs).
     """
-    check_index("full_loc", full_loc, full_loc.device, 2**62, full=False)
+    if isinstance(full_loc, torch.Tensor) and full_loc.device.type == "meta":
+        raise ValueError("full_loc must hold data (a CPU or accelerator tensor), got meta")
+    check_index(
+        "full_loc",
+        full_loc,
+        full_loc.device if isinstance(full_loc, torch.Tensor) else torch.device("cpu"),
+        2**62,
+        full=False,
+    )
     loc = full_loc.long()
     return loc[(loc + 1) % compress_ratio == 0] // compress_ratio
 
@@ -44,6 +52,8 @@ def compressed_last_loc(last_loc: torch.Tensor, compress_ratio: int = 4) -> torc
     if not isinstance(last_loc, torch.Tensor) or last_loc.dtype not in (torch.int32, torch.int64):
         got = last_loc.dtype if isinstance(last_loc, torch.Tensor) else type(last_loc).__name__
         raise TypeError(f"last_loc must be an int32 or int64 tensor, got {got}")
+    if last_loc.device.type == "meta":
+        raise ValueError("last_loc must hold data (a CPU or accelerator tensor), got meta")
     loc = last_loc.long()
     return torch.where(
         loc < 0, torch.full_like(loc, -1), (loc - (compress_ratio - 1)) // compress_ratio
@@ -185,16 +195,26 @@ class DeepSeekV4SingleKVPool(PageRowPool):
     def move_kv_cache(self, tgt_loc: torch.Tensor, src_loc: torch.Tensor) -> None:
         """Every layer: the records of slots ``tgt_loc`` get those of ``src_loc`` (device slots,
         no translation; all reads of a layer happen before its writes)."""
-        tgt = self._check_slots("tgt_loc", tgt_loc)
-        check_distinct("tgt_loc", tgt, full=self.debug)
-        src = self._check_slots("src_loc", src_loc, length=tgt.numel())
+        self._move_records(tgt_loc, src_loc, "tgt_loc", "src_loc")
+
+    def _move_records(
+        self, tgt_loc: torch.Tensor, src_loc: torch.Tensor, tgt_name: str, src_name: str
+    ) -> None:
+        tgt = self._check_slots(tgt_name, tgt_loc)
+        check_distinct(tgt_name, tgt, full=self.debug)
+        src = self._check_slots(src_name, src_loc, length=tgt.numel())
         if not tgt.numel():
             return
         for buf in self.kv_buffer:
             records = dsv4.read_dsv4_records(buf, src, self.page_size)
             dsv4.write_dsv4_records(buf, tgt, records, self.page_size)
 
-    def get_cpu_copy(self, indices: torch.Tensor) -> CpuKVCopy:
+    def get_cpu_copy(
+        self,
+        indices: torch.Tensor,
+        mamba_indices: torch.Tensor | None = None,
+        req_pool_index: int | None = None,
+    ) -> CpuKVCopy:
         """``{"kv": [per-layer CPU records uint8 [n, 584]]}`` of device slots ``indices``."""
         idx = self._check_slots("indices", indices)
         return {
@@ -217,7 +237,13 @@ class DeepSeekV4SingleKVPool(PageRowPool):
                 desc = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t)
                 raise ValueError(f"kv_cache_cpu['kv'] tensors must be uint8 {want}, got {desc}")
 
-    def load_cpu_copy(self, kv_cache_cpu: CpuKVCopy, indices: torch.Tensor) -> None:
+    def load_cpu_copy(
+        self,
+        kv_cache_cpu: CpuKVCopy,
+        indices: torch.Tensor,
+        mamba_indices: torch.Tensor | None = None,
+        req_pool_index: int | None = None,
+    ) -> None:
         """Write a :meth:`get_cpu_copy` result at distinct device slots ``indices`` (checked
         first)."""
         idx = self._check_slots("indices", indices)
@@ -276,7 +302,7 @@ class HiSparseC4DevicePool(DeepSeekV4SingleKVPool):
         if length < 2:
             raise ValueError(f"mapping must have at least 2 elements, got {length}")
         self.full_to_hisparse_device_index_mapping = check_mapping(
-            "mapping", mapping, self.device, length, full=self.debug
+            "mapping", mapping, self.device, length, full=self.debug, targets=self.slot_limit
         )
 
     def translate_loc_from_full_to_compressed(self, full_loc: torch.Tensor) -> torch.Tensor:
@@ -294,4 +320,4 @@ class HiSparseC4DevicePool(DeepSeekV4SingleKVPool):
 
     def transfer_values_on_device(self, dst_loc: torch.Tensor, src_loc: torch.Tensor) -> None:
         """Copy the records of device slots ``src_loc`` to device slots ``dst_loc``, all layers."""
-        self.move_kv_cache(dst_loc, src_loc)
+        self._move_records(dst_loc, src_loc, "dst_loc", "src_loc")

@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import torch
 
-from mem_cache_pool._checks import check_index, check_int, check_rows, debug_from_env
+from mem_cache_pool._checks import (
+    check_device_arg,
+    check_index,
+    check_int,
+    check_rows,
+    debug_from_env,
+)
 from mem_cache_pool.base import KVBufferDesc
 
 __all__ = ["CompressStatePool"]
@@ -44,7 +50,7 @@ class CompressStatePool:
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
         self.dtype = dtype
-        self.device = torch.device(device)
+        self.device = check_device_arg("device", device)
         self.debug = debug or debug_from_env()
         rows = (self.size + 1) * self.ring_size
         self.kv_state = [

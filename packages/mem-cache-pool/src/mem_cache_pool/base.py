@@ -7,6 +7,10 @@ Index conventions (shared by every pool, allocator and host pool of mem-cache):
 * With page size ``ps``, page ``p`` owns slots ``[p * ps, (p + 1) * ps)``. Every per-layer buffer
   has ``size + ps`` rows: page 0 (slots ``[0, ps)``) is the padding page, a write sink for padded
   tokens that allocators never hand out.
+* Slot 0 is the CUDA-graph padding slot. The stores SGLang 0.5.23 guards skip it (nothing is
+  written there, so it keeps its zeros): ``MHATokenToKVPool.set_kv_buffer`` (and SWA through it)
+  and ``set_mla_kv_buffer`` of the MLA family. The other stores write it as SGLang does (see the
+  package README's table).
 * Layer ids are global: a pool holds layers ``[start_layer, end_layer)`` (a pipeline stage; note
   the half-open range, ``end_layer = start_layer + layer_num`` by default) and
   indexes its buffers by ``layer_id - start_layer``.
@@ -29,10 +33,17 @@ from typing import Protocol, runtime_checkable
 import torch
 
 import mem_cache_kernels as kernels
-from mem_cache_pool._checks import check_distinct, check_index, check_int, debug_from_env
+from mem_cache_pool._checks import (
+    check_device_arg,
+    check_distinct,
+    check_index,
+    check_int,
+    debug_from_env,
+)
 
 __all__ = [
     "FP8_DTYPES",
+    "PADDING_SLOT",
     "CpuKVCopy",
     "KVBufferDesc",
     "KVCache",
@@ -59,6 +70,8 @@ CpuKVCopy = dict[str, list[torch.Tensor]]
 
 def storage_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype a pool stores ``dtype`` rows in: ``uint8`` for fp8, ``dtype`` otherwise."""
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be a torch.dtype, got {type(dtype).__name__}")
     return torch.uint8 if dtype in FP8_DTYPES else dtype
 
 
@@ -87,8 +100,18 @@ class KVWriteLoc:
 
 
 def unwrap_write_loc(loc: torch.Tensor | KVWriteLoc) -> torch.Tensor:
-    """The full-pool slots of ``loc`` (a bare tensor or a ``KVWriteLoc``)."""
-    return loc.loc if isinstance(loc, KVWriteLoc) else loc
+    """The full-pool slots of ``loc`` (a bare tensor or a ``KVWriteLoc``).
+
+    ``TypeError`` unless the slots are an int32/int64 tensor; ``ValueError`` for a meta tensor.
+    """
+    slots = loc.loc if isinstance(loc, KVWriteLoc) else loc
+    if not isinstance(slots, torch.Tensor):
+        raise TypeError(f"loc must be a torch.Tensor or a KVWriteLoc, got {type(slots).__name__}")
+    if slots.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"loc must be int32 or int64, got {slots.dtype}")
+    if slots.device.type == "meta":
+        raise ValueError("loc must hold data (a CPU or accelerator tensor), got meta")
+    return slots
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -129,6 +152,18 @@ class KVBufferDesc:
         if role not in self.roles:
             raise ValueError(f"role must be one of {self.roles}, got {role!r}")
         return self.buffers[self.roles.index(role)]
+
+
+PADDING_SLOT = 0
+"""The CUDA-graph padding slot: padded tokens write here; guarded stores skip it."""
+
+
+def _skip_padding_slot(slots: torch.Tensor) -> torch.Tensor:
+    """``slots`` with every ``PADDING_SLOT`` entry replaced by -1, a row the kernels skip.
+
+    Elementwise (no device synchronisation); the caller's tensor is not modified.
+    """
+    return slots.masked_fill(slots == PADDING_SLOT, -1)
 
 
 def _pointer_table(buffers: Sequence[Sequence[torch.Tensor]], device: torch.device) -> torch.Tensor:
@@ -182,7 +217,7 @@ class KVCache(abc.ABC):
         self.dtype = dtype
         self.store_dtype = storage_dtype(dtype)
         self.layer_num = check_int("layer_num", layer_num, 1)
-        self.device = torch.device(device)
+        self.device = check_device_arg("device", device)
         self.enable_memory_saver = enable_memory_saver
         self.start_layer = check_int("start_layer", start_layer or 0, 0)
         # half-open: the pool holds global layers [start_layer, end_layer)
@@ -336,8 +371,17 @@ class KVCache(abc.ABC):
         if tgt.numel():
             kernels.copy_all_layer_kv_cache(self._all_buffers(), tgt, src)
 
-    def get_cpu_copy(self, indices: torch.Tensor) -> CpuKVCopy:
+    def get_cpu_copy(
+        self,
+        indices: torch.Tensor,
+        mamba_indices: torch.Tensor | None = None,
+        req_pool_index: int | None = None,
+    ) -> CpuKVCopy:
         """Copy rows ``indices`` of every buffer to the CPU (request retraction).
+
+        ``mamba_indices`` and ``req_pool_index`` complete SGLang 0.5.23's signature; these pools
+        hold no Mamba state or per-request compress tails, so they are ignored (as SGLang's KV
+        pools ignore them). The same holds for :meth:`load_cpu_copy`.
 
         Returns ``{role: [layer tensors [n, *row]]}`` in the store dtype; the pool is not mutated.
         """
@@ -374,7 +418,13 @@ class KVCache(abc.ABC):
                         f"got {t.dtype} {tuple(t.shape)}"
                     )
 
-    def load_cpu_copy(self, kv_cache_cpu: CpuKVCopy, indices: torch.Tensor) -> None:
+    def load_cpu_copy(
+        self,
+        kv_cache_cpu: CpuKVCopy,
+        indices: torch.Tensor,
+        mamba_indices: torch.Tensor | None = None,
+        req_pool_index: int | None = None,
+    ) -> None:
         """Write a ``get_cpu_copy`` result back at (new) slots ``indices``.
 
         Raises ``ValueError`` when the copy's roles, layer counts or shapes do not match the pool

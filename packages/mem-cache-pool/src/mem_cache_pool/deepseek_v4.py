@@ -187,12 +187,12 @@ class DeepSeekV4TokenToKVPool(BaseSWAKVPool):
         return self._swa
 
     @property
-    def full_kv_pool(self) -> KVCache:  # type: ignore[override]
-        """Not available: DeepSeek-V4 keeps no full-attention pool (``RuntimeError``)."""
-        raise RuntimeError(
-            "DeepSeekV4TokenToKVPool has no full-attention pool; compressed layers live in "
-            "c4_kv_pool / c128_kv_pool"
-        )
+    def full_kv_pool(self) -> KVCache | None:  # type: ignore[override]
+        """``None``: DeepSeek-V4 keeps no full-attention pool (compressed layers live in
+        ``c4_kv_pool`` / ``c128_kv_pool``). SGLang reads this attribute with a default of
+        ``None``, so ``SWATokenToKVPoolAllocator(..., kvcache=<this pool>)`` builds its full-side
+        allocator without a pool, as SGLang builds the DeepSeek-V4 stack."""
+        return None
 
     def _named_pools(self) -> list[tuple[str, KVCache]]:
         pools: list[tuple[str, KVCache | None]] = [
@@ -357,10 +357,21 @@ class DeepSeekV4TokenToKVPool(BaseSWAKVPool):
         """Not supported for the composite (compressed entries do not move per token)."""
         raise NotImplementedError("DeepSeekV4TokenToKVPool does not support move_kv_cache")
 
-    def get_cpu_copy(self, indices: torch.Tensor) -> CpuKVCopy:
+    def get_cpu_copy(
+        self,
+        indices: torch.Tensor,
+        mamba_indices: torch.Tensor | None = None,
+        req_pool_index: int | None = None,
+    ) -> CpuKVCopy:
         """Not supported (``NotImplementedError``)."""
         raise NotImplementedError("DeepSeekV4TokenToKVPool does not support get_cpu_copy")
 
-    def load_cpu_copy(self, kv_cache_cpu: CpuKVCopy, indices: torch.Tensor) -> None:
+    def load_cpu_copy(
+        self,
+        kv_cache_cpu: CpuKVCopy,
+        indices: torch.Tensor,
+        mamba_indices: torch.Tensor | None = None,
+        req_pool_index: int | None = None,
+    ) -> None:
         """Not supported (``NotImplementedError``)."""
         raise NotImplementedError("DeepSeekV4TokenToKVPool does not support load_cpu_copy")

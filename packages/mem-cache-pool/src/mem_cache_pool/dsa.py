@@ -220,7 +220,12 @@ class DSATokenToKVPool(MLATokenToKVPool):
             kernels.copy_all_layer_kv_cache(self.kv_buffer, tgt, src)
             self._move_index_rows(tgt, src)
 
-    def get_cpu_copy(self, indices: torch.Tensor) -> CpuKVCopy:
+    def get_cpu_copy(
+        self,
+        indices: torch.Tensor,
+        mamba_indices: torch.Tensor | None = None,
+        req_pool_index: int | None = None,
+    ) -> CpuKVCopy:
         """Latent rows plus index keys/scales of tokens ``indices`` on the CPU."""
         idx = self._check_loc("indices", indices, limit=min(self.num_rows, self.index_num_rows))
         out = super().get_cpu_copy(idx)
@@ -229,7 +234,13 @@ class DSATokenToKVPool(MLATokenToKVPool):
         out["index_k_scale"] = [s.cpu() for _, s in gathered]
         return out
 
-    def load_cpu_copy(self, kv_cache_cpu: CpuKVCopy, indices: torch.Tensor) -> None:
+    def load_cpu_copy(
+        self,
+        kv_cache_cpu: CpuKVCopy,
+        indices: torch.Tensor,
+        mamba_indices: torch.Tensor | None = None,
+        req_pool_index: int | None = None,
+    ) -> None:
         """Write a :meth:`get_cpu_copy` result back at tokens ``indices`` (validated first)."""
         idx = self._check_loc("indices", indices, limit=min(self.num_rows, self.index_num_rows))
         if not isinstance(kv_cache_cpu, dict) or not set(_INDEX_ROLES) <= set(kv_cache_cpu):

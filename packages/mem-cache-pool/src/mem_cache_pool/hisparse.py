@@ -45,6 +45,7 @@ class HiSparseDSATokenToKVPool(DSATokenToKVPool):
             self.device,
             self.index_buf_size + self.page_size + 1,
             full=self.debug,
+            targets=self.num_rows,
         )
 
     def _mapping(self) -> torch.Tensor:
@@ -102,10 +103,21 @@ class HiSparseDSATokenToKVPool(DSATokenToKVPool):
             self._move_index_rows(tgt, src)
 
     # ---------------------------------------------------------------- retraction
-    def get_cpu_copy(self, indices: torch.Tensor) -> CpuKVCopy:
+    def get_cpu_copy(
+        self,
+        indices: torch.Tensor,
+        mamba_indices: torch.Tensor | None = None,
+        req_pool_index: int | None = None,
+    ) -> CpuKVCopy:
         """Not supported for HiSparse pools."""
         raise NotImplementedError("HiSparseDSATokenToKVPool does not support get_cpu_copy")
 
-    def load_cpu_copy(self, kv_cache_cpu: CpuKVCopy, indices: torch.Tensor) -> None:
+    def load_cpu_copy(
+        self,
+        kv_cache_cpu: CpuKVCopy,
+        indices: torch.Tensor,
+        mamba_indices: torch.Tensor | None = None,
+        req_pool_index: int | None = None,
+    ) -> None:
         """Not supported for HiSparse pools."""
         raise NotImplementedError("HiSparseDSATokenToKVPool does not support load_cpu_copy")

@@ -8,7 +8,7 @@ import torch
 
 import mem_cache_kernels as kernels
 from mem_cache_pool._checks import check_int, check_rows
-from mem_cache_pool.base import KVCache, KVWriteLoc, unwrap_write_loc
+from mem_cache_pool.base import KVCache, KVWriteLoc, _skip_padding_slot, unwrap_write_loc
 
 __all__ = ["MHATokenToKVPool"]
 
@@ -99,8 +99,8 @@ class MHATokenToKVPool(KVCache):
         loc: torch.Tensor | KVWriteLoc,
         cache_k: torch.Tensor,
         cache_v: torch.Tensor,
-        k_scale: float | None = None,
-        v_scale: float | None = None,
+        k_scale: float | torch.Tensor | None = None,
+        v_scale: float | torch.Tensor | None = None,
         layer_id_override: int | None = None,
     ) -> None:
         """Write ``cache_k`` ``[n, head_num, head_dim]`` and ``cache_v`` ``[n, head_num,
@@ -109,8 +109,17 @@ class MHATokenToKVPool(KVCache):
         Inputs may be any floating dtype: when it differs from ``dtype`` they are divided by
         ``k_scale``/``v_scale`` (if given; the inputs are not modified) and cast. A
         ``KVWriteLoc`` writes at its ``loc``. ``layer_id_override`` (SGLang) replaces
-        ``layer_id``. Validates everything before writing; mutates rows ``loc`` of one layer.
+        ``layer_id``. Entries of ``loc`` equal to 0 (the padding slot, where CUDA-graph padded
+        tokens write) are skipped, as SGLang 0.5.23's ``store_cache`` kernel does: slot 0 keeps
+        its contents. Validates everything before writing; mutates rows ``loc`` of one layer.
         """
+        for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
+            if scale is not None and (
+                isinstance(scale, bool) or not isinstance(scale, (int, float, torch.Tensor))
+            ):
+                raise TypeError(
+                    f"{name} must be a number, a tensor or None, got {type(scale).__name__}"
+                )
         layer = layer_id if layer_id_override is None else layer_id_override
         index = self.layer_index(layer)
         slots = self._check_loc("loc", unwrap_write_loc(loc))
@@ -123,5 +132,10 @@ class MHATokenToKVPool(KVCache):
             v = v / v_scale
         if n:
             kernels.store_kv(
-                self.k_buffer[index], self.v_buffer[index], slots, k, v, dtype=self.dtype
+                self.k_buffer[index],
+                self.v_buffer[index],
+                _skip_padding_slot(slots),
+                k,
+                v,
+                dtype=self.dtype,
             )

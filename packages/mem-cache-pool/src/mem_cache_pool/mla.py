@@ -8,7 +8,7 @@ import torch
 
 import mem_cache_kernels as kernels
 from mem_cache_pool._checks import check_int, check_rows
-from mem_cache_pool.base import KVCache, KVWriteLoc, unwrap_write_loc
+from mem_cache_pool.base import KVCache, KVWriteLoc, _skip_padding_slot, unwrap_write_loc
 
 __all__ = ["MLATokenToKVPool"]
 
@@ -99,7 +99,9 @@ class MLATokenToKVPool(KVCache):
         """Write packed rows ``cache_k`` ``[n, 1, kv_cache_dim]`` at slots ``loc`` ``[n]``.
 
         ``cache_v`` is ignored (MLA has no separate value). Inputs in another floating dtype
-        are cast to ``dtype``. Validates before writing; mutates rows ``loc`` of one layer.
+        are cast to ``dtype``. Slot 0 (padding) is written like any other slot, as SGLang
+        0.5.23's packed-row store does (only :meth:`set_mla_kv_buffer` skips it). Validates
+        before writing; mutates rows ``loc`` of one layer.
         """
         index = self.layer_index(layer_id)
         slots = self._device_loc("loc", unwrap_write_loc(loc))
@@ -121,7 +123,9 @@ class MLATokenToKVPool(KVCache):
         """Write ``cache_k_nope`` ``[n, 1, kv_lora_rank]`` and ``cache_k_rope`` ``[n, 1,
         kv_cache_dim - kv_lora_rank]`` into the two halves of rows ``loc`` (no concatenation).
 
-        Validates before writing; mutates rows ``loc`` of one layer.
+        Entries of ``loc`` that are (or, for HiSparse, translate to) device slot 0, the padding
+        slot, are skipped, as SGLang 0.5.23's ``set_mla_kv_buffer`` kernels do: slot 0 keeps its
+        contents. Validates before writing; mutates rows ``loc`` of one layer.
         """
         index = self.layer_index(layer_id)
         slots = self._device_loc("loc", unwrap_write_loc(loc))
@@ -130,7 +134,9 @@ class MLATokenToKVPool(KVCache):
         rope_dim = self.kv_cache_dim - self.kv_lora_rank
         rope = check_rows("cache_k_rope", cache_k_rope, (n, 1, rope_dim), self.device)
         if n:
-            kernels.set_mla_kv_buffer(self.kv_buffer[index], slots, nope, rope, dtype=self.dtype)
+            kernels.set_mla_kv_buffer(
+                self.kv_buffer[index], _skip_padding_slot(slots), nope, rope, dtype=self.dtype
+            )
 
     def get_mla_kv_buffer(
         self, layer_id: int, loc: torch.Tensor, dst_dtype: torch.dtype | None = None
@@ -140,6 +146,8 @@ class MLATokenToKVPool(KVCache):
         The rows are returned in ``dtype`` (bit-exact), or cast to ``dst_dtype`` when given.
         Waits once for the layer. Does not mutate the pool.
         """
+        if dst_dtype is not None and not isinstance(dst_dtype, torch.dtype):
+            raise TypeError(f"dst_dtype must be a torch.dtype or None, got {dst_dtype!r}")
         self._wait_layer(layer_id)
         index = layer_id - self.start_layer
         slots = self._device_loc("loc", loc)

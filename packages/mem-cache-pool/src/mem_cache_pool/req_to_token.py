@@ -12,18 +12,44 @@ from typing import Protocol, overload
 
 import torch
 
-from mem_cache_pool._checks import check_int
+from mem_cache_pool._checks import check_device_arg, check_int
 
-__all__ = ["ReqLike", "ReqToTokenPool"]
+__all__ = ["ReqKvInfoLike", "ReqKvLike", "ReqLike", "ReqToTokenPool"]
 
 
 class ReqLike(Protocol):
-    """A request object as SGLang's scheduler passes it: carries its table row (or ``None``)."""
+    """A request carrying its table row itself (SGLang up to 0.5.14): ``req.req_pool_idx``."""
 
     req_pool_idx: int | None
 
 
+class ReqKvInfoLike(Protocol):
+    """The per-request KV record of SGLang 0.5.23 (``ReqKvInfo``): ``kv.req_pool_idx``."""
+
+    req_pool_idx: int | None
+
+
+class ReqKvLike(Protocol):
+    """A request keeping its row in a KV record (SGLang 0.5.23): ``req.kv.req_pool_idx``."""
+
+    kv: ReqKvInfoLike
+
+
+AnyReq = ReqLike | ReqKvLike
 _Index = int | slice | torch.Tensor | tuple[int | slice | torch.Tensor, ...]
+
+
+def _row_holder(req: object, name: str) -> ReqLike | ReqKvInfoLike:
+    """The object whose ``req_pool_idx`` is ``req``'s row: ``req.kv`` (0.5.23) or ``req``."""
+    kv = getattr(req, "kv", None)
+    if kv is not None and hasattr(kv, "req_pool_idx"):
+        return kv  # type: ignore[no-any-return]
+    if hasattr(req, "req_pool_idx"):
+        return req
+    raise TypeError(
+        f"{name} must be a request with a req_pool_idx attribute or a kv.req_pool_idx "
+        f"attribute (SGLang 0.5.23), got {type(req).__name__}"
+    )
 
 
 class ReqToTokenPool:
@@ -35,17 +61,24 @@ class ReqToTokenPool:
         device: where ``req_to_token`` lives.
         enable_memory_saver: accepted for SGLang compatibility; no effect.
 
-    Row allocation accepts both SGLang conventions:
+    Rows come from the **tail** of ``free_slots`` (SGLang 0.5.23): on a fresh pool of 6 rows
+    ``alloc(2)`` returns ``[5, 6]``; ``free`` appends to the tail, so the rows freed last are
+    handed out first. Row allocation accepts every SGLang convention:
 
-    * ``alloc(reqs)`` (current SGLang): ``reqs`` is a sequence of request objects with a
-      ``req_pool_idx`` attribute. Requests whose ``req_pool_idx`` is ``None`` get a fresh row
-      (assigned to the attribute); requests that already own a row (a chunked prefill continuing)
-      keep it. Returns every request's row, in order.
-    * ``alloc(need_size)`` (older SGLang): ``need_size`` fresh rows as a list of ints.
+    * ``alloc(reqs)``: ``reqs`` is a sequence of request objects whose row lives in
+      ``req.kv.req_pool_idx`` (SGLang 0.5.23's ``ReqKvInfo``) or in ``req.req_pool_idx`` (older
+      SGLang). Requests whose row is ``None`` get a fresh row (assigned to the attribute, in
+      request order); requests that already own a row (a chunked prefill continuing) keep it.
+      Returns every request's row, in order.
+    * ``alloc(need_size)`` / ``alloc_rows(need_size)``: ``need_size`` fresh rows (ints).
 
-    Both return ``None`` without any state change when too few rows are free. ``free`` accepts a
-    row id, a list of row ids or a request object (its ``req_pool_idx`` is reset to ``None``);
-    freeing a row that is not allocated is a ``ValueError`` (nothing is freed then).
+    All return ``None`` without any state change when too few rows are free. ``free`` accepts a
+    row id, a sequence of row ids or a request (either shape; its row is reset to ``None``);
+    ``free_rows(rows)`` a sequence of row ids.
+
+    Caller mistakes raise before anything changes: a request listed twice, two requests claiming
+    the same row, a row that is not allocated (double free or never handed out), a row outside
+    ``[1, size]`` (``ValueError``); objects of the wrong kind (``TypeError``).
     """
 
     def __init__(
@@ -57,7 +90,7 @@ class ReqToTokenPool:
     ) -> None:
         self.size = check_int("size", size, 1)
         self.max_context_len = check_int("max_context_len", max_context_len, 1)
-        self.device = torch.device(device)
+        self.device = check_device_arg("device", device)
         self.enable_memory_saver = enable_memory_saver
         self.req_to_token = torch.zeros(
             (size + 1, max_context_len), dtype=torch.int32, device=self.device
@@ -70,82 +103,156 @@ class ReqToTokenPool:
         """Number of free rows."""
         return len(self.free_slots)
 
+    # ---------------------------------------------------------------- allocation
     @overload
     def alloc(self, reqs: int) -> list[int] | None: ...
 
     @overload
-    def alloc(self, reqs: Sequence[ReqLike]) -> list[int] | None: ...
+    def alloc(self, reqs: Sequence[AnyReq]) -> list[int] | None: ...
 
-    def alloc(self, reqs: int | Sequence[ReqLike]) -> list[int] | None:
+    def alloc(self, reqs: int | Sequence[AnyReq]) -> list[int] | None:
         """Hand out rows (see the class docstring); ``None`` when too few rows are free."""
         if isinstance(reqs, int) and not isinstance(reqs, bool):
-            need = check_int("need_size", reqs, 0)
-            if need > len(self.free_slots):
-                return None
-            return self._take(need)
+            return self.alloc_rows(check_int("reqs", reqs, 0))
         if isinstance(reqs, (str, bytes)) or not isinstance(reqs, Sequence):
             raise TypeError(
                 f"reqs must be an int or a sequence of requests, got {type(reqs).__name__}"
             )
-        for i, req in enumerate(reqs):
-            if not hasattr(req, "req_pool_idx"):
-                raise TypeError(f"reqs[{i}] must have a req_pool_idx attribute")
-            idx = req.req_pool_idx
-            if idx is not None and (not 1 <= idx <= self.size or idx in self._free_set):
+        holders = [_row_holder(req, f"reqs[{i}]") for i, req in enumerate(reqs)]
+        seen_req: dict[int, int] = {}
+        owner: dict[int, int] = {}
+        for i, (req, holder) in enumerate(zip(reqs, holders)):
+            first = seen_req.setdefault(id(req), i)
+            if first != i:
+                raise ValueError(
+                    f"reqs must not list a request twice, got the same request at reqs[{first}] "
+                    f"and reqs[{i}]"
+                )
+            idx = holder.req_pool_idx
+            if idx is None:
+                continue
+            if isinstance(idx, bool) or not isinstance(idx, int):
+                raise TypeError(
+                    f"reqs[{i}].req_pool_idx must be None or an int row, got {type(idx).__name__}"
+                )
+            if not 1 <= idx <= self.size or idx in self._free_set:
                 raise ValueError(
                     f"reqs[{i}].req_pool_idx must be None or an allocated row in [1, {self.size}],"
                     f" got {idx}"
                 )
-        need = sum(1 for req in reqs if req.req_pool_idx is None)
+            other = owner.setdefault(idx, i)
+            if other != i:
+                raise ValueError(
+                    f"reqs[{other}] and reqs[{i}] must not own the same row, both have "
+                    f"req_pool_idx {idx}"
+                )
+        need = sum(1 for h in holders if h.req_pool_idx is None)
+        fresh = self.alloc_rows(need)
+        if fresh is None:
+            return None
+        rows = iter(fresh)
+        out: list[int] = []
+        for holder in holders:
+            if holder.req_pool_idx is None:
+                holder.req_pool_idx = next(rows)
+            out.append(int(holder.req_pool_idx))
+        return out
+
+    def alloc_rows(self, need_size: int) -> list[int] | None:
+        """``need_size`` fresh rows from the tail of ``free_slots`` (SGLang 0.5.23's name), or
+        ``None`` with no state change when fewer are free."""
+        need = check_int("need_size", need_size, 0)
         if need > len(self.free_slots):
             return None
-        fresh = iter(self._take(need))
-        for req in reqs:
-            if req.req_pool_idx is None:
-                req.req_pool_idx = next(fresh)
-        return [int(req.req_pool_idx) for req in reqs if req.req_pool_idx is not None]
-
-    def _take(self, n: int) -> list[int]:
-        taken, self.free_slots = self.free_slots[:n], self.free_slots[n:]
+        if need == 0:
+            return []
+        taken = self.free_slots[-need:]
+        del self.free_slots[-need:]
         self._free_set.difference_update(taken)
         return taken
 
-    def free(self, free_index: int | Sequence[int] | ReqLike) -> None:
-        """Return rows to the free list (see the class docstring)."""
-        req: ReqLike | None = None
+    # ---------------------------------------------------------------- release
+    def free(self, free_index: int | Sequence[int] | AnyReq) -> None:
+        """Return rows to the tail of the free list (see the class docstring)."""
+        holder: ReqLike | ReqKvInfoLike | None = None
         if isinstance(free_index, int) and not isinstance(free_index, bool):
-            rows = [free_index]
-        elif isinstance(free_index, Sequence):
-            rows = list(free_index)
-        elif hasattr(free_index, "req_pool_idx"):
-            req = free_index
-            if req.req_pool_idx is None:
-                raise ValueError("free_index.req_pool_idx must be an allocated row, got None")
-            rows = [req.req_pool_idx]
-        else:
+            rows: list[int] = [free_index]
+        elif isinstance(free_index, (str, bytes)):
             raise TypeError(
                 "free_index must be an int, a sequence of ints or a request, "
                 f"got {type(free_index).__name__}"
             )
+        elif isinstance(free_index, Sequence):
+            rows = list(free_index)
+        else:
+            try:
+                holder = _row_holder(free_index, "free_index")
+            except TypeError:
+                raise TypeError(
+                    "free_index must be an int, a sequence of ints or a request, "
+                    f"got {type(free_index).__name__}"
+                ) from None
+            if holder.req_pool_idx is None:
+                raise ValueError("free_index.req_pool_idx must be an allocated row, got None")
+            rows = [holder.req_pool_idx]
+        self._release(rows, "free_index")
+        if holder is not None:
+            holder.req_pool_idx = None
+
+    def free_rows(self, indices: Sequence[int]) -> None:
+        """Return rows ``indices`` to the tail of the free list (SGLang 0.5.23's name)."""
+        if isinstance(indices, (str, bytes)) or not isinstance(indices, Sequence):
+            raise TypeError(f"indices must be a sequence of ints, got {type(indices).__name__}")
+        self._release(list(indices), "indices")
+
+    def _release(self, rows: list[int], name: str) -> None:
         for r in rows:
             if isinstance(r, bool) or not isinstance(r, int):
-                raise TypeError(f"free_index rows must be ints, got {type(r).__name__}")
+                raise TypeError(f"{name} rows must be ints, got {type(r).__name__}")
             if not 1 <= r <= self.size:
-                raise ValueError(f"free_index rows must lie in [1, {self.size}], got {r}")
+                raise ValueError(f"{name} rows must lie in [1, {self.size}], got {r}")
             if r in self._free_set:
-                raise ValueError(f"free_index row {r} is not allocated (double free)")
+                raise ValueError(f"{name} row {r} is not allocated (double free)")
         if len(set(rows)) != len(rows):
-            raise ValueError(f"free_index must not repeat a row, got {rows}")
+            raise ValueError(f"{name} must not repeat a row, got {rows}")
         self.free_slots.extend(rows)
         self._free_set.update(rows)
-        if req is not None:
-            req.req_pool_idx = None
 
+    # ---------------------------------------------------------------- table
     def write(self, indices: _Index, values: torch.Tensor | int) -> None:
-        """``req_to_token[indices] = values`` (plain tensor indexing; values cast to int32)."""
+        """``req_to_token[indices] = values`` (plain tensor indexing; values cast to int32).
+
+        Values that do not fit int32 raise ``ValueError`` (ints always; tensors when they are on
+        the CPU, where the check costs no device synchronisation); so do indices outside the
+        table. Nothing is written then.
+        """
+        lo32, hi32 = -(2**31), 2**31 - 1
+        for name, arg in (("indices", indices), ("values", values)):
+            parts = arg if isinstance(arg, tuple) else (arg,)
+            if any(isinstance(p, torch.Tensor) and p.device.type == "meta" for p in parts):
+                raise ValueError(f"{name} must hold data (a CPU or accelerator tensor), got meta")
+        if isinstance(values, bool) or not isinstance(values, (int, torch.Tensor)):
+            raise TypeError(f"values must be an int or a tensor, got {type(values).__name__}")
         if isinstance(values, torch.Tensor):
+            if values.device.type == "cpu" and values.numel() and values.dtype != torch.int32:
+                lo, hi = values.min(), values.max()
+                if bool(lo < lo32) or bool(hi > hi32):
+                    raise ValueError(
+                        f"values must fit int32 [{lo32}, {hi32}], got min {lo.item()}, "
+                        f"max {hi.item()}"
+                    )
             values = values.to(torch.int32)
-        self.req_to_token[indices] = values
+        elif (
+            isinstance(values, int) and not isinstance(values, bool) and not lo32 <= values <= hi32
+        ):
+            raise ValueError(f"values must fit int32 [{lo32}, {hi32}], got {values}")
+        try:
+            self.req_to_token[indices] = values
+        except IndexError as exc:
+            raise ValueError(
+                f"indices must address req_to_token of shape {tuple(self.req_to_token.shape)}: "
+                f"{exc}"
+            ) from None
 
     def clear(self) -> None:
         """Free every row (the table contents are left as they are)."""

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import torch
 
 import mem_cache_kernels as kernels
-from mem_cache_pool._checks import check_distinct, check_index, check_mapping
+from mem_cache_pool._checks import check_distinct, check_index, check_int, check_mapping
 from mem_cache_pool.base import CpuKVCopy, KVBufferDesc, KVCache, KVWriteLoc, unwrap_write_loc
 from mem_cache_pool.mha import MHATokenToKVPool
 
@@ -105,7 +105,7 @@ class SWAKVPool(BaseSWAKVPool):
             all_ids[-1] + 1,
             debug=debug,
         )
-        self.size_swa = size_swa
+        self.size_swa = check_int("size_swa", size_swa, 0)
         self.swa_layer_nums, self.full_layer_nums = len(swa_ids), len(full_ids)
         self.swa_attention_layer_ids, self.full_attention_layer_ids = swa_ids, full_ids
         self.layers_mapping: dict[int, tuple[int, bool]] = {}
@@ -199,7 +199,12 @@ class SWAKVPool(BaseSWAKVPool):
     def register_mapping(self, mapping: torch.Tensor) -> None:
         """Install the full -> swa slot mapping (see :class:`BaseSWAKVPool`)."""
         self.full_to_swa_index_mapping = check_mapping(
-            "mapping", mapping, self.device, self.num_rows + 1, full=self.debug
+            "mapping",
+            mapping,
+            self.device,
+            self.num_rows + 1,
+            full=self.debug,
+            targets=None if self._swa is None else self._swa.num_rows,
         )
 
     def _mapping(self) -> torch.Tensor:
@@ -226,8 +231,8 @@ class SWAKVPool(BaseSWAKVPool):
         loc: torch.Tensor | KVWriteLoc,
         cache_k: torch.Tensor,
         cache_v: torch.Tensor,
-        k_scale: float | None = None,
-        v_scale: float | None = None,
+        k_scale: float | torch.Tensor | None = None,
+        v_scale: float | torch.Tensor | None = None,
         layer_id_override: int | None = None,
     ) -> None:
         """Write at ``loc`` (full layers) or ``loc.swa_loc`` (window layers; must not be None).
@@ -279,7 +284,12 @@ class SWAKVPool(BaseSWAKVPool):
             kernels.copy_all_layer_kv_cache(self._swa._all_buffers(), swa_tgt, swa_src)
 
     # ---------------------------------------------------------------- retraction
-    def get_cpu_copy(self, indices: torch.Tensor) -> CpuKVCopy:
+    def get_cpu_copy(
+        self,
+        indices: torch.Tensor,
+        mamba_indices: torch.Tensor | None = None,
+        req_pool_index: int | None = None,
+    ) -> CpuKVCopy:
         """CPU copy of full rows ``indices`` and of their window rows.
 
         Keys are ``"full.k"``, ``"full.v"``, ``"swa.k"``, ``"swa.v"`` (present sub-pools only);
@@ -293,7 +303,13 @@ class SWAKVPool(BaseSWAKVPool):
                 out[f"{name}.{role}"] = tensors
         return out
 
-    def load_cpu_copy(self, kv_cache_cpu: CpuKVCopy, indices: torch.Tensor) -> None:
+    def load_cpu_copy(
+        self,
+        kv_cache_cpu: CpuKVCopy,
+        indices: torch.Tensor,
+        mamba_indices: torch.Tensor | None = None,
+        req_pool_index: int | None = None,
+    ) -> None:
         """Write a :meth:`get_cpu_copy` result back at full slots ``indices``; window rows go to
         the translated slots (tokens without a window slot are skipped there).
 
