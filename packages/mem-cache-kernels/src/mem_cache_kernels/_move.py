@@ -7,8 +7,8 @@ from collections.abc import Sequence
 import torch
 
 from mem_cache_kernels import _validate as v
+from mem_cache_kernels import reference as ref
 from mem_cache_kernels._dispatch import Backend, resolve_backend, triton_impl
-from mem_cache_kernels._torch import move as ref
 
 __all__ = ["copy_all_layer_kv_cache"]
 

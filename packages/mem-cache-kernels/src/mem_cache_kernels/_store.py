@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 
 from mem_cache_kernels import _validate as val
+from mem_cache_kernels import reference as ref
 from mem_cache_kernels._dispatch import Backend, resolve_backend, triton_impl
-from mem_cache_kernels._torch import store as ref
 
 __all__ = ["get_mla_kv_buffer", "set_mla_kv_buffer", "store_kv"]
 

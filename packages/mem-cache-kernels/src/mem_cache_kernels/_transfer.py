@@ -20,8 +20,8 @@ from collections.abc import Sequence
 import torch
 
 from mem_cache_kernels import _validate as v
+from mem_cache_kernels import reference as ref
 from mem_cache_kernels._dispatch import Backend, resolve_backend, triton_impl
-from mem_cache_kernels._torch import transfer as ref
 
 __all__ = [
     "backup_all_layers_to_page_first",
