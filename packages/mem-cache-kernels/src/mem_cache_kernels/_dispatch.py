@@ -27,7 +27,7 @@ from typing import Literal, get_args
 
 import torch
 
-from mem_cache_kernels._movement import RunJobs
+from mem_cache_kernels._row_ops import RunJobs
 from mem_cache_kernels._torch.jobs import run_jobs as torch_run_jobs
 
 __all__ = [

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
-from mem_cache_kernels import _movement
+from mem_cache_kernels import _row_ops as _movement
 from mem_cache_kernels import _validate as v
 from mem_cache_kernels._dispatch import Backend, resolve_backend, triton_impl
 from mem_cache_kernels._torch.jobs import run_jobs

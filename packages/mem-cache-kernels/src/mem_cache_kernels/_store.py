@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from mem_cache_kernels import _movement
+from mem_cache_kernels import _row_ops as _movement
 from mem_cache_kernels import _validate as val
 from mem_cache_kernels._dispatch import Backend, row_executor
 

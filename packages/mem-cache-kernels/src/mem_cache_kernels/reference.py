@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
-from mem_cache_kernels import _movement
+from mem_cache_kernels import _row_ops as _movement
 from mem_cache_kernels._torch.alloc import alloc_decode, alloc_extend
 from mem_cache_kernels._torch.jobs import run_jobs
 from mem_cache_kernels._torch.req_table import get_last_loc, write_req_to_token
