@@ -110,7 +110,7 @@ def triton_impl(submodule: str) -> ModuleType:
 def row_executor(backend: str, *tensors: torch.Tensor) -> RunJobs:
     """The row-job executor of the backend that :func:`resolve_backend` chooses for ``tensors``.
 
-    The data-movement ops (:mod:`mem_cache_kernels._movement`) take it as their ``run``
+    The data-movement ops (:mod:`mem_cache_kernels._row_ops`) take it as their ``run``
     argument: the torch executor, or the Triton row-copy launcher (imported on first use).
     """
     if resolve_backend(backend, *tensors) == "triton":

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from mem_cache_kernels import _row_ops as _movement
+from mem_cache_kernels import _row_ops
 from mem_cache_kernels import _validate as val
 from mem_cache_kernels._dispatch import Backend, row_executor
 
@@ -92,7 +92,7 @@ def store_kv(
     _check_loc_rows(idx, kc, "k_cache")
     _check_loc_rows(idx, vc, "v_cache")
     run = row_executor(backend, kc, vc, idx, kx, vx)
-    _movement.store_kv(run, kc, vc, idx, kx, vx, logical)
+    _row_ops.store_kv(run, kc, vc, idx, kx, vx, logical)
 
 
 def _check_mla_buffer(kv_buffer: object) -> torch.Tensor:
@@ -142,7 +142,7 @@ def set_mla_kv_buffer(
     val.check_same_device(buf.device, loc=idx, k_nope=nope, k_rope=rope)
     _check_loc_rows(idx, buf, "kv_buffer")
     run = row_executor(backend, buf, idx, nope, rope)
-    _movement.set_mla_kv_buffer(run, buf, idx, nope, rope, logical)
+    _row_ops.set_mla_kv_buffer(run, buf, idx, nope, rope, logical)
 
 
 def get_mla_kv_buffer(
@@ -168,4 +168,4 @@ def get_mla_kv_buffer(
         check_dtype_itemsize("dtype", logical, buf.dtype)
     val.check_same_device(buf.device, loc=idx)
     _check_loc_rows(idx, buf, "kv_buffer")
-    return _movement.get_mla_kv_buffer(row_executor(backend, buf, idx), buf, idx, nd, logical)
+    return _row_ops.get_mla_kv_buffer(row_executor(backend, buf, idx), buf, idx, nd, logical)

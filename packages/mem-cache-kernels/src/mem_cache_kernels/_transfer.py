@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import torch
 
-from mem_cache_kernels import _row_ops as _movement
+from mem_cache_kernels import _row_ops
 from mem_cache_kernels import _validate as v
 from mem_cache_kernels._dispatch import Backend, row_executor
 
@@ -105,7 +105,7 @@ def transfer_rows(
         check_role_pair(f"src[{r}]", a, f"dst[{r}]", b)
         s_top.check(a.shape[0], f"src[{r}]")
         d_top.check(b.shape[0], f"dst[{r}]")
-    _movement.transfer_rows(row_executor(backend, *s, *d, si, di), s, d, si, di)
+    _row_ops.transfer_rows(row_executor(backend, *s, *d, si, di), s, d, si, di)
 
 
 def transfer_rows_all_layers(
@@ -133,7 +133,7 @@ def transfer_rows_all_layers(
             s_top.check(a.shape[0], f"src[{r}][{i}]")
             d_top.check(b.shape[0], f"dst[{r}][{i}]")
     run = row_executor(backend, *flat_s, *flat_d, si, di)
-    _movement.transfer_rows_all_layers(run, s, d, si, di)
+    _row_ops.transfer_rows_all_layers(run, s, d, si, di)
 
 
 def load_layer_from_page_first(
@@ -162,7 +162,7 @@ def load_layer_from_page_first(
         h_top.check(a.shape[0], f"host[{r}]")
         d_top.check(b.shape[0], f"device[{r}]")
     run = row_executor(backend, *h, *d, hi, di)
-    _movement.load_layer_from_page_first(run, h, d, hi, di, layer)
+    _row_ops.load_layer_from_page_first(run, h, d, hi, di, layer)
 
 
 def backup_all_layers_to_page_first(
@@ -192,4 +192,4 @@ def backup_all_layers_to_page_first(
             check_role_pair(f"device[{r}][{i}]", b, f"host[{r}][:, {i}]", a.select(1, i))
             d_top.check(b.shape[0], f"device[{r}][{i}]")
     run = row_executor(backend, *flat_d, *h, di, hi)
-    _movement.backup_all_layers_to_page_first(run, d, h, di, hi)
+    _row_ops.backup_all_layers_to_page_first(run, d, h, di, hi)
