@@ -191,7 +191,7 @@ class DSv4Engine:
     # ------------------------------------------------------------ admission
     def _admit(self) -> list[_Req]:
         admitted: list[_Req] = []
-        reserve = sum(self._pages(r.final_len) - self._pages(r.seq_len) for r in self.running)
+        reserve = sum(self._future(r) for r in self.running)
         while self.ready and len(self.running) + len(admitted) < self.cfg.max_running:
             spec, turn = self.ready[0]
             t = spec.turns[turn]
@@ -219,6 +219,17 @@ class DSv4Engine:
             admitted.append(req)
             reserve += self._pages(final_len) - req.prefix_len
         return admitted
+
+    def _dev_tokens(self, seq_len: int) -> int:
+        """c4 device pages a sequence of ``seq_len`` tokens holds, in tokens (``page_size``
+        per page of ``page_size // 4`` entries)."""
+        return -(-(seq_len // 4) // self.cps) * self.ps
+
+    def _future(self, r: _Req) -> int:
+        """Tokens of ``available_size()`` a running request may still take: its logical pages are
+        all taken by prefill, but its c4 device pages only as its entries complete."""
+        logical = self._pages(r.final_len) - self._pages(r.seq_len)
+        return max(logical, self._dev_tokens(r.final_len) - self._dev_tokens(r.seq_len))
 
     def _make_room(self, tokens: int) -> bool:
         while self.stack.allocator.available_size() < tokens:
@@ -372,7 +383,9 @@ class DSv4Engine:
                 if ratio:
                     kind = stack.kind(f"c{ratio}")
                     rows = stack.pool.get_compressed_key_buffer(layer_id)
-                    got = dsv4_kernels.read_dsv4_records(rows, device[kind.name], kind.pool.page_size)
+                    got = dsv4_kernels.read_dsv4_records(
+                        rows, device[kind.name], kind.pool.page_size
+                    )
                     m = stack.entry_mask(full, ratio)
                     bad += stack.mismatches(got, sessions[m], positions[m], i, kind.name)
                 stats.layer_waits += 1
@@ -440,7 +453,8 @@ class DSv4Engine:
         else:
             write_req_to_token(table, rows, prefix_lens, seq_lens, out)
         counts = seq_lens - prefix_lens
-        sessions = torch.repeat_interleave(self._tensor([int(r.spec.session) for r in reqs]), counts)
+        session_ids = self._tensor([int(r.spec.session) for r in reqs])
+        sessions = torch.repeat_interleave(session_ids, counts)
         starts = torch.cumsum(counts, 0) - counts
         positions = self._arange(0, n) + torch.repeat_interleave(prefix_lens - starts, counts)
         stack.write(out, sessions, positions)

@@ -177,7 +177,8 @@ class DSv4Stack:
         """Mismatching records (window + compressed) of one local layer for logical ``full``,
         read through the sub-pools' record reads (c4 through the HiSparse mapping)."""
         layer_id = self.pool.start_layer + layer_index
-        swa = self.pool.swa_kv_pool.get_key_records(layer_id, self.device_slots(self.kinds[0], full))
+        swa_loc = self.device_slots(self.kinds[0], full)
+        swa = self.pool.swa_kv_pool.get_key_records(layer_id, swa_loc)
         bad = self.mismatches(swa, sessions, positions, layer_index, "swa")
         ratio, local, sub = self.pool.layer_mapping[layer_id]
         if ratio and sub is not None:
@@ -213,8 +214,8 @@ def build_dsv4_stack(cfg: SimConfig, max_context_len: int) -> DSv4Stack:
     req_pool = ReqToTokenPool(reqs, max_context_len, device)
     rows = cfg.host_tokens // ps
     kinds: list[RecordKind] = []
-    subs = [("swa", 1, pool.swa_kv_pool), ("c4", 4, pool.c4_kv_pool), ("c128", 128, pool.c128_kv_pool)]
-    for name, ratio, sub in subs:
+    subs = (("swa", 1, pool.swa_kv_pool), ("c4", 4, pool.c4_kv_pool))
+    for name, ratio, sub in (*subs, ("c128", 128, pool.c128_kv_pool)):
         if sub is None:
             continue
         desc = sub.get_buffer_desc()
