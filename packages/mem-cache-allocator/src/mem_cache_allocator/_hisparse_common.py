@@ -6,12 +6,14 @@ device pages hold logical tokens) and ``DeepSeekV4HiSparseTokenToKVPoolAllocator
 both a *logical* allocator (the slots requests see), a *device* page allocator and the int64
 ``full_to_hisparse_device_index_mapping`` from logical keys (logical slots, or logical compressed
 slots) to device slots (0 = none), driven through one ``PairedAllocators``. This base holds the
-methods whose bodies are the same for both: the scheduler hooks, the logical-only allocations,
+methods whose bodies are the same for both: the scheduler hooks, the paired extend, the
+logical-only allocations,
 the device buffer of the HiSparse coordinator, the device-page releases and the state plumbing.
 
 A subclass sets, in ``__init__``: ``logical_attn_allocator``, ``hisparse_attn_allocator``,
 ``full_to_hisparse_device_index_mapping``, ``spec_scratch_tokens`` (0), ``_pair``, and
-``_device_page_size`` (slots per device page); it has a ``debug`` attribute or property (checks
+``_device_page_size`` (slots per device page) and implements ``_device_extend_last_loc``; it
+has a ``debug`` attribute or property (checks
 that sync run only then) and may override ``_buffer_index_limit`` (``None``: no range check of
 ``free_hisparse_indices``' argument).
 """
@@ -20,14 +22,17 @@ from __future__ import annotations
 
 import torch
 
+from mem_cache_allocator._deepseek_v4_slots import entry_offsets
 from mem_cache_allocator._hisparse_device import (
     check_slots,
     lookup,
     mapped_pages,
     pad_slots,
+    plan_device_extend,
     surplus_pages,
 )
 from mem_cache_allocator._page_allocator import PageAllocatorCore
+from mem_cache_allocator._pages import check_cpu_lengths, num_new_pages_extend
 from mem_cache_allocator._paired import PairedAllocators
 from mem_cache_allocator._scheduler_hooks import request_slot_reserve
 from mem_cache_allocator.base import BaseTokenToKVPoolAllocator
@@ -97,6 +102,79 @@ class HiSparseAllocatorCommon(BaseTokenToKVPoolAllocator):
         """Logical slots only: the HiSparse coordinator places decode tokens on the device
         (``alloc_device_buffer``)."""
         return self.logical_attn_allocator.alloc_decode(seq_lens, seq_lens_cpu, last_loc)
+
+    # ------------------------------------------------------------------ paired extend
+    def _device_extend_last_loc(
+        self, prefix_lens: torch.Tensor, last_loc: torch.Tensor
+    ) -> torch.Tensor:
+        """The device allocator's ``last_loc`` for an extend from logical ``last_loc``."""
+        raise NotImplementedError
+
+    def _alloc_extend_in_step(  # noqa: PLR0917 - the alloc_extend arguments, then the ratio
+        self,
+        prefix_lens: torch.Tensor,
+        prefix_lens_cpu: torch.Tensor,
+        seq_lens: torch.Tensor,
+        seq_lens_cpu: torch.Tensor,
+        last_loc: torch.Tensor,
+        extend_num_tokens: int,
+        ratio: int,
+    ) -> torch.Tensor | None:
+        """The body of ``alloc_extend``: logical slots, and device slots for the keys the new
+        tokens create (every token for ``ratio`` 1; the ``seq // r - prefix // r`` entries each
+        request completes otherwise).
+
+        Capacity of both sides is checked on the host first (SGLang's pre-check: staged frees
+        count, nothing merges when it fails); a request whose device prefix ends inside a device
+        page on a key without device slot gets a fresh device page (``plan_device_extend``;
+        SGLang hands out the padding page there). ``None``: nothing changed.
+        """
+        bs = check_cpu_lengths("seq_lens_cpu", seq_lens_cpu)
+        check_cpu_lengths("prefix_lens_cpu", prefix_lens_cpu, bs)
+        dps = self._device_page_size
+        c_pre_cpu, c_seq_cpu = prefix_lens_cpu, seq_lens_cpu
+        logical_pages, _ = num_new_pages_extend(prefix_lens_cpu, seq_lens_cpu, self.page_size)
+        dev_pages = logical_pages
+        if ratio != 1:
+            c_pre_cpu, c_seq_cpu = prefix_lens_cpu // ratio, seq_lens_cpu // ratio
+            dev_pages, _ = num_new_pages_extend(c_pre_cpu, c_seq_cpu, dps)
+        if not self._pair.fits(logical_pages, dev_pages):
+            return None
+        plan = plan_device_extend(
+            prefix_lens if ratio == 1 else prefix_lens // ratio,
+            c_pre_cpu,
+            c_seq_cpu,
+            self._device_extend_last_loc(prefix_lens, last_loc),
+            dps,
+        )
+        if plan.pages > dev_pages and not self._pair.fits(logical_pages, plan.pages):
+            return None
+        lens = (prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu)
+        got = self._pair.run_in_step(
+            lambda: self.logical_attn_allocator.alloc_extend(*lens, last_loc, extend_num_tokens),
+            lambda: self.hisparse_attn_allocator.alloc_extend(
+                plan.prefix_lens,
+                plan.prefix_lens_cpu,
+                seq_lens if ratio == 1 else seq_lens // ratio,
+                c_seq_cpu,
+                plan.last_loc,
+                plan.tokens,
+            ),
+        )
+        if got is None:
+            return None
+        logical, dev = got
+        if plan.keep is not None:
+            dev = dev[plan.keep]
+        mapping = self.full_to_hisparse_device_index_mapping
+        if ratio == 1:
+            mapping[logical] = dev
+        elif dev.numel():
+            rows = entry_offsets(prefix_lens_cpu, seq_lens_cpu, ratio).to(
+                self.device, non_blocking=True
+            )
+            mapping[logical[rows] // ratio] = dev
+        return logical
 
     # ------------------------------------------------------------------ device buffer
     def _take_device_buffer(

@@ -47,10 +47,10 @@ from typing import Any
 import torch
 
 from mem_cache_allocator._composite import check_need_size, new_mapping
-from mem_cache_allocator._deepseek_v4_slots import device_last_loc, entry_offsets
+from mem_cache_allocator._deepseek_v4_slots import device_last_loc
 from mem_cache_allocator._hisparse_common import HiSparseAllocatorCommon
-from mem_cache_allocator._hisparse_device import check_slots, plan_device_extend
-from mem_cache_allocator._pages import check_cpu_lengths, num_new_pages_extend, trim_segments
+from mem_cache_allocator._hisparse_device import check_slots
+from mem_cache_allocator._pages import trim_segments
 from mem_cache_allocator._paired import PairedAllocators, check_own_state
 from mem_cache_allocator._scheduler_hooks import capacity_pair
 from mem_cache_allocator.base import BaseTokenToKVPoolAllocator
@@ -251,48 +251,12 @@ class DeepSeekV4HiSparseTokenToKVPoolAllocator(HiSparseAllocatorCommon):
         entries of every request (capacity of both checked on the host first; SGLang's
         pre-check). A request whose compressed prefix ends inside a device page on an entry
         without device slot gets a fresh device page (SGLang: slots of the padding page)."""
-        bs = check_cpu_lengths("seq_lens_cpu", seq_lens_cpu)
-        check_cpu_lengths("prefix_lens_cpu", prefix_lens_cpu, bs)
-        c_pre_cpu, c_seq_cpu = prefix_lens_cpu // _RATIO, seq_lens_cpu // _RATIO
-        logical_pages, _ = num_new_pages_extend(prefix_lens_cpu, seq_lens_cpu, self.page_size)
-        dev_pages, _ = num_new_pages_extend(c_pre_cpu, c_seq_cpu, self.hisparse_page_size)
-        if not self._pair.fits(logical_pages, dev_pages):
-            return None
-        c_pre = prefix_lens // _RATIO
-        plan = plan_device_extend(
-            c_pre,
-            c_pre_cpu,
-            c_seq_cpu,
-            self._device_last_loc(prefix_lens, last_loc),
-            self.hisparse_page_size,
-        )
-        if plan.pages > dev_pages and not self._pair.fits(logical_pages, plan.pages):
-            return None
         lens = (prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu)
-        got = self._pair.run_in_step(
-            lambda: self.logical_attn_allocator.alloc_extend(*lens, last_loc, extend_num_tokens),
-            lambda: self.hisparse_attn_allocator.alloc_extend(
-                plan.prefix_lens,
-                plan.prefix_lens_cpu,
-                seq_lens // _RATIO,
-                c_seq_cpu,
-                plan.last_loc,
-                plan.tokens,
-            ),
-        )
-        if got is None:
-            return None
-        logical, dev = got
-        if plan.keep is not None:
-            dev = dev[plan.keep]
-        if dev.numel():
-            rows = entry_offsets(prefix_lens_cpu, seq_lens_cpu, _RATIO).to(
-                self.device, non_blocking=True
-            )
-            self.full_to_hisparse_device_index_mapping[logical[rows] // _RATIO] = dev
-        return logical
+        return self._alloc_extend_in_step(*lens, last_loc, extend_num_tokens, _RATIO)
 
-    def _device_last_loc(self, prefix_lens: torch.Tensor, last_loc: torch.Tensor) -> torch.Tensor:
+    def _device_extend_last_loc(
+        self, prefix_lens: torch.Tensor, last_loc: torch.Tensor
+    ) -> torch.Tensor:
         """The device allocator's ``last_loc`` (see :func:`device_last_loc`)."""
         mapped = self.get_last_loc_hisparse_device(last_loc)
         return device_last_loc(prefix_lens, mapped, self.hisparse_page_size, _RATIO)

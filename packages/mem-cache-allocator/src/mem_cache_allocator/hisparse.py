@@ -33,9 +33,9 @@ import torch
 
 from mem_cache_allocator._composite import check_need_size, make_inner, new_mapping
 from mem_cache_allocator._hisparse_common import HiSparseAllocatorCommon
-from mem_cache_allocator._hisparse_device import lookup, plan_device_extend
+from mem_cache_allocator._hisparse_device import lookup
 from mem_cache_allocator._page_allocator import PageAllocatorCore, PageAllocatorState
-from mem_cache_allocator._pages import check_cpu_lengths, num_new_pages_extend, trim_segments
+from mem_cache_allocator._pages import trim_segments
 from mem_cache_allocator._paired import PairedAllocators, check_own_state
 
 __all__ = ["HiSparseAllocatorState", "HiSparseTokenToKVPoolAllocator"]
@@ -166,40 +166,14 @@ class HiSparseTokenToKVPoolAllocator(HiSparseAllocatorCommon):
         token without device slot (a logical-only decode token) gets a fresh device page; SGLang
         hands out slots of the padding page there (see the package README).
         """
-        bs = check_cpu_lengths("seq_lens_cpu", seq_lens_cpu)
-        check_cpu_lengths("prefix_lens_cpu", prefix_lens_cpu, bs)
-        pages, _ = num_new_pages_extend(prefix_lens_cpu, seq_lens_cpu, self.page_size)
-        if not self._pair.fits(pages, pages):
-            return None
-        plan = plan_device_extend(
-            prefix_lens,
-            prefix_lens_cpu,
-            seq_lens_cpu,
-            self.get_last_loc_hisparse_device(last_loc),
-            self.page_size,
+        return self._alloc_extend_in_step(
+            prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens, 1
         )
-        if plan.pages > pages and not self._pair.fits(pages, plan.pages):
-            return None
-        got = self._pair.run_in_step(
-            lambda: self.logical_attn_allocator.alloc_extend(
-                prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens
-            ),
-            lambda: self.hisparse_attn_allocator.alloc_extend(
-                plan.prefix_lens,
-                plan.prefix_lens_cpu,
-                seq_lens,
-                seq_lens_cpu,
-                plan.last_loc,
-                plan.tokens,
-            ),
-        )
-        if got is None:
-            return None
-        logical, dev = got
-        self.full_to_hisparse_device_index_mapping[logical] = (
-            dev if plan.keep is None else dev[plan.keep]
-        )
-        return logical
+
+    def _device_extend_last_loc(
+        self, prefix_lens: torch.Tensor, last_loc: torch.Tensor
+    ) -> torch.Tensor:
+        return self.get_last_loc_hisparse_device(last_loc)
 
     def alloc_device_buffer(
         self, allocated_indices: torch.Tensor, need_size: int
