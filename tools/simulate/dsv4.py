@@ -36,7 +36,7 @@ from mem_cache_kernels import dsv4 as dsv4_kernels
 from mem_cache_kernels import write_req_to_token
 from mem_cache_pool_host import LayerLoadAbortedError
 from tools.simulate.config import SimConfig
-from tools.simulate.dsv4_stack import DSv4Stack, build_dsv4_stack
+from tools.simulate.dsv4_stack import ROLE, DSv4Stack, build_dsv4_stack
 from tools.simulate.faults import Fault, FaultInjector, InjectedTransferError
 from tools.simulate.hicache import D2H, H2D
 from tools.simulate.prefix_store import PrefixEntry, PrefixStore
@@ -371,14 +371,14 @@ class DSv4Engine:
         counter.begin()
         job = self._io.submit(self._produce, session, full, device, fault)
         positions = self._arange(0, length)
-        sessions = torch.full_like(positions, int(session))
+        h = stack.hashes(torch.full_like(positions, int(session)), positions, stack.pool.layer_num)
         aborted, bad = False, 0
         ps = stack.page_size
         try:
             for i, layer_id in enumerate(stack.layers):
                 rows = stack.pool.get_swa_key_buffer(layer_id)
                 got = dsv4_kernels.read_dsv4_records(rows, device["swa"], ps)
-                bad += stack.mismatches(got, sessions, positions, i, "swa")
+                bad += stack.mismatches(got, h[i, ROLE["swa"]], "swa")
                 ratio = stack.pool.get_compress_ratio(layer_id)
                 if ratio:
                     kind = stack.kind(f"c{ratio}")
@@ -387,7 +387,7 @@ class DSv4Engine:
                         rows, device[kind.name], kind.pool.page_size
                     )
                     m = stack.entry_mask(full, ratio)
-                    bad += stack.mismatches(got, sessions[m], positions[m], i, kind.name)
+                    bad += stack.mismatches(got, h[i, ROLE[kind.name]][m], kind.name)
                 stats.layer_waits += 1
         except LayerLoadAbortedError:
             aborted = True

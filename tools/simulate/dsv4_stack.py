@@ -44,12 +44,12 @@ from mem_cache_pool_host.deepseek_v4 import DeepSeekV4SingleKVPoolHost
 from tools.simulate.config import SimConfig
 from tools.simulate.content import ContentModel
 
-__all__ = ["DSv4Stack", "RecordKind", "build_dsv4_stack", "dsv4_ratios"]
+__all__ = ["ROLE", "DSv4Stack", "RecordKind", "build_dsv4_stack", "dsv4_ratios"]
 
 _FP8 = torch.float8_e4m3fn
 _NOPE, _ROPE = dsv4.DSV4_NOPE_DIM, dsv4.DSV4_ROPE_DIM
 _VALUES = dsv4.DSV4_VALUE_BYTES  # 576: nope bytes + rope bytes
-_ROLE = {"swa": 0, "c4": 1, "c128": 2}  # content role of each record kind
+ROLE = {"swa": 0, "c4": 1, "c128": 2}  # content role of each record kind
 
 
 def dsv4_ratios(layers: int, page_size: int) -> list[int]:
@@ -119,41 +119,36 @@ class DSv4Stack:
         return compressed
 
     # ------------------------------------------------------------------ content
+    def hashes(self, sessions: torch.Tensor, positions: torch.Tensor, layers: int) -> torch.Tensor:
+        """Content seed words ``[layers, kinds, n]`` of tokens (``sessions``, ``positions``) for
+        local layers ``0..layers-1`` (index ``[layer, ROLE[kind]]``)."""
+        return self.content.hashes(sessions, positions, layers)
+
     def parts(
-        self, sessions: torch.Tensor, positions: torch.Tensor, layer_index: int, kind: str
+        self, h: torch.Tensor, kind: str
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Expected ``(nope fp8 [n, 448], scales uint8 [n, 7], rope bf16 [n, 64])`` of the
-        ``kind`` records of local layer ``layer_index`` for tokens (sessions, positions)."""
-        h = self.content.hashes(sessions, positions, layer_index + 1)[layer_index, _ROLE[kind]]
-        raw = self.content.rows_int_from(h, _ROLE[kind])  # uint8 [n, 584]
+        """Expected ``(nope fp8 [n, 448], scales uint8 [n, 7], rope bf16 [n, 64])`` of ``kind``
+        records with seed words ``h`` ``[n]`` (a ``hashes(...)[layer, ROLE[kind]]`` slice)."""
+        raw = self.content.rows_int_from(h, ROLE[kind])  # uint8 [n, 584]
         nope = raw[:, :_NOPE].contiguous().view(_FP8)
         rope = raw[:, _NOPE:_VALUES].contiguous().view(torch.bfloat16)
         scales = raw[:, _VALUES : _VALUES + dsv4.DSV4_SCALE_BYTES].contiguous()
         return nope, scales, rope
 
-    def records(
-        self, sessions: torch.Tensor, positions: torch.Tensor, layer_index: int, kind: str
-    ) -> torch.Tensor:
+    def records(self, h: torch.Tensor, kind: str) -> torch.Tensor:
         """Expected packed records uint8 ``[n, 584]`` (``pack_dsv4_records`` of :meth:`parts`)."""
-        return dsv4.pack_dsv4_records(*self.parts(sessions, positions, layer_index, kind))
+        return dsv4.pack_dsv4_records(*self.parts(h, kind))
 
-    def mismatches(
-        self,
-        got: torch.Tensor,
-        sessions: torch.Tensor,
-        positions: torch.Tensor,
-        layer_index: int,
-        kind: str,
-    ) -> int:
+    def mismatches(self, got: torch.Tensor, h: torch.Tensor, kind: str) -> int:
         """Records among ``got`` (uint8 ``[n, 584]``) whose unpacked parts differ bit-exact from
-        the expected ones."""
-        want = self.parts(sessions, positions, layer_index, kind)
+        the expected ones (seed words ``h`` ``[n]``)."""
+        want = self.parts(h, kind)
         have = dsv4.unpack_dsv4_records(got.to(self.device))
         bad = torch.zeros(got.shape[0], dtype=torch.bool, device=self.device)
-        for w, h in zip(want, have):
+        for w, g in zip(want, have):
             wi = w.reshape(w.shape[0], -1).view(torch.uint8)
-            hi = h.reshape(h.shape[0], -1).view(torch.uint8)
-            bad |= (wi != hi).any(dim=1)
+            gi = g.reshape(g.shape[0], -1).view(torch.uint8)
+            bad |= (wi != gi).any(dim=1)
         return int(bad.sum())
 
     def write(self, full: torch.Tensor, sessions: torch.Tensor, positions: torch.Tensor) -> None:
@@ -163,12 +158,13 @@ class DSv4Stack:
         pool = self.pool
         swa_loc = self.allocator.translate_loc_from_full_to_swa(full)
         masks = {r: self.entry_mask(full, r) for r in (4, 128)}
+        h = self.hashes(sessions, positions, pool.layer_num)
         for i, layer_id in enumerate(self.layers):
-            pool.set_swa_key_buffer(layer_id, swa_loc, self.records(sessions, positions, i, "swa"))
+            pool.set_swa_key_buffer(layer_id, swa_loc, self.records(h[i, ROLE["swa"]], "swa"))
             ratio = pool.get_compress_ratio(layer_id)
             if ratio:
-                m = masks[ratio]
-                rec = self.records(sessions[m], positions[m], i, f"c{ratio}")
+                m, kind = masks[ratio], f"c{ratio}"
+                rec = self.records(h[i, ROLE[kind]][m], kind)
                 pool.set_compressed_key_buffer(layer_id, full[m] // ratio, rec)
 
     def verify_layer(
@@ -177,14 +173,15 @@ class DSv4Stack:
         """Mismatching records (window + compressed) of one local layer for logical ``full``,
         read through the sub-pools' record reads (c4 through the HiSparse mapping)."""
         layer_id = self.pool.start_layer + layer_index
+        h = self.hashes(sessions, positions, layer_index + 1)[layer_index]
         swa_loc = self.device_slots(self.kinds[0], full)
         swa = self.pool.swa_kv_pool.get_key_records(layer_id, swa_loc)
-        bad = self.mismatches(swa, sessions, positions, layer_index, "swa")
+        bad = self.mismatches(swa, h[ROLE["swa"]], "swa")
         ratio, local, sub = self.pool.layer_mapping[layer_id]
         if ratio and sub is not None:
-            m = self.entry_mask(full, ratio)
+            m, kind = self.entry_mask(full, ratio), f"c{ratio}"
             got = sub.get_key_records(local, full[m] // ratio)
-            bad += self.mismatches(got, sessions[m], positions[m], layer_index, f"c{ratio}")
+            bad += self.mismatches(got, h[ROLE[kind]][m], kind)
         return bad
 
 
