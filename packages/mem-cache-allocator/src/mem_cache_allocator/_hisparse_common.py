@@ -193,7 +193,7 @@ class HiSparseAllocatorCommon(BaseTokenToKVPoolAllocator):
         ps = self._device_page_size
         mapping = self.full_to_hisparse_device_index_mapping
         dev = lookup(mapping, allocated_indices, "allocated_indices", check=self._checks)
-        dev = dev[dev > 0].clone()
+        dev = dev[dev > 0]  # a new tensor (boolean indexing copies): the swap cannot touch mapping
         n = int(dev.shape[0])
         newest = int(dev[-1]) if n else 0
         if swap_at is not None and n > swap_at + 1:
