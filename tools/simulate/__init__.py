@@ -5,7 +5,9 @@ A continuous-batching engine loop without a model (``engine.py``) admits multi-t
 deterministic K/V rows (``content.py``) through the device pool, keeps finished turns' prefixes in
 an LRU store (``prefix_store.py``) that spills to the host pool and loads back layer by layer
 (``hicache.py``), injects transfer faults (``faults.py``), checks slot conservation and content
-integrity (``integrity.py``) and reports (``report.py``). Run ``python -m tools.simulate --help``.
+integrity (``integrity.py``) and reports (``report.py``). ``--model dsv4`` runs the same workload
+over the DeepSeek-V4 HiSparse stack (``dsv4_stack.py``, ``dsv4.py``). Run
+``python -m tools.simulate --help``.
 """
 
 from __future__ import annotations
