@@ -195,8 +195,8 @@ class HiSparseAllocatorCommon(BaseTokenToKVPoolAllocator):
         dev = lookup(mapping, allocated_indices, "allocated_indices", check=self._checks)
         dev = dev[dev > 0]  # a new tensor (boolean indexing copies): the swap cannot touch mapping
         n = int(dev.shape[0])
-        newest = int(dev[-1]) if n else 0
-        if swap_at is not None and n > swap_at + 1:
+        swapped = swap_at is not None and n > swap_at + 1
+        if swapped:
             old = dev[swap_at].clone()
             dev[swap_at] = dev[n - 1]
             dev[n - 1] = old
@@ -209,7 +209,8 @@ class HiSparseAllocatorCommon(BaseTokenToKVPoolAllocator):
                 if pages.numel():
                     self.hisparse_attn_allocator.free_page_ids(pages)
             return buffer
-        if n % ps:
+        if n % ps:  # pad inside the newest slot's page (at swap_at after a swap)
+            newest = int(dev[swap_at] if swapped and swap_at is not None else dev[-1])
             dev = torch.cat([dev, pad_slots(newest, ps - n % ps, ps, self.device)])
         extra_size = need_size - int(dev.shape[0])
         extra_pages = -(-extra_size // ps)
