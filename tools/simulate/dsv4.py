@@ -12,7 +12,8 @@ layer by layer, prefill, decode, finish inside one free group), with the DeepSee
 * every token writes a window record per layer and every entry-completing token a c4 / c128
   record per compressed layer (packed with ``mem_cache_kernels.dsv4``);
 * an eviction backs up the window, c4 and c128 records of the prefix to their
-  ``DeepSeekV4SingleKVPoolHost`` mirrors (token-granular), then frees the logical slots (which
+  ``DeepSeekV4SingleKVPoolHost`` mirrors (token-granular; ``dsv4_hicache.py``), then frees the
+  logical slots (which
   releases window and c4 device slots too); a host hit allocates whole pages with ``alloc`` and
   loads every record pool layer by layer on an IO thread, while the scheduler thread reads each
   layer through the composite pool (``get_swa_key_buffer`` / ``get_compressed_key_buffer``,
@@ -27,18 +28,15 @@ import heapq
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
 
-from mem_cache_kernels import dsv4 as dsv4_kernels
 from mem_cache_kernels import write_req_to_token
-from mem_cache_pool_host import LayerLoadAbortedError
 from tools.simulate.config import SimConfig
-from tools.simulate.dsv4_stack import ROLE, DSv4Stack, build_dsv4_stack
-from tools.simulate.faults import Fault, FaultInjector, InjectedTransferError
-from tools.simulate.hicache import D2H, H2D
+from tools.simulate.dsv4_hicache import DSv4HostTransfers, host_tokens
+from tools.simulate.dsv4_stack import DSv4Stack, build_dsv4_stack
+from tools.simulate.faults import FaultInjector
 from tools.simulate.prefix_store import PrefixEntry, PrefixStore
 from tools.simulate.stats import SimStats
 from tools.simulate.workload import SessionId, SessionSpec, Workload, generate_workload
@@ -58,11 +56,6 @@ class _Req:
     seq_len: int = 0
 
 
-def _host_tokens(rows: torch.Tensor, per_row: int) -> torch.Tensor:
-    """Host token slots of host page rows ``rows`` (``per_row`` tokens each), row-major."""
-    return (rows.unsqueeze(1) * per_row + torch.arange(per_row)).reshape(-1)
-
-
 class DSv4Engine:
     """The simulated engine over a :class:`DSv4Stack` (see the module doc)."""
 
@@ -72,7 +65,7 @@ class DSv4Engine:
         self.cfg = stack.cfg
         self.stack = stack
         self.stats = stats
-        self.faults = faults
+        self.transfers = DSv4HostTransfers(stack, stats, faults)
         self.ps = stack.page_size
         self.cps = stack.page_size // 4
         self.store = PrefixStore()
@@ -84,7 +77,6 @@ class DSv4Engine:
         self._arrivals = deque(sorted(workload.sessions, key=lambda s: s.arrival_step))
         self.total_requests = workload.requests
         self.device = stack.device
-        self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dsv4-load")
 
     def _arange(self, start: int, end: int) -> torch.Tensor:
         return torch.arange(start, end, dtype=torch.int64, device=self.device)
@@ -100,7 +92,7 @@ class DSv4Engine:
         return not (self.running or self.ready or self._later or self._arrivals)
 
     def close(self) -> None:
-        self._io.shutdown(wait=True)
+        self.transfers.close()
 
     def step(self) -> None:
         now = self.stats.steps
@@ -257,7 +249,7 @@ class DSv4Engine:
             full = self.stack.allocator.alloc(entry.length)
         if full is None:
             raise RuntimeError(f"alloc({entry.length}) failed after room was made for it")
-        ok = self._load(spec.session, full, entry.length)
+        ok = self.transfers.load(self.host_rows[spec.session], full, int(spec.session))
         self._free_host(spec.session)  # consumed on success, dropped on failure
         if not ok:
             self._free_device(full)
@@ -292,9 +284,9 @@ class DSv4Engine:
         if entry is None:
             return False
         host = self._reserve_host(entry.length // self.ps)
-        if host is not None and self._backup(entry.slots, host):
+        if host is not None and self.transfers.backup(entry.slots, host):
             self.host_rows[entry.session] = host
-            full = self.store.move_to_host(entry.session, _host_tokens(host["swa"], self.ps))
+            full = self.store.move_to_host(entry.session, host_tokens(host["swa"], self.ps))
             self._free_device(full)
             self.stats.evictions_to_host += 1
             return True
@@ -304,116 +296,6 @@ class DSv4Engine:
         self.store.take(entry.session)
         self._free_device(entry.slots)
         self.stats.device_drops += 1
-        return True
-
-    def _backup(self, full: torch.Tensor, host: dict[str, torch.Tensor]) -> bool:
-        """Back up every record pool of logical slots ``full``; ``False`` if a fault hit."""
-        stack, stat = self.stack, self.stats.transfer(D2H)
-        fault = self.faults.draw(stack.pool.layer_num)
-        if fault is not None:
-            self.stats.faults_injected += 1
-        t0 = time.perf_counter_ns()
-        moved = 0
-        try:
-            for i, kind in enumerate(stack.kinds):
-                if fault is not None and (fault.kind == "fail" or i == len(stack.kinds) - 1):
-                    raise InjectedTransferError(f"injected backup {fault.kind}")
-                dev = stack.device_slots(kind, full)
-                tokens = _host_tokens(host[kind.name], kind.pool.page_size)
-                kind.host.backup_tokens_from_device_all_layer(kind.pool, tokens, dev)
-                moved += dev.numel() * len(kind.layers) * dsv4_kernels.DSV4_TOKEN_BYTES
-        except InjectedTransferError:
-            if fault is not None and fault.kind == "abort":
-                stat.aborted += 1
-            else:
-                stat.failed += 1
-            return False
-        stat.total_ns += time.perf_counter_ns() - t0
-        stat.calls += 1
-        stat.tokens += full.numel()
-        stat.bytes += moved
-        return True
-
-    def _produce(
-        self, session: SessionId, full: torch.Tensor, device: dict[str, torch.Tensor],
-        fault: Fault | None,
-    ) -> int:  # fmt: skip
-        """IO thread: load every record pool layer by layer (the window pool's load marks the
-        layer done on the counter the composite pool waits on, so it goes last)."""
-        stack = self.stack
-        swa_counter = stack.kinds[0].host.layer_done_counter
-        t0 = time.perf_counter_ns()
-        for layer_index in range(stack.pool.layer_num):
-            if fault is not None and (fault.kind == "fail" or layer_index == fault.at_layer):
-                swa_counter.abort(InjectedTransferError(f"injected load {fault.kind}"))
-                break
-            layer_id = stack.pool.start_layer + layer_index
-            for kind in reversed(stack.kinds):
-                if layer_id not in kind.layers:
-                    continue
-                local = kind.layers.index(layer_id)
-                tokens = _host_tokens(self.host_rows[session][kind.name], kind.pool.page_size)
-                kind.host.load_tokens_to_device_per_layer(
-                    kind.pool, tokens, device[kind.name], local
-                )
-        return time.perf_counter_ns() - t0
-
-    def _load(self, session: SessionId, full: torch.Tensor, length: int) -> bool:
-        """Load the host records of ``session`` into the records of logical ``full``, verifying
-        each layer as the composite pool reports it ready."""
-        stack, stats = self.stack, self.stats
-        stat = stats.transfer(H2D)
-        fault = self.faults.draw(stack.pool.layer_num)
-        if fault is not None:
-            stats.faults_injected += 1
-        device = {k.name: stack.device_slots(k, full) for k in stack.kinds}
-        counter = stack.kinds[0].host.layer_done_counter
-        stack.pool.register_layer_transfer_counter(counter)
-        counter.begin()
-        job = self._io.submit(self._produce, session, full, device, fault)
-        positions = self._arange(0, length)
-        h = stack.hashes(torch.full_like(positions, int(session)), positions, stack.pool.layer_num)
-        aborted, bad = False, 0
-        ps = stack.page_size
-        try:
-            for i, layer_id in enumerate(stack.layers):
-                rows = stack.pool.get_swa_key_buffer(layer_id)
-                got = dsv4_kernels.read_dsv4_records(rows, device["swa"], ps)
-                bad += stack.mismatches(got, h[i, ROLE["swa"]], "swa")
-                ratio = stack.pool.get_compress_ratio(layer_id)
-                if ratio:
-                    kind = stack.kind(f"c{ratio}")
-                    rows = stack.pool.get_compressed_key_buffer(layer_id)
-                    got = dsv4_kernels.read_dsv4_records(
-                        rows, device[kind.name], kind.pool.page_size
-                    )
-                    m = stack.entry_mask(full, ratio)
-                    bad += stack.mismatches(got, h[i, ROLE[kind.name]][m], kind.name)
-                stats.layer_waits += 1
-        except LayerLoadAbortedError:
-            aborted = True
-        finally:
-            try:
-                ns = job.result()
-            finally:
-                stack.pool.register_layer_transfer_counter(None)
-                counter.reset()
-        if bad:
-            stats.fail(f"{bad} loaded records differ from their content (layers summed)")
-        if aborted:
-            if fault is not None and fault.kind == "abort":
-                stat.aborted += 1
-            else:
-                stat.failed += 1
-            return False
-        if fault is not None:
-            raise RuntimeError("an injected load fault did not abort the layer counter")
-        stat.calls += 1
-        stat.total_ns += ns
-        stat.tokens += length
-        stat.bytes += length * stack.bytes_per_token
-        stats.pages_verified += length // ps
-        stats.tokens_verified += length
         return True
 
     def _free_device(self, full: torch.Tensor) -> None:
