@@ -13,11 +13,11 @@ layer by layer, prefill, decode, finish inside one free group), with the DeepSee
   record per compressed layer (packed with ``mem_cache_kernels.dsv4``);
 * an eviction backs up the window, c4 and c128 records of the prefix to their
   ``DeepSeekV4SingleKVPoolHost`` mirrors (token-granular; ``dsv4_hicache.py``), then frees the
-  logical slots (which
-  releases window and c4 device slots too); a host hit allocates whole pages with ``alloc`` and
-  loads every record pool layer by layer on an IO thread, while the scheduler thread reads each
-  layer through the composite pool (``get_swa_key_buffer`` / ``get_compressed_key_buffer``,
-  which wait on the registered layer counter) and verifies it bit-exact;
+  logical slots (which releases window and c4 device slots too); a host hit allocates whole
+  pages with ``alloc`` and loads every record pool layer by layer on an IO thread, while the
+  scheduler thread reads each layer through the composite pool (``get_swa_key_buffer`` /
+  ``get_compressed_key_buffer``, which wait on the registered layer counter) and verifies it
+  bit-exact;
 * conservation is checked per side: logical full slots, window slots, c4 device slots (whole
   device pages of ``page_size // 4`` entries), each host mirror's page rows, request rows.
 """
