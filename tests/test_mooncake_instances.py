@@ -37,11 +37,13 @@ def test_cross_instance_hits_and_faults_with_a_killed_master() -> None:
 
 
 def test_single_engine_on_a_local_mooncake_store() -> None:
+    # the restart flushes every cached prefix to the store: later turns are served from it
     cfg = SimConfig(storage="mooncake", requests=24, layers=2, device_tokens=2048,
-                    host_tokens=512, max_prompt=96, max_output=32, think_steps=400,
-                    arrival_per_step=0.5)
+                    host_tokens=1024, max_prompt=96, max_output=32, think_steps=20,
+                    arrival_per_step=0.5, restart_at=60)
     stats = run_simulation(cfg)
     assert stats.integrity_failures == 0, stats.failures
     assert not stats.leaked
     assert stats.l3 is not None and stats.l3.backend == "mooncake"
     assert stats.l3.pages_written > 0
+    assert stats.l3.hits_after_restart > 0 and stats.pages_verified > 0
