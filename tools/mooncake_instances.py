@@ -47,9 +47,10 @@ from typing import Any
 __all__ = ["build_parser", "main", "run"]
 
 
-def _publish(engine: Any, l3: Any) -> None:
-    """Write every cached prefix of ``engine`` to L3 (device ones through a host staging copy);
-    nothing is dropped."""
+def _publish(engine: Any, l3: Any, published: dict[int, int]) -> None:
+    """Write every cached prefix of ``engine`` not published yet (``published``: session ->
+    tokens written by an earlier call) to L3, device ones through a host staging copy; nothing
+    is dropped."""
     host = engine.stack.host_pool
     ps = engine.ps
     for session in list(engine.store.sessions()):
@@ -57,6 +58,9 @@ def _publish(engine: Any, l3: Any) -> None:
         if entry is None:
             continue
         engine.store.put(entry)
+        if entry.length <= published.get(int(session), 0):
+            continue
+        published[int(session)] = entry.length
         keys = l3.keys(int(entry.session), entry.length // ps)
         if entry.tier == "host":
             l3.controller.write(keys, entry.slots)
@@ -111,6 +115,7 @@ def _instance(idx: int, conn: Connection, cfg: Any) -> None:
                      fault_rate=cfg.storage_fault_rate, seed=cfg.seed + 7919 * idx)
     engine = Engine(workload, stack, stats, FaultInjector(cfg.faults, cfg.seed + idx), l3,
                     follow_ups=False)
+    published: dict[int, int] = {}
     try:
         while True:
             msg = conn.recv()
@@ -121,7 +126,7 @@ def _instance(idx: int, conn: Connection, cfg: Any) -> None:
                 engine.submit(sessions[session], turn)
             while not engine.done():
                 engine.step()
-            _publish(engine, l3)
+            _publish(engine, l3, published)
             conn.send((l3.take_written_keys(), l3.take_hit_keys()))
         engine.check()
         engine.drain()
