@@ -60,17 +60,18 @@ def _publish(engine: Any, l3: Any, published: dict[int, int]) -> None:
         engine.store.put(entry)
         if entry.length <= published.get(int(session), 0):
             continue
-        published[int(session)] = entry.length
         keys = l3.keys(int(entry.session), entry.length // ps)
         if entry.tier == "host":
             l3.controller.write(keys, entry.slots)
+            published[int(session)] = entry.length
             continue
         staging = host.alloc(entry.length)
-        if staging is None:  # host full of cached prefixes: they reach L3 when evicted
+        if staging is None:  # host full of cached prefixes: try again after the next wave
             continue
         try:
             if engine.transfers.backup(entry.slots, staging):
                 l3.controller.write(keys, staging)
+                published[int(session)] = entry.length
         finally:
             host.free(staging)
 
