@@ -50,7 +50,7 @@ def _run(cfg: SimConfig, progress: ProgressFn | None) -> SimStats:
         bytes_per_token=stack.bytes_per_token,
     )
     l3 = None
-    if cfg.storage == "file":
+    if cfg.storage in ("file", "mooncake"):
         l3 = StorageTier(stack, directory=cfg.storage_dir, write_policy=cfg.storage_write,
                          fault_rate=cfg.storage_fault_rate, seed=cfg.seed,
                          capacity_bytes=cfg.storage_capacity_mb << 20)
