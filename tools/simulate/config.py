@@ -95,6 +95,11 @@ class SimConfig:
                 f"device_tokens must hold at least 4 pages ({4 * self.page_size}), "
                 f"got {self.device_tokens}"
             )
+        if self.host_tokens < self.page_size:  # rounded down to whole pages it would hold none
+            raise ValueError(
+                f"host_tokens must hold at least one page ({self.page_size} tokens at page size "
+                f"{self.page_size}), got {self.host_tokens}"
+            )
         if self.model not in ("mha", "mla"):
             raise ValueError(f"model must be 'mha' or 'mla', got {self.model!r}")
         if self.dtype not in DTYPES:

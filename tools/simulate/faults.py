@@ -4,6 +4,13 @@ A fault is decided before a transfer starts (so a run is reproducible) and happe
 *failed* transfer raises before moving anything; an *aborted* one raises after part of the work
 (a load after ``at_layer`` layers, a backup after about half of its pages were copied). The engine
 must then release everything the transfer reserved.
+
+The failure is raised *by the package call*, not next to it: the faulty transfer call gets a
+:class:`FailingDevicePool` as its ``device_pool`` (any object with ``get_buffer_desc()`` is a
+device pool to ``mem_cache_pool_host``), whose ``get_buffer_desc()`` raises
+:class:`InjectedTransferError` inside ``load_to_device_per_layer`` /
+``backup_from_device_all_layer``. So the host pool's own failure path runs: a failing load
+aborts the layer counter's batch in flight (readers get ``LayerLoadAbortedError``) and re-raises.
 """
 
 from __future__ import annotations
@@ -12,11 +19,26 @@ import random
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["Fault", "FaultInjector", "InjectedTransferError"]
+from mem_cache_pool import KVBufferDesc
+
+__all__ = ["FailingDevicePool", "Fault", "FaultInjector", "InjectedTransferError"]
 
 
 class InjectedTransferError(RuntimeError):
-    """Raised inside a transfer by the fault injector (never by the packages)."""
+    """Raised inside a package transfer call by the fault injector's :class:`FailingDevicePool`."""
+
+
+class FailingDevicePool:
+    """A device pool (``get_buffer_desc()``) that fails: handed to a host-pool transfer, it makes
+    that package call raise ``error`` from inside the package, before anything moves."""
+
+    def __init__(self, error: InjectedTransferError) -> None:
+        self.error = error
+        self.calls = 0
+
+    def get_buffer_desc(self) -> KVBufferDesc:
+        self.calls += 1
+        raise self.error
 
 
 @dataclass(frozen=True, slots=True)

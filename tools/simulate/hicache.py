@@ -8,8 +8,10 @@
   ``get_value_buffer`` (which wait on the counter registered with the device pool) and verifies
   the loaded rows bit-exact against the content model as soon as the layer is ready.
 
-Faults (``faults.py``) make a transfer fail up front or abort midway; this module reports the
-outcome and leaves releasing the reserved slots to the caller.
+Faults (``faults.py``) make a transfer fail up front or abort midway: the faulty host-pool call
+gets a ``FailingDevicePool`` and fails inside the package (a load's failure aborts the layer
+counter through the host pool's own error path); this module reports the outcome and leaves
+releasing the reserved slots to the caller.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from mem_cache_pool_host import LayerLoadAbortedError
-from tools.simulate.faults import Fault, FaultInjector, InjectedTransferError
+from tools.simulate.faults import FailingDevicePool, Fault, FaultInjector, InjectedTransferError
 from tools.simulate.stack import MemoryStack
 from tools.simulate.stats import SimStats
 
@@ -66,7 +68,11 @@ class HostTransfers:
                         host.backup_from_device_all_layer(
                             pool, host_slots[:half], device_slots[:half], self.io_backend
                         )
-                raise InjectedTransferError(f"injected backup {fault.kind}")
+                failing = FailingDevicePool(InjectedTransferError(f"injected backup {fault.kind}"))
+                host.backup_from_device_all_layer(
+                    failing, host_slots, device_slots, self.io_backend
+                )  # raises from inside the package
+                raise RuntimeError("a host-pool backup ignored a failing device pool")
             host.backup_from_device_all_layer(pool, host_slots, device_slots, self.io_backend)
         except InjectedTransferError:
             if fault is not None and fault.kind == "abort":
@@ -88,12 +94,25 @@ class HostTransfers:
         counter = host.layer_done_counter
         t0 = time.perf_counter_ns()
         for layer in range(self.layers):
+            pool: object = self.stack.kv_pool
             if fault is not None and (fault.kind == "fail" or layer == fault.at_layer):
-                counter.abort(InjectedTransferError(f"injected load {fault.kind} at layer {layer}"))
+                pool = FailingDevicePool(
+                    InjectedTransferError(f"injected load {fault.kind} at layer {layer}")
+                )
+            try:  # a failing call aborts the counter's batch itself (the package's error path)
+                host.load_to_device_per_layer(
+                    pool,  # type: ignore[arg-type]
+                    host_slots,
+                    device_slots,
+                    layer,
+                    self.io_backend,
+                )
+            except InjectedTransferError:
+                if counter.in_flight:
+                    raise RuntimeError(
+                        "a failed host-pool load left its layer batch in flight"
+                    ) from None
                 break
-            host.load_to_device_per_layer(
-                self.stack.kv_pool, host_slots, device_slots, layer, self.io_backend
-            )
         return time.perf_counter_ns() - t0
 
     def load(

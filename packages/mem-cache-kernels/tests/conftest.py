@@ -23,6 +23,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+
 @pytest.fixture(scope="module")
 def triton_interpret() -> Iterator[None]:
     """Run this module's Triton kernels in Triton's CPU interpreter."""

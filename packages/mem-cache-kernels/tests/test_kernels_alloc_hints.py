@@ -140,8 +140,12 @@ def test_decode_hint_too_small_raises_on_the_vectorised_path(
     out = torch.empty(3, dtype=I64)
     with pytest.raises(ValueError, match="num_new_pages"):
         mk.alloc_decode(dseq, dlast, _t(5, 6, 7), out, 16, num_new_pages=1)
-    # a larger hint only uses the first pages: same slots
-    mk.alloc_decode(dseq, dlast, _t(5, 6, 7), out, 16, num_new_pages=3)
+    # a larger hint would make the caller drop pages it never used: on CPU it raises too
+    out.fill_(-3)
+    with pytest.raises(ValueError, match=r"num_new_pages must be 2 .* got 3"):
+        mk.alloc_decode(dseq, dlast, _t(5, 6, 7), out, 16, num_new_pages=3)
+    assert bool((out == -3).all())  # nothing written before the error
+    mk.alloc_decode(dseq, dlast, _t(5, 6, 7), out, 16, num_new_pages=2)
     assert out.tolist() == [80, 41, 96]
 
 

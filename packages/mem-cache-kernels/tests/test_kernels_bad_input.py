@@ -83,7 +83,7 @@ CASES: list[tuple[str, Callable[[], object], type[Exception], str]] = [
         "store meta device",
         lambda: mk.store_kv(*_caches(), _i(1, 2), K.to("meta"), V),
         ValueError,
-        r"k must be on cpu, got a tensor on meta",
+        r"k must be a tensor with data \(cpu or a GPU\), got a tensor on the meta device",
     ),
     # MLA
     (
@@ -229,7 +229,7 @@ CASES: list[tuple[str, Callable[[], object], type[Exception], str]] = [
         "alloc devices",
         lambda: mk.alloc_decode(_i(1), _i(-1), _i(2).to("meta"), torch.empty(1, dtype=I64), 1),
         ValueError,
-        "free_pages must be on cpu, got a tensor on meta",
+        r"free_pages must be a tensor with data \(cpu or a GPU\), got a tensor on the meta device",
     ),
 ]
 

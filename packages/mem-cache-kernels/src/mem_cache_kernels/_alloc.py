@@ -18,7 +18,9 @@ in O(1) instead.
 
 from __future__ import annotations
 
+import importlib.util
 import os
+from typing import Any
 
 import torch
 
@@ -28,6 +30,9 @@ from mem_cache_kernels._torch import alloc as ref
 
 __all__ = ["alloc_decode", "alloc_extend"]
 
+# numpy reductions on a CPU tensor's buffer cost ~1 us; torch ops cost a few us each
+_HAS_NUMPY = importlib.util.find_spec("numpy") is not None
+
 _LIST_CHECKS = 32  # CPU value checks of batches up to this size run on Python ints
 
 _INDEX = (torch.int32, torch.int64)
@@ -35,13 +40,13 @@ _INDEX = (torch.int32, torch.int64)
 
 def _index(name: str, t: object) -> torch.Tensor:
     """Fast path of :func:`v.check_index` (the helper builds the error message)."""
-    if isinstance(t, torch.Tensor) and t.dtype in _INDEX and t.dim() == 1:
+    if isinstance(t, torch.Tensor) and t.dtype in _INDEX and t.dim() == 1 and not t.is_meta:
         return t
     return v.check_index(name, t)
 
 
 def _out(t: object) -> torch.Tensor:
-    if isinstance(t, torch.Tensor) and t.dtype is torch.int64 and t.dim() == 1:
+    if isinstance(t, torch.Tensor) and t.dtype is torch.int64 and t.dim() == 1 and not t.is_meta:
         return t
     return v.check_index("out", t, allow_int64_only=True)
 
@@ -59,6 +64,8 @@ def _fast_ok(out: object, page_size: object, *tensors: object) -> bool:
     ):
         return False
     dev = out.device
+    if dev.type == "meta":
+        return False
     for t in tensors:
         if not (
             isinstance(t, torch.Tensor) and t.dtype in _INDEX and t.dim() == 1 and t.device == dev
@@ -103,6 +110,48 @@ def _check_hint(name: str, value: object, maximum: int | None = None) -> int:
     if maximum is not None and n > maximum:
         raise ValueError(f"{name} must be <= {maximum} (one page per request at most), got {n}")
     return n
+
+
+def _host_array(t: torch.Tensor) -> Any:
+    """A CPU tensor as a numpy array (no copy) when numpy is there, else the tensor itself (the
+    callers use only ``min``, ``&``, ``==`` and ``sum``, which both provide)."""
+    return t.numpy() if _HAS_NUMPY else t
+
+
+def _check_pages(free: torch.Tensor, n: int) -> None:
+    """The ``n`` pages a batch takes from ``free_pages`` must be real pages (ids >= 1): page 0 is
+    the padding page and a negative id yields negative slots. CPU tensors (free to read) and any
+    device in debug mode; one reduction over the ``n`` consumed ids."""
+    if n <= 0:
+        return
+    head = v.host_values(free if free.shape[0] == n else free[:n])
+    if head is None:
+        return
+    lo = min(head.tolist()) if n <= _LIST_CHECKS else int(_host_array(head).min())
+    if lo < 1:
+        at = int(torch.nonzero(head < 1)[0, 0])
+        raise ValueError(
+            f"free_pages must hold page ids >= 1 (page 0 is the padding page), got {lo} at "
+            f"position {at} of the {n} pages this batch takes"
+        )
+
+
+def _decode_pages(seq: torch.Tensor, ps: int) -> int:
+    """CPU value check of a decode batch (``seq_lens >= 1``); returns its page count."""
+    if seq.shape[0] <= _LIST_CHECKS:
+        values = seq.tolist()
+        lo = min(values)
+        pages = len(values) if ps == 1 else sum(1 for q in values if q & (ps - 1) == 1)
+    else:
+        a = _host_array(seq)
+        lo = int(a.min())
+        pages = seq.shape[0] if ps == 1 else int(((a & (ps - 1)) == 1).sum())
+    if lo < 1:
+        at = int(torch.nonzero(seq < 1)[0, 0])
+        raise ValueError(
+            f"seq_lens must be >= 1 (they include the new token), got {lo} at position {at}"
+        )
+    return pages
 
 
 def _extend_pages(pre: torch.Tensor, seq: torch.Tensor, free: int, out: int, ps: int) -> int:
@@ -154,7 +203,9 @@ def alloc_extend(  # noqa: PLR0917
         prefix_lens, seq_lens, last_loc: int32/int64 ``[bs]``; ``seq_lens >= prefix_lens``;
             ``last_loc[i]`` is the slot of position ``prefix_lens[i] - 1`` (``-1`` if the prefix is
             empty).
-        free_pages: int32/int64 ``[>= total_new_pages]``, page ids (never 0).
+        free_pages: int32/int64 ``[>= total_new_pages]``, page ids (>= 1: page 0 is the padding
+            page). The ``total_new_pages`` ids the batch takes are checked on CPU tensors and in
+            debug mode (``ValueError``).
         out: int64 ``[sum(seq_lens - prefix_lens)]``, written request-major, position ascending.
         page_size: a power of two (1 included).
         num_new_pages: optional host-side hint, the batch's new-page count
@@ -168,7 +219,9 @@ def alloc_extend(  # noqa: PLR0917
 
     All tensors must share one device. Only ``out`` is written. Without ``num_new_pages``, on
     CPU tensors the value checks (lengths, ``out`` size, enough free pages) are done before any
-    work; on a GPU they are the caller's guarantee (checking would cost a host synchronisation).
+    work; on a GPU they are the caller's guarantee (checking would cost a host synchronisation)
+    except in debug mode (``MEM_CACHE_DEBUG=1``), which copies the lengths to the host and runs
+    them everywhere.
     """
     if _fast_ok(out, page_size, prefix_lens, seq_lens, last_loc, free_pages) and (
         prefix_lens.shape[0] == seq_lens.shape[0] == last_loc.shape[0]
@@ -196,6 +249,10 @@ def alloc_extend(  # noqa: PLR0917
             _check_free_pages(free.shape[0], _check_hint("num_new_pages", num_new_pages))
     elif dst.is_cpu:
         num_new_pages = _extend_pages(pre, seq, free.shape[0], dst.shape[0], ps)
+    elif v.debug_enabled():
+        num_new_pages = _extend_pages(pre.cpu(), seq.cpu(), free.shape[0], dst.shape[0], ps)
+    if num_new_pages is not None:
+        _check_pages(free, num_new_pages)
     if _use_triton(backend, dst):
         triton_impl("alloc").alloc_extend(
             pre, seq, last, free, dst, ps, num_new_pages=num_new_pages, num_tokens=num_tokens
@@ -223,10 +280,11 @@ def alloc_decode(
 
     ``num_new_pages`` (optional host-side hint): the number of requests whose new token starts a
     page. When given, the op checks ``0 <= num_new_pages <= bs`` (``== bs`` for page size 1) and
-    ``free_pages.numel() >= num_new_pages`` in O(1) and skips the data pass (``seq_lens >= 1``
-    and the count are then the caller's guarantee; a count smaller than the true one raises
-    ``ValueError`` naming ``num_new_pages`` on the torch path). Otherwise the same
-    device/validation rules as :func:`alloc_extend` apply.
+    ``free_pages.numel() >= num_new_pages`` in O(1). On CPU tensors (and on any device in debug
+    mode) ``seq_lens >= 1``, the count itself and the page ids taken (``>= 1``) are checked
+    before ``out`` is written, hint or not (``ValueError`` naming the argument); on a GPU without
+    debug they are the caller's guarantee. Otherwise the same device/validation rules as
+    :func:`alloc_extend` apply.
     """
     if _fast_ok(out, page_size, seq_lens, last_loc, free_pages) and (
         seq_lens.shape[0] == last_loc.shape[0] == out.shape[0]
@@ -241,27 +299,31 @@ def alloc_decode(
         ps = v.check_page_size(page_size)
         v.check_same_device(dst.device, seq_lens=seq, last_loc=last, free_pages=free)
     bs = dst.shape[0]
-    if num_new_pages is not None:
-        if not (
-            type(num_new_pages) is int
-            and 0 <= num_new_pages <= bs
-            and num_new_pages <= free.shape[0]
-            and (ps != 1 or num_new_pages == bs)
-        ):  # the fast test failed: find the argument to blame
-            pages = _check_hint("num_new_pages", num_new_pages, bs)
-            if ps == 1 and pages != bs:
-                raise ValueError(
-                    f"num_new_pages must be {bs} for page size 1 (every token starts a page), "
-                    f"got {pages}"
-                )
-            _check_free_pages(free.shape[0], pages)
-    elif dst.is_cpu and bs:
-        if int(seq.min()) < 1:
+    if num_new_pages is not None and not (
+        type(num_new_pages) is int
+        and 0 <= num_new_pages <= bs
+        and num_new_pages <= free.shape[0]
+        and (ps != 1 or num_new_pages == bs)
+    ):  # the fast test failed: find the argument to blame
+        pages = _check_hint("num_new_pages", num_new_pages, bs)
+        if ps == 1 and pages != bs:
             raise ValueError(
-                f"seq_lens must be >= 1 (they include the new token), got {int(seq.min())}"
+                f"num_new_pages must be {bs} for page size 1 (every token starts a page), "
+                f"got {pages}"
             )
-        num_new_pages = bs if ps == 1 else int(torch.count_nonzero((seq & (ps - 1)) == 1))
-        _check_free_pages(free.shape[0], num_new_pages)
+        _check_free_pages(free.shape[0], pages)
+    host_seq = v.host_values(seq) if bs else None
+    if host_seq is not None:  # CPU tensors (or debug mode): free to check, hint or not
+        pages = _decode_pages(host_seq, ps)
+        if num_new_pages is not None and num_new_pages != pages:
+            raise ValueError(
+                f"num_new_pages must be {pages} for these seq_lens (requests whose new token "
+                f"starts a page), got {num_new_pages}"
+            )
+        _check_free_pages(free.shape[0], pages)
+        num_new_pages = pages
+    if num_new_pages is not None:
+        _check_pages(free, num_new_pages)
     if _use_triton(backend, dst):
         triton_impl("alloc").alloc_decode(seq, last, free, dst, ps, num_new_pages=num_new_pages)
     else:

@@ -57,13 +57,25 @@ def _cpu_indices(
     return ai.to("cpu", torch.int64), bi.to("cpu", torch.int64)
 
 
-def _check_page_granular(name: str, idx: torch.Tensor, page_size: int, aligned: bool) -> None:
+def _check_page_granular(
+    name: str, idx: torch.Tensor, page_size: int, aligned: bool, *, row_skips: bool = False
+) -> None:
+    """Every live page of ``idx`` holds ``page_size`` consecutive indices (a page is live when its
+    first index is >= 0, or with ``row_skips`` when none of its indices is negative: there a
+    negative index skips its row only)."""
+    if page_size == 1 or idx.numel() == 0:
+        return
     pages = idx.view(-1, page_size)
     first = pages[:, :1]
-    live = first[:, 0] >= 0
+    live = (pages >= 0).all(dim=1) if row_skips else first[:, 0] >= 0
     step = torch.arange(page_size, dtype=torch.int64)
-    if not bool((pages[live] == first[live] + step).all()):
-        raise ValueError(f"{name} must hold whole pages of {page_size} consecutive indices")
+    bad = torch.nonzero(live & ~(pages == first + step).all(dim=1))
+    if bad.numel():
+        p = int(bad[0, 0])
+        raise ValueError(
+            f"{name} must hold whole pages of {page_size} consecutive indices, got "
+            f"{pages[p].tolist()} at page {p}"
+        )
     if aligned and bool((first[live] % page_size != 0).any()):
         raise ValueError(f"{name} pages must start at multiples of page_size {page_size}")
 
@@ -86,6 +98,8 @@ def direct_transfer_rows(
     if len(s[0]) != len(d[0]):
         raise ValueError(f"dst must have {len(s[0])} layers per role like src, got {len(d[0])}")
     si, di = _cpu_indices(src_indices, dst_indices, "src_indices", "dst_indices", ps)
+    _check_page_granular("src_indices", si, ps, aligned=False, row_skips=True)
+    _check_page_granular("dst_indices", di, ps, aligned=False, row_skips=True)
     pairs = [(a, b) for sl, dl in zip(s, d) for a, b in zip(sl, dl)]
     s_top, d_top = v.IndexBound("src_indices", si), v.IndexBound("dst_indices", di)
     for i, (a, b) in enumerate(pairs):
@@ -168,9 +182,11 @@ def direct_load_layer_from_page_first_direct(  # noqa: PLR0917
     _check_page_granular("device_indices", di, ps, aligned=False)
     h_top, d_top = v.IndexBound("host_indices", hi // ps), v.IndexBound("device_indices", di)
     for r, (a, b) in enumerate(zip(h, d)):
-        if a.shape[2] != ps or layer >= a.shape[1]:
+        if layer >= a.shape[1]:
+            raise ValueError(f"layer_id must be < host[{r}].shape[1] = {a.shape[1]}, got {layer}")
+        if a.shape[2] != ps:
             raise ValueError(
-                f"host[{r}] must be [pages, L > {layer}, {ps}, *row], got {tuple(a.shape)}"
+                f"host[{r}] must be [pages, L, page_size = {ps}, *row], got {tuple(a.shape)}"
             )
         check_role_pair(f"host[{r}][:, layer_id, 0]", a[:, layer, 0], f"device[{r}]", b)
         h_top.check(a.shape[0], f"host[{r}] pages")

@@ -14,6 +14,8 @@ from mem_cache_kernels._torch import req_table as ref
 
 __all__ = ["get_last_loc", "write_req_to_token"]
 
+_LIST_ROWS = 64  # CPU duplicate checks of batches up to this size run on Python ints
+
 
 def _check_table(req_to_token: object) -> torch.Tensor:
     table = v.check_tensor("req_to_token", req_to_token)
@@ -26,6 +28,70 @@ def _check_table(req_to_token: object) -> torch.Tensor:
     if table.stride(1) != 1:
         raise ValueError(f"req_to_token rows must be contiguous, got strides {table.stride()}")
     return table
+
+
+def _check_rows(rows: torch.Tensor, table: torch.Tensor, *, distinct: bool = False) -> None:
+    """Row indices must name rows of the table: a negative one is an error here, not a skip (torch
+    would wrap -1 to the last row, another request's). With ``distinct`` (writes) no row may
+    appear twice in a batch: two requests writing one row would race for it."""
+    v.check_nonnegative("req_pool_indices", rows, "row indices of req_to_token")
+    v.check_index_range("req_pool_indices", rows, table.shape[0], "req_to_token")
+    if distinct and rows.numel() > 1:
+        values = rows.tolist() if rows.numel() <= _LIST_ROWS else None
+        n_unique = len(set(values)) if values is not None else int(torch.unique(rows).numel())
+        if n_unique != rows.numel():
+            seen: set[int] = set()
+            dup = -1
+            for r in rows.tolist():
+                if r in seen:
+                    dup = r
+                    break
+                seen.add(r)
+            raise ValueError(
+                f"req_pool_indices must hold distinct rows (one per request), got row {dup} twice"
+            )
+
+
+def _check_write_values(  # noqa: PLR0917
+    table: torch.Tensor,
+    rows: torch.Tensor,
+    pre: torch.Tensor,
+    seq: torch.Tensor,
+    new: torch.Tensor,
+    prefix: torch.Tensor | None,
+) -> None:
+    """The value checks of :func:`write_req_to_token` (CPU tensors; any device in debug mode)."""
+    host = [v.host_values(t) for t in (rows, pre, seq, new)]
+    h_rows, h_pre, h_seq, h_new = host
+    if h_rows is None or h_pre is None or h_seq is None or h_new is None:
+        return
+    h_prefix = None if prefix is None else v.host_values(prefix)
+    if bool((h_seq < h_pre).any()) or bool((h_pre < 0).any()):
+        bad = int(torch.nonzero((h_seq < h_pre) | (h_pre < 0))[0, 0])
+        raise ValueError(
+            "prefix_lens and seq_lens must satisfy 0 <= prefix_lens <= seq_lens, got "
+            f"prefix_lens[{bad}] = {int(h_pre[bad])}, seq_lens[{bad}] = {int(h_seq[bad])}"
+        )
+    if h_rows.numel() and int(h_seq.max()) > table.shape[1]:
+        raise ValueError(
+            f"seq_lens must be <= max_len {table.shape[1]} (req_to_token columns), "
+            f"got {int(h_seq.max())}"
+        )
+    _check_rows(h_rows, table, distinct=True)
+    total = int((h_seq.to(torch.int64) - h_pre).sum())
+    if h_new.numel() != total:
+        raise ValueError(
+            f"out_cache_loc must have sum(seq_lens - prefix_lens) = {total} elements, "
+            f"got {h_new.numel()}"
+        )
+    v.check_fits_dtype("out_cache_loc", h_new, table.dtype, "req_to_token")
+    if h_prefix is not None:
+        if h_prefix.numel() != int(h_pre.sum()):
+            raise ValueError(
+                f"prefix_slots must have sum(prefix_lens) = {int(h_pre.sum())} elements, "
+                f"got {h_prefix.numel()}"
+            )
+        v.check_fits_dtype("prefix_slots", h_prefix, table.dtype, "req_to_token")
 
 
 def write_req_to_token(  # noqa: PLR0917
@@ -45,7 +111,13 @@ def write_req_to_token(  # noqa: PLR0917
     (``off_i`` = sum of the earlier requests' new lengths) and, when ``prefix_slots`` (the flat
     concatenation of every request's prefix slots, length ``sum(prefix_lens)``) is given,
     ``req_to_token[r, :prefix_lens[i]] = prefix``. Slots are stored as the table's dtype.
-    All tensors share the table's device; value checks run on CPU tensors only.
+
+    All tensors share the table's device. Value checks (``0 <= prefix <= seq <= max_len``, every
+    row in ``[0, rows)`` and distinct - a negative row raises, it is not a skip - the lengths of
+    ``out_cache_loc`` / ``prefix_slots``, every slot fits the table's dtype) run on CPU tensors,
+    and on any device in debug mode (``MEM_CACHE_DEBUG=1``, one synchronisation). On a GPU
+    without debug they are the caller's guarantee; both backends then still write nothing for a
+    row outside the table and nothing past ``max_len`` (no out-of-bounds write).
     """
     table = _check_table(req_to_token)
     rows = v.check_index("req_pool_indices", req_pool_indices)
@@ -58,23 +130,7 @@ def write_req_to_token(  # noqa: PLR0917
     if prefix is not None:
         named["prefix_slots"] = prefix
     v.check_same_device(table.device, **named)
-    if table.device.type == "cpu":
-        if bool((seq < pre).any()) or bool((pre < 0).any()):
-            raise ValueError("prefix_lens and seq_lens must satisfy 0 <= prefix_lens <= seq_lens")
-        if rows.numel() and int(seq.max()) > table.shape[1]:
-            raise ValueError(f"seq_lens must be <= max_len {table.shape[1]}, got {int(seq.max())}")
-        v.check_index_range("req_pool_indices", rows, table.shape[0], "req_to_token")
-        total = int((seq.to(torch.int64) - pre).sum())
-        if new.numel() != total:
-            raise ValueError(
-                f"out_cache_loc must have sum(seq_lens - prefix_lens) = {total} elements, "
-                f"got {new.numel()}"
-            )
-        if prefix is not None and prefix.numel() != int(pre.sum()):
-            raise ValueError(
-                f"prefix_slots must have sum(prefix_lens) = {int(pre.sum())} elements, "
-                f"got {prefix.numel()}"
-            )
+    _check_write_values(table, rows, pre, seq, new, prefix)
     tensors = (table, *named.values())
     if resolve_backend(backend, *tensors) == "triton":
         triton_impl("req_table").write_req_to_token(table, rows, pre, seq, new, prefix)
@@ -90,16 +146,27 @@ def get_last_loc(
     backend: Backend = "auto",
 ) -> torch.Tensor:
     """Return int64 ``[bs]``: ``req_to_token[req_pool_indices[i], prefix_lens[i] - 1]``, or -1 where
-    ``prefix_lens[i] == 0``. Reads only; all tensors on the table's device."""
+    ``prefix_lens[i] == 0``. Reads only; all tensors on the table's device.
+
+    ``req_pool_indices`` must be rows of the table (a negative one raises) and ``prefix_lens`` in
+    ``[0, max_len]``: checked on CPU tensors and in debug mode; on a GPU otherwise both backends
+    answer -1 for such a request (nothing outside the table is read)."""
     table = _check_table(req_to_token)
     rows = v.check_index("req_pool_indices", req_pool_indices)
     pre = v.check_index("prefix_lens", prefix_lens)
     v.check_same_length(req_pool_indices=rows, prefix_lens=pre)
     v.check_same_device(table.device, req_pool_indices=rows, prefix_lens=pre)
-    if table.device.type == "cpu" and rows.numel():
-        v.check_index_range("req_pool_indices", rows, table.shape[0], "req_to_token")
-        if int(pre.max()) > table.shape[1] or int(pre.min()) < 0:
-            raise ValueError(f"prefix_lens must be in [0, {table.shape[1]}]")
+    host_rows, host_pre = v.host_values(rows), v.host_values(pre)
+    if host_rows is not None and host_pre is not None and rows.numel():
+        _check_rows(host_rows, table)
+        if int(host_pre.max()) > table.shape[1] or int(host_pre.min()) < 0:
+            bad = (
+                int(host_pre.max()) if int(host_pre.max()) > table.shape[1] else int(host_pre.min())
+            )
+            raise ValueError(
+                f"prefix_lens must be in [0, max_len = {table.shape[1]}] (req_to_token columns), "
+                f"got {bad}"
+            )
     if resolve_backend(backend, table, rows, pre) == "triton":
         result: torch.Tensor = triton_impl("req_table").get_last_loc(table, rows, pre)
         return result

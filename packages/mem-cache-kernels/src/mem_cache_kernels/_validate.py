@@ -7,11 +7,14 @@ expected and the actual value.
 
 Checks that need tensor *values* (for example "``out`` holds exactly sum(seq - prefix) slots") are
 done only when the tensor lives on the CPU, where reading it is free; on a GPU they would force a
-host synchronisation, so device tensors are trusted there (documented per op).
+host synchronisation, so device tensors are trusted there (documented per op). Debug mode
+(``MEM_CACHE_DEBUG=1``, the switch the other mem-cache packages read) runs those value checks on
+every device, copying the tensors to the host first (:func:`value_checks_for`).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -20,6 +23,7 @@ import torch
 from mem_cache_kernels.shims import moved_names
 
 __all__ = [
+    "DEBUG_ENV_VAR",
     "INDEX_DTYPES",
     "IndexBound",
     "as_byte_rows",
@@ -32,6 +36,10 @@ __all__ = [
     "check_page_size",
     "check_same_device",
     "check_same_length",
+    "check_fits_dtype",
+    "check_nonnegative",
+    "debug_enabled",
+    "host_values",
     "check_tensor",
     "check_tensor_list",
     "is_power_of_two",
@@ -43,13 +51,71 @@ if not TYPE_CHECKING:  # runtime only: mypy keeps flagging unknown names of this
     __getattr__ = moved_names(__name__, {"check_dtype_itemsize": "mem_cache_kernels._store"})
 
 INDEX_DTYPES = (torch.int32, torch.int64)
+DEBUG_ENV_VAR = "MEM_CACHE_DEBUG"
+
+_ENV_DATA: dict[object, object] | None = getattr(os.environ, "_data", None)
+_DEBUG_KEY: object = getattr(os.environ, "encodekey", lambda key: key)(DEBUG_ENV_VAR)
+_OFF = (None, b"", b"0", "", "0")
+
+
+def debug_enabled() -> bool:
+    """True when ``MEM_CACHE_DEBUG`` is set to something other than ``""``/``"0"``.
+
+    Read on every call (tests flip it with ``monkeypatch``); the environment's own dict answers in
+    well under a microsecond.
+    """
+    if _ENV_DATA is None:
+        return os.environ.get(DEBUG_ENV_VAR, "0") not in ("", "0")
+    return _ENV_DATA.get(_DEBUG_KEY) not in _OFF
+
+
+def host_values(t: torch.Tensor) -> torch.Tensor | None:
+    """``t`` when its values are free to read (a CPU tensor), a host copy of it in debug mode
+    (one device synchronisation), else ``None`` (the value checks are skipped)."""
+    if t.device.type == "cpu":
+        return t
+    if debug_enabled() and t.device.type != "meta":
+        return t.cpu()
+    return None
 
 
 def check_tensor(name: str, value: object) -> torch.Tensor:
-    """Return ``value`` if it is a tensor, else raise ``TypeError`` naming ``name``."""
+    """Return ``value`` if it is a tensor with data, else raise naming ``name``.
+
+    ``TypeError`` for a non-tensor; ``ValueError`` for a tensor on the meta device (it has no data:
+    torch would fail later with an error that names none of the caller's arguments).
+    """
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if value.is_meta:
+        raise ValueError(
+            f"{name} must be a tensor with data (cpu or a GPU), got a tensor on the meta device"
+        )
     return value
+
+
+def check_nonnegative(name: str, values: torch.Tensor | None, what: str = "entries") -> None:
+    """Raise ``ValueError`` if a host-readable index tensor holds a negative entry."""
+    if values is not None and values.numel():
+        lo = int(values.min())
+        if lo < 0:
+            at = int(torch.nonzero(values < 0)[0, 0])
+            raise ValueError(f"{name} must hold {what} >= 0, got {lo} at position {at}")
+
+
+def check_fits_dtype(name: str, values: torch.Tensor | None, dtype: torch.dtype, into: str) -> None:
+    """Raise ``ValueError`` if a host-readable integer tensor holds a value outside ``dtype``'s
+    range (it would be stored wrapped, e.g. slot 2**31 as -2**31 in an int32 table)."""
+    if values is None or not values.numel() or values.dtype.itemsize <= dtype.itemsize:
+        return
+    info = torch.iinfo(dtype)
+    lo, hi = int(values.min()), int(values.max())
+    if lo < info.min or hi > info.max:
+        bad = hi if hi > info.max else lo
+        raise ValueError(
+            f"{name} must hold values that fit {into} ({dtype}, [{info.min}, {info.max}]), "
+            f"got {bad}"
+        )
 
 
 def check_index(name: str, value: object, *, allow_int64_only: bool = False) -> torch.Tensor:

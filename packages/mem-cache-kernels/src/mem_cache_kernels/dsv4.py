@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import torch
 
+from mem_cache_kernels import _validate as v
 from mem_cache_kernels._dispatch import Backend, resolve_backend, triton_impl
 
 __all__ = [
@@ -244,6 +245,13 @@ def _split_views(buffer: torch.Tensor, page_size: int) -> tuple[torch.Tensor, to
     return values, scale_parts
 
 
+def _check_loc_range(loc: torch.Tensor, buffer: torch.Tensor, page_size: int) -> None:
+    """``loc < pages * page_size`` where reading ``loc`` is free (CPU; any device in debug mode)."""
+    host = v.host_values(loc)
+    if host is not None:
+        v.check_index_range("loc", host, buffer.shape[0] * page_size, "buffer (pages * page_size)")
+
+
 def write_dsv4_records(
     buffer: torch.Tensor,
     loc: torch.Tensor,
@@ -257,10 +265,10 @@ def write_dsv4_records(
     ``buffer``: uint8 ``[pages, dsv4_page_bytes(page_size)]`` (mutated in place) whose rows are
     contiguous; the row stride may exceed a row (e.g. one layer of a ``[pages, layers, bytes]``
     host buffer) but must be a multiple of 4 bytes, as must the storage offset;
-    ``loc``: int32/int64 ``[n]`` token slots, ``loc[i] < pages * page_size`` (not checked: no
-    device sync), no repeats; negative slots are skipped; ``records``: uint8 ``[n, 584]``. The
-    record's value part goes to the token's value run and its scale part to the scale run; the
-    row's tail padding is never touched.
+    ``loc``: int32/int64 ``[n]`` token slots, ``loc[i] < pages * page_size`` (checked on CPU
+    tensors and in debug mode; on a GPU the caller's guarantee), no repeats; negative slots are
+    skipped; ``records``: uint8 ``[n, 584]``. The record's value part goes to the token's value
+    run and its scale part to the scale run; the row's tail padding is never touched.
     """
     _check_page_buffer(buffer, page_size)
     _check_index("loc", loc)
@@ -272,6 +280,7 @@ def write_dsv4_records(
     _check_same_device(buffer=buffer, loc=loc, records=records)
     if loc.numel() == 0:
         return
+    _check_loc_range(loc, buffer, page_size)
     rec = records.contiguous()
     if resolve_backend(backend, buffer, loc, rec) == "triton":
         triton_impl("dsv4").write_records(buffer, loc, rec, page_size)
@@ -302,6 +311,7 @@ def read_dsv4_records(
     out = torch.zeros((loc.shape[0], DSV4_TOKEN_BYTES), dtype=torch.uint8, device=buffer.device)
     if loc.numel() == 0:
         return out
+    _check_loc_range(loc, buffer, page_size)
     if resolve_backend(backend, buffer, loc) == "triton":
         triton_impl("dsv4").read_records(buffer, loc, out, page_size)
         return out

@@ -2,7 +2,12 @@
 
 ``write_req_to_token`` runs one program per request; the offsets of each request's segment in
 the flat ``out_cache_loc`` / ``prefix_slots`` arrays are exclusive prefix sums computed once in the
-launcher (SGLang recomputes them per program). Row offsets are int64.
+launcher (SGLang recomputes them per program). Row offsets are int64. The kernels never touch
+memory outside the table: a request whose row is outside ``[0, rows)`` (or whose prefix length is
+negative) writes nothing, positions at or past ``max_len`` are not written, and ``get_last_loc``
+reads -1 for such a request. The public ops reject those inputs before launching wherever that is
+free (CPU tensors, or any device under ``MEM_CACHE_DEBUG=1``); on a GPU these guards are what stands
+between a bad row index and another request's memory.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ _LAST_BLOCK = 128
         "prefix_ptr",
         "starts_ptr",
         "bs",
+        "n_rows",
+        "max_len",
     ]
 )
 def _write_req_to_token_kernel(  # type: ignore[no-untyped-def]  # noqa: PLR0917
@@ -40,6 +47,8 @@ def _write_req_to_token_kernel(  # type: ignore[no-untyped-def]  # noqa: PLR0917
     prefix_ptr,  # [sum(pre)] prefix slots, flat (unused when not HAS_PREFIX)
     starts_ptr,  # int64 [2, bs]: exclusive prefix sums of (seq - pre) and of pre
     bs,
+    n_rows,  # rows of req_to_token: a row outside [0, n_rows) writes nothing
+    max_len,  # columns of req_to_token: positions >= max_len are not written
     HAS_PREFIX: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
@@ -47,25 +56,29 @@ def _write_req_to_token_kernel(  # type: ignore[no-untyped-def]  # noqa: PLR0917
     row = tl.load(rows_ptr + pid).to(tl.int64)
     pre = tl.load(pre_ptr + pid).to(tl.int64)
     seq = tl.load(seq_ptr + pid).to(tl.int64)
+    ok = (row >= 0) & (row < n_rows) & (pre >= 0)
+    row = tl.where(ok, row, 0)
+    # elements this program may write: none for a bad row, never past max_len
+    n_pre = tl.where(ok, tl.minimum(pre, max_len), 0)
+    n_new = tl.where(ok, tl.minimum(seq, max_len) - pre, 0)
     dst = table_ptr + row * table_stride
     out_dtype = table_ptr.dtype.element_ty
     if HAS_PREFIX:
         prefix_start = tl.load(starts_ptr + bs + pid)
-        for b in range(0, pre, BLOCK):
+        for b in range(0, n_pre, BLOCK):
             offs = b + tl.arange(0, BLOCK).to(tl.int64)
-            mask = offs < pre
+            mask = offs < n_pre
             vals = tl.load(prefix_ptr + prefix_start + offs, mask=mask, other=0)
             tl.store(dst + offs, vals.to(out_dtype), mask=mask)
     new_start = tl.load(starts_ptr + pid)
-    n = seq - pre
-    for b in range(0, n, BLOCK):
+    for b in range(0, n_new, BLOCK):
         offs = b + tl.arange(0, BLOCK).to(tl.int64)
-        mask = offs < n
+        mask = offs < n_new
         vals = tl.load(new_ptr + new_start + offs, mask=mask, other=0)
         tl.store(dst + pre + offs, vals.to(out_dtype), mask=mask)
 
 
-@triton.jit(do_not_specialize=["rows_ptr", "pre_ptr", "out_ptr", "bs"])
+@triton.jit(do_not_specialize=["rows_ptr", "pre_ptr", "out_ptr", "bs", "n_rows", "max_len"])
 def _get_last_loc_kernel(  # type: ignore[no-untyped-def]  # noqa: PLR0917
     table_ptr,  # [rows, max_len] req_to_token
     table_stride,  # row stride (elements)
@@ -73,13 +86,15 @@ def _get_last_loc_kernel(  # type: ignore[no-untyped-def]  # noqa: PLR0917
     pre_ptr,  # [bs] prefix lengths
     out_ptr,  # int64 [bs]
     bs,
+    n_rows,  # rows of req_to_token: a row outside [0, n_rows) reads as -1
+    max_len,  # columns of req_to_token: a prefix outside [1, max_len] reads as -1
     BLOCK: tl.constexpr,
 ):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < bs
     row = tl.load(rows_ptr + offs, mask=mask, other=0).to(tl.int64)
     pre = tl.load(pre_ptr + offs, mask=mask, other=0).to(tl.int64)
-    has_prefix = mask & (pre > 0)
+    has_prefix = mask & (pre > 0) & (pre <= max_len) & (row >= 0) & (row < n_rows)
     last = tl.load(table_ptr + row * table_stride + pre - 1, mask=has_prefix, other=-1)
     tl.store(out_ptr + offs, last.to(tl.int64), mask=mask)
 
@@ -115,6 +130,8 @@ def write_req_to_token(  # noqa: PLR0917
             prefix_slots if has_prefix else out_cache_loc,
             starts,
             bs,
+            req_to_token.shape[0],
+            req_to_token.shape[1],
             HAS_PREFIX=has_prefix,
             BLOCK=_BLOCK,
         )
@@ -136,6 +153,8 @@ def get_last_loc(
             prefix_lens,
             out,
             bs,
+            req_to_token.shape[0],
+            req_to_token.shape[1],
             BLOCK=_LAST_BLOCK,
         )
     return out
