@@ -43,6 +43,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("kernels", "tools.bench_kernels", "KV transfer GB/s vs memcpy, allocation kernels"),
     Benchmark("allocator", "tools.bench_allocator", "allocator trace vs SGLang-like baseline"),
     Benchmark("host", "tools.bench_host", "host pool backup/load GB/s per layout and backend"),
+    Benchmark("storage", "tools.bench_storage", "L3 backends set/get vs memcpy, prefetch"),
 )
 
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "bench-results"

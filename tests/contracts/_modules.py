@@ -24,10 +24,19 @@ DISTS: tuple[Dist, ...] = (
     Dist("mem-cache-pool", "mem_cache_pool", ("mem-cache-kernels",)),
     Dist("mem-cache-allocator", "mem_cache_allocator", ("mem-cache-pool", "mem-cache-kernels")),
     Dist("mem-cache-pool-host", "mem_cache_pool_host", ("mem-cache-pool", "mem-cache-kernels")),
+    Dist(
+        "mem-cache-storage",
+        "mem_cache_storage",
+        ("mem-cache-pool-host", "mem-cache-pool", "mem-cache-kernels"),
+    ),
 )
 
 #: modules whose import must never happen as a side effect of importing a package
 FORBIDDEN_ON_IMPORT = ("triton", "mem_cache_kernels._triton")
+
+#: storage backends' client libraries (optional extras): importing any module of the storage
+#: package must import none of them (the backends import their client when constructed)
+BACKEND_CLIENTS = ("mooncake", "redis", "valkey", "nixl", "hf3fs_fuse", "aibrix_kvcache", "eic")
 
 
 def public_modules(dist: Dist) -> list[str]:

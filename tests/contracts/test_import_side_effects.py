@@ -17,10 +17,17 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
-from tests.contracts._modules import DISTS, FORBIDDEN_ON_IMPORT, Dist, public_modules
+from tests.contracts._modules import (
+    BACKEND_CLIENTS,
+    DISTS,
+    FORBIDDEN_ON_IMPORT,
+    Dist,
+    public_modules,
+)
 
 _FORK_PROBE = textwrap.dedent(
     """
@@ -115,6 +122,34 @@ def test_every_module_imports_without_triton_installed(dist: Dist) -> None:
         "print('ok')\n"
     )
     assert _run(code).strip() == "ok"
+
+
+def test_storage_modules_import_no_backend_client() -> None:
+    """Importing any storage module (the kit included) imports no backend client library, nor
+    the allocator; a tripwire names the import statement that tried."""
+    dist = next(d for d in DISTS if d.import_name == "mem_cache_storage")
+    modules = public_modules(dist)
+    assert {"mem_cache_storage.file", "mem_cache_storage.testing"} <= set(modules)
+    forbidden = (*BACKEND_CLIENTS, "mem_cache_allocator")
+    code = _FORK_PROBE.format(forbidden=forbidden, modules=modules)
+    results: dict[str, list[str]] = json.loads(_run(code).strip().splitlines()[-1])
+    offenders = {m: leaked for m, leaked in results.items() if leaked}
+    assert not offenders, "storage modules importing a backend client:\n" + "\n".join(
+        f"  import {m}: {'; '.join(leaked)}" for m, leaked in offenders.items()
+    )
+
+
+def test_storage_tripwire_catches_a_client_import(tmp_path: Path) -> None:
+    """The probe above can fail: a module importing a backend client at import time is named."""
+    pkg = tmp_path / "mem_cache_probe_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("import redis\n")
+    code = f"import sys; sys.path.insert(0, {str(tmp_path)!r})\n" + _FORK_PROBE.format(
+        forbidden=BACKEND_CLIENTS, modules=["mem_cache_probe_pkg"]
+    )
+    results: dict[str, list[str]] = json.loads(_run(code).strip().splitlines()[-1])
+    assert results["mem_cache_probe_pkg"], results
+    assert "eager import of redis" in results["mem_cache_probe_pkg"][0]
 
 
 def test_kernels_use_torch_path_without_triton() -> None:

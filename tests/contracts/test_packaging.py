@@ -1,10 +1,10 @@
 """"Installed piecemeal": each wheel installs alone, with only its declared dependencies.
 
-For every distribution: build the four wheels from the tree, create a clean virtual environment,
+For every distribution: build every wheel from the tree, create a clean virtual environment,
 install that one distribution from the fresh wheels (siblings resolved from the same folder, no
 index), import it and run a tiny real use. torch is shared: one "torch base" environment (cached in
 ``.cache/piecemeal``) holds torch and nothing of ours, and each clean environment sees it through a
-``.pth`` file, so torch is installed once, not four times. The test then checks that exactly the
+``.pth`` file, so torch is installed once, not once per wheel. The test then checks that exactly the
 declared siblings (and nothing else of ours) were installed.
 """
 
@@ -76,6 +76,31 @@ SMOKE: dict[str, str] = {
         for layer in range(2):
             host.load_to_device_per_layer(dev, h, target, layer, "direct")
             assert torch.equal(dev.get_key_buffer(layer)[target], before[layer])
+    """,
+    "mem_cache_storage": """
+        import tempfile, torch
+        from mem_cache_pool import MLATokenToKVPool
+        from mem_cache_pool_host import MLATokenToKVPoolHost
+        from mem_cache_storage import HiCacheStorageConfig, create_backend, page_hashes
+        dev = MLATokenToKVPool(size=32, page_size=4, dtype=torch.float16, kv_lora_rank=8,
+                               qk_rope_head_dim=8, layer_num=2, device="cpu")
+        host = MLATokenToKVPoolHost(dev, 2.0, 0, 4, "page_first")
+        src, dst = host.alloc(8), host.alloc(8)
+        host.buffers[0][src].copy_(torch.randn(8, 2, 1, 16).half())
+        keys = page_hashes(list(range(8)), 4)
+        with tempfile.TemporaryDirectory() as d:
+            config = HiCacheStorageConfig(is_mla_model=True, model_name="smoke")
+            storage = create_backend("file", config, host, storage_dir=d)
+            assert storage.batch_set_v1(keys, src) == [True, True]
+            assert storage.batch_exists(keys) == 2
+            assert storage.batch_get_v1(keys, dst) == [True, True]
+        assert torch.equal(host.buffers[0][dst].view(torch.int16),
+                           host.buffers[0][src].view(torch.int16))
+        memory = create_backend("memory", config, host)  # the pointer-backend base
+        assert memory.batch_set_v1(keys, src) == [True, True]
+        assert memory.batch_get_v1(keys[::-1], dst) == [True, True]
+        assert torch.equal(host.buffers[0][dst[:4]].view(torch.int16),
+                           host.buffers[0][src[4:]].view(torch.int16))
     """,
 }
 

@@ -1,10 +1,12 @@
-"""Serving-workload simulator: drives the four mem-cache packages through hierarchical caching.
+"""Serving-workload simulator: drives the mem-cache packages through hierarchical caching.
 
 A continuous-batching engine loop without a model (``engine.py``) admits multi-turn sessions
 (``workload.py``) into ``ReqToTokenPool`` rows, allocates KV slots with the allocator, writes
 deterministic K/V rows (``content.py``) through the device pool, keeps finished turns' prefixes in
 an LRU store (``prefix_store.py``) that spills to the host pool and loads back layer by layer
-(``hicache.py``), injects transfer faults (``faults.py``), checks slot conservation and content
+(``hicache.py``) and to the storage tier L3 (``storage_tier.py``: write-back of evicted host
+pages, prefetch of returning turns that miss L1 and L2), injects transfer and storage faults
+(``faults.py``, ``storage_faults.py``), checks slot conservation and content
 integrity (``integrity.py``) and reports (``report.py``). Run ``python -m tools.simulate --help``.
 """
 

@@ -2,7 +2,8 @@
 
 The default is what ``python3 tools/dev run`` executes: a small MHA model whose device pool is
 deliberately too small for the working set of the sessions, so finished prefixes are backed up to
-the host pool and loaded back while the run completes in well under a minute on two CPU cores.
+the host pool and loaded back, and the host pool in turn overflows into the storage tier (L3, a
+file backend in a temporary directory) from which returning turns are prefetched.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ __all__ = [
     "DTYPES",
     "HOST_LAYOUTS",
     "IO_BACKENDS",
+    "STORAGE_BACKENDS",
+    "STORAGE_WRITE_POLICIES",
     "SimConfig",
     "build_parser",
     "config_from_args",
@@ -31,6 +34,8 @@ DTYPES: dict[str, torch.dtype] = {
 }
 HOST_LAYOUTS = ("layer_first", "page_first", "page_first_direct")
 IO_BACKENDS = ("kernel", "direct")
+STORAGE_BACKENDS = ("none", "file")
+STORAGE_WRITE_POLICIES = ("write_back", "write_through")
 
 Model = Literal["mha", "mla"]
 
@@ -41,6 +46,11 @@ class SimConfig:
 
     Sizes are in tokens; ``device_tokens`` and ``host_tokens`` are rounded down to whole pages by
     the pools. ``faults`` is the probability that one host<->device transfer fails or is aborted.
+    ``storage`` selects the L3 backend (``"file"`` or ``"none"``) in ``storage_dir`` (a temporary
+    directory when ``None``), written under ``storage_write``, bounded by
+    ``storage_capacity_mb`` (0: unlimited); ``storage_fault_rate`` is the probability that one
+    storage call fails, is slow, corrupts a page or stops partway; ``restart_at`` (>= 0) is the
+    step at which the engine restarts (caches flushed to L3 and dropped).
     """
 
     model: Model = "mha"
@@ -74,6 +84,12 @@ class SimConfig:
     retract_after: int = 0
     check_every: int = 1
     threads: int = 1
+    storage: str = "file"
+    storage_dir: str | None = None
+    storage_write: str = "write_back"
+    storage_capacity_mb: int = 0
+    storage_fault_rate: float = 0.0
+    restart_at: int = -1
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -117,6 +133,16 @@ class SimConfig:
             raise ValueError(f"mean_turns must be >= 1, got {self.mean_turns}")
         if self.arrival_per_step <= 0.0:
             raise ValueError(f"arrival_per_step must be positive, got {self.arrival_per_step}")
+        if self.storage not in STORAGE_BACKENDS:
+            raise ValueError(f"storage must be one of {STORAGE_BACKENDS}, got {self.storage!r}")
+        if self.storage_write not in STORAGE_WRITE_POLICIES:
+            raise ValueError(f"storage_write must be one of {STORAGE_WRITE_POLICIES}, "
+                             f"got {self.storage_write!r}")
+        if not 0.0 <= self.storage_fault_rate <= 1.0:
+            raise ValueError(f"storage_fault_rate must be a probability in [0, 1], "
+                             f"got {self.storage_fault_rate}")
+        if self.storage_capacity_mb < 0:
+            raise ValueError(f"storage_capacity_mb must be >= 0, got {self.storage_capacity_mb}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -166,6 +192,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run the slot-conservation check every N steps")
     w.add_argument("--threads", type=int, default=d.threads,
                    help="torch intra-op threads (1 is fastest for these small ops on a busy CPU)")
+    st = p.add_argument_group("storage tier (L3)")
+    st.add_argument("--storage", choices=STORAGE_BACKENDS, default=d.storage,
+                    help="L3 backend: 'file' (one file per page in --storage-dir) or 'none'")
+    st.add_argument("--storage-dir", default=d.storage_dir, metavar="DIR",
+                    help="L3 directory (default: a temporary directory, removed afterwards)")
+    st.add_argument("--storage-write", choices=STORAGE_WRITE_POLICIES, default=d.storage_write,
+                    help="write pages to L3 when the host evicts them, or when they reach it")
+    st.add_argument("--storage-capacity-mb", type=int, default=d.storage_capacity_mb,
+                    help="L3 capacity in MiB, LRU eviction (0: unlimited)")
+    st.add_argument("--storage-fault-rate", type=float, default=d.storage_fault_rate,
+                    help="probability that a storage call fails, is slow (prefetch timeout), "
+                    "corrupts a stored page or stops partway")
+    st.add_argument("--restart-at", type=int, default=d.restart_at, metavar="STEP",
+                    help="restart the engine at this step: device and host caches are flushed "
+                    "to L3 and dropped, so the next turns are served by the warm L3")
     o = p.add_argument_group("output")
     o.add_argument("--json", metavar="PATH", default=None,
                    help="also write the report as JSON to PATH ('-' for stdout only)")

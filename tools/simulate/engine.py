@@ -38,6 +38,7 @@ from tools.simulate.integrity import check_conservation, owned_slots
 from tools.simulate.prefix_store import PrefixEntry, PrefixStore
 from tools.simulate.stack import MemoryStack
 from tools.simulate.stats import SimStats
+from tools.simulate.storage_tier import StorageTier
 from tools.simulate.workload import SessionId, SessionSpec, Workload
 
 __all__ = ["Engine", "Req"]
@@ -61,7 +62,8 @@ class Engine:
     """Drives one ``MemoryStack`` through a ``Workload``; see the module docstring."""
 
     def __init__(
-        self, workload: Workload, stack: MemoryStack, stats: SimStats, faults: FaultInjector
+        self, workload: Workload, stack: MemoryStack, stats: SimStats, faults: FaultInjector,
+        l3: StorageTier | None = None,
     ) -> None:
         self.cfg = stack.cfg
         self.stack = stack
@@ -69,6 +71,7 @@ class Engine:
         self.ps = stack.page_size
         self.store = PrefixStore()
         self.transfers = HostTransfers(stack, stats, faults)
+        self.l3 = l3  # the storage tier (L3), or None
         self.running: list[Req] = []
         self.ready: deque[tuple[SessionSpec, int]] = deque()
         self._later: list[tuple[int, SessionId, int]] = []  # (ready step, session, turn)
@@ -91,6 +94,8 @@ class Engine:
 
     def step(self) -> None:
         now = self.stats.steps
+        if now == self.cfg.restart_at:
+            self.restart()
         while self._arrivals and self._arrivals[0].arrival_step <= now:
             self.ready.append((self._arrivals.popleft(), 0))
         while self._later and self._later[0][0] <= now:
@@ -114,6 +119,32 @@ class Engine:
 
     def close(self) -> None:
         self.transfers.close()
+
+    def restart(self) -> None:
+        """A graceful engine restart: every cached prefix is flushed to the storage tier (host
+        entries directly, device entries through a device->host backup) and then dropped; the
+        storage tier reopens its directory. Running requests carry on."""
+        host = self.stack.host_pool
+        device_entries: list[PrefixEntry] = []
+        for session in self.store.sessions():
+            entry = self.store.take(session)
+            if entry is None:
+                continue
+            if entry.tier == "device":
+                device_entries.append(entry)
+                continue
+            if self.l3 is not None:
+                self.l3.on_host_drop(entry)
+            host.free(entry.slots)
+        for entry in device_entries:
+            staging = host.alloc(entry.length) if self.l3 is not None else None
+            if staging is not None:
+                if self.transfers.backup(entry.slots, staging) and self.l3 is not None:
+                    self.l3.on_host_drop(PrefixEntry(entry.session, entry.length, "host", staging))
+                host.free(staging)
+            self._free_device(entry.slots)
+        if self.l3 is not None:
+            self.l3.restart()
 
     def drain(self) -> None:
         """Free every cached prefix (after the last request finished)."""
@@ -198,6 +229,9 @@ class Engine:
             stats.returning_turns += 1
             stats.reusable_tokens += history
         empty = self._arange(0, 0)
+        from_l3 = entry is None and turn > 0 and self.l3 is not None
+        if from_l3 and self.l3 is not None:  # L1 and L2 missed: prefetch from storage
+            entry = self.l3.fetch(spec.session, history, self._make_host_room)
         if entry is None:
             stats.misses += turn > 0
             return empty
@@ -216,9 +250,14 @@ class Engine:
         if not ok:
             self._free_device(device_slots)
             stats.misses += 1
+            if from_l3 and self.l3 is not None:
+                self.l3.record_load_failure()
             return empty
-        stats.host_hits += 1
-        stats.host_hit_tokens += entry.length
+        if from_l3 and self.l3 is not None:
+            self.l3.record_hit(entry.length)
+        else:
+            stats.host_hits += 1
+            stats.host_hit_tokens += entry.length
         return device_slots
 
     def _make_room(self, tokens: int) -> bool:
@@ -236,6 +275,8 @@ class Engine:
         if host_slots is not None and self.transfers.backup(entry.slots, host_slots):
             self._free_device(self.store.move_to_host(entry.session, host_slots))
             self.stats.evictions_to_host += 1
+            if self.l3 is not None:
+                self.l3.on_host_insert(entry)
             return True
         if host_slots is not None:  # the backup failed: its host slots hold garbage
             self.stack.host_pool.free(host_slots)
@@ -245,15 +286,23 @@ class Engine:
         return True
 
     def _reserve_host(self, tokens: int) -> torch.Tensor | None:
+        if not self._make_host_room(tokens):
+            return None
+        return self.stack.host_pool.alloc(tokens)
+
+    def _make_host_room(self, tokens: int) -> bool:
+        """Drop LRU host entries (written back to L3 first) until ``tokens`` host slots are free."""
         host = self.stack.host_pool
         while host.available_size() < tokens:
             victim = self.store.oldest("host")
             if victim is None:
-                return None
+                return False
             self.store.take(victim.session)
+            if self.l3 is not None:
+                self.l3.on_host_drop(victim)
             host.free(victim.slots)
             self.stats.host_drops += 1
-        return host.alloc(tokens)
+        return True
 
     def _free_device(self, slots: torch.Tensor) -> None:
         with self.stats.timed("free", slots.numel()):

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from tools.simulate.config import SimConfig
 from tools.simulate.stats import SimStats
+from tools.simulate.storage_report import l3_dict, l3_rows
 
 __all__ = ["render_report", "report_dict"]
 
@@ -84,6 +85,7 @@ def report_dict(cfg: SimConfig, stats: SimStats) -> dict[str, Any]:
             "integrity_failures": stats.integrity_failures,
             "failures": list(stats.failures),
         },
+        "storage": l3_dict(stats),
         "leaks": {pool: {"available": a, "capacity": c} for pool, (a, c) in stats.leaks.items()},
         "ok": stats.integrity_failures == 0 and not stats.leaked and bool(stats.leaks),
     }
@@ -125,6 +127,8 @@ def render_report(console: Console, cfg: SimConfig, stats: SimStats) -> None:
               f"{stats.host_hits}/{stats.returning_turns} returning turns; "
               f"{_pct(stats.host_hit_tokens, stats.reusable_tokens)} of prefix tokens; "
               f"misses {stats.misses}")
+    for row in l3_rows(stats):
+        t.add_row(*row)
     bpt = stats.bytes_per_token
     t.add_row("peak device memory", _mib(stats.peak_device_tokens * bpt),
               f"{stats.peak_device_tokens:,}/{stats.device_capacity:,} tokens "

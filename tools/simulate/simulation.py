@@ -13,6 +13,7 @@ from tools.simulate.faults import FaultInjector
 from tools.simulate.integrity import leak_check
 from tools.simulate.stack import build_stack
 from tools.simulate.stats import SimStats
+from tools.simulate.storage_tier import StorageTier
 from tools.simulate.workload import generate_workload
 
 __all__ = ["ProgressFn", "run_simulation"]
@@ -45,7 +46,12 @@ def _run(cfg: SimConfig, progress: ProgressFn | None) -> SimStats:
         host_capacity=stack.host_capacity,
         bytes_per_token=stack.bytes_per_token,
     )
-    engine = Engine(workload, stack, stats, FaultInjector(cfg.faults, cfg.seed))
+    l3 = None
+    if cfg.storage == "file":
+        l3 = StorageTier(stack, directory=cfg.storage_dir, write_policy=cfg.storage_write,
+                         fault_rate=cfg.storage_fault_rate, seed=cfg.seed,
+                         capacity_bytes=cfg.storage_capacity_mb << 20)
+    engine = Engine(workload, stack, stats, FaultInjector(cfg.faults, cfg.seed), l3)
     try:
         while not engine.done():
             engine.step()
@@ -55,8 +61,14 @@ def _run(cfg: SimConfig, progress: ProgressFn | None) -> SimStats:
         engine.drain()
     finally:
         engine.close()
+        if l3 is not None:
+            l3.close()
+            stats.l3 = l3.stats
     engine.check()
     leak_check(stack, stats)
+    if l3 is not None:  # prefetch reservations: none may be left after the controller closed
+        budget = l3.controller.prefetch_budget_pages
+        stats.leaks["l3 prefetch"] = (budget - l3.stats.prefetch_reserved_at_end, budget)
     stack.host_pool.close()
     stats.wall_s = time.perf_counter() - t0
     return stats

@@ -6,6 +6,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = ["OpTimer", "SimStats", "TransferStat"]
 
@@ -77,6 +78,7 @@ class SimStats:
     transfers: dict[str, TransferStat] = field(default_factory=dict)
     leaks: dict[str, tuple[int, int]] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
+    l3: Any = None  # storage_tier.L3Stats when the storage tier (L3) ran
 
     @contextmanager
     def timed(self, kind: str, items: int = 0) -> Iterator[None]:

@@ -1,0 +1,408 @@
+"""Bases for storage backends: :class:`PageStorageBackend` (pages as byte ranges) and
+:class:`PointerStorageBackend` (clients with ``batch_put_from`` / ``batch_get_into`` /
+``batch_is_exist`` over ``(keys, ptrs, sizes)``, like Mooncake Store).
+
+:class:`PageStorageBackend` implements the whole SGLang-facing :class:`HiCacheStorage` API once:
+caller keys become storage keys (:class:`~mem_cache_storage.keys.KeySpace`), tensors and host
+pool pages become byte ranges (:mod:`mem_cache_storage.pages`), counters are kept, and a failing
+backend call (an exception, a malformed or short result) becomes a miss / failed set instead of
+an exception in the engine. A subclass implements four hooks on *storage* keys:
+
+* ``_put_pages(keys, pages, fmt) -> list[bool]``: store each page (its ranges, in order);
+* ``_get_pages(keys, pages, fmt) -> list[bool]``: fill each page's ranges; ``True`` only when
+  the stored page has format ``fmt`` and verified intact;
+* ``_exist_pages(keys) -> list[bool]``;
+* ``_clear()``.
+
+Constructor (every backend): ``Backend(storage_config=None, kwargs=None, /, **options)``. That is
+exactly what SGLang's ``dynamic`` loader calls (``backend_class(storage_config, kwargs)``) and
+what its built-in form for pool-aware backends calls (``backend_class(storage_config,
+mem_pool_host)``): the second positional argument may be an options dict or a host pool.
+Options are ``storage_config.extra_config`` updated by that dict and then by ``**options``.
+Common options: ``page_size`` (needed for keys until a host pool is registered),
+``model_fingerprint`` (see :mod:`mem_cache_storage.keys`).
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+import threading
+import zlib
+from abc import abstractmethod
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from mem_cache_storage import _memory
+from mem_cache_storage.base import HiCacheStorage
+from mem_cache_storage.config import HiCacheStorageConfig, HiCacheStorageExtraInfo
+from mem_cache_storage.keys import KeySpace
+from mem_cache_storage.pages import PageFormat, PageRanges, host_page_ranges, tensor_page_ranges
+from mem_cache_storage.stats import StorageStats
+
+__all__ = ["PageStorageBackend", "PointerStorageBackend", "checksum"]
+
+_log = logging.getLogger(__name__)
+
+
+def checksum(page: PageRanges) -> int:
+    """CRC-32 over a page's ranges, in order."""
+    crc = 0
+    for ptr, nbytes in page:
+        crc = zlib.crc32(_memory.view(ptr, nbytes), crc)
+    return crc
+
+
+def _is_pool(obj: object) -> bool:
+    return hasattr(obj, "get_page_buffer_meta") and hasattr(obj, "page_size")
+
+
+class PageStorageBackend(HiCacheStorage):
+    """Base of byte-range backends (see the module docstring)."""
+
+    backend_name = "page"
+
+    def __init__(
+        self, storage_config: object | None = None, kwargs: object | None = None, /,
+        **options: Any,
+    ) -> None:
+        self.storage_config = HiCacheStorageConfig.from_any(storage_config)
+        opts: dict[str, Any] = self.storage_config.extra
+        pool: Any = None
+        if isinstance(kwargs, Mapping):
+            opts.update(kwargs)
+        elif kwargs is not None:
+            if not _is_pool(kwargs):
+                raise TypeError(
+                    "the second argument must be an options dict or a host pool, got "
+                    f"{type(kwargs).__name__}"
+                )
+            pool = kwargs
+        opts.update(options)
+        self.options = opts
+        self.stats = StorageStats()
+        self._keyspace: KeySpace | None = None
+        self._ks_lock = threading.Lock()
+        page_size = opts.get("page_size")
+        if page_size is not None:
+            self._set_keyspace(int(page_size))
+        if pool is not None:
+            self.register_mem_pool_host(pool)
+
+    # ------------------------------------------------------------------ keys
+    def _set_keyspace(self, page_size: int) -> None:
+        if page_size < 1:
+            raise ValueError(f"page_size must be positive, got {page_size}")
+        with self._ks_lock:
+            if self._keyspace is not None and self._keyspace.page_size != page_size:
+                raise ValueError(
+                    f"page_size {page_size} differs from this backend's {self._keyspace.page_size}"
+                )
+            fingerprint = self.options.get("model_fingerprint")
+            self._keyspace = KeySpace.from_config(
+                self.storage_config, page_size,
+                None if fingerprint is None else str(fingerprint),
+            )
+
+    @property
+    def keyspace(self) -> KeySpace:
+        """The key mapping (``RuntimeError`` before the page size is known)."""
+        ks = self._keyspace
+        if ks is None:
+            raise RuntimeError(
+                f"{type(self).__name__}: page size unknown: register_mem_pool_host(pool) or pass "
+                "extra_config['page_size']"
+            )
+        return ks
+
+    def storage_key(self, key: str) -> str:
+        """The storage key of caller key ``key`` (see :mod:`mem_cache_storage.keys`)."""
+        return self.keyspace.storage_key(key)
+
+    def register_mem_pool_host(self, mem_pool_host: Any) -> None:
+        if not _is_pool(mem_pool_host):
+            raise TypeError(
+                "mem_pool_host must be a host pool (get_page_buffer_meta, page_size), got "
+                f"{type(mem_pool_host).__name__}"
+            )
+        self._set_keyspace(int(mem_pool_host.page_size))
+        super().register_mem_pool_host(mem_pool_host)
+
+    # ------------------------------------------------------------ subclass hooks
+    @abstractmethod
+    def _put_pages(self, keys: list[str], pages: list[PageRanges], fmt: PageFormat) -> list[bool]:
+        """Store each page under its storage key; one bool per page."""
+
+    @abstractmethod
+    def _get_pages(self, keys: list[str], pages: list[PageRanges], fmt: PageFormat) -> list[bool]:
+        """Fill each page from storage; ``True`` only for an intact page of format ``fmt``."""
+
+    @abstractmethod
+    def _exist_pages(self, keys: list[str]) -> list[bool]:
+        """Whether each storage key holds a page."""
+
+    @abstractmethod
+    def _clear(self) -> None:
+        """Remove every page."""
+
+    # ------------------------------------------------------------ guarded calls
+    def _guard(self, what: str, result: object, n: int) -> list[bool]:
+        if not isinstance(result, list) or len(result) != n:
+            self.stats.add(errors=1)
+            _log.warning("%s: %s returned %r for %d pages: treated as failed",
+                         type(self).__name__, what, type(result).__name__, n)
+            return [False] * n
+        return [r is True for r in result]
+
+    def _call(self, what: str, fn: Any, n: int, *args: Any) -> list[bool]:
+        if n == 0:
+            return []
+        try:
+            result = fn(*args)
+        except Exception as exc:  # a failing backend is a miss, never an engine crash
+            self.stats.add(errors=1)
+            _log.warning("%s: %s failed (%s: %s): treated as a miss",
+                         type(self).__name__, what, type(exc).__name__, exc)
+            return [False] * n
+        return self._guard(what, result, n)
+
+    def _get(self, skeys: list[str], pages: list[PageRanges], fmt: PageFormat) -> list[bool]:
+        ok = self._call("get", self._get_pages, len(skeys), skeys, pages, fmt)
+        hits = sum(ok)
+        self.stats.add(get_hits=hits, get_misses=len(ok) - hits, get_bytes=hits * fmt.nbytes)
+        return ok
+
+    def _put(self, skeys: list[str], pages: list[PageRanges], fmt: PageFormat) -> list[bool]:
+        ok = self._call("set", self._put_pages, len(skeys), skeys, pages, fmt)
+        good = sum(ok)
+        self.stats.add(set_ok=good, set_failed=len(ok) - good, set_bytes=good * fmt.nbytes)
+        return ok
+
+    def _exist(self, skeys: list[str]) -> list[bool]:
+        self.stats.add(exists_queries=len(skeys))
+        return self._call("exists", self._exist_pages, len(skeys), skeys)
+
+    # ------------------------------------------------------------ SGLang API
+    def _target(self, target: Any) -> torch.Tensor:
+        if target is None:
+            pool = self.mem_pool_host
+            if pool is None:
+                raise ValueError("target_location is required when no host pool is registered")
+            out: torch.Tensor = pool.get_dummy_flat_data_page()
+            return out
+        if not isinstance(target, torch.Tensor):
+            raise TypeError(f"target_location must be a torch.Tensor, got {type(target).__name__}")
+        return target
+
+    def get(
+        self, key: str, target_location: Any | None = None, target_sizes: Any | None = None
+    ) -> torch.Tensor | None:
+        target = self._target(target_location)
+        page, fmt = tensor_page_ranges(target)
+        ok = self._get([self.storage_key(key)], [page], fmt)
+        return target if ok[0] else None
+
+    def batch_get(
+        self, keys: list[str], target_locations: Any | None = None, target_sizes: Any | None = None
+    ) -> list[torch.Tensor | None]:
+        if target_locations is None:
+            target_locations = [None] * len(keys)
+        if len(target_locations) != len(keys):
+            raise ValueError(
+                f"target_locations must have {len(keys)} entries, got {len(target_locations)}"
+            )
+        return [self.get(k, t) for k, t in zip(keys, target_locations)]
+
+    def set(
+        self, key: str, value: Any | None = None, target_location: Any | None = None,
+        target_sizes: Any | None = None,
+    ) -> bool:
+        tensor = value if value is not None else target_location
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"value must be a torch.Tensor, got {type(tensor).__name__}")
+        tensor = tensor.detach().to("cpu").contiguous()
+        page, fmt = tensor_page_ranges(tensor, "value")
+        return self._put([self.storage_key(key)], [page], fmt)[0]
+
+    def batch_set(
+        self, keys: list[str], values: Any | None = None, target_locations: Any | None = None,
+        target_sizes: Any | None = None,
+    ) -> bool:
+        vals = values if values is not None else target_locations
+        if vals is None or len(vals) != len(keys):
+            raise ValueError(f"values must have {len(keys)} entries")
+        return all([self.set(k, v) for k, v in zip(keys, vals)])
+
+    def exists(self, key: str) -> bool:
+        return self._exist([self.storage_key(key)])[0]
+
+    def batch_exists(
+        self, keys: list[str], extra_info: HiCacheStorageExtraInfo | None = None
+    ) -> int:
+        skeys = self.keyspace.storage_keys(keys)
+        self.stats.add(exists_queries=len(skeys))
+        if not skeys:
+            return 0
+        try:
+            n = self._exist_prefix(skeys)
+        except Exception as exc:  # a failing backend holds nothing
+            self.stats.add(errors=1)
+            _log.warning("%s: exists failed (%s: %s): treated as a miss",
+                         type(self).__name__, type(exc).__name__, exc)
+            return 0
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= len(skeys):
+            self.stats.add(errors=1)
+            return 0
+        return n
+
+    def _exist_prefix(self, keys: list[str]) -> int:
+        """How many leading storage keys hold a page (default: one ``_exist_pages`` call;
+        override to stop at the first miss)."""
+        found = self._exist_pages(keys)
+        if len(found) != len(keys):
+            raise RuntimeError(f"_exist_pages returned {len(found)} results for {len(keys)}")
+        return found.index(False) if False in found else len(found)
+
+    def batch_get_v1(
+        self, keys: list[str], host_indices: torch.Tensor,
+        extra_info: HiCacheStorageExtraInfo | None = None,
+    ) -> list[bool]:
+        skeys = self.keyspace.storage_keys(keys)
+        pages, fmt = host_page_ranges(self.mem_pool_host, host_indices, len(keys))
+        return self._get(skeys, pages, fmt)
+
+    def batch_set_v1(
+        self, keys: list[str], host_indices: torch.Tensor,
+        extra_info: HiCacheStorageExtraInfo | None = None,
+    ) -> list[bool]:
+        skeys = self.keyspace.storage_keys(keys)
+        pages, fmt = host_page_ranges(self.mem_pool_host, host_indices, len(keys))
+        return self._put(skeys, pages, fmt)
+
+    def clear(self) -> None:
+        self._clear()
+
+    def get_stats(self) -> StorageStats:
+        """A snapshot of this backend's counters."""
+        return self.stats.snapshot()
+
+    def close(self) -> None:
+        """Release client resources (nothing by default; idempotent)."""
+
+
+_META = struct.Struct("<4sQQI")  # magic, format id, payload bytes, crc32
+_META_MAGIC = b"MCSm"
+
+
+class PointerStorageBackend(PageStorageBackend):
+    """Base for clients that move ``(keys, ptrs, sizes)`` batches (zero copy, e.g. RDMA).
+
+    Each page is stored as one object per range, ``{storage_key}.{i}``, plus a small metadata
+    object ``{storage_key}.m`` (format id, byte count, CRC-32 of the data unless
+    ``options["checksum"]`` is false) written *after* the data objects; reading checks the
+    metadata first and the CRC after, so a page of another format or a partial/corrupted page is
+    a miss. Subclasses implement, on object keys:
+
+    * ``_batch_put_from(keys, ptrs, sizes) -> list[bool]``
+    * ``_batch_get_into(keys, ptrs, sizes) -> list[bool]`` (``False`` when absent or when the
+      stored object's size differs from ``sizes[i]``)
+    * ``_batch_is_exist(keys) -> list[bool]``
+    * ``_clear()``
+    """
+
+    backend_name = "pointer"
+
+    def __init__(
+        self, storage_config: object | None = None, kwargs: object | None = None, /,
+        **options: Any,
+    ) -> None:
+        super().__init__(storage_config, kwargs, **options)
+        self.verify_checksum = bool(self.options.get("checksum", True))
+
+    @abstractmethod
+    def _batch_put_from(self, keys: list[str], ptrs: list[int], sizes: list[int]) -> list[bool]:
+        """Store ``sizes[i]`` bytes at ``ptrs[i]`` under ``keys[i]``."""
+
+    @abstractmethod
+    def _batch_get_into(self, keys: list[str], ptrs: list[int], sizes: list[int]) -> list[bool]:
+        """Copy the object under ``keys[i]`` (exactly ``sizes[i]`` bytes) to ``ptrs[i]``."""
+
+    @abstractmethod
+    def _batch_is_exist(self, keys: list[str]) -> list[bool]:
+        """Whether each object key exists."""
+
+    def _meta(self, page: PageRanges, fmt: PageFormat) -> bytes:
+        crc = checksum(page) if self.verify_checksum else 0
+        return _META.pack(_META_MAGIC, fmt.format_id, fmt.nbytes, crc)
+
+    def _put_pages(self, keys: list[str], pages: list[PageRanges], fmt: PageFormat) -> list[bool]:
+        okeys: list[str] = []
+        ptrs: list[int] = []
+        sizes: list[int] = []
+        for key, page in zip(keys, pages):
+            for i, (ptr, n) in enumerate(page):
+                okeys.append(f"{key}.{i}")
+                ptrs.append(ptr)
+                sizes.append(n)
+        data_ok = self._batch_put_from(okeys, ptrs, sizes)
+        if len(data_ok) != len(okeys):
+            raise RuntimeError(f"_batch_put_from returned {len(data_ok)} results for {len(okeys)}")
+        per = len(fmt.sizes)
+        page_ok = [all(data_ok[p * per : (p + 1) * per]) for p in range(len(keys))]
+        metas = [torch.frombuffer(bytearray(self._meta(pg, fmt)), dtype=torch.uint8)
+                 for pg, ok in zip(pages, page_ok) if ok]
+        mkeys = [f"{k}.m" for k, ok in zip(keys, page_ok) if ok]
+        meta_ok = self._batch_put_from(
+            mkeys, [m.data_ptr() for m in metas], [_META.size] * len(metas)
+        ) if mkeys else []
+        if len(meta_ok) != len(mkeys):
+            raise RuntimeError(f"_batch_put_from returned {len(meta_ok)} results for {len(mkeys)}")
+        it = iter(meta_ok)
+        return [bool(next(it)) if ok else False for ok in page_ok]
+
+    def _get_pages(self, keys: list[str], pages: list[PageRanges], fmt: PageFormat) -> list[bool]:
+        n = len(keys)
+        bufs = [torch.zeros(_META.size, dtype=torch.uint8) for _ in range(n)]
+        meta_ok = self._batch_get_into(
+            [f"{k}.m" for k in keys], [b.data_ptr() for b in bufs], [_META.size] * n
+        )
+        if len(meta_ok) != n:
+            raise RuntimeError(f"_batch_get_into returned {len(meta_ok)} results for {n}")
+        want: list[int] = []
+        crcs: dict[int, int] = {}
+        for p in range(n):
+            if not meta_ok[p]:
+                continue
+            magic, fid, nbytes, crc = _META.unpack(bytes(_memory.view(bufs[p].data_ptr(),
+                                                                      _META.size)))
+            if magic != _META_MAGIC or fid != fmt.format_id or nbytes != fmt.nbytes:
+                self.stats.add(rejected=1)
+                continue
+            want.append(p)
+            crcs[p] = crc
+        okeys: list[str] = []
+        ptrs: list[int] = []
+        sizes: list[int] = []
+        for p in want:
+            for i, (ptr, nb) in enumerate(pages[p]):
+                okeys.append(f"{keys[p]}.{i}")
+                ptrs.append(ptr)
+                sizes.append(nb)
+        data_ok = self._batch_get_into(okeys, ptrs, sizes) if okeys else []
+        if len(data_ok) != len(okeys):
+            raise RuntimeError(f"_batch_get_into returned {len(data_ok)} results for {len(okeys)}")
+        per = len(fmt.sizes)
+        out = [False] * n
+        for j, p in enumerate(want):
+            if not all(data_ok[j * per : (j + 1) * per]):
+                continue
+            if self.verify_checksum and checksum(pages[p]) != crcs[p]:
+                self.stats.add(rejected=1)
+                continue
+            out[p] = True
+        return out
+
+    def _exist_pages(self, keys: list[str]) -> list[bool]:
+        return self._batch_is_exist([f"{k}.m" for k in keys])

@@ -1,0 +1,102 @@
+"""``HiCacheStorageConfig`` and ``HiCacheStorageExtraInfo``: what an engine tells a storage backend.
+
+The field names, order and meaning follow SGLang's ``hicache_storage.py`` so an engine can build
+either one; every backend of this package also accepts SGLang's own config object (anything with
+these attributes, see :meth:`HiCacheStorageConfig.from_any`).
+
+Fields used by this package:
+
+* ``tp_rank / tp_size``, ``pp_rank / pp_size``: the rank suffix of every storage key (TP is left
+  out for MLA models, whose KV is replicated across TP ranks: only TP rank 0 writes);
+* ``is_mla_model``: see above;
+* ``model_name`` and ``extra_config["model_fingerprint"]`` (a weights/config id the engine
+  passes): the key prefix, so that another model or a weights change never reads stale KV;
+* ``extra_config``: backend options (``file``: ``storage_dir``, ``capacity_bytes``, ``fsync``;
+  the ``dynamic`` backend form: ``backend_name``, ``module_path``, ``class_name``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+__all__ = ["STORAGE_BATCH_SIZE", "HiCacheStorageConfig", "HiCacheStorageExtraInfo"]
+
+#: pages per storage call (SGLang's value)
+STORAGE_BATCH_SIZE = 128
+
+
+def _check_rank(name: str, rank: int, size: int) -> None:
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError(f"{name}_size must be a positive int, got {size!r}")
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < size:
+        raise ValueError(f"{name}_rank must be an int in [0, {size}), got {rank!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class HiCacheStorageConfig:
+    """Storage configuration of one engine rank (see the module docstring)."""
+
+    tp_rank: int = 0
+    tp_size: int = 1
+    pp_rank: int = 0
+    pp_size: int = 1
+    attn_cp_rank: int = 0
+    attn_cp_size: int = 1
+    is_mla_model: bool = False
+    enable_storage_metrics: bool = False
+    is_page_first_layout: bool = True
+    model_name: str | None = None
+    dp_rank: int = 0
+    dp_size: int = 1
+    tp_lcm_size: int | None = None
+    should_split_heads: bool = False
+    extra_config: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        _check_rank("tp", self.tp_rank, self.tp_size)
+        _check_rank("pp", self.pp_rank, self.pp_size)
+        _check_rank("attn_cp", self.attn_cp_rank, self.attn_cp_size)
+        _check_rank("dp", self.dp_rank, self.dp_size)
+        if self.model_name is not None and not isinstance(self.model_name, str):
+            raise TypeError(f"model_name must be a str or None, got {type(self.model_name)}")
+        if self.extra_config is not None and not isinstance(self.extra_config, dict):
+            raise TypeError(
+                f"extra_config must be a dict or None, got {type(self.extra_config).__name__}"
+            )
+
+    @property
+    def extra(self) -> dict[str, Any]:
+        """``extra_config`` or an empty dict."""
+        return dict(self.extra_config or {})
+
+    @classmethod
+    def from_any(cls, config: object | None) -> HiCacheStorageConfig:
+        """This class from ``config``: ``None`` (defaults), an instance, SGLang's dataclass or
+        any object with these attributes (missing ones take their defaults), or a dict."""
+        if config is None:
+            return cls()
+        if isinstance(config, cls):
+            return config
+        names = [f.name for f in fields(cls)]
+        if isinstance(config, dict):
+            unknown = sorted(set(config) - set(names))
+            if unknown:
+                raise ValueError(f"storage config has unknown fields {unknown}")
+            return cls(**config)
+        values = {n: getattr(config, n) for n in names if hasattr(config, n)}
+        if not values:
+            raise TypeError(
+                "storage_config must be a HiCacheStorageConfig-like object, got "
+                f"{type(config).__name__}"
+            )
+        return cls(**values)
+
+
+@dataclass(frozen=True, slots=True)
+class HiCacheStorageExtraInfo:
+    """Per-call extra information (SGLang's): the keys of the pages before these ones
+    (``prefix_keys``) and backend-specific data."""
+
+    prefix_keys: list[str] | None = None
+    extra_info: dict[str, Any] | None = None

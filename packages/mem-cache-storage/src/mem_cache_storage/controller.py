@@ -1,0 +1,497 @@
+"""``StorageController``: the storage half of a HiCache controller (prefetch and write-back).
+
+* **Write** (:meth:`StorageController.write`, or :meth:`~StorageController.write_async` on a
+  backup thread): host pages -> storage, skipping the leading keys the backend already has
+  (``batch_exists``), in batches of ``batch_pages`` through the zero-copy ``batch_set_v1``.
+  The hooks :meth:`on_host_evict` (``write_policy="write_back"``) and :meth:`on_host_insert`
+  (``"write_through"``) call it at the point the policy names. With an MLA model only TP rank 0
+  writes (every rank holds the same KV).
+* **Prefetch** (:meth:`StorageController.prefetch`): on a background thread, ``batch_exists``
+  finds how many leading pages storage has, that many host pages are reserved (at most the free
+  part of ``prefetch_budget_pages`` and what the host pool can give), and the pages are read with
+  ``batch_get_v1`` batch by batch. The longest prefix of pages read intact is the result; every
+  other reserved page is freed at once.
+
+Ownership: the pages of a finished prefetch belong to the controller until
+:meth:`PrefetchHandle.wait` returns them (they then belong to the caller, who frees them with
+``host_pool.free``). :meth:`PrefetchHandle.cancel`, a ``wait`` timeout and :meth:`close` free
+whatever the prefetch reserved, whenever the background work ends; :attr:`reserved_pages` is the
+number of pages still held by prefetches, so ``0`` after :meth:`close` is the leak check.
+
+Failures: an exception or a malformed result from the backend, a backend that is too slow for
+the caller's ``wait`` timeout, or a partial batch all end as a shorter prefix or a miss, with
+every reserved page released; nothing raises into the engine, and a page is only returned when
+the backend said it was read intact.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+
+from mem_cache_storage.config import STORAGE_BATCH_SIZE
+from mem_cache_storage.stats import LatencyRecorder, LatencySummary
+
+__all__ = [
+    "ControllerStats",
+    "PrefetchHandle",
+    "PrefetchResult",
+    "PrefetchStatus",
+    "StorageController",
+    "WritePolicy",
+    "WriteResult",
+]
+
+_log = logging.getLogger(__name__)
+
+PrefetchStatus = Literal["done", "miss", "failed", "cancelled", "timeout"]
+WritePolicy = Literal["write_back", "write_through"]
+_EMPTY = torch.empty(0, dtype=torch.int64)
+
+
+@dataclass(frozen=True, slots=True)
+class PrefetchResult:
+    """Outcome of one prefetch. ``host_indices``: ``pages * page_size`` host slots holding the
+    first ``pages`` pages of the requested keys (empty unless ``status == "done"``)."""
+
+    status: PrefetchStatus
+    requested: int
+    pages: int
+    host_indices: torch.Tensor
+    latency_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class WriteResult:
+    """Pages ``written``, ``skipped`` (already stored) and ``failed`` by one write."""
+
+    written: int
+    skipped: int
+    failed: int
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerStats:
+    """Counters of a controller (a snapshot)."""
+
+    prefetches: int
+    prefetch_hits: int
+    prefetch_misses: int
+    prefetch_failed: int
+    prefetch_cancelled: int
+    prefetch_timeouts: int
+    pages_loaded: int
+    bytes_loaded: int
+    load_seconds: float
+    pages_written: int
+    pages_skipped: int
+    pages_write_failed: int
+    bytes_written: int
+    write_seconds: float
+    backend_errors: int
+    prefetch_latency: LatencySummary
+    write_latency: LatencySummary
+
+    @property
+    def load_gb_per_s(self) -> float:
+        return self.bytes_loaded / self.load_seconds / 1e9 if self.load_seconds else 0.0
+
+    @property
+    def write_gb_per_s(self) -> float:
+        return self.bytes_written / self.write_seconds / 1e9 if self.write_seconds else 0.0
+
+
+@dataclass(slots=True)
+class _Counters:
+    prefetches: int = 0
+    prefetch_hits: int = 0
+    prefetch_misses: int = 0
+    prefetch_failed: int = 0
+    prefetch_cancelled: int = 0
+    prefetch_timeouts: int = 0
+    pages_loaded: int = 0
+    bytes_loaded: int = 0
+    load_seconds: float = 0.0
+    pages_written: int = 0
+    pages_skipped: int = 0
+    pages_write_failed: int = 0
+    bytes_written: int = 0
+    write_seconds: float = 0.0
+    backend_errors: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, **deltas: float) -> None:
+        with self.lock:
+            for name, delta in deltas.items():
+                setattr(self, name, getattr(self, name) + delta)
+
+
+class PrefetchHandle:
+    """One prefetch in flight; :meth:`wait` for its :class:`PrefetchResult`."""
+
+    def __init__(self, controller: StorageController, keys: list[str]) -> None:
+        self._controller = controller
+        self.keys = keys
+        self.submitted = time.perf_counter()
+        self._done = threading.Event()
+        self._result: PrefetchResult | None = None
+        self._slots: torch.Tensor | None = None  # every page reserved, until released/taken
+        self._reserved = 0
+        self._state: Literal["running", "finished", "taken", "released"] = "running"
+        self._cancel_status: PrefetchStatus | None = None
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel_status is not None
+
+    def done(self) -> bool:
+        """Whether the background work ended."""
+        return self._done.is_set()
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait until the background work ended (after a cancel or a ``wait`` timeout, its pages
+        are then freed); ``False`` if it is still running after ``timeout`` s."""
+        return self._done.wait(timeout)
+
+    def wait(self, timeout: float | None = None) -> PrefetchResult:
+        """Block until the prefetch ends (at most ``timeout`` s) and take its pages.
+
+        On timeout the prefetch is cancelled (its pages are freed when the background work ends)
+        and the result has status ``"timeout"`` and no pages.
+        """
+        if not self._done.wait(timeout) and self._controller._cancel(self, "timeout"):
+            return PrefetchResult("timeout", len(self.keys), 0, _EMPTY,
+                                  time.perf_counter() - self.submitted)
+        return self._controller._take(self)
+
+    def cancel(self) -> None:
+        """Give up: free every page this prefetch reserved (now, or when its work ends)."""
+        self._controller._cancel(self, "cancelled")
+
+
+class StorageController:
+    """Prefetch and write-back between a host pool and a storage backend (see the module)."""
+
+    def __init__(
+        self,
+        storage: Any,
+        host_pool: Any,
+        *,
+        prefetch_budget_pages: int | None = None,
+        write_policy: WritePolicy = "write_back",
+        batch_pages: int = STORAGE_BATCH_SIZE,
+        io_threads: int = 1,
+    ) -> None:
+        """``storage``: a :class:`~mem_cache_storage.base.HiCacheStorage` with zero-copy calls;
+        ``host_pool``: the host pool (registered with ``storage`` here); ``prefetch_budget_pages``:
+        most host pages held by prefetches at once (default: half the host pool's pages)."""
+        if write_policy not in ("write_back", "write_through"):
+            raise ValueError(
+                f"write_policy must be 'write_back' or 'write_through', got {write_policy!r}"
+            )
+        if batch_pages < 1:
+            raise ValueError(f"batch_pages must be positive, got {batch_pages}")
+        self.storage = storage
+        self.host_pool = host_pool
+        self.page_size = int(host_pool.page_size)
+        pages_total = int(host_pool.size) // self.page_size
+        budget = pages_total // 2 if prefetch_budget_pages is None else prefetch_budget_pages
+        if budget < 0:
+            raise ValueError(f"prefetch_budget_pages must be >= 0, got {budget}")
+        self.prefetch_budget_pages = budget
+        self.write_policy: WritePolicy = write_policy
+        self.batch_pages = batch_pages
+        self.page_bytes = int(host_pool.get_size_per_token()) * self.page_size
+        config = getattr(storage, "storage_config", None)
+        self.writes_enabled = not (
+            config is not None and getattr(config, "is_mla_model", False)
+            and getattr(config, "tp_rank", 0) != 0
+        )
+        if getattr(storage, "mem_pool_host", None) is not host_pool:
+            storage.register_mem_pool_host(host_pool)
+        self._lock = threading.Lock()
+        self._reserved = 0
+        self._handles: set[PrefetchHandle] = set()
+        self._io = ThreadPoolExecutor(max_workers=io_threads,
+                                      thread_name_prefix="storage-prefetch")
+        self._backup = ThreadPoolExecutor(max_workers=1, thread_name_prefix="storage-backup")
+        self._counters = _Counters()
+        self._prefetch_latency = LatencyRecorder()
+        self._write_latency = LatencyRecorder()
+        self._closed = False
+
+    # ------------------------------------------------------------- accounting
+    @property
+    def reserved_pages(self) -> int:
+        """Host pages held by prefetches not yet taken or released (0 when idle)."""
+        with self._lock:
+            return self._reserved
+
+    def stats(self) -> ControllerStats:
+        c = self._counters
+        with c.lock:
+            values = (c.prefetches, c.prefetch_hits, c.prefetch_misses, c.prefetch_failed,
+                      c.prefetch_cancelled, c.prefetch_timeouts, c.pages_loaded, c.bytes_loaded,
+                      c.load_seconds, c.pages_written, c.pages_skipped, c.pages_write_failed,
+                      c.bytes_written, c.write_seconds, c.backend_errors)
+        return ControllerStats(*values, self._prefetch_latency.summary(),
+                               self._write_latency.summary())
+
+    def _slots_of(self, slots: torch.Tensor, first_page: int, pages: int) -> torch.Tensor:
+        ps = self.page_size
+        return slots[first_page * ps : (first_page + pages) * ps]
+
+    # ------------------------------------------------------------- backend calls
+    def _exists_prefix(self, keys: list[str]) -> int:
+        found = 0
+        for lo in range(0, len(keys), self.batch_pages):
+            batch = keys[lo : lo + self.batch_pages]
+            try:
+                n = int(self.storage.batch_exists(batch))
+            except Exception as exc:
+                self._counters.add(backend_errors=1)
+                _log.warning("storage batch_exists failed (%s): treated as a miss", exc)
+                return found
+            n = max(0, min(n, len(batch)))
+            found += n
+            if n < len(batch):
+                break
+        return found
+
+    def _call_v1(self, name: str, keys: list[str], slots: torch.Tensor) -> list[bool]:
+        try:
+            result = getattr(self.storage, name)(keys, slots, None)
+        except Exception as exc:
+            self._counters.add(backend_errors=1)
+            _log.warning("storage %s failed (%s): treated as failed", name, exc)
+            return [False] * len(keys)
+        if not isinstance(result, list) or len(result) != len(keys):
+            self._counters.add(backend_errors=1)
+            return [False] * len(keys)
+        return [r is True for r in result]
+
+    def lookup(self, keys: Sequence[str]) -> int:
+        """How many leading ``keys`` storage holds (``batch_exists`` in batches; a failing
+        backend counts as holding none). Lets a caller make host room before :meth:`prefetch`."""
+        return self._exists_prefix(list(keys))
+
+    # ------------------------------------------------------------------ writes
+    def write(self, keys: Sequence[str], host_indices: torch.Tensor) -> WriteResult:
+        """Store the pages at ``host_indices`` (``len(keys) * page_size`` host slots) under
+        ``keys``, skipping the leading keys already stored. Synchronous: the caller keeps the
+        host pages until it returns."""
+        keys = list(keys)
+        if host_indices.numel() != len(keys) * self.page_size:
+            raise ValueError(
+                f"host_indices must hold len(keys) * page_size = {len(keys) * self.page_size} "
+                f"slots, got {host_indices.numel()}"
+            )
+        if not keys or not self.writes_enabled:
+            return WriteResult(0, len(keys), 0)
+        t0 = time.perf_counter()
+        present = self._exists_prefix(keys)
+        written = failed = 0
+        io_s = 0.0
+        for lo in range(present, len(keys), self.batch_pages):
+            batch = keys[lo : lo + self.batch_pages]
+            t1 = time.perf_counter()
+            ok = self._call_v1("batch_set_v1", batch,
+                               self._slots_of(host_indices, lo, len(batch)))
+            io_s += time.perf_counter() - t1
+            good = sum(ok)
+            written += good
+            failed += len(batch) - good
+        self._counters.add(pages_written=written, pages_skipped=present,
+                           pages_write_failed=failed, bytes_written=written * self.page_bytes,
+                           write_seconds=io_s)
+        self._write_latency.record(time.perf_counter() - t0)
+        return WriteResult(written, present, failed)
+
+    def write_async(
+        self,
+        keys: Sequence[str],
+        host_indices: torch.Tensor,
+        on_done: Callable[[WriteResult], None] | None = None,
+    ) -> Future[WriteResult]:
+        """:meth:`write` on the backup thread. The caller keeps the host pages until the write
+        ended: ``on_done(result)`` runs on the backup thread right after (e.g. to free them), and
+        the returned future completes after it. A failing write completes with
+        ``failed == len(keys)``; a raising ``on_done`` fails the future."""
+        if self._closed:
+            raise RuntimeError("StorageController is closed")
+        keys = list(keys)
+
+        def job() -> WriteResult:
+            try:
+                result = self.write(keys, host_indices)
+            except Exception as exc:
+                _log.warning("storage write failed (%s): counted as failed pages", exc)
+                self._counters.add(pages_write_failed=len(keys))
+                result = WriteResult(0, 0, len(keys))
+            if on_done is not None:
+                on_done(result)
+            return result
+
+        return self._backup.submit(job)
+
+    def on_host_evict(self, keys: Sequence[str], host_indices: torch.Tensor) -> WriteResult:
+        """Host pages are about to be freed: write them under ``write_back``."""
+        if self.write_policy != "write_back":
+            return WriteResult(0, 0, 0)
+        return self.write(keys, host_indices)
+
+    def on_host_insert(self, keys: Sequence[str], host_indices: torch.Tensor) -> WriteResult:
+        """Pages just reached the host pool: write them under ``write_through``."""
+        if self.write_policy != "write_through":
+            return WriteResult(0, 0, 0)
+        return self.write(keys, host_indices)
+
+    # ---------------------------------------------------------------- prefetch
+    def prefetch(self, keys: Sequence[str]) -> PrefetchHandle:
+        """Start loading the longest stored prefix of ``keys`` into host pages (background)."""
+        if self._closed:
+            raise RuntimeError("StorageController is closed")
+        handle = PrefetchHandle(self, list(keys))
+        with self._lock:
+            self._handles.add(handle)
+        self._counters.add(prefetches=1)
+        self._io.submit(self._run, handle)
+        return handle
+
+    def _reserve(self, handle: PrefetchHandle, pages: int) -> int:
+        """Reserve up to ``pages`` host pages for ``handle`` within the budget; pages reserved."""
+        with self._lock:
+            if handle.cancelled:
+                return 0
+            pages = min(pages, self.prefetch_budget_pages - self._reserved)
+            if pages <= 0:
+                return 0
+            slots = self.host_pool.alloc(pages * self.page_size)
+            if slots is None:
+                return 0
+            handle._slots = slots
+            handle._reserved = pages
+            self._reserved += pages
+            return pages
+
+    def _run(self, handle: PrefetchHandle) -> None:
+        loaded = 0
+        status: PrefetchStatus = "miss"
+        try:
+            hit = self._exists_prefix(handle.keys)
+            reserved = self._reserve(handle, hit) if hit else 0
+            slots = handle._slots
+            t_io = time.perf_counter()
+            if reserved and slots is not None:
+                for lo in range(0, reserved, self.batch_pages):
+                    if handle.cancelled:
+                        break
+                    batch = handle.keys[lo : min(reserved, lo + self.batch_pages)]
+                    ok = self._call_v1("batch_get_v1", batch,
+                                       self._slots_of(slots, lo, len(batch)))
+                    good = ok.index(False) if False in ok else len(ok)
+                    loaded += good
+                    if good < len(batch):
+                        break
+                self._counters.add(load_seconds=time.perf_counter() - t_io)
+            status = "done" if loaded else "miss"
+        except Exception as exc:  # never kill the IO thread
+            _log.exception("storage prefetch failed: %s", exc)
+            status, loaded = "failed", 0
+        self._finish(handle, status, loaded)
+
+    def _finish(self, handle: PrefetchHandle, status: PrefetchStatus, loaded: int) -> None:
+        latency = time.perf_counter() - handle.submitted
+        keep = 0
+        try:
+            with self._lock:
+                slots, reserved = handle._slots, handle._reserved
+                keep = 0 if handle.cancelled or status != "done" else loaded
+                self._reserved -= reserved - keep
+                handle._reserved = keep
+                kept = self._slots_of(slots, 0, keep) if slots is not None and keep else None
+                handle._slots = kept
+                if handle.cancelled:
+                    handle._state = "released"
+                    self._handles.discard(handle)
+                    status = handle._cancel_status or "cancelled"
+                else:
+                    handle._state = "finished"
+                handle._result = PrefetchResult(
+                    status, len(handle.keys), keep, kept if kept is not None else _EMPTY, latency
+                )
+                if slots is not None and keep < reserved:  # last: a failing free changes nothing
+                    self.host_pool.free(self._slots_of(slots, keep, reserved - keep))
+        except Exception as exc:  # e.g. the host pool was closed under us: never hang a waiter
+            _log.exception("storage prefetch could not release its pages: %s", exc)
+        finally:
+            c = {"done": "prefetch_hits", "miss": "prefetch_misses", "failed": "prefetch_failed",
+                 "cancelled": "prefetch_cancelled", "timeout": "prefetch_timeouts"}[status]
+            self._counters.add(**{c: 1})
+            if status == "done":
+                self._counters.add(pages_loaded=keep, bytes_loaded=keep * self.page_bytes)
+            self._prefetch_latency.record(latency)
+            handle._done.set()
+
+    def _take(self, handle: PrefetchHandle) -> PrefetchResult:
+        with self._lock:
+            result = handle._result
+            if result is None:  # the background work failed before it could record one
+                return PrefetchResult("failed", len(handle.keys), 0, _EMPTY,
+                                      time.perf_counter() - handle.submitted)
+            if handle._state == "finished":
+                self._reserved -= handle._reserved
+                handle._reserved = 0
+                handle._slots = None
+                handle._state = "taken"
+                self._handles.discard(handle)
+                return result
+        # taken before, or released by a cancel: nothing to hand out
+        return PrefetchResult(result.status if result.status != "done" else "cancelled",
+                              result.requested, 0, _EMPTY, result.latency_s)
+
+    def _cancel(self, handle: PrefetchHandle, status: PrefetchStatus) -> bool:
+        """Cancel ``handle``; ``True`` when it had not been taken (its pages are or will be
+        freed)."""
+        with self._lock:
+            if handle._state in ("taken", "released") or handle.cancelled:
+                return handle._state != "taken"
+            handle._cancel_status = status
+            if handle._state == "finished":  # done but not taken: free now
+                if handle._slots is not None and handle._reserved:
+                    self.host_pool.free(handle._slots)
+                self._reserved -= handle._reserved
+                handle._reserved = 0
+                handle._slots = None
+                handle._state = "released"
+                self._handles.discard(handle)
+            # still running: _finish frees everything when the background work ends
+        return True
+
+    def close(self) -> None:
+        """Cancel every prefetch not yet taken, wait for the background work, and free their
+        pages (idempotent). ``reserved_pages`` is 0 afterwards."""
+        if self._closed:
+            return
+        self._closed = True
+        with self._lock:
+            handles = list(self._handles)
+        for h in handles:
+            h.cancel()
+        self._backup.shutdown(wait=True)
+        self._io.shutdown(wait=True)
+        if self.reserved_pages:
+            raise RuntimeError(f"{self.reserved_pages} prefetch pages still reserved after close")
+
+    def __enter__(self) -> StorageController:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,173 @@
+"""Storage keys: chained SHA-256 page hashes plus a model fingerprint prefix and a rank suffix.
+
+**Page hash** (computed by the engine/controller; backends never hash): for page ``i`` of a
+token sequence, ``SHA-256(parent || t_0 || ... || t_{ps-1})`` as 64 lowercase hex characters,
+where ``parent`` is the 32 raw bytes of page ``i-1``'s hash (nothing for the first page) and each
+token id is 4 bytes little-endian (unsigned). Only full pages are hashed, so a hash names the
+whole prefix up to and including its page: equal hashes mean equal prefixes. This matches
+SGLang's ``get_hash_str``, so hashes computed by either side agree.
+
+**Storage key** (applied by every backend of this package to the key it is given)::
+
+    {model}.{fingerprint}.{key}[.tp{tp_rank}-{tp_size}][.pp{pp_rank}-{pp_size}][.cp{cp_rank}-{cp_size}]
+
+* ``model``: ``model_name`` with every character outside ``[A-Za-z0-9_-]`` replaced by ``-``
+  (at most 48 characters; ``model`` when unnamed), for people reading a directory listing;
+* ``fingerprint``: the first 16 hex characters of
+  ``SHA-256("mem-cache-storage/key/v1" NUL model_name NUL model_fingerprint NUL page_size)``, where
+  ``model_fingerprint`` is the weights/config id the engine passes in
+  ``extra_config["model_fingerprint"]``: another model, other weights or another page size
+  never share a key;
+* ``key``: what the caller passed (normally a page hash; ``[A-Za-z0-9_.-]``, 1-128 characters);
+* ``.tp{r}-{n}`` for non-MLA models only (MLA KV is identical on every TP rank, so rank 0 writes
+  and every rank reads the same key); ``.pp{r}-{n}`` when ``pp_size > 1``; ``.cp{r}-{n}`` when
+  ``attn_cp_size > 1``.
+
+The alphabet of a storage key is ``[A-Za-z0-9_.-]``, so it is a valid file name and object key.
+"""
+
+from __future__ import annotations
+
+import array
+import hashlib
+import re
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from mem_cache_storage.config import HiCacheStorageConfig
+
+__all__ = ["HASH_HEX_LEN", "KeySpace", "get_hash_str", "page_hashes"]
+
+HASH_HEX_LEN = 64
+_KEY = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
+_SLUG = re.compile(r"[^A-Za-z0-9_\-]")
+_U32 = 1 << 32
+_U32_CODE = next(c for c in "IL" if array.array(c).itemsize == 4)
+
+
+def _token_bytes(token_ids: Sequence[int] | torch.Tensor) -> bytes:
+    """Token ids as 4-byte little-endian unsigned ints (``ValueError`` outside [0, 2**32))."""
+    t = (
+        token_ids.detach().to("cpu", torch.int64)
+        if isinstance(token_ids, torch.Tensor)
+        else torch.tensor(list(token_ids), dtype=torch.int64)
+    )
+    if t.dim() != 1:
+        raise ValueError(f"token_ids must be 1-D, got shape {tuple(t.shape)}")
+    if t.numel() and (int(t.min()) < 0 or int(t.max()) >= _U32):
+        raise ValueError(
+            f"token_ids must be in [0, 2**32), got values in [{int(t.min())}, {int(t.max())}]"
+        )
+    words = array.array(_U32_CODE, t.tolist())
+    if sys.byteorder != "little":  # pragma: no cover - big-endian hosts
+        words.byteswap()
+    return words.tobytes()
+
+
+def get_hash_str(token_ids: Sequence[int] | torch.Tensor, prior_hash: str | None = None) -> str:
+    """SHA-256 hex of one page: the parent page's hash bytes, then each token (see module)."""
+    h = hashlib.sha256()
+    if prior_hash is not None:
+        try:
+            parent = bytes.fromhex(prior_hash)
+        except ValueError:
+            raise ValueError(f"prior_hash must be a hex string, got {prior_hash!r}") from None
+        h.update(parent)
+    h.update(_token_bytes(token_ids))
+    return h.hexdigest()
+
+
+def page_hashes(
+    token_ids: Sequence[int] | torch.Tensor, page_size: int, prior_hash: str | None = None
+) -> list[str]:
+    """Chained hashes of every *full* page of ``token_ids`` (a trailing partial page has none)."""
+    if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
+        raise ValueError(f"page_size must be a positive int, got {page_size!r}")
+    data = _token_bytes(token_ids)
+    step = 4 * page_size
+    out: list[str] = []
+    parent = bytes.fromhex(prior_hash) if prior_hash is not None else b""
+    for start in range(0, len(data) - step + 1, step):
+        h = hashlib.sha256(parent)
+        h.update(data[start : start + step])
+        parent = h.digest()
+        out.append(h.hexdigest())
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class KeySpace:
+    """Maps caller keys to storage keys for one (model, weights, page size, rank) (see module)."""
+
+    model_name: str
+    model_fingerprint: str
+    page_size: int
+    tp_rank: int = 0
+    tp_size: int = 1
+    pp_rank: int = 0
+    pp_size: int = 1
+    cp_rank: int = 0
+    cp_size: int = 1
+    is_mla: bool = False
+
+    @classmethod
+    def from_config(
+        cls, config: HiCacheStorageConfig, page_size: int, model_fingerprint: str | None = None
+    ) -> KeySpace:
+        """The key space of ``config`` with pages of ``page_size`` tokens; the fingerprint is
+        ``model_fingerprint`` if given, else ``config.extra_config["model_fingerprint"]``."""
+        if model_fingerprint is None:
+            model_fingerprint = str(config.extra.get("model_fingerprint", ""))
+        return cls(
+            model_name=config.model_name or "",
+            model_fingerprint=model_fingerprint,
+            page_size=page_size,
+            tp_rank=config.tp_rank,
+            tp_size=config.tp_size,
+            pp_rank=config.pp_rank,
+            pp_size=config.pp_size,
+            cp_rank=config.attn_cp_rank,
+            cp_size=config.attn_cp_size,
+            is_mla=config.is_mla_model,
+        )
+
+    @property
+    def fingerprint(self) -> str:
+        text = "\0".join(
+            ("mem-cache-storage/key/v1", self.model_name, self.model_fingerprint,
+             str(self.page_size))
+        )
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    @property
+    def prefix(self) -> str:
+        slug = _SLUG.sub("-", self.model_name)[:48] or "model"
+        return f"{slug}.{self.fingerprint}."
+
+    @property
+    def suffix(self) -> str:
+        s = "" if self.is_mla else f".tp{self.tp_rank}-{self.tp_size}"
+        if self.pp_size > 1:
+            s += f".pp{self.pp_rank}-{self.pp_size}"
+        if self.cp_size > 1:
+            s += f".cp{self.cp_rank}-{self.cp_size}"
+        return s
+
+    def storage_key(self, key: str) -> str:
+        """The storage key of caller key ``key`` (``ValueError`` for a key outside the
+        alphabet)."""
+        if not isinstance(key, str) or not _KEY.fullmatch(key):
+            raise ValueError(f"key must match [A-Za-z0-9_.-]{{1,128}}, got {key!r}")
+        return f"{self.prefix}{key}{self.suffix}"
+
+    def storage_keys(self, keys: Sequence[str]) -> list[str]:
+        prefix, suffix = self.prefix, self.suffix
+        out = []
+        for key in keys:
+            if not isinstance(key, str) or not _KEY.fullmatch(key):
+                raise ValueError(f"key must match [A-Za-z0-9_.-]{{1,128}}, got {key!r}")
+            out.append(f"{prefix}{key}{suffix}")
+        return out

@@ -1,0 +1,94 @@
+"""A model-based state machine for the file backend: random sets, overwrites, reads, prefix
+queries, corruption and clears against a dict of what each key must hold."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+
+from mem_cache_storage import HiCacheFile, HiCacheStorageConfig, page_hashes
+
+from .conftest import PS, make_host
+
+KEYS = page_hashes(list(range(6 * PS)), PS)
+
+
+class FileBackendMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.dir = tempfile.TemporaryDirectory(prefix="mcs-sm-")
+        self.host: Any = make_host(size=32)
+        self.storage = HiCacheFile(HiCacheStorageConfig(model_name="sm"), self.host,
+                                   storage_dir=self.dir.name)
+        self.slot = self.host.alloc(PS)
+        self.model: dict[str, torch.Tensor] = {}
+        self.corrupted: set[str] = set()
+        self.gen = torch.Generator().manual_seed(0)
+
+    def teardown(self) -> None:
+        self.host.close()
+        self.dir.cleanup()
+
+    @rule(k=st.integers(0, len(KEYS) - 1))
+    def set_page(self, k: int) -> None:
+        page = torch.randint(-(2**15), 2**15, (self.host.page_numel,), dtype=torch.int16,
+                             generator=self.gen)
+        self.host.set_from_flat_data_page(int(self.slot[0]), page.view(torch.bfloat16))
+        assert self.storage.batch_set_v1([KEYS[k]], self.slot) == [True]
+        self.model[KEYS[k]] = page
+        self.corrupted.discard(KEYS[k])
+
+    @rule(k=st.integers(0, len(KEYS) - 1))
+    def get_page(self, k: int) -> None:
+        key = KEYS[k]
+        ok = self.storage.batch_get_v1([key], self.slot)
+        if key in self.model and key not in self.corrupted:
+            assert ok == [True]
+            got = self.host.get_data_page(int(self.slot[0])).view(torch.int16)
+            assert torch.equal(got, self.model[key])
+        else:
+            assert ok == [False]
+
+    @rule(k=st.integers(0, len(KEYS) - 1), at=st.integers(1, 200))
+    def corrupt(self, k: int, at: int) -> None:
+        key = KEYS[k]
+        if key not in self.model:
+            return
+        path: Path = self.storage.page_path(key)
+        data = bytearray(path.read_bytes())
+        data[-at] ^= 0x01
+        path.write_bytes(bytes(data))
+        self.corrupted.add(key)
+
+    @rule(order=st.permutations(range(len(KEYS))))
+    def prefix(self, order: list[int]) -> None:
+        keys = [KEYS[i] for i in order]
+        want = 0
+        while want < len(keys) and keys[want] in self.model:
+            want += 1
+        assert self.storage.batch_exists(keys) == want
+
+    @rule()
+    def clear(self) -> None:
+        self.storage.clear()
+        self.model.clear()
+        self.corrupted.clear()
+
+    @invariant()
+    def files_match_model(self) -> None:
+        names = {p.name for p in Path(self.dir.name).iterdir()}
+        assert len(names) == len(self.model), (names, list(self.model))
+
+
+def test_file_backend_state_machine() -> None:
+    run_state_machine_as_test(
+        FileBackendMachine,
+        settings=settings(max_examples=25, stateful_step_count=30, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow]),
+    )

@@ -1,0 +1,150 @@
+"""Seeded fault injection for the storage tier (L3): failed, slow, corrupted and partial
+storage operations.
+
+:class:`FaultyStorage` wraps the simulator's :class:`~mem_cache_storage.HiCacheFile` and, with
+probability ``rate`` per backend call, makes the call
+
+* **fail**: raise before touching anything;
+* **slow**: sleep ``slow_s`` first (longer than the simulator's prefetch wait, so the prefetch
+  times out and must release its pages);
+* **corrupt**: flip one payload byte of a stored page file (after a write, or before a read) -
+  bit rot the backend's checksum must catch;
+* **partial**: a read or write that stops after a random number of pages.
+
+The controller must turn every one of them into a miss or a shorter prefix, release every
+reserved host page, and never let a wrong byte reach the device (the simulator verifies every
+page it loads from L3).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from typing import Any
+
+import torch
+
+from mem_cache_storage import HiCacheFile, HiCacheStorage, HiCacheStorageExtraInfo
+
+__all__ = ["FaultyStorage", "InjectedStorageError", "STORAGE_FAULT_KINDS"]
+
+STORAGE_FAULT_KINDS = ("fail", "slow", "corrupt", "partial")
+
+
+class InjectedStorageError(OSError):
+    """Raised inside a storage call by the fault injector (never by the packages)."""
+
+
+class FaultyStorage(HiCacheStorage):
+    """A :class:`HiCacheFile` whose zero-copy calls suffer seeded faults (see the module)."""
+
+    def __init__(self, inner: HiCacheFile, rate: float, seed: int, slow_s: float) -> None:
+        if not 0.0 <= rate <= 1.0:
+            raise ValueError(f"rate must be in [0, 1], got {rate}")
+        self.inner = inner
+        self.rate = rate
+        self.slow_s = slow_s
+        self.storage_config = inner.storage_config
+        self._rng = random.Random(seed ^ 0x51_0BA6E)
+        self._lock = threading.Lock()
+        self.injected: dict[str, int] = dict.fromkeys(STORAGE_FAULT_KINDS, 0)
+
+    # ------------------------------------------------------------ plumbing
+    @property
+    def mem_pool_host(self) -> Any:
+        return self.inner.mem_pool_host
+
+    def register_mem_pool_host(self, mem_pool_host: Any) -> None:
+        self.inner.register_mem_pool_host(mem_pool_host)
+
+    def _draw(self, n: int) -> tuple[str | None, int]:
+        with self._lock:
+            if self.rate == 0.0 or self._rng.random() >= self.rate:
+                return None, 0
+            kind = self._rng.choice(STORAGE_FAULT_KINDS)
+            self.injected[kind] += 1
+            return kind, self._rng.randrange(max(1, n))
+
+    def _corrupt(self, key: str) -> bool:
+        path = self.inner.page_path(key)
+        try:
+            data = bytearray(path.read_bytes())
+        except FileNotFoundError:
+            return False
+        if not data:
+            return False
+        data[-1 - (len(data) // 3)] ^= 0x10  # a payload byte (the header is at the front)
+        path.write_bytes(bytes(data))
+        return True
+
+    # ----------------------------------------------------- faulty zero-copy API
+    def batch_exists(
+        self, keys: list[str], extra_info: HiCacheStorageExtraInfo | None = None
+    ) -> int:
+        kind, _ = self._draw(len(keys))
+        if kind == "fail":
+            raise InjectedStorageError("injected batch_exists failure")
+        if kind == "slow":
+            time.sleep(self.slow_s)
+        return self.inner.batch_exists(keys, extra_info)
+
+    def batch_get_v1(
+        self, keys: list[str], host_indices: torch.Tensor,
+        extra_info: HiCacheStorageExtraInfo | None = None,
+    ) -> list[bool]:
+        kind, at = self._draw(len(keys))
+        if kind == "fail":
+            raise InjectedStorageError("injected batch_get_v1 failure")
+        if kind == "slow":
+            time.sleep(self.slow_s)
+        if kind == "corrupt" and keys:
+            self._corrupt(keys[at])
+        ok = self.inner.batch_get_v1(keys, host_indices, extra_info)
+        if kind == "partial":
+            ok = [o and i < at for i, o in enumerate(ok)]
+        return ok
+
+    def batch_set_v1(
+        self, keys: list[str], host_indices: torch.Tensor,
+        extra_info: HiCacheStorageExtraInfo | None = None,
+    ) -> list[bool]:
+        kind, at = self._draw(len(keys))
+        if kind == "fail":
+            raise InjectedStorageError("injected batch_set_v1 failure")
+        if kind == "slow":
+            time.sleep(self.slow_s)
+        if kind == "partial":
+            ps = self.inner.keyspace.page_size
+            done = self.inner.batch_set_v1(keys[:at], host_indices[: at * ps], extra_info)
+            return done + [False] * (len(keys) - at)
+        ok = self.inner.batch_set_v1(keys, host_indices, extra_info)
+        if kind == "corrupt" and keys:
+            self._corrupt(keys[at])
+        return ok
+
+    # ------------------------------------------------------ copying API (no faults)
+    def get(self, key: str, target_location: Any | None = None,
+            target_sizes: Any | None = None) -> torch.Tensor | None:
+        return self.inner.get(key, target_location, target_sizes)
+
+    def batch_get(self, keys: list[str], target_locations: Any | None = None,
+                  target_sizes: Any | None = None) -> list[torch.Tensor | None]:
+        return self.inner.batch_get(keys, target_locations, target_sizes)
+
+    def set(self, key: str, value: Any | None = None, target_location: Any | None = None,
+            target_sizes: Any | None = None) -> bool:
+        return self.inner.set(key, value, target_location, target_sizes)
+
+    def batch_set(self, keys: list[str], values: Any | None = None,
+                  target_locations: Any | None = None, target_sizes: Any | None = None) -> bool:
+        return self.inner.batch_set(keys, values, target_locations, target_sizes)
+
+    def exists(self, key: str) -> bool:
+        return self.inner.exists(key)
+
+    def clear(self) -> None:
+        self.inner.clear()
+
+    def get_stats(self) -> Any:
+        return self.inner.get_stats()

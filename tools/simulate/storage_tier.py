@@ -1,0 +1,242 @@
+"""The storage tier (L3) of the simulator: a file backend in a directory plus the controller.
+
+* Token ids are a deterministic function of (session, position), so a session's history always
+  has the same chained page hashes (``mem_cache_storage.page_hashes``); the engine's content
+  model is keyed the same way, so a page read back under a key must hold exactly that
+  session's rows, which the host->device load verifies layer by layer.
+* ``write_back``: the engine calls :meth:`StorageTier.on_host_drop` before freeing an evicted host
+  entry (``write_back`` policy) and :meth:`StorageTier.on_host_insert` after a device->host backup
+  (``write_through``); only keys storage does not hold are written.
+* ``fetch``: a returning turn that missed the device and the host asks storage how many of its
+  history pages it holds, makes that much host room (evicting host entries, which writes them
+  back), and prefetches them on the controller's background thread, waiting at most
+  ``timeout_s``; the host slots it gets back are then loaded to the device like a host hit.
+* ``restart``: the engine dropped its device and host caches; the backend and controller objects
+  are rebuilt on the same directory (a new process over a warm L3).
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+
+from mem_cache_storage import HiCacheFile, HiCacheStorageConfig, LatencyRecorder, page_hashes
+from mem_cache_storage.controller import ControllerStats, StorageController, WritePolicy
+from tools.simulate.prefix_store import PrefixEntry
+from tools.simulate.stack import MemoryStack
+from tools.simulate.storage_faults import STORAGE_FAULT_KINDS, FaultyStorage
+from tools.simulate.workload import SessionId
+
+__all__ = ["L3Stats", "StorageTier", "token_ids"]
+
+_M31 = (1 << 31) - 1
+SLOW_S = 0.3
+FAULT_TIMEOUT_S = 0.1
+TIMEOUT_S = 120.0
+
+
+def token_ids(session: int, start: int, end: int) -> torch.Tensor:
+    """Token ids of positions ``[start, end)`` of ``session`` (deterministic, 31-bit)."""
+    pos = torch.arange(start, end, dtype=torch.int64)
+    h = ((session & _M31) * 0x5BD1E995 + pos * 0x27D4EB2F + 0x3C6EF372) & _M31
+    h = ((h ^ (h >> 15)) * 0x2C1B3C6D) & _M31
+    return (h ^ (h >> 13)) & _M31
+
+
+@dataclass(slots=True)
+class L3Stats:
+    """What the report shows about the storage tier (accumulated over restarts)."""
+
+    backend: str = "none"
+    directory: str = ""
+    write_policy: str = "write_back"
+    lookups: int = 0
+    hits: int = 0
+    hit_tokens: int = 0
+    hits_after_restart: int = 0
+    load_failures: int = 0
+    timeouts: int = 0
+    restarts: int = 0
+    pages_loaded: int = 0
+    bytes_loaded: int = 0
+    load_seconds: float = 0.0
+    pages_written: int = 0
+    pages_skipped: int = 0
+    pages_write_failed: int = 0
+    bytes_written: int = 0
+    write_seconds: float = 0.0
+    backend_errors: int = 0
+    pages_rejected: int = 0
+    pages_evicted: int = 0
+    prefetch_p50_s: float = 0.0
+    prefetch_p99_s: float = 0.0
+    prefetch_reserved_at_end: int = 0
+    faults: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def load_gb_per_s(self) -> float:
+        return self.bytes_loaded / self.load_seconds / 1e9 if self.load_seconds else 0.0
+
+    @property
+    def write_gb_per_s(self) -> float:
+        return self.bytes_written / self.write_seconds / 1e9 if self.write_seconds else 0.0
+
+
+class StorageTier:
+    """One simulated L3 (see the module docstring)."""
+
+    def __init__(
+        self,
+        stack: MemoryStack,
+        *,
+        directory: str | None,
+        write_policy: str,
+        fault_rate: float,
+        seed: int,
+        capacity_bytes: int = 0,
+    ) -> None:
+        self.stack = stack
+        self.page_size = stack.page_size
+        self._own_dir = directory is None
+        self.directory = Path(directory or tempfile.mkdtemp(prefix="mem-cache-l3-"))
+        self.write_policy = write_policy
+        self.fault_rate = fault_rate
+        self.seed = seed
+        self.capacity_bytes = capacity_bytes
+        self.timeout_s = FAULT_TIMEOUT_S if fault_rate else TIMEOUT_S
+        self.stats = L3Stats(backend="file", directory=str(self.directory),
+                             write_policy=write_policy)
+        self._faults: dict[str, int] = dict.fromkeys(STORAGE_FAULT_KINDS, 0)
+        self._latency = LatencyRecorder()
+        self._hashes: dict[int, list[str]] = {}
+        if fault_rate:  # injected failures are counted in the report, not logged one by one
+            logging.getLogger("mem_cache_storage").setLevel(logging.ERROR)
+        self._open(first=True)
+
+    # --------------------------------------------------------------- lifecycle
+    def _open(self, first: bool = False) -> None:
+        cfg = self.stack.cfg
+        config = HiCacheStorageConfig(
+            is_mla_model=cfg.model == "mla",
+            model_name=f"sim-{cfg.model}-{cfg.layers}L",
+            extra_config={"model_fingerprint": f"seed{cfg.seed}-{cfg.dtype}"},
+        )
+        self.file = HiCacheFile(config, storage_dir=str(self.directory),
+                                capacity_bytes=self.capacity_bytes)
+        if first and self._own_dir:
+            self.file.clear()
+        self.storage = FaultyStorage(self.file, self.fault_rate, self.seed + self.stats.restarts,
+                                     SLOW_S)
+        self.controller = StorageController(self.storage, self.stack.host_pool,
+                                            write_policy=cast(WritePolicy, self.write_policy))
+
+    def _collect(self) -> None:
+        """Fold the current controller's and backend's counters into ``stats``."""
+        c: ControllerStats = self.controller.stats()
+        s = self.stats
+        s.pages_loaded += c.pages_loaded
+        s.bytes_loaded += c.bytes_loaded
+        s.load_seconds += c.load_seconds
+        s.pages_written += c.pages_written
+        s.pages_skipped += c.pages_skipped
+        s.pages_write_failed += c.pages_write_failed
+        s.bytes_written += c.bytes_written
+        s.write_seconds += c.write_seconds
+        s.backend_errors += c.backend_errors + self.file.get_stats().errors
+        s.pages_rejected += self.file.get_stats().rejected
+        s.pages_evicted += self.file.get_stats().evicted
+        for kind, n in self.storage.injected.items():
+            self._faults[kind] += n
+
+    def _shutdown(self) -> None:
+        self.controller.close()
+        self.stats.prefetch_reserved_at_end = self.controller.reserved_pages
+        self._collect()
+
+    def restart(self) -> None:
+        """New backend and controller objects over the same directory (a restarted engine)."""
+        self._shutdown()
+        self.stats.restarts += 1
+        self._hashes.clear()
+        self._open()
+
+    def close(self) -> None:
+        self._shutdown()
+        lat = self._latency.summary()
+        self.stats.prefetch_p50_s, self.stats.prefetch_p99_s = lat.p50_s, lat.p99_s
+        self.stats.faults = dict(self._faults)
+        if self._own_dir:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+    # -------------------------------------------------------------------- keys
+    def keys(self, session: int, pages: int) -> list[str]:
+        """Chained hashes of the session's first ``pages`` pages (cached per session)."""
+        known = self._hashes.setdefault(session, [])
+        if len(known) < pages:
+            ps = self.page_size
+            prior = known[-1] if known else None
+            tokens = token_ids(session, len(known) * ps, pages * ps)
+            known.extend(page_hashes(tokens, ps, prior))
+        return known[:pages]
+
+    # ------------------------------------------------------------------ writes
+    def on_host_drop(self, entry: PrefixEntry) -> None:
+        """A host entry is about to be freed (write-back policy writes it)."""
+        self.controller.on_host_evict(self.keys(int(entry.session), entry.length // self.page_size),
+                                      entry.slots)
+
+    def on_host_insert(self, entry: PrefixEntry) -> None:
+        """An entry was just backed up to the host (write-through policy writes it)."""
+        self.controller.on_host_insert(
+            self.keys(int(entry.session), entry.length // self.page_size), entry.slots
+        )
+
+    # ------------------------------------------------------------------- reads
+    def fetch(
+        self, session: SessionId, history: int, make_host_room: Callable[[int], bool]
+    ) -> PrefixEntry | None:
+        """The session's longest stored history prefix, prefetched into host slots (the caller
+        owns them), or ``None``."""
+        pages = history // self.page_size
+        if pages == 0:
+            return None
+        self.stats.lookups += 1
+        keys = self.keys(int(session), pages)
+        t0 = time.perf_counter()
+        hit = self.controller.lookup(keys)
+        if hit == 0 or not make_host_room(hit * self.page_size):
+            return None
+        handle = self.controller.prefetch(keys[:hit])
+        result = handle.wait(timeout=self.timeout_s)
+        if result.status == "timeout":
+            self.stats.timeouts += 1
+            handle.join()  # its pages are freed when the background work ends
+        self._latency.record(time.perf_counter() - t0)
+        if result.status != "done":
+            return None
+        return PrefixEntry(session, result.pages * self.page_size, "host", result.host_indices)
+
+    def record_hit(self, tokens: int) -> None:
+        """A prefix from L3 reached the device and was verified bit-exact there."""
+        self.stats.hits += 1
+        self.stats.hit_tokens += tokens
+        if self.stats.restarts:
+            self.stats.hits_after_restart += 1
+
+    def record_load_failure(self) -> None:
+        self.stats.load_failures += 1
+
+    @property
+    def reserved_pages(self) -> int:
+        return self.controller.reserved_pages
+
+    def describe(self) -> dict[str, Any]:
+        return {"backend": self.stats.backend, "directory": str(self.directory)}
