@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -58,25 +59,68 @@ def test_a_failing_tool_fails_the_run(
     assert "FAILED: broken" in capsys.readouterr().out
 
 
-def _write_synthetic(out: Path) -> None:
+_HOST_COMBOS = (("layer_first", "kernel"), ("layer_first", "direct"), ("page_first", "kernel"),
+                ("page_first_direct", "direct"))
+
+
+def _write_synthetic(out: Path, *, storage: bool = False) -> None:
     kernels = {
         "transfers": [
-            {"op": "transfer_rows", "pattern": p, "item_bytes": item, "gbps": g,
-             "roofline_gbps": 10.0}
-            for p in ("runs", "pages") for item, g in ((512, 1.0), (4096, 4.0))
+            {"op": op, "pattern": p, "item_bytes": item, "gbps": g * (i + 1),
+             "roofline_gbps": 10.0 + item / 512}
+            for i, op in enumerate(("transfer_rows", "transfer_rows_all_layers", "direct_rows"))
+            for p in ("runs", "pages", "tokens") for item, g in ((512, 1.0), (4096, 4.0))
         ],
         "alloc": [
             {"op": op, "backend": "torch", "batch": b, "ns_per_call": 1000.0 * b}
-            for op in ("alloc_extend", "alloc_decode") for b in (1, 32)
+            for op in ("alloc_extend", "alloc_extend+hint", "alloc_decode", "alloc_decode+hint")
+            for b in (1, 32)
         ],
     }
+    # today's 16 host series: 4 layout/backends x 2 directions x 2 patterns, 3 page sizes
     host = {"rows": [
-        {"direction": d, "layout": "page_first", "io_backend": "kernel", "pattern": "contiguous",
-         "page_size": ps, "gbps": 1.0 + ps}
-        for d in ("backup", "load") for ps in (1, 16, 64)
+        {"direction": d, "layout": lay, "io_backend": io, "pattern": pat, "page_size": ps,
+         "gbps": 1.0 + ps + i, "roofline_gbps": 100.0}
+        for i, (lay, io) in enumerate(_HOST_COMBOS) for d in ("backup", "load")
+        for pat in ("contiguous", "scattered") for ps in (1, 16, 64)
     ]}
     (out / "kernels.json").write_text(json.dumps(kernels))
     (out / "host.json").write_text(json.dumps(host))
+    if storage:
+        rows = [{"backend": be, "op": op, "page_size": ps, "batch": b, "gbps": 0.1 * b,
+                 "memcpy_gbps": 5.0}
+                for be in ("file", "mem") for op in ("set", "get") for ps in (16, 64)
+                for b in (1, 32, 128)]
+        (out / "storage.json").write_text(json.dumps({"rows": rows, "prefetch": []}))
+
+
+def _check_panels(fig: Any, panels: int, series: int, *, reference: bool) -> None:
+    """``panels`` visible axes, each with ``series`` data lines in distinct colours (and distinct
+    from the reference), a black dashed memcpy reference line when ``reference``, one colour per
+    series label across the figure."""
+    from matplotlib.colors import to_hex
+
+    from tools.bench_plots import MEMCPY_GID
+
+    axes = [ax for ax in fig.get_axes() if ax.get_visible()]
+    assert len(axes) == panels
+    colour_of: dict[str, str] = {}
+    for ax in axes:
+        lines = ax.get_lines()
+        refs = [ln for ln in lines if ln.get_gid() == MEMCPY_GID]
+        data = [ln for ln in lines if ln.get_gid() != MEMCPY_GID]
+        assert len(data) == series, ax.get_title()
+        colours = [to_hex(ln.get_color()) for ln in data]
+        assert len(set(colours)) == len(colours), (ax.get_title(), colours)
+        for ln, c in zip(data, colours, strict=True):
+            assert colour_of.setdefault(str(ln.get_label()), c) == c  # same series, same colour
+        if reference:
+            assert len(refs) == 1, ax.get_title()
+            assert refs[0].get_linestyle() == "--"
+            assert to_hex(refs[0].get_color()) not in colours
+            assert len(refs[0].get_xdata()) >= 2
+        else:
+            assert refs == []
 
 
 def test_plots_when_matplotlib_is_installed(tmp_path: Path) -> None:
@@ -87,6 +131,56 @@ def test_plots_when_matplotlib_is_installed(tmp_path: Path) -> None:
         "transfer_gbps_vs_item.png", "alloc_ns_vs_batch.png", "host_gbps_vs_page_size.png"
     ]
     assert all(p.stat().st_size > 1000 for p in written)
+
+
+def test_plot_panels_are_readable(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from tools import bench_plots
+
+    _write_synthetic(tmp_path, storage=True)
+    figs = dict(bench_plots.figures(tmp_path))
+    try:
+        assert list(figs) == ["transfer_gbps_vs_item.png", "alloc_ns_vs_batch.png",
+                              "host_gbps_vs_page_size.png", "storage_gbps_vs_batch.png"]
+        _check_panels(figs["transfer_gbps_vs_item.png"], 3, 3, reference=True)  # per pattern
+        _check_panels(figs["alloc_ns_vs_batch.png"], 2, 2, reference=False)  # per op
+        _check_panels(figs["host_gbps_vs_page_size.png"], 4, 4, reference=True)  # dir x pattern
+        _check_panels(figs["storage_gbps_vs_batch.png"], 4, 2, reference=True)  # op x page size
+        host_titles = [ax.get_title() for ax in figs["host_gbps_vs_page_size.png"].get_axes()]
+        assert host_titles == ["backup / contiguous", "backup / scattered", "load / contiguous",
+                               "load / scattered"]
+    finally:
+        for fig in figs.values():
+            plt.close(fig)
+
+
+def test_kernel_panels_split_by_direction_when_rows_carry_one(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from tools import bench_plots
+
+    rows = [{"op": f"{d}_op", "direction": d, "pattern": p, "item_bytes": item, "gbps": 1.0,
+             "roofline_gbps": 2.0} for d in ("d2h", "h2d") for p in ("runs", "tokens")
+            for item in (512, 4096)]
+    (tmp_path / "kernels.json").write_text(json.dumps({"transfers": rows}))
+    figs = bench_plots.figures(tmp_path)
+    try:
+        assert [name for name, _ in figs] == ["transfer_gbps_vs_item.png"]
+        _check_panels(figs[0][1], 4, 1, reference=True)
+    finally:
+        for _, fig in figs:
+            plt.close(fig)
+
+
+def test_malformed_or_missing_inputs_skip_their_figure(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    (tmp_path / "kernels.json").write_text("[not json")
+    (tmp_path / "host.json").write_text(json.dumps({"rows": [{"direction": "backup"}]}))
+    assert bench.plot_results(tmp_path) == []
+    assert not list(tmp_path.glob("*.png"))
 
 
 def test_no_plots_without_matplotlib(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -3,12 +3,8 @@
 Runs every benchmark tool of the repository in this process (each exposes
 ``main(argv) -> int`` with ``--quick`` and ``--json PATH``), writes each one's JSON to
 ``<out>/<name>.json`` plus ``<out>/summary.json`` (exit status and wall time per tool), and, when
-matplotlib is importable, plots:
-
-* ``transfer_gbps_vs_item.png``: kernel transfer GB/s against item (row) size, one line per op
-  and index pattern, with the memcpy roofline measured in the same run;
-* ``alloc_ns_vs_batch.png``: allocation kernel ns per call against batch size;
-* ``host_gbps_vs_page_size.png``: host pool backup/load GB/s against page size per layout.
+matplotlib is importable, the plots of :mod:`tools.bench_plots` (one panel per direction and
+access pattern, the same-run memcpy as a dashed reference line).
 
 Usage: ``python -m tools.bench [--quick] [--only NAME[,NAME]] [--out DIR] [--list]
 [--no-plots]``. ``--list`` prints what would run without running anything. Exit status: 0 when
@@ -26,6 +22,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from tools.bench_plots import plot_results
 
 __all__ = ["BENCHMARKS", "Benchmark", "main", "plot_results"]
 
@@ -81,84 +79,6 @@ def _load(path: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
-
-
-def _plot_lines(
-    plt: Any,
-    path: Path,
-    series: dict[str, list[tuple[float, float]]],
-    *,
-    title: str,
-    xlabel: str,
-    ylabel: str,
-    logy: bool = False,
-) -> bool:
-    if not series:
-        return False
-    fig, ax = plt.subplots(figsize=(11, 5))
-    for label, points in sorted(series.items()):
-        points.sort()
-        style: dict[str, Any] = {"marker": "o"}
-        if "roofline" in label:
-            style = {"color": "black", "linestyle": "--", "linewidth": 2}
-        ax.plot([p[0] for p in points], [p[1] for p in points], label=label, **style)
-    ax.set_xscale("log", base=2)
-    if logy:
-        ax.set_yscale("log")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
-
-
-def plot_results(out: Path) -> list[Path]:
-    """Draw the plots from the JSON files under ``out``; returns the PNGs written.
-
-    Returns ``[]`` when matplotlib is not importable. Missing or malformed inputs skip their plot.
-    """
-    try:  # optional dependency, imported by name so type checking does not need its stubs
-        mpl = importlib.import_module("matplotlib")
-        mpl.use("Agg")
-        plt = importlib.import_module("matplotlib.pyplot")
-    except ImportError:
-        return []
-    written: list[Path] = []
-    kernels = _load(out / "kernels.json") or {}
-    gbps: dict[str, list[tuple[float, float]]] = {}
-    roof: dict[float, list[float]] = {}
-    for row in kernels.get("transfers", []):
-        key = f"{row['op']} ({row['pattern']})"
-        gbps.setdefault(key, []).append((float(row["item_bytes"]), float(row["gbps"])))
-        roof.setdefault(float(row["item_bytes"]), []).append(float(row["roofline_gbps"]))
-    if roof:
-        gbps["memcpy roofline (median)"] = [(x, sorted(v)[len(v) // 2]) for x, v in roof.items()]
-    target = out / "transfer_gbps_vs_item.png"
-    if _plot_lines(plt, target, gbps, title="KV transfer throughput", xlabel="item size (bytes)",
-                   ylabel="GB/s", logy=True):
-        written.append(target)
-    alloc: dict[str, list[tuple[float, float]]] = {}
-    for row in kernels.get("alloc", []):
-        key = f"{row['op']} ({row['backend']})"
-        alloc.setdefault(key, []).append((float(row["batch"]), float(row["ns_per_call"])))
-    target = out / "alloc_ns_vs_batch.png"
-    if _plot_lines(plt, target, alloc, title="allocation cost", xlabel="batch size (requests)",
-                   ylabel="ns per call", logy=True):
-        written.append(target)
-    host = _load(out / "host.json") or {}
-    hseries: dict[str, list[tuple[float, float]]] = {}
-    for row in host.get("rows", []):
-        key = f"{row['direction']} {row['layout']}/{row['io_backend']} ({row['pattern']})"
-        hseries.setdefault(key, []).append((float(row["page_size"]), float(row["gbps"])))
-    target = out / "host_gbps_vs_page_size.png"
-    if _plot_lines(plt, target, hseries, title="host pool transfers", xlabel="page size (tokens)",
-                   ylabel="GB/s", logy=True):
-        written.append(target)
-    return written
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -53,6 +53,7 @@ class TransferRow:
     gbps: float
     roofline_gbps: float
     ratio: float
+    direction: str  # d2h or h2d: which memcpy roofline it is compared with
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,6 +230,7 @@ def run_transfers(cfg: Config) -> list[TransferRow]:
                         gbps=nbytes / sec / 1e9,
                         roofline_gbps=nbytes / roof_sec / 1e9,
                         ratio=ratio,
+                        direction=direction,
                     )
                 )
     return rows

@@ -8,12 +8,19 @@ The file backend writes into a fresh temporary directory; reads are served from 
 cache right after the writes, so they measure the backend's own cost (header, CRC, syscalls),
 not a disk.
 
-Usage: ``python -m tools.bench_storage [--quick] [--json PATH] [--repeat N] [--dir DIR]``.
+The mooncake backend (``--mooncake``, on by default when its client is installed) runs against
+a local store started here (``tools.mooncake_store``: master + holder on loopback, tcp). Its set
+rows write fresh keys on every call (a key already present is not rewritten) and the store is
+cleared after each row.
+
+Usage: ``python -m tools.bench_storage [--quick] [--json PATH] [--repeat N] [--dir DIR]
+[--no-mooncake]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import platform
 import shutil
@@ -34,6 +41,7 @@ from mem_cache_storage.controller import StorageController
 __all__ = ["Row", "main"]
 
 BACKENDS = ("file", "memory")
+MOONCAKE_SEGMENT_BYTES = 1 << 30
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,13 +99,16 @@ def _host(cfg: Config, ps: int, pages: int) -> MHATokenToKVPoolHost:
     return host
 
 
-def _backend(name: str, ps: int, root: Path, host: MHATokenToKVPoolHost) -> Any:
+def _backend(name: str, ps: int, root: Path, host: MHATokenToKVPoolHost,
+             options: dict[str, Any] | None = None) -> Any:
     config = HiCacheStorageConfig(model_name="bench", extra_config={"model_fingerprint": "b"})
     directory = root / f"{name}-{ps}"
-    return create_backend(name, config, host, storage_dir=str(directory))
+    return create_backend(name, config, host, storage_dir=str(directory), **(options or {}))
 
 
-def run(cfg: Config, root: Path) -> tuple[list[Row], list[dict[str, Any]]]:
+def run(cfg: Config, root: Path, mooncake: dict[str, Any] | None = None
+        ) -> tuple[list[Row], list[dict[str, Any]]]:
+    """``mooncake``: client options of a running store (adds the mooncake backend's rows)."""
     rows: list[Row] = []
     prefetch: list[dict[str, Any]] = []
     max_batch = max(cfg.batches)
@@ -106,8 +117,10 @@ def run(cfg: Config, root: Path) -> tuple[list[Row], list[dict[str, Any]]]:
         host = _host(cfg, ps, pages)
         page_bytes = ps * host.get_size_per_token()
         memcpy = {b: _memcpy_gbps(b * page_bytes, cfg.repeat) for b in cfg.batches}
-        for name in BACKENDS:
-            storage = _backend(name, ps, root, host)
+        for name in (*BACKENDS, *(("mooncake",) if mooncake else ())):
+            storage = _backend(name, ps, root, host, mooncake if name == "mooncake" else None)
+            fresh = name == "mooncake"  # a present key is not rewritten: new keys per call
+            calls = [0]
             src = host.alloc(max_batch * ps)
             dst = host.alloc(max_batch * ps)
             assert src is not None and dst is not None
@@ -115,8 +128,12 @@ def run(cfg: Config, root: Path) -> tuple[list[Row], list[dict[str, Any]]]:
                 keys = page_hashes(list(range(batch * ps)), ps)
                 s_idx, d_idx = src[: batch * ps], dst[: batch * ps]
 
-                def put(keys: list[str] = keys, idx: torch.Tensor = s_idx,
-                        storage: Any = storage) -> None:
+                def put(*, keys: list[str] = keys, idx: torch.Tensor = s_idx,
+                        storage: Any = storage, fresh: bool = fresh, n: int = batch,
+                        calls: list[int] = calls, ps: int = ps) -> None:
+                    if fresh:
+                        calls[0] += 1
+                        keys = page_hashes(list(range(n * ps)), ps, f"{calls[0]:064x}")
                     if not all(storage.batch_set_v1(keys, idx)):
                         raise RuntimeError("batch_set_v1 failed")
 
@@ -126,6 +143,9 @@ def run(cfg: Config, root: Path) -> tuple[list[Row], list[dict[str, Any]]]:
                         raise RuntimeError("batch_get_v1 missed")
 
                 for op, fn in (("set", put), ("get", get)):
+                    if fresh and op == "get":
+                        storage.clear()
+                        storage.batch_set_v1(keys, s_idx)
                     sec = _best(fn, cfg.repeat)
                     nbytes = batch * page_bytes
                     rows.append(Row(name, op, ps, batch, page_bytes, sec, batch / sec,
@@ -161,17 +181,17 @@ def run(cfg: Config, root: Path) -> tuple[list[Row], list[dict[str, Any]]]:
 
 
 def _table(rows: list[Row], prefetch: list[dict[str, Any]]) -> str:
-    head = (f"{'backend':<8}{'op':<5}{'ps':>4}{'batch':>7}{'KiB/page':>10}{'pages/s':>11}"
+    head = (f"{'backend':<9}{'op':<5}{'ps':>4}{'batch':>7}{'KiB/page':>10}{'pages/s':>11}"
             f"{'GB/s':>8}{'memcpy':>8}{'ratio':>7}")
     lines = [head, "-" * len(head)]
     for r in rows:
-        lines.append(f"{r.backend:<8}{r.op:<5}{r.page_size:>4}{r.batch:>7}"
+        lines.append(f"{r.backend:<9}{r.op:<5}{r.page_size:>4}{r.batch:>7}"
                      f"{r.page_bytes / 1024:>10.0f}{r.pages_per_s:>11,.0f}{r.gbps:>8.2f}"
                      f"{r.memcpy_gbps:>8.2f}{r.ratio:>7.3f}")
     lines.append("")
     lines.append("controller prefetch (lookup + reserve + background batch_get_v1 + hand-off)")
     for p in prefetch:
-        lines.append(f"{p['backend']:<8}{'pf':<5}{p['page_size']:>4}{p['pages']:>7}"
+        lines.append(f"{p['backend']:<9}{'pf':<5}{p['page_size']:>4}{p['pages']:>7}"
                      f"{p['page_bytes'] / 1024:>10.0f}{p['pages_per_s']:>11,.0f}"
                      f"{p['gbps']:>8.2f}{p['memcpy_gbps']:>8.2f}{p['ratio']:>7.3f}")
     return "\n".join(lines)
@@ -183,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
     parser.add_argument("--repeat", type=int, default=None, help="best of N (default 5)")
     parser.add_argument("--dir", default=None, help="parent of the file backend's directory")
+    parser.add_argument("--no-mooncake", action="store_true",
+                        help="skip the mooncake backend (default: run it when installed)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch intra-op threads (default 1; 0 keeps torch's default)")
     args = parser.parse_args(argv)
@@ -193,9 +215,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     root = Path(tempfile.mkdtemp(prefix="bench-storage-", dir=args.dir))
+    store: Any = None
     try:
-        rows, prefetch = run(cfg, root)
+        if not args.no_mooncake and importlib.util.find_spec("mooncake") is not None:
+            from tools.mooncake_store import LocalMooncakeStore
+
+            store = LocalMooncakeStore(segment_bytes=MOONCAKE_SEGMENT_BYTES).start()
+        rows, prefetch = run(cfg, root, store.client_options() if store else None)
     finally:
+        if store is not None:
+            store.stop()
         shutil.rmtree(root, ignore_errors=True)
     print(f"storage tier benchmark: MHA {cfg.layers}L x {cfg.heads} heads x {cfg.head_dim} bf16, "
           f"page_first host pool, zero-copy v1 calls, best of {cfg.repeat}, "

@@ -271,3 +271,24 @@ def test_works_on_an_sglang_like_host_pool(tmp_path: Path) -> None:
     dst = torch.arange(16, 28)
     assert st.batch_get_v1(keys, dst) == [True] * 3
     assert torch.equal(pool.k[4:7], pool.k[0:3]) and torch.equal(pool.v[4:7], pool.v[0:3])
+
+
+def test_copying_path_pages_of_another_host_layout_are_misses(tmp_path: Path) -> None:
+    """Flat pages follow the host layout (as SGLang's do): a page stored through ``set`` from a
+    ``page_first`` pool is a miss for a ``layer_first`` pool, and a hit for a ``page_first`` one."""
+    first, again = make_host("page_first"), make_host("page_first")
+    layered = make_host("layer_first")
+    try:
+        key = _keys(1, 5)[0]
+        writer = HiCacheFile(CFG, first, storage_dir=str(tmp_path))
+        slot = int(first.alloc(PS)[0])
+        page = first.get_data_page(slot)
+        assert writer.set(key, page)
+        other = HiCacheFile(CFG, layered, storage_dir=str(tmp_path))
+        assert other.get(key, layered.get_dummy_flat_data_page()) is None
+        same = HiCacheFile(CFG, again, storage_dir=str(tmp_path))
+        got = same.get(key, again.get_dummy_flat_data_page())
+        assert got is not None and torch.equal(got.view(torch.uint8), page.view(torch.uint8))
+    finally:
+        for pool in (first, layered, again):
+            pool.close()

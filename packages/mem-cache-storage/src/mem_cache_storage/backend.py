@@ -200,7 +200,7 @@ class PageStorageBackend(HiCacheStorage):
         self, key: str, target_location: Any | None = None, target_sizes: Any | None = None
     ) -> torch.Tensor | None:
         target = self._target(target_location)
-        page, fmt = tensor_page_ranges(target)
+        page, fmt = tensor_page_ranges(target, pool=self.mem_pool_host)
         ok = self._get([self.storage_key(key)], [page], fmt)
         return target if ok[0] else None
 
@@ -223,7 +223,7 @@ class PageStorageBackend(HiCacheStorage):
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"value must be a torch.Tensor, got {type(tensor).__name__}")
         tensor = tensor.detach().to("cpu").contiguous()
-        page, fmt = tensor_page_ranges(tensor, "value")
+        page, fmt = tensor_page_ranges(tensor, "value", pool=self.mem_pool_host)
         return self._put([self.storage_key(key)], [page], fmt)[0]
 
     def batch_set(

@@ -4,7 +4,9 @@ A page is a tuple of ``(ptr, nbytes)`` host memory ranges (:data:`PageRanges`) p
 :class:`PageFormat` that says how those bytes are laid out:
 
 * the **copying path** (``get``/``set`` with a tensor, e.g. ``host_pool.get_data_page(i)``): one
-  range, format ``flat`` (the host pool's layout-independent flat page);
+  range, format ``flat`` or, when a host pool is registered, ``flat:<page_format.tag>`` (the host
+  pool's flat page follows its layout, as SGLang's does, so the tag keeps a ``page_first`` page
+  from being read into a ``layer_first`` pool);
 * the **zero-copy path** (``batch_get_v1``/``batch_set_v1``): the ranges the host pool's
   ``get_page_buffer_meta`` returns for the page, format ``native:<layout>`` (byte order depends
   on the layout).
@@ -53,8 +55,11 @@ class PageFormat:
         return f"{self.format_id:016x}"
 
 
-def tensor_page_ranges(tensor: Any, name: str = "target_location") -> tuple[PageRanges, PageFormat]:
-    """The single range of a contiguous CPU tensor, format ``flat``."""
+def tensor_page_ranges(
+    tensor: Any, name: str = "target_location", pool: Any | None = None
+) -> tuple[PageRanges, PageFormat]:
+    """The single range of a contiguous CPU tensor, format ``flat`` (``flat:<tag>`` with the
+    registered host ``pool``'s ``page_format.tag``, when it has one)."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
     if tensor.device.type != "cpu":
@@ -64,7 +69,10 @@ def tensor_page_ranges(tensor: Any, name: str = "target_location") -> tuple[Page
     nbytes = tensor.numel() * tensor.element_size()
     if nbytes == 0:
         raise ValueError(f"{name} must not be empty")
-    return ((tensor.data_ptr(), nbytes),), PageFormat("flat", str(tensor.dtype), (nbytes,))
+    page_format = getattr(pool, "page_format", None)
+    tag = getattr(page_format, "tag", None)
+    kind = "flat" if tag is None else f"flat:{tag}"
+    return ((tensor.data_ptr(), nbytes),), PageFormat(kind, str(tensor.dtype), (nbytes,))
 
 
 def host_page_ranges(

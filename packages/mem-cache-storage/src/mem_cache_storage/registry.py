@@ -138,3 +138,4 @@ def create_backend(
 
 register_backend("file", "mem_cache_storage.file", "HiCacheFile")
 register_backend("memory", "mem_cache_storage.memory", "HiCacheMemory")
+register_backend("mooncake", "mem_cache_storage.mooncake", "HiCacheMooncake")
