@@ -281,26 +281,42 @@ class Engine:
             stats.device_hits += 1
             stats.device_hit_tokens += entry.length
             return entry.slots, entry.shared  # the entry's cache reference goes to the request
-        with stats.timed("alloc", entry.length):
-            device_slots = self.stack.allocator.alloc(entry.length)
-        if device_slots is None:
-            raise RuntimeError(f"alloc({entry.length}) failed after room was made for it")
-        positions = self._arange(0, entry.length)
-        sessions = torch.full_like(positions, int(spec.session))
-        ok = self.transfers.load(entry.slots, device_slots, sessions, positions)
+        # a radix-cache lookup matches the device copy of the shared preamble first: only the
+        # rest of the session's prefix is loaded from the host
+        borrowed = self.shared.match(entry.length + 1)
+        n = 0 if borrowed is None else borrowed.numel()
+        rest = entry.length - n
+        device_slots = self._arange(0, 0)
+        if rest:
+            with stats.timed("alloc", rest):
+                out = self.stack.allocator.alloc(rest)
+            if out is None:
+                raise RuntimeError(f"alloc({rest}) failed after room was made for it")
+            device_slots = out
+            positions = self._arange(n, entry.length)
+            sessions = torch.full_like(positions, int(spec.session))
+            ok = self.transfers.load(entry.slots[n:], device_slots, sessions, positions)
+        else:
+            ok = True
         self.stack.host_pool.free(entry.slots)  # consumed on success, dropped on failure
         if not ok:
-            self._free_device(device_slots)
+            self._free_owned(device_slots, 0)
+            if n:
+                self.shared.release()
             stats.misses += 1
             if from_l3 and self.l3 is not None:
                 self.l3.record_load_failure()
             return None
-        if from_l3 and self.l3 is not None:
-            self.l3.record_hit(entry.length)
+        if from_l3 and self.l3 is not None:  # tokens it served: the shared part came from L1
+            self.l3.record_hit(rest)
         else:
             stats.host_hits += 1
-            stats.host_hit_tokens += entry.length
-        return device_slots, 0
+            stats.host_hit_tokens += rest
+        if borrowed is None:
+            return device_slots, 0
+        stats.shared_prefix_hits += 1
+        stats.shared_prefix_hit_tokens += n
+        return torch.cat([borrowed, device_slots]), n
 
     def _make_room(self, tokens: int) -> bool:
         """Evict LRU device prefixes until ``tokens`` slots are free; ``False`` if impossible."""
