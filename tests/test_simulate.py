@@ -145,7 +145,7 @@ def test_l3_corruption_is_caught_not_served() -> None:
 
     cfg = dataclasses.replace(L3_TINY, storage_fault_rate=1.0)
     original = storage_faults.STORAGE_FAULT_KINDS
-    storage_faults.STORAGE_FAULT_KINDS = ("corrupt",)
+    storage_faults.STORAGE_FAULT_KINDS = ("corrupt",)  # type: ignore[assignment]
     try:
         stats = run_simulation(cfg)
     finally:
