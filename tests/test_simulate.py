@@ -23,6 +23,7 @@ from tools.simulate.hicache import HostTransfers
 from tools.simulate.integrity import check_conservation
 from tools.simulate.prefix_store import PrefixEntry, PrefixStore
 from tools.simulate.report import report_dict
+from tools.simulate.shared_prefix import SharedPrefixCache
 from tools.simulate.stack import MemoryStack, build_stack
 from tools.simulate.stats import SimStats
 from tools.simulate.workload import SessionId, generate_workload
@@ -144,7 +145,7 @@ def test_l3_corruption_is_caught_not_served() -> None:
 
     cfg = dataclasses.replace(L3_TINY, storage_fault_rate=1.0)
     original = storage_faults.STORAGE_FAULT_KINDS
-    storage_faults.STORAGE_FAULT_KINDS = ("corrupt",)
+    storage_faults.STORAGE_FAULT_KINDS = ("corrupt",)  # type: ignore[assignment]
     try:
         stats = run_simulation(cfg)
     finally:
@@ -374,3 +375,61 @@ def test_scheduler_shaped_frees_stay_clean(overrides: dict[str, object]) -> None
         assert stats.draft_tokens > stats.decode_tokens
     if cfg.retract_after:
         assert stats.retractions > 0
+
+
+def test_shared_prefix_content_is_session_independent() -> None:
+    model = ContentModel([(2, 16)], torch.bfloat16, torch.device("cpu"), seed=3, shared_tokens=20)
+    positions = torch.arange(40)
+    a = model.hashes(torch.full((40,), 1), positions, layers=2)
+    b = model.hashes(torch.full((40,), 2), positions, layers=2)
+    assert torch.equal(a[:, :, :20], b[:, :, :20])  # the shared preamble: identical KV bytes
+    assert bool((a[:, :, 20:] != b[:, :, 20:]).all())  # the sessions' own tokens differ
+    with pytest.raises(ValueError, match="shared_tokens must be >= 0, got -1"):
+        ContentModel([(2, 16)], torch.bfloat16, torch.device("cpu"), seed=3, shared_tokens=-1)
+
+
+def test_shared_prefix_cache_refcounts_and_insertion() -> None:
+    cache = SharedPrefixCache(40, page_size=16)  # page-aligned: 32 tokens cached
+    assert cache.tokens == 32 and cache.tokens_held == 0
+    assert cache.match(100) is None  # empty: a miss
+    assert cache.insert(torch.arange(16), 16, 0) == (0, None)  # too short to adopt
+    own = torch.arange(100, 164)
+    assert cache.insert(own, 48, 0) == (32, None)  # adopted, one holder
+    assert cache.tokens_held == 32 and cache.refs == 1
+    assert torch.equal(cache.cached_slots(32), own[:32])
+    other = torch.arange(200, 264)
+    shared, dup = cache.insert(other, 64, 0)  # computed its own copy: duplicates to free
+    assert shared == 32 and dup is not None and torch.equal(dup, other[:32])
+    hit = cache.match(20)  # a short prompt matches one page (one token left to prefill)
+    assert hit is not None and torch.equal(hit, own[:16]) and cache.refs == 3
+    shared, dup = cache.insert(torch.cat([hit, torch.arange(300, 316)]), 32, 16)
+    assert shared == 32 and dup is not None and torch.equal(dup, torch.arange(300, 316))
+    assert cache.refs == 3  # the borrowed reference passed to the session entry
+    assert cache.evict() is None  # held: never freed under its holders
+    for _ in range(3):
+        cache.release()
+    evicted = cache.evict()
+    assert evicted is not None and torch.equal(evicted, own[:32]) and cache.tokens_held == 0
+    with pytest.raises(RuntimeError, match="release"):
+        cache.release()
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, {"page_size": 4, "retract_after": 1, "spec_draft": 2}, {"model": "mla", "faults": 0.2}],
+    ids=["mha-ps16", "mha-ps4-retract-spec", "mla-faults"],
+)
+def test_shared_prefix_insertion_frees_duplicate_pages(overrides: dict[str, object]) -> None:
+    """Radix-like insertion at finish: the duplicate pages a finished request computed for the
+    shared preamble are freed through the allocator's ``free``, later requests reuse the cached
+    pages; every sequence still verifies bit-exact and nothing leaks."""
+    cfg = dataclasses.replace(TINY, shared_prefix_tokens=40, **overrides)  # type: ignore[arg-type]
+    stats = run_simulation(cfg)
+    _assert_clean(cfg, stats)
+    assert stats.duplicate_pages_freed > 0
+    assert stats.shared_prefix_hits > 0 and stats.shared_prefix_hit_tokens > 0
+    assert stats.sequences_verified == cfg.requests
+    doc = report_dict(cfg, stats)["shared_prefix"]
+    assert doc["duplicate_pages_freed"] == stats.duplicate_pages_freed
+    off = run_simulation(dataclasses.replace(cfg, shared_prefix_tokens=0))
+    assert off.duplicate_pages_freed == 0 and off.shared_prefix_hits == 0

@@ -54,6 +54,9 @@ class SimConfig:
     ``"mooncake"`` the L3 is a Mooncake Store: the one at ``storage_master`` (``HOST:PORT``,
     metadata server ``storage_metadata``, default ``http://HOST:8080/metadata``), or a local
     store (master + holder) started for the run when ``storage_master`` is ``None``.
+    ``shared_prefix_tokens``: a preamble of that many tokens common to every session (content
+    independent of the session), whose page-aligned part the mha/mla engine caches once
+    (``shared_prefix.py``; 0: off).
     """
 
     model: Model = "mha"
@@ -85,6 +88,7 @@ class SimConfig:
     faults: float = 0.0
     spec_draft: int = 0
     retract_after: int = 0
+    shared_prefix_tokens: int = 64
     check_every: int = 1
     threads: int = 1
     storage: str = "file"
@@ -129,7 +133,7 @@ class SimConfig:
             raise ValueError(f"host_layout must be one of {HOST_LAYOUTS}, got {self.host_layout!r}")
         if self.io_backend not in IO_BACKENDS:
             raise ValueError(f"io_backend must be one of {IO_BACKENDS}, got {self.io_backend!r}")
-        for name in ("spec_draft", "retract_after"):
+        for name in ("spec_draft", "retract_after", "shared_prefix_tokens"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not 0.0 <= self.faults <= 1.0:
@@ -194,6 +198,11 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--retract-after", type=int, default=d.retract_after,
                    help="retract the running request with the most output left when the queue "
                         "head has waited N steps for memory (0: never)")
+    w.add_argument("--shared-prefix-tokens", type=int, default=d.shared_prefix_tokens,
+                   help="a system preamble of N tokens common to every session (identical KV): "
+                        "its page-aligned part is cached once, matched at admission, and the "
+                        "duplicate pages a finished request computed are freed (0: off; "
+                        "mha/mla engine)")
     w.add_argument("--check-every", type=int, default=d.check_every,
                    help="run the slot-conservation check every N steps")
     w.add_argument("--threads", type=int, default=d.threads,

@@ -1,8 +1,10 @@
 """Deterministic K/V content: each stored byte is a function of (session, position, layer, role).
 
 A row is ``pattern[role] XOR seed`` where ``seed`` comes from a 31-bit hash of
-(session, position, layer, role) and ``pattern[role]`` is a fixed seeded random vector. Two
-different tokens differ in (nearly) every element; everything is integer arithmetic (exact on any
+(session, position, layer, role) and ``pattern[role]`` is a fixed seeded random vector; the
+first ``shared_tokens`` positions of every session hash as one common session (a system preamble
+all sessions share: identical bytes across sessions). Two different tokens differ in (nearly)
+every element; everything is integer arithmetic (exact on any
 device); the second-highest bit of every element is cleared so that no element is NaN or Inf in
 any supported float format (fp8 e4m3fn/e5m2, fp16, bf16, fp32) and copies or same-dtype casts
 keep the bytes. Expected rows are compared as integers, never as floats.
@@ -21,6 +23,7 @@ __all__ = ["ContentModel", "int_view_dtype"]
 
 _INT_OF_WIDTH = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _M31 = (1 << 31) - 1
+_SHARED_SESSION = _M31  # the session every shared-preamble position hashes as
 
 
 def int_view_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -43,7 +46,8 @@ class ContentModel:
 
     ``row_shapes[r]`` is the per-token shape of role ``r`` (e.g. ``(heads, head_dim)``);
     ``dtype`` the logical dtype written through ``set_kv_buffer`` (fp8 pools store it as uint8,
-    the same bytes).
+    the same bytes). Positions below ``shared_tokens`` have content that does not depend on
+    the session.
     """
 
     def __init__(
@@ -52,7 +56,11 @@ class ContentModel:
         dtype: torch.dtype,
         device: torch.device,
         seed: int,
+        shared_tokens: int = 0,
     ) -> None:
+        if shared_tokens < 0:
+            raise ValueError(f"shared_tokens must be >= 0, got {shared_tokens}")
+        self.shared_tokens = shared_tokens
         self.row_shapes = tuple(tuple(s) for s in row_shapes)
         self.roles = len(self.row_shapes)
         self.dtype = dtype
@@ -88,6 +96,8 @@ class ContentModel:
     def hashes(self, sessions: torch.Tensor, positions: torch.Tensor, layers: int) -> torch.Tensor:
         """Token seed words ``[layers, roles, n]`` (int64: a 31-bit hash spread over the lanes of
         one word) for int64 ``sessions``/``positions`` (local layers ``0..layers-1``)."""
+        if self.shared_tokens:
+            sessions = torch.where(positions < self.shared_tokens, _SHARED_SESSION, sessions)
         base = ((sessions & _M31) * 0x5BD1E995 + (positions & _M31) * 0x27D4EB2F) & _M31
         lr = torch.arange(layers * self.roles, dtype=torch.int64, device=base.device)
         salt = ((lr // self.roles * 8 + lr % self.roles + 1) * 0x165667B1) & _M31

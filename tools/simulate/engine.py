@@ -16,7 +16,11 @@ One ``step()``:
    pages freed in one shuffled ``free`` of all requests' rejected slots (partial pages);
 5. finish: requests that decoded their whole answer verify one layer of their sequence, hand the
    page-aligned part of it to the prefix store and free the unshared tail (the partial last
-   page's slots) inside one free group;
+   page's slots) inside one free group; with ``shared_prefix_tokens`` the page-aligned part
+   that the shared-prefix cache already holds is inserted radix-style: the duplicate pages the
+   request computed are freed in the same group and its session entry borrows the cache's
+   pages (``shared_prefix.py``; a request without a cached session prefix matches them at
+   admission);
    with ``retract_after`` N, a queue head that waited N steps for memory makes the running
    request with the most output left retract (its slots freed, its turn queued again);
 6. the slot-conservation check.
@@ -36,6 +40,7 @@ from tools.simulate.faults import FaultInjector
 from tools.simulate.hicache import HostTransfers
 from tools.simulate.integrity import check_conservation, owned_slots
 from tools.simulate.prefix_store import PrefixEntry, PrefixStore
+from tools.simulate.shared_prefix import SharedPrefixCache
 from tools.simulate.stack import MemoryStack
 from tools.simulate.stats import SimStats
 from tools.simulate.storage_tier import StorageTier
@@ -46,7 +51,8 @@ __all__ = ["Engine", "Req"]
 
 @dataclass(slots=True)
 class Req:
-    """A running turn. ``seq_len`` tokens have KV; it finishes at ``final_len``."""
+    """A running turn. ``seq_len`` tokens have KV; it finishes at ``final_len``. Its first
+    ``shared`` slots are borrowed from the shared-prefix cache (one reference held)."""
 
     spec: SessionSpec
     turn: int
@@ -56,6 +62,7 @@ class Req:
     input_len: int
     final_len: int
     seq_len: int = 0
+    shared: int = 0
 
 
 class Engine:
@@ -65,11 +72,13 @@ class Engine:
         self, workload: Workload, stack: MemoryStack, stats: SimStats, faults: FaultInjector,
         l3: StorageTier | None = None, *, follow_ups: bool = True,
     ) -> None:
-        self.cfg = stack.cfg
+        self.cfg = cfg = stack.cfg
         self.stack = stack
         self.stats = stats
         self.ps = stack.page_size
         self.store = PrefixStore()
+        # the multi-instance driver frees and moves session entries itself: no shared cache there
+        self.shared = SharedPrefixCache(cfg.shared_prefix_tokens if follow_ups else 0, self.ps)
         self.transfers = HostTransfers(stack, stats, faults)
         self.l3 = l3  # the storage tier (L3), or None
         self.running: list[Req] = []
@@ -124,7 +133,10 @@ class Engine:
         self.ready.append((spec, turn))
 
     def check(self) -> None:
-        check_conservation(self.stack, self.store, (r.seq_len for r in self.running), self.stats)
+        check_conservation(
+            self.stack, self.store, (r.seq_len - r.shared for r in self.running), self.stats,
+            self.shared.tokens_held,
+        )
 
     def close(self) -> None:
         self.transfers.close()
@@ -151,7 +163,8 @@ class Engine:
                 if self.transfers.backup(entry.slots, staging) and self.l3 is not None:
                     self.l3.on_host_drop(PrefixEntry(entry.session, entry.length, "host", staging))
                 host.free(staging)
-            self._free_device(entry.slots)
+            self._free_owned(entry.slots, entry.shared)
+        self._evict_shared()  # unless running requests still hold it
         if self.l3 is not None:
             self.l3.restart()
 
@@ -164,9 +177,11 @@ class Engine:
             if entry is None:
                 continue
             if entry.tier == "device":
-                self._free_device(entry.slots)
+                self._free_owned(entry.slots, entry.shared)
             else:
                 self.stack.host_pool.free(entry.slots)
+        if self.shared.tokens_held and not self._evict_shared():
+            raise RuntimeError(f"drain(): the shared prefix still has {self.shared.refs} holders")
 
     # ------------------------------------------------------------ admission
     def _pages(self, tokens: int) -> int:
@@ -183,7 +198,7 @@ class Engine:
         victim = max(self.running, key=lambda r: (r.final_len - r.seq_len, r.row))
         self.running.remove(victim)
         slots = self.stack.req_pool.req_to_token[victim.row, : victim.seq_len].to(torch.int64)
-        self._free_device(slots.flip(0))
+        self._free_owned(slots, victim.shared, reverse=True)
         self.stack.req_pool.free(victim.row)
         self.ready.append((victim.spec, victim.turn))
         self.stats.retractions += 1
@@ -220,54 +235,88 @@ class Engine:
                 break
             self.ready.popleft()
             self._blocked = 0
-            prefix = self._prefix_slots(spec, turn, history, entry)
+            prefix, shared = self._prefix_slots(spec, turn, history, input_len, entry)
             rows = self.stack.req_pool.alloc(1)
             if rows is None:
                 raise RuntimeError("ReqToTokenPool has no free row below max_running requests")
-            req = Req(spec, turn, rows[0], prefix.numel(), prefix, input_len, final_len)
+            req = Req(spec, turn, rows[0], prefix.numel(), prefix, input_len, final_len,
+                      shared=shared)
             admitted.append(req)
             reserve += self._pages(final_len) - req.prefix_len + margin
         return admitted
 
     def _prefix_slots(
+        self, spec: SessionSpec, turn: int, history: int, input_len: int,
+        entry: PrefixEntry | None,
+    ) -> tuple[torch.Tensor, int]:
+        """Device slots of the request's cached prefix and how many of them are borrowed from
+        the shared-prefix cache: the session's entry (loaded from the host or L3 if needed),
+        else the shared prefix's match."""
+        prefix = self._session_prefix(spec, turn, history, entry)
+        if prefix is not None:
+            return prefix
+        shared = self.shared.match(input_len)
+        if shared is None:
+            return self._arange(0, 0), 0
+        self.stats.shared_prefix_hits += 1
+        self.stats.shared_prefix_hit_tokens += shared.numel()
+        return shared, shared.numel()
+
+    def _session_prefix(
         self, spec: SessionSpec, turn: int, history: int, entry: PrefixEntry | None
-    ) -> torch.Tensor:
-        """Device slots of the session's cached prefix (loading it from the host if needed)."""
+    ) -> tuple[torch.Tensor, int] | None:
+        """The session's cached prefix on the device (loading it from the host or L3 if
+        needed) with its borrowed shared count; ``None`` when there is none."""
         stats = self.stats
         if turn > 0:
             stats.returning_turns += 1
             stats.reusable_tokens += history
-        empty = self._arange(0, 0)
         from_l3 = entry is None and turn > 0 and self.l3 is not None
         if from_l3 and self.l3 is not None:  # L1 and L2 missed: prefetch from storage
             entry = self.l3.fetch(spec.session, history, self._make_host_room)
         if entry is None:
             stats.misses += turn > 0
-            return empty
+            return None
         if entry.tier == "device":
             stats.device_hits += 1
             stats.device_hit_tokens += entry.length
-            return entry.slots
-        with stats.timed("alloc", entry.length):
-            device_slots = self.stack.allocator.alloc(entry.length)
-        if device_slots is None:
-            raise RuntimeError(f"alloc({entry.length}) failed after room was made for it")
-        positions = self._arange(0, entry.length)
-        sessions = torch.full_like(positions, int(spec.session))
-        ok = self.transfers.load(entry.slots, device_slots, sessions, positions)
+            return entry.slots, entry.shared  # the entry's cache reference goes to the request
+        # a radix-cache lookup matches the device copy of the shared preamble first: only the
+        # rest of the session's prefix is loaded from the host
+        borrowed = self.shared.match(entry.length + 1)
+        n = 0 if borrowed is None else borrowed.numel()
+        rest = entry.length - n
+        device_slots = self._arange(0, 0)
+        if rest:
+            with stats.timed("alloc", rest):
+                out = self.stack.allocator.alloc(rest)
+            if out is None:
+                raise RuntimeError(f"alloc({rest}) failed after room was made for it")
+            device_slots = out
+            positions = self._arange(n, entry.length)
+            sessions = torch.full_like(positions, int(spec.session))
+            ok = self.transfers.load(entry.slots[n:], device_slots, sessions, positions)
+        else:
+            ok = True
         self.stack.host_pool.free(entry.slots)  # consumed on success, dropped on failure
         if not ok:
-            self._free_device(device_slots)
+            self._free_owned(device_slots, 0)
+            if n:
+                self.shared.release()
             stats.misses += 1
             if from_l3 and self.l3 is not None:
                 self.l3.record_load_failure()
-            return empty
-        if from_l3 and self.l3 is not None:
-            self.l3.record_hit(entry.length)
+            return None
+        if from_l3 and self.l3 is not None:  # tokens it served: the shared part came from L1
+            self.l3.record_hit(rest)
         else:
             stats.host_hits += 1
-            stats.host_hit_tokens += entry.length
-        return device_slots
+            stats.host_hit_tokens += rest
+        if borrowed is None:
+            return device_slots, 0
+        stats.shared_prefix_hits += 1
+        stats.shared_prefix_hit_tokens += n
+        return torch.cat([borrowed, device_slots]), n
 
     def _make_room(self, tokens: int) -> bool:
         """Evict LRU device prefixes until ``tokens`` slots are free; ``False`` if impossible."""
@@ -279,10 +328,11 @@ class Engine:
     def _evict_one(self) -> bool:
         entry = self.store.oldest("device")
         if entry is None:
-            return False
+            return self._evict_shared()
         host_slots = self._reserve_host(entry.length)
         if host_slots is not None and self.transfers.backup(entry.slots, host_slots):
-            self._free_device(self.store.move_to_host(entry.session, host_slots))
+            shared = entry.shared
+            self._free_owned(self.store.move_to_host(entry.session, host_slots), shared)
             self.stats.evictions_to_host += 1
             if self.l3 is not None:
                 self.l3.on_host_insert(entry)
@@ -290,9 +340,28 @@ class Engine:
         if host_slots is not None:  # the backup failed: its host slots hold garbage
             self.stack.host_pool.free(host_slots)
         self.store.take(entry.session)
-        self._free_device(entry.slots)
+        self._free_owned(entry.slots, entry.shared)
         self.stats.device_drops += 1
         return True
+
+    def _evict_shared(self) -> bool:
+        """Free the shared-prefix cache's pages if no request or entry holds them."""
+        slots = self.shared.evict()
+        if slots is None:
+            return False
+        self._free_device(slots)
+        self.stats.shared_prefix_evictions += 1
+        return True
+
+    def _free_owned(self, slots: torch.Tensor, shared: int, *, reverse: bool = False) -> None:
+        """Free a holder's ``slots`` (sequence order) except the first ``shared``, borrowed from
+        the shared-prefix cache, whose reference it releases; ``reverse``: free them last first
+        (a retracted request)."""
+        if shared:
+            self.shared.release()
+        own = slots[shared:]
+        if own.numel():
+            self._free_device(own.flip(0) if reverse else own)
 
     def _reserve_host(self, tokens: int) -> torch.Tensor | None:
         if not self._make_host_room(tokens):
@@ -447,8 +516,16 @@ class Engine:
                 slots = stack.req_pool.req_to_token[r.row, : r.seq_len].to(torch.int64)
                 self._verify_sequence(r, slots)
                 aligned = r.seq_len // ps * ps
+                shared, duplicates = self.shared.insert(slots, aligned, r.shared)
+                if duplicates is not None:  # pages the shared-prefix cache already holds
+                    with stats.timed("free", duplicates.numel()):
+                        allocator.free(duplicates)
+                    stats.duplicate_pages_freed += duplicates.numel() // ps
                 if aligned:
-                    entry = PrefixEntry(r.spec.session, aligned, "device", slots[:aligned].clone())
+                    cached = slots[:aligned].clone()
+                    if shared:
+                        cached[:shared] = self.shared.cached_slots(shared)
+                    entry = PrefixEntry(r.spec.session, aligned, "device", cached, shared)
                     self.store.put(entry)
                 if aligned < r.seq_len:  # the unshared tail: the partial last page's slots
                     with stats.timed("free", r.seq_len - aligned):

@@ -17,11 +17,14 @@ def owned_slots(seq_len: int, page_size: int) -> int:
 
 
 def check_conservation(
-    stack: MemoryStack, store: PrefixStore, running_seq_lens: Iterable[int], stats: SimStats
+    stack: MemoryStack, store: PrefixStore, running_seq_lens: Iterable[int], stats: SimStats,
+    shared_cache: int = 0,
 ) -> None:
     """Every slot is in exactly one place, on every pool; a violation is an integrity failure.
 
-    device: allocator available + slots of running requests + cached device prefixes == capacity;
+    device: allocator available + slots of running requests + cached device prefixes + the
+    shared-prefix cache's slots (``shared_cache``) == capacity (``running_seq_lens``: the tokens
+    each running request owns, its borrowed page-aligned shared prefix not counted);
     host: host pool available + cached host prefixes == capacity;
     request table: free rows + running requests == rows.
     """
@@ -33,11 +36,12 @@ def check_conservation(
         live += owned_slots(seq_len, ps)
         n_running += 1
     avail = stack.allocator.available_size()
-    device = avail + live + store.tokens("device")
+    device = avail + live + store.tokens("device") + shared_cache
     if device != stack.device_capacity:
         stats.fail(
             f"step {stats.steps}: device slots not conserved: available {avail} + running {live} "
-            f"+ cached {store.tokens('device')} = {device} != capacity {stack.device_capacity}"
+            f"+ cached {store.tokens('device')} + shared {shared_cache} = {device} != capacity "
+            f"{stack.device_capacity}"
         )
     host_avail = stack.host_pool.available_size()
     host = host_avail + store.tokens("host")

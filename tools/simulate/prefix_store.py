@@ -27,13 +27,21 @@ class PrefixEntry:
     """The cached first ``length`` tokens of ``session`` (``length``: a multiple of the page size).
 
     ``slots`` holds ``length`` int64 slot ids of the tier the entry lives on: device slots in
-    sequence order for ``"device"``, host slots for ``"host"``.
+    sequence order for ``"device"``, host slots for ``"host"``. A device entry's first ``shared``
+    slots are borrowed from the shared-prefix cache (``shared_prefix.py``): the entry holds a
+    reference to it and does not own those slots; a host entry owns all its slots.
     """
 
     session: SessionId
     length: int
     tier: Tier
     slots: torch.Tensor
+    shared: int = 0
+
+    @property
+    def owned(self) -> int:
+        """Slots this entry owns on its tier."""
+        return self.length - self.shared
 
 
 class PrefixStore:
@@ -47,7 +55,7 @@ class PrefixStore:
         return len(self._entries)
 
     def tokens(self, tier: Tier) -> int:
-        """Slots held by entries on ``tier``."""
+        """Slots owned by entries on ``tier`` (borrowed shared-prefix slots not counted)."""
         return self._tokens[tier]
 
     def put(self, entry: PrefixEntry) -> None:
@@ -59,8 +67,13 @@ class PrefixStore:
                 f"entry of session {entry.session}: {entry.slots.numel()} slots for "
                 f"{entry.length} tokens"
             )
+        if not 0 <= entry.shared <= entry.length or (entry.shared and entry.tier != "device"):
+            raise RuntimeError(
+                f"entry of session {entry.session}: {entry.shared} shared tokens on "
+                f"{entry.tier} with length {entry.length}"
+            )
         self._entries[entry.session] = entry
-        self._tokens[entry.tier] += entry.length
+        self._tokens[entry.tier] += entry.owned
 
     def peek(self, session: SessionId) -> PrefixEntry | None:
         return self._entries.get(session)
@@ -69,7 +82,7 @@ class PrefixStore:
         """Remove and return the session's entry (the caller now owns its slots)."""
         entry = self._entries.pop(session, None)
         if entry is not None:
-            self._tokens[entry.tier] -= entry.length
+            self._tokens[entry.tier] -= entry.owned
         return entry
 
     def oldest(self, tier: Tier) -> PrefixEntry | None:
@@ -82,14 +95,16 @@ class PrefixStore:
     def move_to_host(self, session: SessionId, host_slots: torch.Tensor) -> torch.Tensor:
         """Re-tier a device entry to the host; returns its device slots (for the caller to free).
 
-        The entry keeps its LRU position (a backup is not a use).
+        The entry keeps its LRU position (a backup is not a use). The returned slots include
+        any borrowed shared-prefix slots (``entry.shared`` before the call): the caller frees
+        only the owned ones and releases the cache reference.
         """
         entry = self._entries[session]
         if entry.tier != "device" or host_slots.numel() != entry.length:
             raise RuntimeError(f"cannot move entry of session {session} ({entry.tier}) to host")
         device_slots = entry.slots
-        entry.tier, entry.slots = "host", host_slots
-        self._tokens["device"] -= entry.length
+        self._tokens["device"] -= entry.owned
+        entry.tier, entry.slots, entry.shared = "host", host_slots, 0
         self._tokens["host"] += entry.length
         return device_slots
 

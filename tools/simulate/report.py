@@ -43,6 +43,13 @@ def report_dict(cfg: SimConfig, stats: SimStats) -> dict[str, Any]:
             "rejected_draft": stats.rejected_draft_tokens,
         },
         "retractions": stats.retractions,
+        "shared_prefix": {
+            "tokens": cfg.shared_prefix_tokens,
+            "hits": stats.shared_prefix_hits,
+            "hit_tokens": stats.shared_prefix_hit_tokens,
+            "duplicate_pages_freed": stats.duplicate_pages_freed,
+            "evictions": stats.shared_prefix_evictions,
+        },
         "allocator": {
             kind: {"calls": op.calls, "ns_per_call": round(op.ns_per_call, 1), "items": op.items}
             for kind, op in stats.alloc_ops.items()
@@ -129,6 +136,11 @@ def render_report(console: Console, cfg: SimConfig, stats: SimStats) -> None:
               f"{stats.host_hits}/{stats.returning_turns} returning turns; "
               f"{_pct(stats.host_hit_tokens, stats.reusable_tokens)} of prefix tokens; "
               f"misses {stats.misses}")
+    if cfg.shared_prefix_tokens and cfg.model != "dsv4":
+        t.add_row("shared prefix", f"{stats.duplicate_pages_freed:,} dup pages freed",
+                  f"{cfg.shared_prefix_tokens} shared tokens; {stats.shared_prefix_hits:,} "
+                  f"admission hits ({stats.shared_prefix_hit_tokens:,} tokens); "
+                  f"{stats.shared_prefix_evictions} evictions")
     for row in l3_rows(stats):
         t.add_row(*row)
     bpt = stats.bytes_per_token

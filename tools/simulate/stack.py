@@ -117,7 +117,7 @@ def build_stack(cfg: SimConfig, max_context_len: int) -> MemoryStack:
         pin_memory=device.type == "cuda",
         io_backend=cfg.io_backend,
     )
-    content = ContentModel(desc.row_shape, dtype, device, cfg.seed)
+    content = ContentModel(desc.row_shape, dtype, device, cfg.seed, cfg.shared_prefix_tokens)
     return MemoryStack(
         cfg=cfg,
         device=device,

@@ -58,6 +58,10 @@ class SimStats:
     host_drops: int = 0
     device_drops: int = 0
     retractions: int = 0
+    shared_prefix_hits: int = 0
+    shared_prefix_hit_tokens: int = 0
+    duplicate_pages_freed: int = 0
+    shared_prefix_evictions: int = 0
     draft_tokens: int = 0
     rejected_draft_tokens: int = 0
     peak_device_tokens: int = 0
