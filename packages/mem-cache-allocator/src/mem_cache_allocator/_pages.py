@@ -12,6 +12,7 @@ import torch
 
 __all__ = [
     "check_cpu_lengths",
+    "check_segments_iterable",
     "check_start_pos",
     "num_new_pages_decode",
     "num_new_pages_extend",
@@ -88,6 +89,17 @@ def check_start_pos(start_pos: object, name: str = "start_pos") -> int:
     return start_pos
 
 
+def check_segments_iterable(segments: object) -> None:
+    """``TypeError`` naming ``segments`` unless it is an iterable (not a tensor) of pairs."""
+    if not isinstance(segments, (list, tuple)) and (
+        isinstance(segments, torch.Tensor) or not isinstance(segments, Iterable)
+    ):
+        raise TypeError(
+            f"segments must be an iterable of (free_index, start_pos) pairs, "
+            f"got {type(segments).__name__}"
+        )
+
+
 def trim_segments(
     segments: Iterable[tuple[torch.Tensor, int]], page_size: int
 ) -> Iterator[tuple[torch.Tensor, int]]:
@@ -98,14 +110,8 @@ def trim_segments(
     (the previous segment releases it); a segment entirely inside that page yields nothing.
     All arithmetic is on host-known positions and lengths: no device data is read.
     """
-    if not isinstance(segments, (list, tuple)) and (
-        isinstance(segments, torch.Tensor) or not isinstance(segments, Iterable)
-    ):
-        raise TypeError(
-            f"segments must be an iterable of (free_index, start_pos) pairs, "
-            f"got {type(segments).__name__}"
-        )
     prev_end: int | None = None
+    check_segments_iterable(segments)
     for k, seg in enumerate(segments):
         if not isinstance(seg, (tuple, list)) or len(seg) != 2:
             raise TypeError(f"segments[{k}] must be a (free_index, start_pos) pair, got {seg!r}")

@@ -56,7 +56,12 @@ from mem_cache_allocator._hisparse_device import (
     plan_device_extend,
     surplus_pages,
 )
-from mem_cache_allocator._pages import check_cpu_lengths, num_new_pages_extend, trim_segments
+from mem_cache_allocator._pages import (
+    check_cpu_lengths,
+    check_segments_iterable,
+    num_new_pages_extend,
+    trim_segments,
+)
 from mem_cache_allocator._paired import PairedAllocators, check_own_state
 from mem_cache_allocator._scheduler_hooks import capacity_pair, request_slot_reserve
 from mem_cache_allocator.base import BaseTokenToKVPoolAllocator
@@ -428,6 +433,8 @@ class DeepSeekV4HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         """Free logical slots (the logical allocator's ``free``) and the device slots of their
         compressed entries (``free_hisparse``), as SGLang 0.5.23 does. Inside a free group the
         call is queued (copied) and applied at ``free_group_end`` as one free."""
+        if not isinstance(free_index, torch.Tensor):
+            raise TypeError(f"free_index must be a torch.Tensor, got {type(free_index).__name__}")
         if free_index.numel() == 0:
             return
         check_slots(free_index, "free_index", self._full_slots, check=self.debug)
@@ -440,6 +447,8 @@ class DeepSeekV4HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
     def free_full(self, free_index: torch.Tensor) -> None:
         """The logical allocator's ``free_full`` (full side of a request whose window slots
         ``free_swa`` released); queued inside a free group."""
+        if not isinstance(free_index, torch.Tensor):
+            raise TypeError(f"free_index must be a torch.Tensor, got {type(free_index).__name__}")
         if free_index.numel() == 0:
             return
         if self._free_group is not None:
@@ -459,9 +468,12 @@ class DeepSeekV4HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         """The logical allocator's ``free_segments`` and the device slots of *every* given slot's
         compressed entry (a page two segments share is released once on the logical side, but
         all its entries' device slots go). Queued as one free inside a free group."""
+        check_segments_iterable(segments)
         segs = list(segments)
         if not segs:
             return
+        for _ in trim_segments(segs, self.page_size):  # validates the segments first
+            pass
         slots = torch.cat([idx.to(self.device, torch.int64).reshape(-1) for idx, _ in segs])
         if self._free_group is not None:
             for _ in trim_segments(segs, self.page_size):  # validates the segments

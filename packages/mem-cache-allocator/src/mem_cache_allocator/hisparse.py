@@ -41,7 +41,12 @@ from mem_cache_allocator._hisparse_device import (
     surplus_pages,
 )
 from mem_cache_allocator._page_allocator import PageAllocatorState
-from mem_cache_allocator._pages import check_cpu_lengths, num_new_pages_extend, trim_segments
+from mem_cache_allocator._pages import (
+    check_cpu_lengths,
+    check_segments_iterable,
+    num_new_pages_extend,
+    trim_segments,
+)
 from mem_cache_allocator._paired import PairedAllocators, check_own_state
 from mem_cache_allocator._scheduler_hooks import request_slot_reserve
 from mem_cache_allocator.base import BaseTokenToKVPoolAllocator
@@ -124,6 +129,8 @@ class HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
     def get_last_loc_compressed(self, last_locs: torch.Tensor) -> torch.Tensor:
         """``last_locs`` unchanged (no compression; SGLang's coordinator calls it on both
         HiSparse allocators)."""
+        upper = self.full_to_hisparse_device_index_mapping.shape[0] - 1
+        check_slots(last_locs, "last_locs", upper, check=False)
         return last_locs
 
     def get_last_loc_hisparse_device(self, last_locs: torch.Tensor) -> torch.Tensor:
@@ -289,6 +296,8 @@ class HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         with SGLang 0.5.23's set semantics on both sides (the pages of the given slots: any
         order, several requests concatenated, partial pages). Syncs once (the device side is
         data-dependent anyway). Never deferred: free groups only check nesting."""
+        if not isinstance(free_index, torch.Tensor):
+            raise TypeError(f"free_index must be a torch.Tensor, got {type(free_index).__name__}")
         if free_index.numel() == 0:
             return
         dev_pages = self._device_pages_of(free_index, "free_index")
@@ -299,6 +308,7 @@ class HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         """Free ascending ``(slots, start_pos)`` segments of one request: one :meth:`free` of all
         their slots (set semantics release a page two segments share once, and every slot's
         device page goes -- trimming the shared page's slots would leave them mapped)."""
+        check_segments_iterable(segments)
         segs = list(segments)
         for _ in trim_segments(segs, self.page_size):  # validates the segments
             pass
