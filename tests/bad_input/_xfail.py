@@ -9,22 +9,9 @@ from __future__ import annotations
 __all__ = ["XFAIL"]
 
 XFAIL: dict[str, str] = {
-    "mem_cache_allocator.hisparse:HiSparseTokenToKVPoolAllocator.free_hisparse[list]": "issue 13 item 7: a list -> \"AttributeError: 'list' object has no attribute 'numel'\", fixed on branch hisparse",
-    "mem_cache_allocator.hisparse:HiSparseTokenToKVPoolAllocator.free_hisparse[object]": "issue 13 item 7: a list -> \"AttributeError: 'list' object has no attribute 'numel'\", fixed on branch hisparse",
-    "mem_cache_allocator.mamba:MambaSlotAllocator.free[meta]": "issue 13 item 7: a meta argument -> 'NotImplementedError: Cannot copy out of meta tensor; no data!', fixed on branch hisparse",
-    "mem_cache_allocator.swa:SWATokenToKVPoolAllocator.set_full_to_swa_mapping": "issue 13 item 7: a list -> \"AttributeError: 'list' object has no attribute 'shape'\", fixed on branch alloc-free",
-    "mem_cache_allocator.swa:SWATokenToKVPoolAllocator.translate_loc_from_full_to_swa[list]": "issue 13 item 7: a list -> 'accepted', fixed on branch alloc-free",
-    "mem_cache_allocator.swa:SWATokenToKVPoolAllocator.translate_loc_from_full_to_swa[meta]": "issue 13 item 7: a list -> 'accepted', fixed on branch alloc-free",
-    "mem_cache_allocator.deepseek_v4_hisparse:DeepSeekV4HiSparseTokenToKVPoolAllocator.free_hisparse[list]": "issue 13 item 7: a list -> \"AttributeError: 'list' object has no attribute 'numel'\", fixed on branch hisparse",
-    "mem_cache_allocator.deepseek_v4_hisparse:DeepSeekV4HiSparseTokenToKVPoolAllocator.free_hisparse[object]": "issue 13 item 7: a list -> \"AttributeError: 'list' object has no attribute 'numel'\", fixed on branch hisparse",
-    "mem_cache_allocator.deepseek_v4_hisparse:DeepSeekV4HiSparseTokenToKVPoolAllocator.free_hisparse_indices": "issue 13 item 7: a list -> \"AttributeError: 'list' object has no attribute 'to'\", fixed on branch hisparse",
     "mem_cache_allocator.deepseek_v4_hisparse:DeepSeekV4HiSparseTokenToKVPoolAllocator.free_swa": "issue 13 item 7: a list -> 'AttributeError: the wrapped PagedTokenToKVPoolAllocator has no free_sw', fixed on branch hisparse",
     "mem_cache_allocator.deepseek_v4_hisparse:DeepSeekV4HiSparseTokenToKVPoolAllocator.translate_loc_from_full_to_swa": "issue 13 item 7: a list -> 'AttributeError: the wrapped PagedTokenToKVPoolAllocator has no transla', fixed on branch hisparse",
     "mem_cache_pool.deepseek_v4:DeepSeekV4TokenToKVPool.translate_loc_from_full_to_swa": "issue 13 item 7: a list -> 'RuntimeError: no full -> swa mapping registered: call register_mapping', fixed on branch pools",
-    "case:mem_cache_allocator.mamba:MambaSlotAllocator.free:free_index:meta": "issue 13 item 7: free_index meta -> 'NotImplementedError: Cannot copy out of meta tensor; no data!', fixed on branch hisparse",
-    "case:mem_cache_allocator.mamba:MambaSlotAllocator.free:free_index:2-D": "issue 13 item 7: free_index 2-D -> 'accepted', fixed on branch hisparse",
-    "case:mem_cache_allocator.mamba:MambaSlotAllocator.free:free_index:out of range": "issue 13 item 5: free_index out of range -> 'accepted', fixed on branch hisparse",
-    "case:mem_cache_allocator.mamba:MambaSlotAllocator.free:free_index:negative": "issue 13 item 5: free_index negative -> 'accepted', fixed on branch hisparse",
     "mem_cache_allocator.hisparse:HiSparseTokenToKVPoolAllocator.get_cpu_copy": "allocator without a kvcache (the suite's HiSparse factory): 'RuntimeError: HiSparseTokenToKVPoolAllocator.get_cpu_copy: this allocator has no kvcache' before the argument is checked (lead to assign: validate indices first, or exempt)",
     "mem_cache_allocator.hisparse:HiSparseTokenToKVPoolAllocator.load_cpu_copy": "allocator without a kvcache (the suite's HiSparse factory): 'RuntimeError: HiSparseTokenToKVPoolAllocator.load_cpu_copy: this allocator has no kvcache' before the argument is checked (lead to assign: validate first, or exempt)",
     "mem_cache_allocator.deepseek_v4_hisparse:DeepSeekV4HiSparseTokenToKVPoolAllocator.get_cpu_copy": "unsupported by the pool: 'NotImplementedError: DeepSeekV4TokenToKVPool does not support get_cpu_copy' (names the pool, not the allocator, so the sweep does not accept it; lead to assign)",

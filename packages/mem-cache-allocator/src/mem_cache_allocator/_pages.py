@@ -12,6 +12,7 @@ import torch
 
 __all__ = [
     "check_cpu_lengths",
+    "check_index_tensor",
     "check_segments_iterable",
     "check_start_pos",
     "num_new_pages_decode",
@@ -87,6 +88,18 @@ def check_start_pos(start_pos: object, name: str = "start_pos") -> int:
     if isinstance(start_pos, bool) or not isinstance(start_pos, int) or start_pos < 0:
         raise ValueError(f"{name} must be a non-negative int, got {start_pos!r}")
     return start_pos
+
+
+def check_index_tensor(name: str, t: object, device: torch.device) -> None:
+    """``TypeError``/``ValueError`` naming ``name`` unless ``t`` is an int32/int64 tensor with
+    data (not on the meta device, unless the allocator's ``device`` is meta: the sync-free
+    tests run allocators there). Host-only: reads no tensor data."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype is not torch.int64 and t.dtype is not torch.int32:
+        raise ValueError(f"{name} must be int32 or int64, got {t.dtype}")
+    if t.is_meta and device.type != "meta":
+        raise ValueError(f"{name} must hold data (on {device}), got a meta tensor")
 
 
 def check_segments_iterable(segments: object) -> None:

@@ -58,6 +58,7 @@ from mem_cache_allocator._hisparse_device import (
 )
 from mem_cache_allocator._pages import (
     check_cpu_lengths,
+    check_index_tensor,
     check_segments_iterable,
     num_new_pages_extend,
     trim_segments,
@@ -504,6 +505,7 @@ class DeepSeekV4HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
     def free_hisparse(self, free_indices: torch.Tensor) -> None:
         """Release the device slots of the compressed entries of logical full slots
         ``free_indices`` and clear their mapping (never deferred)."""
+        check_index_tensor("free_indices", free_indices, self.device)
         if free_indices.numel() == 0:
             return
         check_slots(free_indices, "free_indices", self._full_slots, check=self.debug)
@@ -524,6 +526,7 @@ class DeepSeekV4HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
     def free_hisparse_indices(self, buffer_indices: torch.Tensor) -> None:
         """Release device slots directly (every page they touch, as SGLang's set-semantics
         ``free``; entries <= 0 ignored); never deferred."""
+        check_index_tensor("buffer_indices", buffer_indices, self.device)
         dev = buffer_indices.to(self.device, torch.int64)
         dev = dev[dev > 0]
         if dev.numel():

@@ -43,6 +43,7 @@ from mem_cache_allocator._hisparse_device import (
 from mem_cache_allocator._page_allocator import PageAllocatorState
 from mem_cache_allocator._pages import (
     check_cpu_lengths,
+    check_index_tensor,
     check_segments_iterable,
     num_new_pages_extend,
     trim_segments,
@@ -318,6 +319,7 @@ class HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
     def free_hisparse(self, free_indices: torch.Tensor) -> None:
         """Release the device pages mapped from logical ``free_indices`` and clear the mapping
         (SGLang's set-semantics ``free`` of the mapped device slots)."""
+        check_index_tensor("free_indices", free_indices, self.device)
         if free_indices.numel() == 0:
             return
         self._release(free_indices, self._device_pages_of(free_indices, "free_indices"))
