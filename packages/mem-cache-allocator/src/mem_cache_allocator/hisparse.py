@@ -40,6 +40,7 @@ from mem_cache_allocator._hisparse_device import (
     plan_device_extend,
     surplus_pages,
 )
+from mem_cache_allocator._host_checks import check_extend_device_inputs, check_extend_lengths
 from mem_cache_allocator._page_allocator import PageAllocatorState
 from mem_cache_allocator._pages import (
     check_cpu_lengths,
@@ -196,6 +197,22 @@ class HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         """
         bs = check_cpu_lengths("seq_lens_cpu", seq_lens_cpu)
         check_cpu_lengths("prefix_lens_cpu", prefix_lens_cpu, bs)
+        # host-side input checks before the capacity check (out of room answers None only for
+        # valid inputs); the logical allocator repeats them (cheap, no device sync)
+        for name, t in (
+            ("prefix_lens", prefix_lens),
+            ("seq_lens", seq_lens),
+            ("last_loc", last_loc),
+        ):
+            check_index_tensor(name, t, self.device)
+            if t.dim() != 1 or t.shape[0] != bs:
+                raise ValueError(
+                    f"{name} must be 1-D with {bs} entries, got shape {tuple(t.shape)}"
+                )
+        check_extend_lengths(prefix_lens_cpu, seq_lens_cpu)
+        check_extend_device_inputs(
+            prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, self.page_size
+        )
         pages, _ = num_new_pages_extend(prefix_lens_cpu, seq_lens_cpu, self.page_size)
         if not self._pair.fits(pages, pages):
             return None
