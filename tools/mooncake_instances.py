@@ -1,30 +1,35 @@
-"""Several engine instances sharing one Mooncake Store: cross-instance L3 hits, verified.
+"""Several simulator engines sharing one Mooncake Store: cross-instance L3 hits, verified.
 
 ``python3 tools/dev run --storage mooncake --instances N [--routing round-robin|random]
-[--storage-master HOST:PORT --storage-metadata URL] [--kill-master-at ROUND]
-[--storage-fault-rate P] [--sessions S] [--turns T] [--seed X] [--json PATH]``
-(also ``python -m tools.mooncake_instances ...``).
+[--storage-master HOST:PORT [--storage-metadata URL]] [--kill-master-at WAVE]
+[--storage-fault-rate P] [--requests R] [--seed X] [--json PATH] [simulator options]``
+(also ``python -m tools.mooncake_instances ...``; any other option is a ``tools.simulate``
+option and applies to every instance, e.g. ``--layers``, ``--device-tokens``, ``--faults``).
 
 What runs: a local store (master with HTTP metadata + holder, ``tools.mooncake_store``) unless
-``--storage-master`` names one, and N instance processes, each with its own host pool (L2) and a
-``StorageController`` on a ``HiCacheMooncake`` backend. The workload is S sessions of T turns;
-in round ``r`` every session runs its turn ``r`` on the instance the router picks (round-robin
-over ``session + turn`` or seeded random), so a session's turns land on different instances.
-Rounds are barriers: a turn starts only after the session's previous turn finished elsewhere.
+``--storage-master`` names one, and N instance processes. Each runs the simulator's real engine
+(``tools.simulate``: device pool + allocator + request table as L1, host pool as L2, the
+storage tier on a ``HiCacheMooncake`` backend as L3, every L2/L3-loaded page verified bit-exact
+on the device, the slot-conservation check every step and the leak check at the end).
 
-A turn of session ``s`` with ``h`` history pages and ``n`` new pages: look up and prefetch the
-history from L3 (``lookup`` + ``prefetch``), check every loaded page bit-exact against the
-session's deterministic content (a seeded function of session and page index), then write the
-history pages that were not loaded (recomputed) and the new pages through the controller
-(``write``: only missing keys). These instances keep nothing between turns beyond L3, so every
-returning turn exercises the store. A loaded page is a *cross-instance hit* when the turn that
-produced it ran on another instance.
+The workload is the simulator's (sessions of several turns; the same seeded workload in every
+process). Turns run in waves: wave ``w`` holds turn ``w`` of every session that has one, each
+routed to an instance (``round-robin``: ``(session + turn) % N``, so consecutive turns of a
+session land on different instances; ``random``: seeded). A wave is a barrier: an instance runs
+its share of the wave to completion, then publishes every prefix it caches (device prefixes
+backed up to a staging host page, host prefixes as they are) to the store, and only then does the
+next wave start, so a later turn always finds its earlier turn's pages in L3 if the store kept
+them.
 
-Faults: ``--kill-master-at R`` SIGKILLs the master before round R and restarts it after that
-round (the restarted master has no objects: misses); ``--storage-fault-rate`` wraps the backend
-in the simulator's seeded fault injector (failed, slow, corrupted calls). In every instance the
-run checks: integrity failures (a loaded page with other bytes) and leaks (prefetch
-reservations left, host pages not returned) must be zero; the exit status is 1 otherwise.
+Cross-instance hits: every instance logs the keys its backend stored (``batch_set_v1`` results)
+and the keys of every L3 hit that was verified on the device; the coordinator keeps a writer
+table (key -> instance that last stored it) and counts a hit page as cross-instance when its
+writer is another instance.
+
+Faults: ``--kill-master-at W`` SIGKILLs the master before wave W and restarts it after that wave
+(the restarted master holds no objects: misses); ``--storage-fault-rate`` wraps each backend in
+the simulator's seeded fault injector (failed, slow and partial calls). Exit status 1 when any
+instance has an integrity failure or a leak.
 """
 
 from __future__ import annotations
@@ -35,172 +40,175 @@ import multiprocessing as mp
 import random
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, replace
 from multiprocessing.connection import Connection
 from typing import Any
 
-import torch
-
-PAGE = 16
+__all__ = ["build_parser", "main", "run"]
 
 
-@dataclass
-class InstanceReport:
-    instance: int
-    turns: int = 0
-    returning_turns: int = 0
-    history_pages: int = 0
-    hit_pages: int = 0
-    cross_instance_hit_pages: int = 0
-    integrity_failures: int = 0
-    pages_written: int = 0
-    pages_write_failed: int = 0
-    bytes_loaded: int = 0
-    load_seconds: float = 0.0
-    bytes_written: int = 0
-    write_seconds: float = 0.0
-    prefetch_statuses: dict[str, int] = field(default_factory=dict)
-    leaked_reserved_pages: int = 0
-    leaked_host_slots: int = 0
-
-    @property
-    def load_gbps(self) -> float:
-        return self.bytes_loaded / self.load_seconds / 1e9 if self.load_seconds else 0.0
-
-    @property
-    def write_gbps(self) -> float:
-        return self.bytes_written / self.write_seconds / 1e9 if self.write_seconds else 0.0
-
-
-def _page_content(session: int, page: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
-    gen = torch.Generator().manual_seed((session * 1_000_003 + page) & 0x7FFF_FFFF)
-    raw = torch.randint(0, 256, (numel * torch.empty(0, dtype=dtype).element_size(),),
-                        dtype=torch.uint8, generator=gen)
-    return raw.view(dtype)
+def _publish(engine: Any, l3: Any, published: dict[int, int]) -> None:
+    """Write every cached prefix of ``engine`` not published yet (``published``: session ->
+    tokens written by an earlier call) to L3, device ones through a host staging copy; nothing
+    is dropped."""
+    host = engine.stack.host_pool
+    ps = engine.ps
+    for session in list(engine.store.sessions()):
+        entry = engine.store.take(session)
+        if entry is None:
+            continue
+        engine.store.put(entry)
+        if entry.length <= published.get(int(session), 0):
+            continue
+        keys = l3.keys(int(entry.session), entry.length // ps)
+        if entry.tier == "host":
+            l3.controller.write(keys, entry.slots)
+            published[int(session)] = entry.length
+            continue
+        staging = host.alloc(entry.length)
+        if staging is None:  # host full of cached prefixes: try again after the next wave
+            continue
+        try:
+            if engine.transfers.backup(entry.slots, staging):
+                l3.controller.write(keys, staging)
+                published[int(session)] = entry.length
+        finally:
+            host.free(staging)
 
 
-def _tokens(session: int, pages: int) -> list[int]:
-    return [(session * 7919 + i * 104729) % 50_000 for i in range(pages * PAGE)]
-
-
-def _instance(idx: int, conn: Connection, options: dict[str, Any], fault_rate: float,
-              seed: int) -> None:
-    from mem_cache_pool import MHATokenToKVPool
-    from mem_cache_pool_host import MHATokenToKVPoolHost
-    from mem_cache_storage import HiCacheStorageConfig, page_hashes
-    from mem_cache_storage.controller import StorageController
-    from mem_cache_storage.mooncake import HiCacheMooncake
-
-    dev = MHATokenToKVPool(64 * PAGE, PAGE, torch.bfloat16, 4, 64, 4, "cpu")
-    host = MHATokenToKVPoolHost(dev, host_to_device_ratio=4.0, layout="page_first",
-                                pin_memory=False)
-    free0 = host.available_size()
-    cfg = HiCacheStorageConfig(model_name="multi-instance", extra_config={
-        **options, "model_fingerprint": f"seed{seed}", "retry_backoff_s": 0.2,
-        "max_backoff_s": 1.0})
-    backend: Any = HiCacheMooncake(cfg, host)
-    if fault_rate:
-        from tools.simulate.storage_faults import FaultyStorage
-
-        backend = FaultyStorage(backend, fault_rate, seed + idx, 0.3)
-    ctl = StorageController(backend, host, prefetch_budget_pages=64)
-    numel = host.get_dummy_flat_data_page().numel()
-    dtype = host.get_dummy_flat_data_page().dtype
-    rep = InstanceReport(idx)
-    while True:
-        msg = conn.recv()
-        if msg is None:
-            break
-        for session, history, new, owners in msg:
-            rep.turns += 1
-            keys = page_hashes(_tokens(session, history + new), PAGE)
-            loaded = 0
-            if history:
-                rep.returning_turns += 1
-                rep.history_pages += history
-                res = ctl.prefetch(keys[:history]).wait(timeout=10 if fault_rate else 60)
-                rep.prefetch_statuses[res.status] = rep.prefetch_statuses.get(res.status, 0) + 1
-                if res.status == "done":
-                    for j in range(res.pages):
-                        got = host.get_data_page(int(res.host_indices[j * PAGE]))
-                        want = _page_content(session, j, numel, dtype)
-                        if torch.equal(got.view(torch.uint8), want.view(torch.uint8)):
-                            loaded += 1
-                            rep.hit_pages += 1
-                            rep.cross_instance_hit_pages += owners[j] != idx
-                        else:
-                            rep.integrity_failures += 1
-                            break
-                    host.free(res.host_indices)
-            todo = list(range(loaded, history + new))  # recomputed history + new pages
-            slots = host.alloc(len(todo) * PAGE)
-            if slots is None:
-                raise RuntimeError("instance host pool too small for one turn")
-            for k, j in enumerate(todo):
-                host.set_from_flat_data_page(int(slots[k * PAGE]),
-                                             _page_content(session, j, numel, dtype))
-            w = ctl.write([keys[j] for j in todo], slots)
-            rep.pages_write_failed += w.failed
-            host.free(slots)
-        conn.send("ok")
-    ctl.close()
-    stats = ctl.stats()
-    rep.pages_written = stats.pages_written
-    rep.bytes_loaded, rep.load_seconds = stats.bytes_loaded, stats.load_seconds
-    rep.bytes_written, rep.write_seconds = stats.bytes_written, stats.write_seconds
-    rep.leaked_reserved_pages = ctl.reserved_pages
-    rep.leaked_host_slots = free0 - host.available_size()
-    inner = backend.inner if fault_rate else backend
-    inner.close()
-    conn.send(asdict(rep) | {"load_gbps": rep.load_gbps, "write_gbps": rep.write_gbps})
-
-
-def _route(mode: str, rng: random.Random, session: int, turn: int, n: int) -> int:
-    return (session + turn) % n if mode == "round-robin" else rng.randrange(n)
-
-
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    from tools.mooncake_store import LocalMooncakeStore
-
-    store = None
-    if args.storage_master:
-        options = {"master_server_address": args.storage_master,
-                   "metadata_server": args.storage_metadata
-                   or f"http://{args.storage_master.rsplit(':', 1)[0]}:8080/metadata"}
+def _drop_stale(engine: Any, spec: Any, turn: int) -> None:
+    """Free this instance's cached prefix of ``spec`` when it is shorter than the history of
+    ``turn`` (an earlier turn ran here, a later one elsewhere): the engine serves a cached prefix
+    from one tier only, and L3 holds the longer one."""
+    ps = engine.ps
+    entry = engine.store.take(spec.session)
+    if entry is None:
+        return
+    if entry.length >= spec.history_len(turn) // ps * ps:
+        engine.store.put(entry)
+        return
+    if entry.tier == "device":
+        engine.stack.allocator.free(entry.slots)
     else:
-        store = LocalMooncakeStore(segment_bytes=args.segment_mib << 20).start()
-        options = store.client_options()
-    rng = random.Random(args.seed)
-    wl = random.Random(args.seed + 1)
-    new_pages = {(s, t): wl.randint(1, 3) for s in range(args.sessions)
-                 for t in range(args.turns)}
-    ctx = mp.get_context("spawn")
-    pipes, procs = [], []
+        engine.stack.host_pool.free(entry.slots)
+
+
+def _instance(idx: int, conn: Connection, cfg: Any) -> None:
+    import torch
+
+    from tools.simulate.engine import Engine
+    from tools.simulate.faults import FaultInjector
+    from tools.simulate.integrity import leak_check
+    from tools.simulate.report import report_dict
+    from tools.simulate.stack import build_stack
+    from tools.simulate.stats import SimStats
+    from tools.simulate.storage_tier import StorageTier
+    from tools.simulate.workload import generate_workload
+
+    torch.set_num_threads(cfg.threads)
     t0 = time.perf_counter()
+    workload = generate_workload(cfg)
+    sessions = {s.session: s for s in workload.sessions}
+    stack = build_stack(cfg, workload.max_context_len + 1)
+    stats = SimStats(device_capacity=stack.device_capacity, host_capacity=stack.host_capacity,
+                     bytes_per_token=stack.bytes_per_token)
+    l3 = StorageTier(stack, directory=None, write_policy=cfg.storage_write,
+                     fault_rate=cfg.storage_fault_rate, seed=cfg.seed + 7919 * idx)
+    engine = Engine(workload, stack, stats, FaultInjector(cfg.faults, cfg.seed + idx), l3,
+                    follow_ups=False)
+    published: dict[int, int] = {}
+    try:
+        while True:
+            msg = conn.recv()
+            if msg is None:
+                break
+            for session, turn in msg:
+                _drop_stale(engine, sessions[session], turn)
+                engine.submit(sessions[session], turn)
+            while not engine.done():
+                engine.step()
+            _publish(engine, l3, published)
+            conn.send((l3.take_written_keys(), l3.take_hit_keys()))
+        engine.check()
+        engine.drain()
+    finally:
+        engine.close()
+        l3.close()
+        stats.l3 = l3.stats
+    engine.check()
+    leak_check(stack, stats)
+    budget = l3.controller.prefetch_budget_pages
+    stats.leaks["l3 prefetch"] = (budget - l3.stats.prefetch_reserved_at_end, budget)
+    stack.host_pool.close()
+    stats.wall_s = time.perf_counter() - t0
+    conn.send(report_dict(cfg, stats))
+
+
+def _waves(cfg: Any, routing: str, n: int, seed: int) -> list[list[list[tuple[int, int]]]]:
+    """``waves[w][i]``: the (session, turn) pairs instance ``i`` runs in wave ``w``."""
+    from tools.simulate.workload import generate_workload
+
+    workload = generate_workload(cfg)
+    rng = random.Random(seed ^ 0x5EED)
+    depth = max(len(s.turns) for s in workload.sessions)
+    waves: list[list[list[tuple[int, int]]]] = []
+    for turn in range(depth):
+        wave: list[list[tuple[int, int]]] = [[] for _ in range(n)]
+        for s in workload.sessions:
+            if turn < len(s.turns):
+                inst = (int(s.session) + turn) % n if routing == "round-robin" \
+                    else rng.randrange(n)
+                wave[inst].append((int(s.session), turn))
+        waves.append(wave)
+    return waves
+
+
+def run(args: argparse.Namespace, sim_argv: list[str]) -> dict[str, Any]:
+    from tools.mooncake_store import LocalMooncakeStore
+    from tools.simulate.config import build_parser as sim_parser
+    from tools.simulate.config import config_from_args
+
+    cfg = config_from_args(sim_parser().parse_args(sim_argv))
+    if cfg.model not in ("mha", "mla"):
+        raise ValueError(f"--model {cfg.model} has no storage tier: the multi-instance run needs "
+                         "mha or mla")
+    cfg = replace(cfg, storage="mooncake", storage_master=args.storage_master,
+                  storage_metadata=args.storage_metadata,
+                  storage_fault_rate=args.storage_fault_rate)
+    store = None
+    if not args.storage_master:
+        store = LocalMooncakeStore(segment_bytes=args.segment_mib << 20).start()
+        cfg = replace(cfg, storage_master=store.master_address,
+                      storage_metadata=store.metadata_server)
+    waves = _waves(cfg, args.routing, args.instances, cfg.seed)
+    ctx = mp.get_context("spawn")
+    pipes: list[Connection] = []
+    procs = []
+    writer: dict[str, int] = {}
+    cross = [0] * args.instances
+    hit_pages = [0] * args.instances
+    t0 = time.perf_counter()
+    reports: list[dict[str, Any]] = []
     try:
         for i in range(args.instances):
             parent, child = ctx.Pipe()
-            p = ctx.Process(target=_instance, args=(i, child, options,
-                                                    args.storage_fault_rate, args.seed))
+            p = ctx.Process(target=_instance, args=(i, child, cfg))
             p.start()
             pipes.append(parent)
             procs.append(p)
-        owners: dict[int, list[int]] = {s: [] for s in range(args.sessions)}
-        for turn in range(args.turns):
-            if store is not None and turn == args.kill_master_at:
+        for w, wave in enumerate(waves):
+            if store is not None and w == args.kill_master_at:
                 store.kill_master()
-            work: list[list[Any]] = [[] for _ in range(args.instances)]
-            for s in range(args.sessions):
-                inst = _route(args.routing, rng, s, turn, args.instances)
-                history = len(owners[s])
-                work[inst].append((s, history, new_pages[s, turn], list(owners[s])))
-                owners[s].extend([inst] * new_pages[s, turn])
-            for pipe, w in zip(pipes, work):
-                pipe.send(w)
-            for pipe in pipes:
-                if pipe.recv() != "ok":
-                    raise RuntimeError("an instance failed")
-            if store is not None and turn == args.kill_master_at:
+            for pipe, work in zip(pipes, wave, strict=True):
+                pipe.send(work)
+            results = [pipe.recv() for pipe in pipes]
+            for i, (_, hits) in enumerate(results):  # writers as of the wave's start
+                hit_pages[i] += len(hits)
+                cross[i] += sum(1 for k in hits if writer.get(k, i) != i)
+            for i, (written, _) in enumerate(results):
+                for k in written:
+                    writer[k] = i
+            if store is not None and w == args.kill_master_at:
                 store.start_master()
                 if not store.wait_mounted():
                     raise RuntimeError("the holder did not re-mount its segment")
@@ -214,74 +222,117 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 p.kill()
         if store is not None:
             store.stop()
-    total: dict[str, Any] = {k: sum(r[k] for r in reports) for k in (
-        "turns", "returning_turns", "history_pages", "hit_pages", "cross_instance_hit_pages",
-        "integrity_failures", "pages_written", "pages_write_failed", "bytes_loaded",
-        "bytes_written", "leaked_reserved_pages", "leaked_host_slots")}
     wall = time.perf_counter() - t0
-    total["wall_s"] = wall
-    ok = total["integrity_failures"] == 0 and not total["leaked_reserved_pages"] \
-        and not total["leaked_host_slots"]
-    return {"instances": reports, "total": total, "ok": ok, "config": vars(args)}
+    rows = []
+    for i, rep in enumerate(reports):
+        st, hits = rep["storage"], rep["hits"]
+        rows.append({
+            "instance": i, "requests": rep["requests"], "returning_turns": hits["returning_turns"],
+            "device_hits": hits["device_hits"], "host_hits": hits["host_hits"],
+            "l3_hits": st["hits"], "l3_hit_rate_turns": st["hit_rate_turns"],
+            "l3_hit_tokens": st["hit_tokens"], "reusable_tokens": hits["reusable_tokens"],
+            "l3_hit_rate_tokens": st["hit_rate_tokens"], "l3_hit_pages": hit_pages[i],
+            "cross_instance_hit_pages": cross[i], "pages_loaded": st["pages_loaded"],
+            "bytes_loaded": st["bytes_loaded"], "load_gb_per_s": st["load_gb_per_s"],
+            "pages_written": st["pages_written"], "pages_write_failed": st["pages_write_failed"],
+            "bytes_written": st["bytes_written"], "write_gb_per_s": st["write_gb_per_s"],
+            "timeouts": st["timeouts"], "backend_errors": st["backend_errors"],
+            "pages_rejected": st["pages_rejected"], "faults": st["faults"],
+            "pages_verified": rep["checks"]["pages_verified"],
+            "integrity_failures": rep["checks"]["integrity_failures"],
+            "failures": rep["checks"]["failures"],
+            "leaks": {k: v for k, v in rep["leaks"].items() if v["available"] != v["capacity"]},
+            "ok": rep["ok"], "wall_s": rep["wall_s"],
+        })
+    summed = ("requests", "returning_turns", "l3_hits", "l3_hit_tokens", "reusable_tokens",
+              "l3_hit_pages", "cross_instance_hit_pages", "pages_loaded", "bytes_loaded",
+              "pages_written", "pages_write_failed", "bytes_written", "pages_verified",
+              "integrity_failures", "timeouts", "pages_rejected")
+    total: dict[str, Any] = {k: sum(r[k] for r in rows) for k in summed}
+    total["leaks"] = sum(len(r["leaks"]) for r in rows)
+    total["l3_hit_rate_turns"] = round(total["l3_hits"] / total["returning_turns"], 4) \
+        if total["returning_turns"] else 0.0
+    total["l3_hit_rate_tokens"] = round(total["l3_hit_tokens"] / total["reusable_tokens"], 4) \
+        if total["reusable_tokens"] else 0.0
+    # instances load and write concurrently: the aggregate rate is the sum of theirs
+    total["load_gb_per_s"] = round(sum(r["load_gb_per_s"] for r in rows), 3)
+    total["write_gb_per_s"] = round(sum(r["write_gb_per_s"] for r in rows), 3)
+    total["waves"] = len(waves)
+    total["wall_s"] = round(wall, 2)
+    ok = bool(rows) and all(r["ok"] for r in rows) and total["integrity_failures"] == 0
+    return {"instances": rows, "total": total, "ok": ok,
+            "config": {**vars(args), "sim": asdict(cfg)}}
 
 
 def _print(doc: dict[str, Any]) -> None:
     cfg = doc["config"]
-    print(f"mooncake multi-instance run: {cfg['instances']} instances, {cfg['sessions']} sessions"
-          f" x {cfg['turns']} turns, routing {cfg['routing']}, kill master at "
+    t = doc["total"]
+    print(f"mooncake multi-instance run: {cfg['instances']} simulator engines, {t['requests']} "
+          f"turns in {t['waves']} waves, routing {cfg['routing']}, kill master at wave "
           f"{cfg['kill_master_at']}, storage fault rate {cfg['storage_fault_rate']}")
-    head = (f"{'inst':>4}{'turns':>7}{'ret':>5}{'hist pg':>9}{'L3 hit':>8}{'x-inst':>8}"
-            f"{'bad':>5}{'written':>9}{'wfail':>7}{'load GB/s':>11}{'write GB/s':>11}"
-            f"{'leaks':>7}  prefetch")
+    head = (f"{'inst':>4}{'turns':>6}{'ret':>5}{'L1 hit':>7}{'L2 hit':>7}{'L3 hit':>7}"
+            f"{'L3 %tok':>8}{'L3 pg':>7}{'x-inst':>7}{'verified':>9}{'written':>8}{'wfail':>6}"
+            f"{'load GB/s':>10}{'write GB/s':>11}{'bad':>4}{'leaks':>6}")
     print(head)
     print("-" * len(head))
     for r in doc["instances"]:
-        print(f"{r['instance']:>4}{r['turns']:>7}{r['returning_turns']:>5}"
-              f"{r['history_pages']:>9}{r['hit_pages']:>8}{r['cross_instance_hit_pages']:>8}"
-              f"{r['integrity_failures']:>5}{r['pages_written']:>9}{r['pages_write_failed']:>7}"
-              f"{r['load_gbps']:>11.3f}{r['write_gbps']:>11.3f}"
-              f"{r['leaked_reserved_pages'] + r['leaked_host_slots']:>7}  "
-              f"{r['prefetch_statuses']}")
-    t = doc["total"]
-    wall = t["wall_s"]
-    print(f"total: L3 hit pages {t['hit_pages']}/{t['history_pages']} "
-          f"(cross-instance {t['cross_instance_hit_pages']}), integrity failures "
-          f"{t['integrity_failures']}, leaks {t['leaked_reserved_pages'] + t['leaked_host_slots']}"
-          f", loaded {t['bytes_loaded'] / 1e6:.1f} MB, written {t['bytes_written'] / 1e6:.1f} MB"
-          f" in {wall:.1f}s -> {'OK' if doc['ok'] else 'FAILED'}")
+        print(f"{r['instance']:>4}{r['requests']:>6}{r['returning_turns']:>5}"
+              f"{r['device_hits']:>7}{r['host_hits']:>7}{r['l3_hits']:>7}"
+              f"{100 * r['l3_hit_rate_tokens']:>7.1f}%{r['l3_hit_pages']:>7}"
+              f"{r['cross_instance_hit_pages']:>7}{r['pages_verified']:>9}"
+              f"{r['pages_written']:>8}{r['pages_write_failed']:>6}{r['load_gb_per_s']:>10.3f}"
+              f"{r['write_gb_per_s']:>11.3f}{r['integrity_failures']:>4}{len(r['leaks']):>6}")
+        for msg in r["failures"]:
+            print(f"     integrity failure: {msg}")
+    print(f"total: L3 hits {t['l3_hits']}/{t['returning_turns']} returning turns "
+          f"({100 * t['l3_hit_rate_turns']:.1f}%), {100 * t['l3_hit_rate_tokens']:.1f}% of "
+          f"prefix tokens; {t['l3_hit_pages']} L3 pages served, {t['cross_instance_hit_pages']} "
+          f"written by another instance; {t['pages_verified']} loaded pages verified bit-exact; "
+          f"L3 load {t['load_gb_per_s']:.3f} GB/s, write {t['write_gb_per_s']:.3f} GB/s "
+          f"(sum over instances); write failures {t['pages_write_failed']}, prefetch timeouts "
+          f"{t['timeouts']}; integrity failures {t['integrity_failures']}, leaks {t['leaks']}; "
+          f"{t['wall_s']:.1f} s -> {'OK' if doc['ok'] else 'FAILED'}")
 
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="tools/dev run --storage mooncake --instances N",
-                                 description=__doc__.splitlines()[0])
+                                 description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--storage", choices=["mooncake"], default="mooncake")
-    ap.add_argument("--instances", type=int, default=2)
+    ap.add_argument("--instances", type=int, default=4)
     ap.add_argument("--routing", choices=["round-robin", "random"], default="round-robin")
     ap.add_argument("--storage-master", default=None, metavar="HOST:PORT")
     ap.add_argument("--storage-metadata", default=None, metavar="URL")
-    ap.add_argument("--kill-master-at", type=int, default=-1, metavar="ROUND")
+    ap.add_argument("--kill-master-at", type=int, default=-1, metavar="WAVE")
     ap.add_argument("--storage-fault-rate", type=float, default=0.0)
-    ap.add_argument("--sessions", type=int, default=16)
-    ap.add_argument("--turns", type=int, default=5)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--segment-mib", type=int, default=512)
+    ap.add_argument("--segment-mib", type=int, default=1024,
+                    help="the local store's holder segment (MiB)")
     ap.add_argument("--json", default=None, metavar="PATH")
     return ap
 
 
+# the simulator defaults for a multi-instance run: a smaller workload per run (each instance
+# serves about requests / instances turns)
+DEFAULT_SIM = ["--requests", "240", "--device-tokens", "8192", "--host-tokens", "8192",
+               "--mean-turns", "4", "--max-running", "32", "--storage-write", "write_back"]
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.instances < 1 or args.sessions < 1 or args.turns < 1:
-        print("error: --instances, --sessions and --turns must be >= 1", file=sys.stderr)
+    args, sim_argv = build_parser().parse_known_args(argv)
+    if args.instances < 1:
+        print("error: --instances must be >= 1", file=sys.stderr)
         return 2
     if not 0.0 <= args.storage_fault_rate <= 1.0:
         print("error: --storage-fault-rate must be in [0, 1]", file=sys.stderr)
         return 2
-    doc = run(args)
+    try:
+        doc = run(args, DEFAULT_SIM + sim_argv)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     _print(doc)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(doc, fh, indent=2)
+            json.dump(doc, fh, indent=2, default=str)
     return 0 if doc["ok"] else 1
 
 

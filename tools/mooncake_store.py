@@ -266,6 +266,14 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.cmd == "holder":
         return _holder(args)
+
+    def _interrupt(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    # SIGTERM, and SIGINT even where the shell started us with it ignored (a background job of a
+    # non-interactive shell), end the loop below, so the master and holder are stopped on exit.
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
     with LocalMooncakeStore(segment_bytes=args.segment_mib << 20) as store:
         print(f"master {store.master_address}  metadata {store.metadata_server}  "
               f"logs {store.workdir}", flush=True)

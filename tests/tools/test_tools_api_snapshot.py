@@ -139,3 +139,28 @@ def test_griffe_check_uses_merge_base_with_origin_main(tmp_path: Path) -> None:
     broken = run_tool("griffe_check", "--root", root)
     assert broken.returncode == 1, broken.stdout + broken.stderr
     assert f"against {base[:12]}" in broken.stdout
+
+
+def test_members_inherited_from_private_bases_are_listed() -> None:
+    """A method moved into a private mixin stays in the public class's snapshot; a public
+    base's members stay with that base."""
+    import types
+
+    from mem_cache_refactor.api_snapshot import _public_members
+
+    private = types.ModuleType("demo._mixins")
+    exec(
+        "class Mixin:\n"
+        "    def shared(self, n: int) -> int:\n"
+        "        return n\n",
+        private.__dict__,
+    )
+    public = types.ModuleType("demo.base")
+    exec("class Base:\n    def inherited(self) -> None: ...\n", public.__dict__)
+
+    class Allocator(private.Mixin, public.Base):  # type: ignore[name-defined,misc]
+        def own(self) -> None: ...
+
+    members = _public_members(Allocator)
+    assert set(members) == {"own", "shared"}
+    assert members["shared"] == {"kind": "method", "signature": "(self, n: 'int') -> 'int'"}

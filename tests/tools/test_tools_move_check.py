@@ -228,3 +228,44 @@ def test_sites_of_a_silent_reexport_are_listed_but_allowed(synth: tuple[SynthRep
     assert "old path highpkg.models.Widget: reexport" in out
     assert "import sites of the old path (1), allowed" in out
     assert "highpkg/use.py:1: from highpkg.models import Widget" in out
+
+
+def test_removal_of_a_private_old_path_needs_no_shim(synth: tuple[SynthRepo, str]) -> None:
+    """A definition moved out of a private module (``highpkg._impl``) leaves no shim: nobody
+    outside the package may import that path, so ``gone`` is accepted without a flag; the same
+    move out of a public module still fails."""
+    repo, _ = synth
+    impl = WIDGET
+    repo.write({"highpkg/_impl.py": impl, "highpkg/models.py": '''
+        """Models."""
+
+        from highpkg._impl import Widget
+
+
+        def make() -> Widget:
+            return Widget(1)
+    ''', "highpkg/use.py": '''
+        from highpkg._impl import Widget
+
+
+        def build(n: int) -> Widget:
+            return Widget(n)
+    '''})
+    private = repo.commit("Widget lives in a private module")
+    repo.remove("highpkg/_impl.py")
+    repo.write({"lowpkg/widgets.py": WIDGET, "highpkg/models.py": '''
+        """Models."""
+
+        from lowpkg.widgets import Widget
+
+
+        def make() -> Widget:
+            return Widget(1)
+    ''', "highpkg/use.py": USE_NEW})
+    moved = repo.commit("move Widget from highpkg._impl down to lowpkg.widgets")
+    result = check(repo.root, private, moved)
+    text = render_text(result)
+    assert result.ok, text
+    [move] = result.to_json()["moves"]
+    assert move["old_path"]["status"] == "gone"
+    assert "[removal accepted: private path]" in text

@@ -7,7 +7,9 @@ an LRU store (``prefix_store.py``) that spills to the host pool and loads back l
 (``hicache.py``) and to the storage tier L3 (``storage_tier.py``: write-back of evicted host
 pages, prefetch of returning turns that miss L1 and L2), injects transfer and storage faults
 (``faults.py``, ``storage_faults.py``), checks slot conservation and content
-integrity (``integrity.py``) and reports (``report.py``). Run ``python -m tools.simulate --help``.
+integrity (``integrity.py``) and reports (``report.py``). ``--model dsv4`` runs the same workload
+over the DeepSeek-V4 HiSparse stack (``dsv4_stack.py``, ``dsv4.py``; device and host tiers, no
+L3). Run ``python -m tools.simulate --help``.
 """
 
 from __future__ import annotations

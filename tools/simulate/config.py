@@ -34,10 +34,10 @@ DTYPES: dict[str, torch.dtype] = {
 }
 HOST_LAYOUTS = ("layer_first", "page_first", "page_first_direct")
 IO_BACKENDS = ("kernel", "direct")
-STORAGE_BACKENDS = ("none", "file")
+STORAGE_BACKENDS = ("none", "file", "mooncake")
 STORAGE_WRITE_POLICIES = ("write_back", "write_through")
 
-Model = Literal["mha", "mla"]
+Model = Literal["mha", "mla", "dsv4"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -50,7 +50,10 @@ class SimConfig:
     directory when ``None``), written under ``storage_write``, bounded by
     ``storage_capacity_mb`` (0: unlimited); ``storage_fault_rate`` is the probability that one
     storage call fails, is slow, corrupts a page or stops partway; ``restart_at`` (>= 0) is the
-    step at which the engine restarts (caches flushed to L3 and dropped).
+    step at which the engine restarts (caches flushed to L3 and dropped). With ``storage``
+    ``"mooncake"`` the L3 is a Mooncake Store: the one at ``storage_master`` (``HOST:PORT``,
+    metadata server ``storage_metadata``, default ``http://HOST:8080/metadata``), or a local
+    store (master + holder) started for the run when ``storage_master`` is ``None``.
     """
 
     model: Model = "mha"
@@ -90,6 +93,8 @@ class SimConfig:
     storage_capacity_mb: int = 0
     storage_fault_rate: float = 0.0
     restart_at: int = -1
+    storage_master: str | None = None
+    storage_metadata: str | None = None
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -116,8 +121,8 @@ class SimConfig:
                 f"host_tokens must hold at least one page ({self.page_size} tokens at page size "
                 f"{self.page_size}), got {self.host_tokens}"
             )
-        if self.model not in ("mha", "mla"):
-            raise ValueError(f"model must be 'mha' or 'mla', got {self.model!r}")
+        if self.model not in ("mha", "mla", "dsv4"):
+            raise ValueError(f"model must be 'mha', 'mla' or 'dsv4', got {self.model!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         if self.host_layout not in HOST_LAYOUTS:
@@ -154,7 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
         "hierarchical caching (device pool <-> host pool), with integrity checks and a report.",
     )
     m = p.add_argument_group("model shape")
-    m.add_argument("--model", choices=("mha", "mla"), default=d.model)
+    m.add_argument("--model", choices=("mha", "mla", "dsv4"), default=d.model,
+                   help="dsv4: the DeepSeek-V4 HiSparse stack (tools/simulate/dsv4.py)")
     m.add_argument("--layers", type=int, default=d.layers)
     m.add_argument("--heads", type=int, default=d.heads, help="MHA KV heads")
     m.add_argument("--head-dim", type=int, default=d.head_dim, help="MHA head dim")
@@ -194,7 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="torch intra-op threads (1 is fastest for these small ops on a busy CPU)")
     st = p.add_argument_group("storage tier (L3)")
     st.add_argument("--storage", choices=STORAGE_BACKENDS, default=d.storage,
-                    help="L3 backend: 'file' (one file per page in --storage-dir) or 'none'")
+                    help="L3 backend: 'file' (one file per page in --storage-dir), 'mooncake' "
+                    "(a Mooncake Store: --storage-master, or a local one started for the run) "
+                    "or 'none'")
     st.add_argument("--storage-dir", default=d.storage_dir, metavar="DIR",
                     help="L3 directory (default: a temporary directory, removed afterwards)")
     st.add_argument("--storage-write", choices=STORAGE_WRITE_POLICIES, default=d.storage_write,
@@ -207,6 +215,11 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--restart-at", type=int, default=d.restart_at, metavar="STEP",
                     help="restart the engine at this step: device and host caches are flushed "
                     "to L3 and dropped, so the next turns are served by the warm L3")
+    st.add_argument("--storage-master", default=d.storage_master, metavar="HOST:PORT",
+                    help="--storage mooncake: join this Mooncake master instead of starting a "
+                    "local store")
+    st.add_argument("--storage-metadata", default=d.storage_metadata, metavar="URL",
+                    help="--storage mooncake: metadata server (default http://HOST:8080/metadata)")
     o = p.add_argument_group("output")
     o.add_argument("--json", metavar="PATH", default=None,
                    help="also write the report as JSON to PATH ('-' for stdout only)")

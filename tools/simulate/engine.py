@@ -63,7 +63,7 @@ class Engine:
 
     def __init__(
         self, workload: Workload, stack: MemoryStack, stats: SimStats, faults: FaultInjector,
-        l3: StorageTier | None = None,
+        l3: StorageTier | None = None, *, follow_ups: bool = True,
     ) -> None:
         self.cfg = stack.cfg
         self.stack = stack
@@ -76,7 +76,12 @@ class Engine:
         self.ready: deque[tuple[SessionSpec, int]] = deque()
         self._later: list[tuple[int, SessionId, int]] = []  # (ready step, session, turn)
         self._sessions = {s.session: s for s in workload.sessions}
-        self._arrivals = deque(sorted(workload.sessions, key=lambda s: s.arrival_step))
+        # follow_ups=False: no arrivals of their own; turns come from submit() and a finished
+        # turn queues nothing (a multi-instance driver routes each turn to an instance)
+        self.follow_ups = follow_ups
+        self._arrivals = deque(
+            sorted(workload.sessions, key=lambda s: s.arrival_step) if follow_ups else ()
+        )
         self.total_requests = workload.requests
         self.device = stack.device
         self._blocked = 0  # steps the queue head has waited for memory
@@ -113,6 +118,10 @@ class Engine:
         self.stats.steps += 1
         if self.stats.steps % self.cfg.check_every == 0:
             self.check()
+
+    def submit(self, spec: SessionSpec, turn: int) -> None:
+        """Queue turn ``turn`` of ``spec`` now (its earlier turns ran, here or elsewhere)."""
+        self.ready.append((spec, turn))
 
     def check(self) -> None:
         check_conservation(self.stack, self.store, (r.seq_len for r in self.running), self.stats)
@@ -446,7 +455,7 @@ class Engine:
                         allocator.free(slots[aligned:])
                 stack.req_pool.free(r.row)
                 stats.requests_done += 1
-                if r.turn + 1 < len(r.spec.turns):
+                if self.follow_ups and r.turn + 1 < len(r.spec.turns):
                     heapq.heappush(
                         self._later,
                         (stats.steps + self.cfg.think_steps, r.spec.session, r.turn + 1),

@@ -95,6 +95,8 @@ def render_report(console: Console, cfg: SimConfig, stats: SimStats) -> None:
     """Print the report table (and any integrity failure messages) to ``console``."""
     shape = (f"{cfg.heads}x{cfg.head_dim}" if cfg.model == "mha"
              else f"{cfg.kv_lora_rank}+{cfg.qk_rope_head_dim}")
+    if cfg.model == "dsv4":  # fixed 584-byte records (448 fp8 + 64 bf16 + scales); --dtype unused
+        shape = "584B-records"
     title = (f"mem-cache simulation: {cfg.model.upper()} {cfg.layers}L {shape} {cfg.dtype}, "
              f"page {cfg.page_size}, host {cfg.host_layout}/{cfg.io_backend}, "
              f"device {cfg.device}, seed {cfg.seed}")

@@ -8,6 +8,7 @@ from collections.abc import Callable
 import torch
 
 from tools.simulate.config import SimConfig
+from tools.simulate.dsv4 import run_dsv4
 from tools.simulate.engine import Engine
 from tools.simulate.faults import FaultInjector
 from tools.simulate.integrity import leak_check
@@ -38,6 +39,8 @@ def run_simulation(cfg: SimConfig, progress: ProgressFn | None = None) -> SimSta
 
 
 def _run(cfg: SimConfig, progress: ProgressFn | None) -> SimStats:
+    if cfg.model == "dsv4":
+        return run_dsv4(cfg, progress)
     t0 = time.perf_counter()
     workload = generate_workload(cfg)
     stack = build_stack(cfg, workload.max_context_len + 1)
@@ -47,7 +50,7 @@ def _run(cfg: SimConfig, progress: ProgressFn | None) -> SimStats:
         bytes_per_token=stack.bytes_per_token,
     )
     l3 = None
-    if cfg.storage == "file":
+    if cfg.storage in ("file", "mooncake"):
         l3 = StorageTier(stack, directory=cfg.storage_dir, write_policy=cfg.storage_write,
                          fault_rate=cfg.storage_fault_rate, seed=cfg.seed,
                          capacity_bytes=cfg.storage_capacity_mb << 20)

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from mem_cache_storage import HiCacheFile, HiCacheStorage, HiCacheStorageExtraInfo
+from mem_cache_storage.backend import PageStorageBackend
 
 __all__ = ["FaultyStorage", "InjectedStorageError", "STORAGE_FAULT_KINDS"]
 
@@ -37,12 +38,21 @@ class InjectedStorageError(OSError):
 
 
 class FaultyStorage(HiCacheStorage):
-    """A :class:`HiCacheFile` whose zero-copy calls suffer seeded faults (see the module)."""
+    """A storage backend whose zero-copy calls suffer seeded faults (see the module).
 
-    def __init__(self, inner: HiCacheFile, rate: float, seed: int, slow_s: float) -> None:
+    ``corrupt`` needs a backend with one file per page (:class:`HiCacheFile`); on other backends
+    (Mooncake) it is not drawn. ``written`` logs every key a ``batch_set_v1`` stored (in order),
+    for the multi-instance run's writer table; the caller empties it.
+    """
+
+    def __init__(self, inner: PageStorageBackend, rate: float, seed: int,
+                 slow_s: float) -> None:
         if not 0.0 <= rate <= 1.0:
             raise ValueError(f"rate must be in [0, 1], got {rate}")
         self.inner = inner
+        self.kinds = STORAGE_FAULT_KINDS if isinstance(inner, HiCacheFile) else tuple(
+            k for k in STORAGE_FAULT_KINDS if k != "corrupt")
+        self.written: list[str] = []
         self.rate = rate
         self.slow_s = slow_s
         self.storage_config = inner.storage_config
@@ -62,11 +72,13 @@ class FaultyStorage(HiCacheStorage):
         with self._lock:
             if self.rate == 0.0 or self._rng.random() >= self.rate:
                 return None, 0
-            kind = self._rng.choice(STORAGE_FAULT_KINDS)
+            kind = self._rng.choice(self.kinds)
             self.injected[kind] += 1
             return kind, self._rng.randrange(max(1, n))
 
     def _corrupt(self, key: str) -> bool:
+        if not isinstance(self.inner, HiCacheFile):
+            return False
         path = self.inner.page_path(key)
         try:
             data = bytearray(path.read_bytes())
@@ -117,8 +129,10 @@ class FaultyStorage(HiCacheStorage):
         if kind == "partial":
             ps = self.inner.keyspace.page_size
             done = self.inner.batch_set_v1(keys[:at], host_indices[: at * ps], extra_info)
+            self.written.extend(k for k, o in zip(keys, done, strict=False) if o)
             return done + [False] * (len(keys) - at)
         ok = self.inner.batch_set_v1(keys, host_indices, extra_info)
+        self.written.extend(k for k, o in zip(keys, ok, strict=False) if o)
         if kind == "corrupt" and keys:
             self._corrupt(keys[at])
         return ok

@@ -1,4 +1,5 @@
-"""The storage tier (L3) of the simulator: a file backend in a directory plus the controller.
+"""The storage tier (L3) of the simulator: a file backend in a directory (or a Mooncake Store,
+``storage="mooncake"``) plus the controller.
 
 * Token ids are a deterministic function of (session, position), so a session's history always
   has the same chained page hashes (``mem_cache_storage.page_hashes``); the engine's content
@@ -112,8 +113,17 @@ class StorageTier:
         self.seed = seed
         self.capacity_bytes = capacity_bytes
         self.timeout_s = FAULT_TIMEOUT_S if fault_rate else TIMEOUT_S
-        self.stats = L3Stats(backend="file", directory=str(self.directory),
+        self.mooncake = stack.cfg.storage == "mooncake"
+        self._store: Any = None  # a local Mooncake Store this tier started (and stops)
+        self.mooncake_options: dict[str, object] = {}
+        if self.mooncake:
+            self.mooncake_options = self._mooncake_options()
+        self.stats = L3Stats(backend=stack.cfg.storage,
+                             directory=str(self.mooncake_options.get("master_server_address",
+                                                                      self.directory)),
                              write_policy=write_policy)
+        self.hit_keys: list[str] = []  # keys of every L3 hit verified on the device (in order)
+        self._pending: list[str] = []
         self._faults: dict[str, int] = dict.fromkeys(STORAGE_FAULT_KINDS, 0)
         self._latency = LatencyRecorder()
         self._hashes: dict[int, list[str]] = {}
@@ -122,16 +132,37 @@ class StorageTier:
         self._open(first=True)
 
     # --------------------------------------------------------------- lifecycle
+    def _mooncake_options(self) -> dict[str, object]:
+        cfg = self.stack.cfg
+        if cfg.storage_master:
+            host = cfg.storage_master.rsplit(":", 1)[0]
+            return {"master_server_address": cfg.storage_master, "protocol": "tcp",
+                    "metadata_server": cfg.storage_metadata or f"http://{host}:8080/metadata"}
+        from tools.mooncake_store import LocalMooncakeStore
+
+        segment = max(64 << 20, 2 * self.stack.host_capacity * self.stack.bytes_per_token)
+        self._store = LocalMooncakeStore(segment_bytes=segment).start()
+        options: dict[str, object] = self._store.client_options()
+        return options
+
     def _open(self, first: bool = False) -> None:
         cfg = self.stack.cfg
+        extra: dict[str, object] = {"model_fingerprint": f"seed{cfg.seed}-{cfg.dtype}"}
         config = HiCacheStorageConfig(
             is_mla_model=cfg.model == "mla",
             model_name=f"sim-{cfg.model}-{cfg.layers}L",
-            extra_config={"model_fingerprint": f"seed{cfg.seed}-{cfg.dtype}"},
+            extra_config=extra | self.mooncake_options | (
+                {"retry_backoff_s": 0.2, "max_backoff_s": 1.0} if self.mooncake else {}),
         )
-        self.file = HiCacheFile(config, storage_dir=str(self.directory),
-                                capacity_bytes=self.capacity_bytes)
-        if first and self._own_dir:
+        self.file: Any
+        if self.mooncake:
+            from mem_cache_storage.mooncake import HiCacheMooncake
+
+            self.file = HiCacheMooncake(config, self.stack.host_pool)
+        else:
+            self.file = HiCacheFile(config, storage_dir=str(self.directory),
+                                    capacity_bytes=self.capacity_bytes)
+        if first and self._own_dir and not self.mooncake:
             self.file.clear()
         self.storage = FaultyStorage(self.file, self.fault_rate, self.seed + self.stats.restarts,
                                      SLOW_S)
@@ -152,7 +183,7 @@ class StorageTier:
         s.write_seconds += c.write_seconds
         s.backend_errors += c.backend_errors + self.file.get_stats().errors
         s.pages_rejected += self.file.get_stats().rejected
-        s.pages_evicted += self.file.get_stats().evicted
+        s.pages_evicted += getattr(self.file.get_stats(), "evicted", 0)
         for kind, n in self.storage.injected.items():
             self._faults[kind] += n
 
@@ -160,6 +191,8 @@ class StorageTier:
         self.controller.close()
         self.stats.prefetch_reserved_at_end = self.controller.reserved_pages
         self._collect()
+        if self.mooncake:
+            self.file.close()  # unregisters the host pool's buffers
 
     def restart(self) -> None:
         """New backend and controller objects over the same directory (a restarted engine)."""
@@ -175,6 +208,18 @@ class StorageTier:
         self.stats.faults = dict(self._faults)
         if self._own_dir:
             shutil.rmtree(self.directory, ignore_errors=True)
+        if self._store is not None:
+            self._store.stop()
+
+    def take_written_keys(self) -> list[str]:
+        """Keys this tier stored since the last call (the multi-instance writer table)."""
+        keys, self.storage.written = self.storage.written, []
+        return keys
+
+    def take_hit_keys(self) -> list[str]:
+        """Keys of the L3 hits verified since the last call."""
+        keys, self.hit_keys = self.hit_keys, []
+        return keys
 
     # -------------------------------------------------------------------- keys
     def keys(self, session: int, pages: int) -> list[str]:
@@ -222,17 +267,21 @@ class StorageTier:
         self._latency.record(time.perf_counter() - t0)
         if result.status != "done":
             return None
+        self._pending = keys[: result.pages]
         return PrefixEntry(session, result.pages * self.page_size, "host", result.host_indices)
 
     def record_hit(self, tokens: int) -> None:
         """A prefix from L3 reached the device and was verified bit-exact there."""
         self.stats.hits += 1
         self.stats.hit_tokens += tokens
+        self.hit_keys.extend(self._pending)
+        self._pending = []
         if self.stats.restarts:
             self.stats.hits_after_restart += 1
 
     def record_load_failure(self) -> None:
         self.stats.load_failures += 1
+        self._pending = []
 
     @property
     def reserved_pages(self) -> int:

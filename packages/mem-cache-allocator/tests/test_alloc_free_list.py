@@ -9,6 +9,7 @@ import torch
 
 import mem_cache_kernels
 from mem_cache_allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+from mem_cache_allocator import _kernels as alloc_kernels
 from mem_cache_allocator._free_list import ChunkedFreeList
 
 CPU = torch.device("cpu")
@@ -96,6 +97,9 @@ def test_paged_allocator_passes_host_counts_to_the_kernels(
 
     monkeypatch.setattr(mem_cache_kernels, "alloc_extend", extend)
     monkeypatch.setattr(mem_cache_kernels, "alloc_decode", decode)
+    # the CPU decode runs on the host (test_host_decode_equals_the_kernel); the hint is what a
+    # device allocator passes
+    monkeypatch.setattr(alloc_kernels, "host_path", lambda allocator: False)
     a = PagedTokenToKVPoolAllocator(64 * ps, ps, torch.float16, "cpu", None)
     pre, seq = _ids(0, 3), _ids(ps + 2, 3 + 2 * ps)
     out = a.alloc_extend(pre, pre, seq, seq, _ids(-1, 5 * ps + 2), 3 * ps + 2)
@@ -107,6 +111,52 @@ def test_paged_allocator_passes_host_counts_to_the_kernels(
     assert calls[-1] == ("decode", {"num_new_pages": 2})
     with pytest.raises(ValueError, match="num_new_pages"):
         a.alloc_extend(pre, pre, seq, seq, _ids(-1, 5 * ps + 2), 3 * ps + 2, num_new_pages=5)
+
+
+@pytest.mark.parametrize("ps", [2, 16, 64])
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_host_decode_equals_the_kernel(ps: int, dtype: torch.dtype) -> None:
+    """The CPU allocators' host decode returns the kernel's slots, batch for batch, and the
+    decode of a CPU allocator takes it (no kernel call) unless the backend is overridden."""
+    g = torch.Generator().manual_seed(ps)
+    for bs in (1, 3, 5, 40, 300):
+        seq = torch.randint(1, 8 * ps, (bs,), generator=g)
+        last = (torch.randint(1, 1000, (bs,), generator=g) * ps + (seq - 2) % ps).to(dtype)
+        starts = (seq & (ps - 1)) == 1
+        n = int(starts.sum())
+        pages = torch.randperm(5000, generator=g)[:n] + 1
+        want = torch.empty(bs, dtype=torch.int64)
+        mem_cache_kernels.alloc_decode(seq, last, pages, want, ps, backend="torch")
+        got = alloc_kernels.host_alloc_decode(last, starts.numpy(), pages, ps.bit_length() - 1)
+        assert got.dtype == torch.int64 and torch.equal(got, want), (bs, ps)
+
+
+def test_cpu_decode_runs_on_the_host_unless_the_backend_is_overridden(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    kernel_calls: list[int] = []
+    real = mem_cache_kernels.alloc_decode
+
+    def decode(*args: object, **kw: object) -> None:
+        kernel_calls.append(1)
+        real(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(mem_cache_kernels, "alloc_decode", decode)
+    a = PagedTokenToKVPoolAllocator(64 * 4, 4, torch.float16, "cpu", None)
+    x = a.alloc(8)
+    assert x is not None
+    seq, last = _ids(4, 5), torch.stack((x[2], x[7]))  # request 1's token starts a page
+    st = a.backup_state()
+    host = a.alloc_decode(seq, seq, last)
+    assert kernel_calls == []
+    a.restore_state(st)
+    monkeypatch.setenv("MEM_CACHE_KERNELS_BACKEND", "torch")
+    assert torch.equal(a.alloc_decode(seq, seq, last), host)  # type: ignore[arg-type]
+    assert kernel_calls == []
+    a.restore_state(st)
+    monkeypatch.setattr(alloc_kernels, "host_path", lambda allocator: False)
+    assert torch.equal(a.alloc_decode(seq, seq, last), host)  # type: ignore[arg-type]
+    assert kernel_calls == [1]
 
 
 def test_token_allocator_arena_path_is_sync_free() -> None:

@@ -12,7 +12,12 @@ import torch
 
 from mem_cache_allocator._debug import describe
 
-__all__ = ["check_decode_inputs", "check_extend_lengths", "check_extend_device_inputs"]
+__all__ = [
+    "check_decode_inputs",
+    "check_extend_device_inputs",
+    "check_extend_lengths",
+    "extend_counts_fast",
+]
 
 _SMALL = 64  # up to this many requests, Python lists beat a chain of small tensor ops
 
@@ -101,3 +106,44 @@ def check_decode_inputs(seq_lens: torch.Tensor, seq_lens_cpu: torch.Tensor) -> N
         )
     if seq_lens.device.type == "cpu":
         _same("seq_lens", seq_lens, "seq_lens_cpu", seq_lens_cpu)
+
+
+def extend_counts_fast(  # noqa: PLR0917 - mirrors alloc_extend
+    prefix_lens: torch.Tensor,
+    prefix_lens_cpu: torch.Tensor,
+    seq_lens: torch.Tensor,
+    seq_lens_cpu: torch.Tensor,
+    last_loc: torch.Tensor,
+    page_size: int,
+) -> tuple[int, int] | None:
+    """Fast path of a small extend batch (at most 64 requests): every check of
+    :func:`check_extend_lengths` and :func:`check_extend_device_inputs` on one list per tensor,
+    plus ``(new pages, new tokens)``; ``None`` when a check fails or the batch is larger (the
+    caller then runs the detailed checks, which raise naming the requests)."""
+    if seq_lens_cpu.shape[0] > _SMALL:
+        return None
+    pre: list[int] = prefix_lens_cpu.tolist()
+    seq: list[int] = seq_lens_cpu.tolist()
+    cpu_pre = prefix_lens is not prefix_lens_cpu and prefix_lens.device.type == "cpu"
+    if cpu_pre and prefix_lens.tolist() != pre:
+        return None
+    cpu_seq = seq_lens is not seq_lens_cpu and seq_lens.device.type == "cpu"
+    if cpu_seq and seq_lens.tolist() != seq:
+        return None
+    m = page_size - 1
+    shift = page_size.bit_length() - 1
+    pages = 0
+    tokens = 0
+    if last_loc.device.type == "cpu":
+        for p, q, x in zip(pre, seq, last_loc.tolist(), strict=True):
+            if not (0 <= p <= q) or ((x != -1) if p == 0 else (x < 0 or (x + 1) & m != p & m)):
+                return None
+            tokens += q - p
+            pages += ((q + m) >> shift) - ((p + m) >> shift)
+        return pages, tokens
+    for p, q in zip(pre, seq, strict=True):
+        if not 0 <= p <= q:
+            return None
+        tokens += q - p
+        pages += ((q + m) >> shift) - ((p + m) >> shift)
+    return pages, tokens

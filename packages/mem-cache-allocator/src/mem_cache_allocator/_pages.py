@@ -7,10 +7,17 @@ Page counts are exact for every power-of-two page size, including 1 (SGLang's de
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 import torch
 
+try:  # optional: reductions on a CPU tensor's buffer cost ~1 us in numpy, a few us in torch
+    import numpy as _np
+except ImportError:  # pragma: no cover - numpy ships with every torch wheel we test
+    _np = None  # type: ignore[assignment]
+
 __all__ = [
+    "decode_page_count",
     "check_cpu_lengths",
     "check_index_tensor",
     "check_segments_iterable",
@@ -81,6 +88,35 @@ def num_new_pages_decode(seq_lens_cpu: torch.Tensor, page_size: int) -> int:
         counts: list[int] = (seq_lens_cpu & m).tolist()
         return counts.count(1)
     return bs - int(torch.count_nonzero((seq_lens_cpu - 1).bitwise_and_(m)))
+
+
+def decode_page_count(
+    seq_lens: torch.Tensor, seq_lens_cpu: torch.Tensor, page_size: int
+) -> tuple[int, Any] | None:
+    """Fast path of a decode batch's host checks and page count, or ``None`` (run the detailed
+    checks: :func:`mem_cache_allocator._host_checks.check_decode_inputs`, which raise).
+
+    One numpy pass over ``seq_lens_cpu``: ``min >= 1``, when ``seq_lens`` is a CPU tensor too
+    ``seq_lens == seq_lens_cpu``, and the requests whose new token starts a page (``seq & (ps -
+    1) == 1``; every request for page size 1). Returns ``(count, mask)``: the mask a numpy bool
+    array (``None`` for page size 1). Reads no device memory.
+    """
+    bs = seq_lens_cpu.shape[0]
+    if _np is None or not bs:
+        return None
+    a = seq_lens_cpu.numpy()
+    if _np.minimum.reduce(a) < 1:
+        return None
+    if (
+        seq_lens is not seq_lens_cpu
+        and seq_lens.device.type == "cpu"
+        and _np.count_nonzero(a != seq_lens.numpy())
+    ):
+        return None
+    if page_size == 1:
+        return int(bs), None
+    need = (a & (page_size - 1)) == 1
+    return int(_np.count_nonzero(need)), need
 
 
 def check_start_pos(start_pos: object, name: str = "start_pos") -> int:

@@ -47,24 +47,16 @@ from typing import Any
 import torch
 
 from mem_cache_allocator._composite import check_need_size, new_mapping
-from mem_cache_allocator._deepseek_v4_slots import device_last_loc, entry_offsets
-from mem_cache_allocator._hisparse_device import (
-    check_slots,
-    lookup,
-    mapped_pages,
-    pad_slots,
-    plan_device_extend,
-    surplus_pages,
-)
+from mem_cache_allocator._deepseek_v4_slots import device_last_loc
+from mem_cache_allocator._hisparse_common import HiSparseAllocatorCommon
+from mem_cache_allocator._hisparse_device import check_slots
 from mem_cache_allocator._pages import (
-    check_cpu_lengths,
     check_index_tensor,
     check_segments_iterable,
-    num_new_pages_extend,
     trim_segments,
 )
 from mem_cache_allocator._paired import PairedAllocators, check_own_state
-from mem_cache_allocator._scheduler_hooks import capacity_pair, request_slot_reserve
+from mem_cache_allocator._scheduler_hooks import capacity_pair
 from mem_cache_allocator.base import BaseTokenToKVPoolAllocator
 from mem_cache_allocator.paged import PagedTokenToKVPoolAllocator
 from mem_cache_pool.deepseek_v4 import (
@@ -88,7 +80,7 @@ class DeepSeekV4HiSparseAllocatorState:
     mapping: torch.Tensor
 
 
-class DeepSeekV4HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
+class DeepSeekV4HiSparseTokenToKVPoolAllocator(HiSparseAllocatorCommon):
     """``DeepSeekV4HiSparseTokenToKVPoolAllocator(logical_attn_allocator, *, debug=False)``.
 
     ``logical_attn_allocator.get_kvcache()`` must be a ``DeepSeekV4TokenToKVPool`` whose
@@ -129,6 +121,7 @@ class DeepSeekV4HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         )
         self.logical_attn_allocator = logical
         self.hisparse_page_size = c4_pool.page_size
+        self._device_page_size = c4_pool.page_size
         self.hisparse_attn_allocator = PagedTokenToKVPoolAllocator(
             c4_pool.size,
             c4_pool.page_size,
@@ -213,23 +206,6 @@ class DeepSeekV4HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             swa_capacity,
         )
 
-    def configure_spec_scratch(self, num_draft_tokens: int) -> None:
-        """Record the speculative draft tokens per running request (``request_slot_reserve``)."""
-        if (
-            isinstance(num_draft_tokens, bool)
-            or not isinstance(num_draft_tokens, int)
-            or num_draft_tokens < 0
-        ):
-            raise ValueError(
-                f"num_draft_tokens must be a non-negative int, got {num_draft_tokens!r}"
-            )
-        self.spec_scratch_tokens = num_draft_tokens
-
-    def request_slot_reserve(self, num_reqs: int = 1) -> int:
-        """Tokens to keep free for ``num_reqs`` requests: a logical page each plus the
-        speculative scratch rounded up to pages."""
-        return request_slot_reserve(num_reqs, self.page_size, self.spec_scratch_tokens)
-
     # ------------------------------------------------------------------ translation
     def get_last_loc_compressed(self, last_loc: torch.Tensor) -> torch.Tensor:
         """Logical compressed ``last_loc``: ``(L - 3) // 4``; -1 stays -1."""
@@ -279,65 +255,15 @@ class DeepSeekV4HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         entries of every request (capacity of both checked on the host first; SGLang's
         pre-check). A request whose compressed prefix ends inside a device page on an entry
         without device slot gets a fresh device page (SGLang: slots of the padding page)."""
-        bs = check_cpu_lengths("seq_lens_cpu", seq_lens_cpu)
-        check_cpu_lengths("prefix_lens_cpu", prefix_lens_cpu, bs)
-        c_pre_cpu, c_seq_cpu = prefix_lens_cpu // _RATIO, seq_lens_cpu // _RATIO
-        logical_pages, _ = num_new_pages_extend(prefix_lens_cpu, seq_lens_cpu, self.page_size)
-        dev_pages, _ = num_new_pages_extend(c_pre_cpu, c_seq_cpu, self.hisparse_page_size)
-        if not self._pair.fits(logical_pages, dev_pages):
-            return None
-        c_pre = prefix_lens // _RATIO
-        plan = plan_device_extend(
-            c_pre,
-            c_pre_cpu,
-            c_seq_cpu,
-            self._device_last_loc(prefix_lens, last_loc),
-            self.hisparse_page_size,
-        )
-        if plan.pages > dev_pages and not self._pair.fits(logical_pages, plan.pages):
-            return None
         lens = (prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu)
-        got = self._pair.run_in_step(
-            lambda: self.logical_attn_allocator.alloc_extend(*lens, last_loc, extend_num_tokens),
-            lambda: self.hisparse_attn_allocator.alloc_extend(
-                plan.prefix_lens,
-                plan.prefix_lens_cpu,
-                seq_lens // _RATIO,
-                c_seq_cpu,
-                plan.last_loc,
-                plan.tokens,
-            ),
-        )
-        if got is None:
-            return None
-        logical, dev = got
-        if plan.keep is not None:
-            dev = dev[plan.keep]
-        if dev.numel():
-            rows = entry_offsets(prefix_lens_cpu, seq_lens_cpu, _RATIO).to(
-                self.device, non_blocking=True
-            )
-            self.full_to_hisparse_device_index_mapping[logical[rows] // _RATIO] = dev
-        return logical
+        return self._alloc_extend_in_step(*lens, last_loc, extend_num_tokens, _RATIO)
 
-    def _device_last_loc(self, prefix_lens: torch.Tensor, last_loc: torch.Tensor) -> torch.Tensor:
+    def _device_extend_last_loc(
+        self, prefix_lens: torch.Tensor, last_loc: torch.Tensor
+    ) -> torch.Tensor:
         """The device allocator's ``last_loc`` (see :func:`device_last_loc`)."""
         mapped = self.get_last_loc_hisparse_device(last_loc)
         return device_last_loc(prefix_lens, mapped, self.hisparse_page_size, _RATIO)
-
-    def alloc_logical_only(  # noqa: PLR0917 - SGLang-compatible positional signature
-        self,
-        prefix_lens: torch.Tensor,
-        prefix_lens_cpu: torch.Tensor,
-        seq_lens: torch.Tensor,
-        seq_lens_cpu: torch.Tensor,
-        last_loc: torch.Tensor,
-        extend_num_tokens: int,
-    ) -> torch.Tensor | None:
-        """Logical slots only (mapping stays 0 for their compressed entries)."""
-        return self.logical_attn_allocator.alloc_extend(
-            prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens
-        )
 
     def alloc_extend_swa_tail(  # noqa: PLR0917 - SGLang-compatible positional signature
         self,
@@ -364,12 +290,6 @@ class DeepSeekV4HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             **kwargs,
         )
         return result
-
-    def alloc_decode(
-        self, seq_lens: torch.Tensor, seq_lens_cpu: torch.Tensor, last_loc: torch.Tensor
-    ) -> torch.Tensor | None:
-        """Logical slots only: the coordinator places decode tokens on the device."""
-        return self.logical_attn_allocator.alloc_decode(seq_lens, seq_lens_cpu, last_loc)
 
     def alloc_device_buffer(
         self, allocated_indices: torch.Tensor, need_size: int
@@ -398,36 +318,7 @@ class DeepSeekV4HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             raise ValueError(
                 f"need_size must be a multiple of the c4 page size {cps}, got {need_size}"
             )
-        mapping = self.full_to_hisparse_device_index_mapping
-        dev = lookup(mapping, allocated_indices, "allocated_indices", check=self.debug)
-        dev = dev[dev > 0].clone()
-        n = int(dev.shape[0])
-        newest = int(dev[-1]) if n else 0
-        reserved = need_size - cps
-        if n > reserved + 1:
-            old = dev[reserved].clone()
-            dev[reserved] = dev[n - 1]
-            dev[n - 1] = old
-        if n >= need_size:
-            buffer = dev[:need_size]
-            surplus = dev[need_size:]
-            mapping[allocated_indices] = 0
-            if surplus.numel():
-                pages = surplus_pages(buffer, surplus, cps)
-                if pages.numel():
-                    self.hisparse_attn_allocator.free_page_ids(pages)
-            return buffer
-        if n % cps:
-            dev = torch.cat([dev, pad_slots(newest, cps - n % cps, cps, self.device)])
-        extra_size = need_size - int(dev.shape[0])
-        extra_pages = -(-extra_size // cps)
-        if extra_pages > self.hisparse_attn_allocator.free_page_count():
-            return None
-        extra = self.hisparse_attn_allocator.alloc(extra_pages * cps)
-        if extra is None:
-            return None
-        mapping[allocated_indices] = 0
-        return torch.cat([dev, extra[:extra_size]])
+        return self._take_device_buffer(allocated_indices, need_size, need_size - cps)
 
     # ------------------------------------------------------------------ free
     def free(self, free_index: torch.Tensor) -> None:
@@ -514,32 +405,12 @@ class DeepSeekV4HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
     def free_compressed(self, compressed_indices: torch.Tensor) -> None:
         """Release the device slots of logical compressed slots ``compressed_indices`` and
         clear their mapping (never deferred)."""
-        mapping = self.full_to_hisparse_device_index_mapping
-        pages = mapped_pages(
-            mapping, compressed_indices, self.hisparse_page_size, "compressed_indices",
-            check=self.debug,
-        )  # fmt: skip
-        mapping[compressed_indices] = 0
-        if pages.numel():
-            self.hisparse_attn_allocator.free_page_ids(pages)
-
-    def free_hisparse_indices(self, buffer_indices: torch.Tensor) -> None:
-        """Release device slots directly (every page they touch, as SGLang's set-semantics
-        ``free``; entries <= 0 ignored); never deferred."""
-        check_index_tensor("buffer_indices", buffer_indices, self.device)
-        dev = buffer_indices.to(self.device, torch.int64)
-        dev = dev[dev > 0]
-        if dev.numel():
-            pages = torch.unique(dev // self.hisparse_page_size)
-            self.hisparse_attn_allocator.free_page_ids(pages)
+        pages = self._device_pages_of(compressed_indices, "compressed_indices")
+        self._release(compressed_indices, pages)
 
     # ------------------------------------------------------------------ state
-    def merge_and_sort_free(self) -> None:
-        self._pair.merge_and_sort_free()
-
     def clear(self) -> None:
-        self._pair.clear()
-        self._free_group = None
+        super().clear()
         self._full_free_group = []
 
     def backup_state(self) -> DeepSeekV4HiSparseAllocatorState:
@@ -548,6 +419,3 @@ class DeepSeekV4HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
     def restore_state(self, state: Any) -> None:
         own = check_own_state(state, DeepSeekV4HiSparseAllocatorState, self)
         self._pair.restore(own.logical, own.device, own.mapping)
-
-    def debug_print(self) -> str:
-        return self._pair.describe("logical", "hisparse")

@@ -32,26 +32,15 @@ from typing import Any, Protocol
 import torch
 
 from mem_cache_allocator._composite import check_need_size, make_inner, new_mapping
-from mem_cache_allocator._hisparse_device import (
-    check_slots,
-    lookup,
-    mapped_pages,
-    pad_slots,
-    plan_device_extend,
-    surplus_pages,
-)
-from mem_cache_allocator._host_checks import check_extend_device_inputs, check_extend_lengths
-from mem_cache_allocator._page_allocator import PageAllocatorState
+from mem_cache_allocator._hisparse_common import HiSparseAllocatorCommon
+from mem_cache_allocator._hisparse_device import check_slots, lookup
+from mem_cache_allocator._page_allocator import PageAllocatorCore, PageAllocatorState
 from mem_cache_allocator._pages import (
-    check_cpu_lengths,
     check_index_tensor,
     check_segments_iterable,
-    num_new_pages_extend,
     trim_segments,
 )
 from mem_cache_allocator._paired import PairedAllocators, check_own_state
-from mem_cache_allocator._scheduler_hooks import request_slot_reserve
-from mem_cache_allocator.base import BaseTokenToKVPoolAllocator
 
 __all__ = ["HiSparseAllocatorState", "HiSparseTokenToKVPoolAllocator"]
 
@@ -70,9 +59,11 @@ class HiSparseAllocatorState:
     mapping: torch.Tensor
 
 
-class HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
+class HiSparseTokenToKVPoolAllocator(HiSparseAllocatorCommon):
     """``HiSparseTokenToKVPoolAllocator(size, page_size, dtype, device, kvcache, need_sort=False,
     host_to_device_ratio=2, *, debug=False)``; ``size`` is the device pool's slot count."""
+
+    logical_attn_allocator: PageAllocatorCore
 
     def __init__(  # noqa: PLR0917 - SGLang-compatible positional signature
         self,
@@ -105,6 +96,7 @@ class HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         self.hisparse_attn_allocator = make_inner(
             size, page_size, dtype, self.device, kvcache, need_sort, debug, paged_only=True
         )
+        self._device_page_size = page_size
         self.full_to_hisparse_device_index_mapping = new_mapping(self.size + page_size, self.device)
         self._pair = PairedAllocators(
             self.logical_attn_allocator,
@@ -120,6 +112,10 @@ class HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
     @property
     def size_hisparse(self) -> int:
         return self._size_hisparse
+
+    @property
+    def _buffer_index_limit(self) -> int:
+        return self._size_hisparse + self.page_size
 
     @property
     def debug(self) -> bool:
@@ -140,25 +136,6 @@ class HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         return lookup(
             self.full_to_hisparse_device_index_mapping, last_locs, "last_locs", check=self.debug
         )
-
-    # ------------------------------------------------------------------ scheduler hooks
-    def configure_spec_scratch(self, num_draft_tokens: int) -> None:
-        """Record the speculative-decoding draft tokens each running request may hold at once
-        (``request_slot_reserve`` counts them); 0 turns it off."""
-        if (
-            isinstance(num_draft_tokens, bool)
-            or not isinstance(num_draft_tokens, int)
-            or num_draft_tokens < 0
-        ):
-            raise ValueError(
-                f"num_draft_tokens must be a non-negative int, got {num_draft_tokens!r}"
-            )
-        self.spec_scratch_tokens = num_draft_tokens
-
-    def request_slot_reserve(self, num_reqs: int = 1) -> int:
-        """Tokens the scheduler keeps free per ``num_reqs`` admitted requests: one page each
-        (every request may open a new page) plus the speculative scratch rounded up to pages."""
-        return request_slot_reserve(num_reqs, self.page_size, self.spec_scratch_tokens)
 
     # ------------------------------------------------------------------ allocation
     def alloc(self, need_size: int) -> torch.Tensor | None:
@@ -195,76 +172,14 @@ class HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         token without device slot (a logical-only decode token) gets a fresh device page; SGLang
         hands out slots of the padding page there (see the package README).
         """
-        bs = check_cpu_lengths("seq_lens_cpu", seq_lens_cpu)
-        check_cpu_lengths("prefix_lens_cpu", prefix_lens_cpu, bs)
-        # host-side input checks before the capacity check (out of room answers None only for
-        # valid inputs); the logical allocator repeats them (cheap, no device sync)
-        for name, t in (
-            ("prefix_lens", prefix_lens),
-            ("seq_lens", seq_lens),
-            ("last_loc", last_loc),
-        ):
-            check_index_tensor(name, t, self.device)
-            if t.dim() != 1 or t.shape[0] != bs:
-                raise ValueError(
-                    f"{name} must be 1-D with {bs} entries, got shape {tuple(t.shape)}"
-                )
-        check_extend_lengths(prefix_lens_cpu, seq_lens_cpu)
-        check_extend_device_inputs(
-            prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, self.page_size
-        )
-        pages, _ = num_new_pages_extend(prefix_lens_cpu, seq_lens_cpu, self.page_size)
-        if not self._pair.fits(pages, pages):
-            return None
-        plan = plan_device_extend(
-            prefix_lens,
-            prefix_lens_cpu,
-            seq_lens_cpu,
-            self.get_last_loc_hisparse_device(last_loc),
-            self.page_size,
-        )
-        if plan.pages > pages and not self._pair.fits(pages, plan.pages):
-            return None
-        got = self._pair.run_in_step(
-            lambda: self.logical_attn_allocator.alloc_extend(
-                prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens
-            ),
-            lambda: self.hisparse_attn_allocator.alloc_extend(
-                plan.prefix_lens,
-                plan.prefix_lens_cpu,
-                seq_lens,
-                seq_lens_cpu,
-                plan.last_loc,
-                plan.tokens,
-            ),
-        )
-        if got is None:
-            return None
-        logical, dev = got
-        self.full_to_hisparse_device_index_mapping[logical] = (
-            dev if plan.keep is None else dev[plan.keep]
-        )
-        return logical
-
-    def alloc_logical_only(  # noqa: PLR0917 - SGLang-compatible positional signature
-        self,
-        prefix_lens: torch.Tensor,
-        prefix_lens_cpu: torch.Tensor,
-        seq_lens: torch.Tensor,
-        seq_lens_cpu: torch.Tensor,
-        last_loc: torch.Tensor,
-        extend_num_tokens: int,
-    ) -> torch.Tensor | None:
-        """Logical slots only (KV written straight to host memory; mapping stays 0)."""
-        return self.logical_attn_allocator.alloc_extend(
-            prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens
+        return self._alloc_extend_in_step(
+            prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens, 1
         )
 
-    def alloc_decode(
-        self, seq_lens: torch.Tensor, seq_lens_cpu: torch.Tensor, last_loc: torch.Tensor
-    ) -> torch.Tensor | None:
-        """Logical slots only: the coordinator assigns device slots for decode tokens."""
-        return self.logical_attn_allocator.alloc_decode(seq_lens, seq_lens_cpu, last_loc)
+    def _device_extend_last_loc(
+        self, prefix_lens: torch.Tensor, last_loc: torch.Tensor
+    ) -> torch.Tensor:
+        return self.get_last_loc_hisparse_device(last_loc)
 
     def alloc_device_buffer(
         self, allocated_indices: torch.Tensor, need_size: int
@@ -283,30 +198,7 @@ class HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         check_need_size(need_size)
         if need_size % ps:
             raise ValueError(f"need_size must be a multiple of page_size={ps}, got {need_size}")
-        mapping = self.full_to_hisparse_device_index_mapping
-        dev = lookup(mapping, allocated_indices, "allocated_indices", check=self.debug)
-        dev = dev[dev > 0]
-        n = int(dev.shape[0])
-        if n >= need_size:
-            buffer = dev[:need_size]
-            surplus = dev[need_size:]
-            mapping[allocated_indices] = 0
-            if surplus.numel():
-                pages = surplus_pages(buffer, surplus, ps)
-                if pages.numel():
-                    self.hisparse_attn_allocator.free_page_ids(pages)
-            return buffer
-        if n % ps:
-            dev = torch.cat([dev, pad_slots(int(dev[-1]), ps - n % ps, ps, self.device)])
-        extra_size = need_size - int(dev.shape[0])
-        extra_pages = -(-extra_size // ps)
-        if extra_pages > self.hisparse_attn_allocator.free_page_count():
-            return None
-        extra = self.hisparse_attn_allocator.alloc(extra_pages * ps)
-        if extra is None:
-            return None
-        mapping[allocated_indices] = 0
-        return torch.cat([dev, extra[:extra_size]])
+        return self._take_device_buffer(allocated_indices, need_size, None)
 
     # ------------------------------------------------------------------ free
     def free(self, free_index: torch.Tensor) -> None:
@@ -341,29 +233,6 @@ class HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             return
         self._release(free_indices, self._device_pages_of(free_indices, "free_indices"))
 
-    def _device_pages_of(self, keys: torch.Tensor, name: str) -> torch.Tensor:
-        """The device pages mapped from ``keys`` (debug: none still mapped from other keys)."""
-        mapping = self.full_to_hisparse_device_index_mapping
-        return mapped_pages(mapping, keys, self.page_size, name, check=self.debug)
-
-    def _release(self, keys: torch.Tensor, pages: torch.Tensor) -> None:
-        self.full_to_hisparse_device_index_mapping[keys] = 0
-        if pages.numel():
-            self.hisparse_attn_allocator.free_page_ids(pages)
-
-    def free_hisparse_indices(self, buffer_indices: torch.Tensor) -> None:
-        """Release device slots directly: every page they touch (SGLang's set-semantics
-        ``free``; a buffer owns whole pages, some of whose slots were never handed out singly).
-        Entries <= 0 are ignored; never deferred. Syncs (``torch.unique``)."""
-        check_slots(
-            buffer_indices, "buffer_indices", self._size_hisparse + self.page_size, check=self.debug
-        )
-        dev = buffer_indices.to(self.device, torch.int64)
-        dev = dev[dev > 0]
-        if dev.numel():
-            pages = torch.unique(dev // self.page_size)
-            self.hisparse_attn_allocator.free_page_ids(pages)
-
     def free_group_begin(self) -> None:
         """Checks nesting only: HiSparse frees must clear the mapping at once."""
         super().free_group_begin()
@@ -372,13 +241,6 @@ class HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         super().free_group_end()
 
     # ------------------------------------------------------------------ state
-    def merge_and_sort_free(self) -> None:
-        self._pair.merge_and_sort_free()
-
-    def clear(self) -> None:
-        self._pair.clear()
-        self._free_group = None
-
     def backup_state(self) -> HiSparseAllocatorState:
         logical, dev, mapping = self._pair.snapshot()
         return HiSparseAllocatorState(owner=id(self), logical=logical, device=dev, mapping=mapping)
@@ -386,6 +248,3 @@ class HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
     def restore_state(self, state: Any) -> None:
         own = check_own_state(state, HiSparseAllocatorState, self)
         self._pair.restore(own.logical, own.device, own.mapping)
-
-    def debug_print(self) -> str:
-        return self._pair.describe("logical", "hisparse")

@@ -27,12 +27,16 @@ from typing import Literal, get_args
 
 import torch
 
+from mem_cache_kernels._row_ops import RunJobs
+from mem_cache_kernels._torch.jobs import run_jobs as torch_run_jobs
+
 __all__ = [
     "BACKEND_ENV_VAR",
     "Backend",
     "ResolvedBackend",
     "resolve_backend",
     "triton_available",
+    "row_executor",
     "triton_impl",
 ]
 
@@ -101,3 +105,15 @@ def triton_impl(submodule: str) -> ModuleType:
     from mem_cache_kernels import _triton
 
     return importlib.import_module(f"{_triton.__name__}.{submodule}")
+
+
+def row_executor(backend: str, *tensors: torch.Tensor) -> RunJobs:
+    """The row-job executor of the backend that :func:`resolve_backend` chooses for ``tensors``.
+
+    The data-movement ops (:mod:`mem_cache_kernels._row_ops`) take it as their ``run``
+    argument: the torch executor, or the Triton row-copy launcher (imported on first use).
+    """
+    if resolve_backend(backend, *tensors) == "triton":
+        run: RunJobs = triton_impl("rows").run_jobs
+        return run
+    return torch_run_jobs

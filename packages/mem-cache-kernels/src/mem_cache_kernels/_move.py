@@ -6,9 +6,10 @@ from collections.abc import Sequence
 
 import torch
 
+from mem_cache_kernels import _row_ops
 from mem_cache_kernels import _validate as v
 from mem_cache_kernels._dispatch import Backend, resolve_backend, triton_impl
-from mem_cache_kernels._torch import move as ref
+from mem_cache_kernels._torch.jobs import run_jobs
 
 __all__ = ["copy_all_layer_kv_cache"]
 
@@ -43,4 +44,4 @@ def copy_all_layer_kv_cache(
     if resolve_backend(backend, *bufs, tgt, src) == "triton":
         triton_impl("move").copy_all_layer_kv_cache(bufs, tgt, src)
     else:
-        ref.copy_all_layer_kv_cache(bufs, tgt, src)
+        _row_ops.copy_all_layer_kv_cache(run_jobs, bufs, tgt, src)

@@ -16,7 +16,10 @@ class OpInfo:
     family: str
     """Op family: ``alloc``, ``req_table``, ``store``, ``move``, ``transfer`` or ``direct``."""
     triton_module: str | None
-    """``mem_cache_kernels._triton.<module>`` with its Triton launcher (None: host-driven)."""
+    """``mem_cache_kernels._triton.<module>`` with its Triton launcher (None: host-driven).
+
+    ``rows`` for the ``store`` and ``transfer`` families: their bodies are shared by both
+    backends and run on the row-copy launcher ``rows.run_jobs``."""
     summary: str
     """One line."""
 
@@ -49,19 +52,19 @@ OPS: tuple[OpInfo, ...] = (
     OpInfo(
         name="store_kv",
         family="store",
-        triton_module="store",
+        triton_module="rows",
         summary="K and V rows into the caches at loc (cast to the storage dtype)",
     ),
     OpInfo(
         name="set_mla_kv_buffer",
         family="store",
-        triton_module="store",
+        triton_module="rows",
         summary="MLA nope and rope parts into a latent row without concatenating",
     ),
     OpInfo(
         name="get_mla_kv_buffer",
         family="store",
-        triton_module="store",
+        triton_module="rows",
         summary="gather MLA rows back as separate nope and rope tensors",
     ),
     OpInfo(
@@ -73,25 +76,25 @@ OPS: tuple[OpInfo, ...] = (
     OpInfo(
         name="transfer_rows",
         family="transfer",
-        triton_module="transfer",
+        triton_module="rows",
         summary="one layer, layer-first <-> layer-first rows per role",
     ),
     OpInfo(
         name="transfer_rows_all_layers",
         family="transfer",
-        triton_module="transfer",
+        triton_module="rows",
         summary="every layer, layer-first <-> layer-first rows per role",
     ),
     OpInfo(
         name="load_layer_from_page_first",
         family="transfer",
-        triton_module="transfer",
+        triton_module="rows",
         summary="host page-first -> one device layer",
     ),
     OpInfo(
         name="backup_all_layers_to_page_first",
         family="transfer",
-        triton_module="transfer",
+        triton_module="rows",
         summary="every device layer -> host page-first",
     ),
     OpInfo(

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
+from mem_cache_kernels import _row_ops
 from mem_cache_kernels import _validate as val
-from mem_cache_kernels._dispatch import Backend, resolve_backend, triton_impl
-from mem_cache_kernels._torch import store as ref
+from mem_cache_kernels._dispatch import Backend, row_executor
 
 __all__ = ["get_mla_kv_buffer", "set_mla_kv_buffer", "store_kv"]
 
@@ -91,10 +91,8 @@ def store_kv(
     val.check_same_device(kc.device, v_cache=vc, loc=idx, k=kx, v=vx)
     _check_loc_rows(idx, kc, "k_cache")
     _check_loc_rows(idx, vc, "v_cache")
-    if resolve_backend(backend, kc, vc, idx, kx, vx) == "triton":
-        triton_impl("store").store_kv(kc, vc, idx, kx, vx, dtype=logical)
-    else:
-        ref.store_kv(kc, vc, idx, kx, vx, dtype=logical)
+    run = row_executor(backend, kc, vc, idx, kx, vx)
+    _row_ops.store_kv(run, kc, vc, idx, kx, vx, logical)
 
 
 def _check_mla_buffer(kv_buffer: object) -> torch.Tensor:
@@ -143,10 +141,8 @@ def set_mla_kv_buffer(
         )
     val.check_same_device(buf.device, loc=idx, k_nope=nope, k_rope=rope)
     _check_loc_rows(idx, buf, "kv_buffer")
-    if resolve_backend(backend, buf, idx, nope, rope) == "triton":
-        triton_impl("store").set_mla_kv_buffer(buf, idx, nope, rope, dtype=logical)
-    else:
-        ref.set_mla_kv_buffer(buf, idx, nope, rope, dtype=logical)
+    run = row_executor(backend, buf, idx, nope, rope)
+    _row_ops.set_mla_kv_buffer(run, buf, idx, nope, rope, logical)
 
 
 def get_mla_kv_buffer(
@@ -172,9 +168,4 @@ def get_mla_kv_buffer(
         check_dtype_itemsize("dtype", logical, buf.dtype)
     val.check_same_device(buf.device, loc=idx)
     _check_loc_rows(idx, buf, "kv_buffer")
-    if resolve_backend(backend, buf, idx) == "triton":
-        result: tuple[torch.Tensor, torch.Tensor] = triton_impl("store").get_mla_kv_buffer(
-            buf, idx, nd, dtype=logical
-        )
-        return result
-    return ref.get_mla_kv_buffer(buf, idx, nd, dtype=logical)
+    return _row_ops.get_mla_kv_buffer(row_executor(backend, buf, idx), buf, idx, nd, logical)

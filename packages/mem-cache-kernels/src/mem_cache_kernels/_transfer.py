@@ -19,9 +19,9 @@ from collections.abc import Sequence
 
 import torch
 
+from mem_cache_kernels import _row_ops
 from mem_cache_kernels import _validate as v
-from mem_cache_kernels._dispatch import Backend, resolve_backend, triton_impl
-from mem_cache_kernels._torch import transfer as ref
+from mem_cache_kernels._dispatch import Backend, row_executor
 
 __all__ = [
     "backup_all_layers_to_page_first",
@@ -105,10 +105,7 @@ def transfer_rows(
         check_role_pair(f"src[{r}]", a, f"dst[{r}]", b)
         s_top.check(a.shape[0], f"src[{r}]")
         d_top.check(b.shape[0], f"dst[{r}]")
-    if resolve_backend(backend, *s, *d, si, di) == "triton":
-        triton_impl("transfer").transfer_rows(s, d, si, di)
-    else:
-        ref.transfer_rows(s, d, si, di)
+    _row_ops.transfer_rows(row_executor(backend, *s, *d, si, di), s, d, si, di)
 
 
 def transfer_rows_all_layers(
@@ -135,10 +132,8 @@ def transfer_rows_all_layers(
             check_role_pair(f"src[{r}][{i}]", a, f"dst[{r}][{i}]", b)
             s_top.check(a.shape[0], f"src[{r}][{i}]")
             d_top.check(b.shape[0], f"dst[{r}][{i}]")
-    if resolve_backend(backend, *flat_s, *flat_d, si, di) == "triton":
-        triton_impl("transfer").transfer_rows_all_layers(s, d, si, di)
-    else:
-        ref.transfer_rows_all_layers(s, d, si, di)
+    run = row_executor(backend, *flat_s, *flat_d, si, di)
+    _row_ops.transfer_rows_all_layers(run, s, d, si, di)
 
 
 def load_layer_from_page_first(
@@ -166,10 +161,8 @@ def load_layer_from_page_first(
         check_role_pair(f"host[{r}][:, layer_id]", a.select(1, layer), f"device[{r}]", b)
         h_top.check(a.shape[0], f"host[{r}]")
         d_top.check(b.shape[0], f"device[{r}]")
-    if resolve_backend(backend, *h, *d, hi, di) == "triton":
-        triton_impl("transfer").load_layer_from_page_first(h, d, hi, di, layer)
-    else:
-        ref.load_layer_from_page_first(h, d, hi, di, layer)
+    run = row_executor(backend, *h, *d, hi, di)
+    _row_ops.load_layer_from_page_first(run, h, d, hi, di, layer)
 
 
 def backup_all_layers_to_page_first(
@@ -198,7 +191,5 @@ def backup_all_layers_to_page_first(
         for i, b in enumerate(layers):
             check_role_pair(f"device[{r}][{i}]", b, f"host[{r}][:, {i}]", a.select(1, i))
             d_top.check(b.shape[0], f"device[{r}][{i}]")
-    if resolve_backend(backend, *flat_d, *h, di, hi) == "triton":
-        triton_impl("transfer").backup_all_layers_to_page_first(d, h, di, hi)
-    else:
-        ref.backup_all_layers_to_page_first(d, h, di, hi)
+    run = row_executor(backend, *flat_d, *h, di, hi)
+    _row_ops.backup_all_layers_to_page_first(run, d, h, di, hi)

@@ -41,6 +41,7 @@ import torch
 
 from mem_cache_kernels import _validate as v
 from mem_cache_kernels._dispatch import Backend, resolve_backend, triton_impl
+from mem_cache_kernels._torch import dsv4 as ref
 
 __all__ = [
     "DSV4_NOPE_DIM",
@@ -200,11 +201,8 @@ def pack_dsv4_records(
         return out
     if resolve_backend(backend, nope_b, scales_b, rope_b) == "triton":
         triton_impl("dsv4").pack_records(nope_b, scales_b, rope_b, out)
-        return out
-    out[:, :DSV4_NOPE_DIM] = nope_b
-    out[:, DSV4_NOPE_DIM:DSV4_VALUE_BYTES] = rope_b
-    out[:, DSV4_VALUE_BYTES : DSV4_VALUE_BYTES + DSV4_SCALE_BYTES] = scales_b
-    out[:, DSV4_TOKEN_BYTES - 1] = 0
+    else:
+        ref.pack_records(nope_b, scales_b, rope_b, out)
     return out
 
 
@@ -226,23 +224,11 @@ def unpack_dsv4_records(
         if resolve_backend(backend, rec) == "triton":
             triton_impl("dsv4").unpack_records(rec, nope, scales, rope)
         else:
-            nope.copy_(rec[:, :DSV4_NOPE_DIM])
-            rope.copy_(rec[:, DSV4_NOPE_DIM:DSV4_VALUE_BYTES])
-            scales.copy_(rec[:, DSV4_VALUE_BYTES : DSV4_VALUE_BYTES + DSV4_SCALE_BYTES])
+            ref.unpack_records(rec, nope, scales, rope)
     return nope.view(_FP8), scales, rope.view(torch.bfloat16)
 
 
 # ----------------------------------------------------------------------------- page rows
-
-
-def _split_views(buffer: torch.Tensor, page_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Views ``[pages, ps, 576]`` (value parts) and ``[pages, ps, 8]`` (scale parts)."""
-    values_end = page_size * DSV4_VALUE_BYTES
-    scales_end = values_end + page_size * DSV4_SCALE_PART_BYTES
-    pages = buffer.shape[0]
-    values = buffer[:, :values_end].view(pages, page_size, DSV4_VALUE_BYTES)
-    scale_parts = buffer[:, values_end:scales_end].view(pages, page_size, DSV4_SCALE_PART_BYTES)
-    return values, scale_parts
 
 
 def _check_loc_range(loc: torch.Tensor, buffer: torch.Tensor, page_size: int) -> None:
@@ -284,13 +270,8 @@ def write_dsv4_records(
     rec = records.contiguous()
     if resolve_backend(backend, buffer, loc, rec) == "triton":
         triton_impl("dsv4").write_records(buffer, loc, rec, page_size)
-        return
-    keep = loc >= 0
-    slots, rec = loc[keep].long(), rec[keep]
-    values, scale_parts = _split_views(buffer, page_size)
-    page, off = slots // page_size, slots % page_size
-    values[page, off] = rec[:, :DSV4_VALUE_BYTES]
-    scale_parts[page, off] = rec[:, DSV4_VALUE_BYTES:]
+    else:
+        ref.write_records(buffer, loc, rec, page_size)
 
 
 def read_dsv4_records(
@@ -314,10 +295,6 @@ def read_dsv4_records(
     _check_loc_range(loc, buffer, page_size)
     if resolve_backend(backend, buffer, loc) == "triton":
         triton_impl("dsv4").read_records(buffer, loc, out, page_size)
-        return out
-    keep = loc >= 0
-    slots = loc[keep].long()
-    values, scale_parts = _split_views(buffer, page_size)
-    page, off = slots // page_size, slots % page_size
-    out[keep] = torch.cat([values[page, off], scale_parts[page, off]], dim=1)
+    else:
+        ref.read_records(buffer, loc, out, page_size)
     return out

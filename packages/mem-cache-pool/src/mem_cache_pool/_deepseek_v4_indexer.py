@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from mem_cache_pool._checks import check_distinct, check_int, check_rows
-from mem_cache_pool._deepseek_v4_rows import PageRowPool
+from mem_cache_pool._page_row_pool import PageRowPool
 from mem_cache_pool.base import CpuKVCopy, KVWriteLoc, unwrap_write_loc
 
 __all__ = ["DeepSeekV4IndexerPool"]

@@ -7,7 +7,7 @@ import torch
 
 from mem_cache_kernels import dsv4
 from mem_cache_pool._checks import check_distinct, check_index, check_int, check_mapping
-from mem_cache_pool._deepseek_v4_rows import PageRowPool
+from mem_cache_pool._page_row_pool import PageRowPool
 from mem_cache_pool.base import CpuKVCopy, KVWriteLoc, unwrap_write_loc
 
 __all__ = [

@@ -149,17 +149,28 @@ def _describe_member(cls: type, name: str, raw: Any) -> dict[str, Any]:
     return {"kind": "attribute", "type": _qualified(type(raw))}
 
 
+def _is_private_class(klass: type) -> bool:
+    """A class users cannot name: defined in a private module (a ``_x`` path component) or
+    itself named ``_X``. Its members are part of every public subclass's API."""
+    parts = [*klass.__module__.split("."), *klass.__qualname__.split(".")]
+    return any(part.startswith("_") and not part.startswith("__") for part in parts)
+
+
 def _public_members(cls: type) -> dict[str, Any]:
+    """The class's own public members plus those it inherits from private bases (a method moved
+    into a private mixin stays in the public class's snapshot; public bases have their own)."""
     members: dict[str, Any] = {}
-    annotations = inspect.get_annotations(cls)
-    for name in sorted(set(cls.__dict__) | set(annotations)):
-        if name.startswith("_"):
-            continue
-        if name in cls.__dict__:
-            members[name] = _describe_member(cls, name, cls.__dict__[name])
-        else:  # an annotated field without a class-level value (dataclass/protocol field)
-            members[name] = {"kind": "field", "type": _clean(str(annotations[name]))}
-    return members
+    owners = [cls, *(k for k in cls.__mro__[1:] if k is not object and _is_private_class(k))]
+    for owner in owners:
+        annotations = inspect.get_annotations(owner)
+        for name in sorted(set(owner.__dict__) | set(annotations)):
+            if name.startswith("_") or name in members:
+                continue
+            if name in owner.__dict__:
+                members[name] = _describe_member(cls, name, owner.__dict__[name])
+            else:  # an annotated field without a class-level value (dataclass/protocol field)
+                members[name] = {"kind": "field", "type": _clean(str(annotations[name]))}
+    return dict(sorted(members.items()))
 
 
 def _describe(obj: Any) -> dict[str, Any]:

@@ -38,6 +38,11 @@ from array import array
 
 import torch
 
+try:  # optional: CPU batches write through numpy views (cheaper per piece than torch ops)
+    import numpy as _np
+except ImportError:  # pragma: no cover - numpy ships with every torch wheel we test
+    _np = None  # type: ignore[assignment]
+
 __all__ = ["SMALL", "SMALL_DECODE", "alloc_decode", "alloc_extend"]
 
 SMALL = 8  # CPU extend batches with at most this many requests take the per-request path
@@ -143,6 +148,9 @@ def _extend_small(  # noqa: PLR0917
         raise ValueError(
             f"free_pages must hold the {k} pages this batch needs, got {free_pages.shape[0]}"
         )
+    if _np is not None and out.is_cpu:
+        _extend_small_host(plan, free_pages, out, page_size, k)
+        return
     block = None
     if k:
         pages = _i64(free_pages if free_pages.shape[0] == k else free_pages[:k])
@@ -169,6 +177,41 @@ def _extend_small(  # noqa: PLR0917
         out.copy_(parts[0])
     else:
         torch.cat(parts, out=out)
+
+
+def _extend_small_host(
+    plan: list[list[int]], free_pages: torch.Tensor, out: torch.Tensor, page_size: int, k: int
+) -> None:
+    """The per-request plan written through numpy views of ``out`` and ``free_pages`` (CPU):
+    the same slots as the torch ops below, without a torch op per piece (~0.5 us per numpy
+    slice assignment against a few us per torch op)."""
+    assert _np is not None
+    o = out.numpy()
+    shift = page_size.bit_length() - 1
+    block = None
+    if k:
+        pages = (free_pages if free_pages.shape[0] == k else free_pages[:k]).numpy()
+        if pages.dtype != _np.int64:
+            pages = pages.astype(_np.int64)
+        if page_size == 1:
+            block = pages
+        else:
+            offs = _np.arange(page_size, dtype=_np.int64)
+            if len(plan) == 1 and o.shape[0] == k << shift and o.flags.c_contiguous:
+                _np.add((pages << shift)[:, None], offs, out=o.reshape(k, page_size))
+                return
+            block = ((pages << shift)[:, None] + offs).reshape(-1)
+    pos = 0
+    for piece in plan:
+        if len(piece) == 2:
+            if block is None:
+                raise RuntimeError("alloc_extend planned new-page slots without new pages")
+            b0, m = piece
+            o[pos : pos + m] = block[b0 : b0 + m]
+        else:
+            first, m, _ = piece
+            o[pos : pos + m] = _np.arange(first, first + m, dtype=_np.int64)
+        pos += m
 
 
 def _extend_vectorised(  # noqa: PLR0917

@@ -14,11 +14,20 @@ __all__ = [
     "MoveReport",
     "Options",
     "Report",
+    "is_private_path",
     "render_text",
 ]
 
 #: default --min-blame: the share (%) of a moved definition's lines blame must trace back
 DEFAULT_MIN_BLAME = 90.0
+
+
+def is_private_path(module: str, name: str) -> bool:
+    """A path no user may import: a ``_x`` component in the module or a ``_X`` name (dunder
+    names excepted). Its removal needs no shim; the private-modules convention forbids importing
+    it from outside its package."""
+    parts = [*module.split("."), name]
+    return any(p.startswith("_") and not p.startswith("__") for p in parts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,7 +192,8 @@ def render_text(report: Report) -> str:
             line += f" via {p.mechanism}"
         out.append(line)
         if p.status == "gone" and m.removal_allowed:
-            line += " [removal accepted: --allow-removal]"
+            why = "private path" if is_private_path(m.old_module, m.name) else "--allow-removal"
+            line += f" [removal accepted: {why}]"
         elif p.status == "error" and m.probe_error_allowed:
             line += " [accepted: --allow-probe-error]"
         out[-1] = line

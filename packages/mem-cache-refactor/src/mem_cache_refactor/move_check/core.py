@@ -69,6 +69,7 @@ from mem_cache_refactor.move_check._report import (
     MoveReport,
     Options,
     Report,
+    is_private_path,
     render_text,
 )
 from mem_cache_refactor.move_check._sites import find_import_sites
@@ -154,7 +155,10 @@ def _edit_allowed(
 
 
 def _removal_allowed(allow: set[str], old: Definition) -> bool:
-    """``--allow-removal`` names the old path (``module.Name``), its module, or ``Name``."""
+    """``--allow-removal`` names the old path (``module.Name``), its module, or ``Name``; a
+    private old path (``pkg._mod.Name``, ``pkg.mod._Name``) needs no shim and is accepted."""
+    if is_private_path(old.module, old.name):
+        return True
     return bool({old.name, old.qualname, old.module} & allow)
 
 

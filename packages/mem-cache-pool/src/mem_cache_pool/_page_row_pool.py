@@ -1,4 +1,5 @@
-"""Page-row pools: the common base of the DeepSeek-V4 device pools (private).
+"""Page-row pools (private): ``PageRowPool``, the base of pools that keep one byte row per page
+(today the DeepSeek-V4 record pools and the indexer pool).
 
 A page-row pool stores, per layer, one uint8 row of ``page_bytes`` bytes per page
 (``[num_pages, page_bytes]``, zero-initialised) instead of one row per token slot. Slots keep the

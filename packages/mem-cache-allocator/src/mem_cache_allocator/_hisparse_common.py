@@ -1,0 +1,281 @@
+"""What the two HiSparse allocators share (private): ``HiSparseAllocatorCommon``.
+
+``HiSparseTokenToKVPoolAllocator`` (:mod:`mem_cache_allocator.hisparse`, compress ratio 1: the
+device pages hold logical tokens) and ``DeepSeekV4HiSparseTokenToKVPoolAllocator``
+(:mod:`mem_cache_allocator.deepseek_v4_hisparse`, ratio 4: the device pages hold c4 entries) are
+both a *logical* allocator (the slots requests see), a *device* page allocator and the int64
+``full_to_hisparse_device_index_mapping`` from logical keys (logical slots, or logical compressed
+slots) to device slots (0 = none), driven through one ``PairedAllocators``. This base holds the
+methods whose bodies are the same for both: the scheduler hooks, the paired extend, the
+logical-only allocations,
+the device buffer of the HiSparse coordinator, the device-page releases and the state plumbing.
+
+A subclass sets, in ``__init__``: ``logical_attn_allocator``, ``hisparse_attn_allocator``,
+``full_to_hisparse_device_index_mapping``, ``spec_scratch_tokens`` (0), ``_pair``, and
+``_device_page_size`` (slots per device page) and implements ``_device_extend_last_loc``; it
+has a ``debug`` attribute or property (checks
+that sync run only then) and may override ``_buffer_index_limit`` (``None``: no range check of
+``free_hisparse_indices``' argument).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mem_cache_allocator._deepseek_v4_slots import entry_offsets
+from mem_cache_allocator._hisparse_device import (
+    check_slots,
+    lookup,
+    mapped_pages,
+    pad_slots,
+    plan_device_extend,
+    surplus_pages,
+)
+from mem_cache_allocator._host_checks import check_extend_device_inputs, check_extend_lengths
+from mem_cache_allocator._page_allocator import PageAllocatorCore
+from mem_cache_allocator._pages import (
+    check_cpu_lengths,
+    check_index_tensor,
+    num_new_pages_extend,
+)
+from mem_cache_allocator._paired import PairedAllocators
+from mem_cache_allocator._scheduler_hooks import request_slot_reserve
+from mem_cache_allocator.base import BaseTokenToKVPoolAllocator
+
+__all__ = ["HiSparseAllocatorCommon"]
+
+
+class HiSparseAllocatorCommon(BaseTokenToKVPoolAllocator):
+    """Shared methods of the HiSparse allocators (see the module doc); not instantiated."""
+
+    logical_attn_allocator: BaseTokenToKVPoolAllocator
+    hisparse_attn_allocator: PageAllocatorCore
+    full_to_hisparse_device_index_mapping: torch.Tensor
+    spec_scratch_tokens: int
+    _pair: PairedAllocators
+    _device_page_size: int
+
+    @property
+    def _checks(self) -> bool:
+        """Whether the checks that sync run (the subclass's ``debug``)."""
+        return bool(getattr(self, "debug", False))
+
+    @property
+    def _buffer_index_limit(self) -> int | None:
+        """Exclusive upper bound of ``free_hisparse_indices``' slots, or ``None``: unchecked."""
+        return None
+
+    # ------------------------------------------------------------------ scheduler hooks
+    def configure_spec_scratch(self, num_draft_tokens: int) -> None:
+        """Record the speculative-decoding draft tokens each running request may hold at once
+        (``request_slot_reserve`` counts them); 0 turns it off."""
+        if (
+            isinstance(num_draft_tokens, bool)
+            or not isinstance(num_draft_tokens, int)
+            or num_draft_tokens < 0
+        ):
+            raise ValueError(
+                f"num_draft_tokens must be a non-negative int, got {num_draft_tokens!r}"
+            )
+        self.spec_scratch_tokens = num_draft_tokens
+
+    def request_slot_reserve(self, num_reqs: int = 1) -> int:
+        """Tokens the scheduler keeps free per ``num_reqs`` admitted requests: one logical page
+        each (every request may open a new page) plus the speculative scratch rounded up to
+        pages."""
+        return request_slot_reserve(num_reqs, self.page_size, self.spec_scratch_tokens)
+
+    # ------------------------------------------------------------------ logical-only allocation
+    def alloc_logical_only(  # noqa: PLR0917 - SGLang-compatible positional signature
+        self,
+        prefix_lens: torch.Tensor,
+        prefix_lens_cpu: torch.Tensor,
+        seq_lens: torch.Tensor,
+        seq_lens_cpu: torch.Tensor,
+        last_loc: torch.Tensor,
+        extend_num_tokens: int,
+    ) -> torch.Tensor | None:
+        """Logical slots only (KV written straight to host memory; the mapping of their keys
+        stays 0)."""
+        return self.logical_attn_allocator.alloc_extend(
+            prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens
+        )
+
+    def alloc_decode(
+        self, seq_lens: torch.Tensor, seq_lens_cpu: torch.Tensor, last_loc: torch.Tensor
+    ) -> torch.Tensor | None:
+        """Logical slots only: the HiSparse coordinator places decode tokens on the device
+        (``alloc_device_buffer``)."""
+        return self.logical_attn_allocator.alloc_decode(seq_lens, seq_lens_cpu, last_loc)
+
+    # ------------------------------------------------------------------ paired extend
+    def _device_extend_last_loc(
+        self, prefix_lens: torch.Tensor, last_loc: torch.Tensor
+    ) -> torch.Tensor:
+        """The device allocator's ``last_loc`` for an extend from logical ``last_loc``."""
+        raise NotImplementedError
+
+    def _alloc_extend_in_step(  # noqa: PLR0917 - the alloc_extend arguments, then the ratio
+        self,
+        prefix_lens: torch.Tensor,
+        prefix_lens_cpu: torch.Tensor,
+        seq_lens: torch.Tensor,
+        seq_lens_cpu: torch.Tensor,
+        last_loc: torch.Tensor,
+        extend_num_tokens: int,
+        ratio: int,
+    ) -> torch.Tensor | None:
+        """The body of ``alloc_extend``: logical slots, and device slots for the keys the new
+        tokens create (every token for ``ratio`` 1; the ``seq // r - prefix // r`` entries each
+        request completes otherwise).
+
+        Capacity of both sides is checked on the host first (SGLang's pre-check: staged frees
+        count, nothing merges when it fails); a request whose device prefix ends inside a device
+        page on a key without device slot gets a fresh device page (``plan_device_extend``;
+        SGLang hands out the padding page there). ``None``: nothing changed.
+        """
+        bs = check_cpu_lengths("seq_lens_cpu", seq_lens_cpu)
+        check_cpu_lengths("prefix_lens_cpu", prefix_lens_cpu, bs)
+        # host-side input checks before the capacity check (out of room answers None only for
+        # valid inputs); the logical allocator repeats them (cheap, no device sync)
+        for name, t in (
+            ("prefix_lens", prefix_lens),
+            ("seq_lens", seq_lens),
+            ("last_loc", last_loc),
+        ):
+            check_index_tensor(name, t, self.device)
+            if t.dim() != 1 or t.shape[0] != bs:
+                raise ValueError(
+                    f"{name} must be 1-D with {bs} entries, got shape {tuple(t.shape)}"
+                )
+        check_extend_lengths(prefix_lens_cpu, seq_lens_cpu)
+        check_extend_device_inputs(
+            prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, self.page_size
+        )
+        dps = self._device_page_size
+        c_pre_cpu, c_seq_cpu = prefix_lens_cpu, seq_lens_cpu
+        logical_pages, _ = num_new_pages_extend(prefix_lens_cpu, seq_lens_cpu, self.page_size)
+        dev_pages = logical_pages
+        if ratio != 1:
+            c_pre_cpu, c_seq_cpu = prefix_lens_cpu // ratio, seq_lens_cpu // ratio
+            dev_pages, _ = num_new_pages_extend(c_pre_cpu, c_seq_cpu, dps)
+        if not self._pair.fits(logical_pages, dev_pages):
+            return None
+        plan = plan_device_extend(
+            prefix_lens if ratio == 1 else prefix_lens // ratio,
+            c_pre_cpu,
+            c_seq_cpu,
+            self._device_extend_last_loc(prefix_lens, last_loc),
+            dps,
+        )
+        if plan.pages > dev_pages and not self._pair.fits(logical_pages, plan.pages):
+            return None
+        lens = (prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu)
+        got = self._pair.run_in_step(
+            lambda: self.logical_attn_allocator.alloc_extend(*lens, last_loc, extend_num_tokens),
+            lambda: self.hisparse_attn_allocator.alloc_extend(
+                plan.prefix_lens,
+                plan.prefix_lens_cpu,
+                seq_lens if ratio == 1 else seq_lens // ratio,
+                c_seq_cpu,
+                plan.last_loc,
+                plan.tokens,
+            ),
+        )
+        if got is None:
+            return None
+        logical, dev = got
+        if plan.keep is not None:
+            dev = dev[plan.keep]
+        mapping = self.full_to_hisparse_device_index_mapping
+        if ratio == 1:
+            mapping[logical] = dev
+        elif dev.numel():
+            rows = entry_offsets(prefix_lens_cpu, seq_lens_cpu, ratio).to(
+                self.device, non_blocking=True
+            )
+            mapping[logical[rows] // ratio] = dev
+        return logical
+
+    # ------------------------------------------------------------------ device buffer
+    def _take_device_buffer(
+        self, allocated_indices: torch.Tensor, need_size: int, swap_at: int | None
+    ) -> torch.Tensor | None:
+        """The body of ``alloc_device_buffer`` (``need_size`` validated by the caller).
+
+        Takes the device slots mapped from the keys ``allocated_indices`` (in order; unmapped ones
+        skipped). ``swap_at``: when given and there are more than ``swap_at + 1`` of them, the
+        newest is swapped into index ``swap_at``. With at least ``need_size`` slots the first
+        ``need_size`` are the buffer and the surplus pages holding no buffer slot are freed;
+        otherwise the rest of the newest slot's page pads the buffer and new pages supply the
+        remainder. The mapping of ``allocated_indices`` is cleared only on success; ``None``
+        (nothing changed) when the device is out of pages. Syncs.
+        """
+        ps = self._device_page_size
+        mapping = self.full_to_hisparse_device_index_mapping
+        dev = lookup(mapping, allocated_indices, "allocated_indices", check=self._checks)
+        dev = dev[dev > 0]  # a new tensor (boolean indexing copies): the swap cannot touch mapping
+        n = int(dev.shape[0])
+        swapped = swap_at is not None and n > swap_at + 1
+        if swapped:
+            old = dev[swap_at].clone()
+            dev[swap_at] = dev[n - 1]
+            dev[n - 1] = old
+        if n >= need_size:
+            buffer = dev[:need_size]
+            surplus = dev[need_size:]
+            mapping[allocated_indices] = 0
+            if surplus.numel():
+                pages = surplus_pages(buffer, surplus, ps)
+                if pages.numel():
+                    self.hisparse_attn_allocator.free_page_ids(pages)
+            return buffer
+        if n % ps:  # pad inside the newest slot's page (at swap_at after a swap)
+            newest = int(dev[swap_at] if swapped and swap_at is not None else dev[-1])
+            dev = torch.cat([dev, pad_slots(newest, ps - n % ps, ps, self.device)])
+        extra_size = need_size - int(dev.shape[0])
+        extra_pages = -(-extra_size // ps)
+        if extra_pages > self.hisparse_attn_allocator.free_page_count():
+            return None
+        extra = self.hisparse_attn_allocator.alloc(extra_pages * ps)
+        if extra is None:
+            return None
+        mapping[allocated_indices] = 0
+        return torch.cat([dev, extra[:extra_size]])
+
+    # ------------------------------------------------------------------ device releases
+    def _device_pages_of(self, keys: torch.Tensor, name: str) -> torch.Tensor:
+        """The device pages mapped from ``keys`` (debug: none still mapped from other keys)."""
+        mapping = self.full_to_hisparse_device_index_mapping
+        return mapped_pages(mapping, keys, self._device_page_size, name, check=self._checks)
+
+    def _release(self, keys: torch.Tensor, pages: torch.Tensor) -> None:
+        """Clear the mapping of ``keys`` and free the device ``pages``."""
+        self.full_to_hisparse_device_index_mapping[keys] = 0
+        if pages.numel():
+            self.hisparse_attn_allocator.free_page_ids(pages)
+
+    def free_hisparse_indices(self, buffer_indices: torch.Tensor) -> None:
+        """Release device slots directly: every page they touch (SGLang's set-semantics
+        ``free``; a buffer owns whole pages, some of whose slots were never handed out singly).
+        Entries <= 0 are ignored; never deferred. Syncs (``torch.unique``)."""
+        check_index_tensor("buffer_indices", buffer_indices, self.device)
+        limit = self._buffer_index_limit
+        if limit is not None:
+            check_slots(buffer_indices, "buffer_indices", limit, check=self._checks)
+        dev = buffer_indices.to(self.device, torch.int64)
+        dev = dev[dev > 0]
+        if dev.numel():
+            pages = torch.unique(dev // self._device_page_size)
+            self.hisparse_attn_allocator.free_page_ids(pages)
+
+    # ------------------------------------------------------------------ state
+    def merge_and_sort_free(self) -> None:
+        self._pair.merge_and_sort_free()
+
+    def clear(self) -> None:
+        self._pair.clear()
+        self._free_group = None
+
+    def debug_print(self) -> str:
+        return self._pair.describe("logical", "hisparse")
