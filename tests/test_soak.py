@@ -13,13 +13,7 @@ import torch
 from tools.soak import CLASSES, main, soak
 
 OPS = 10_000
-XFAIL = {
-    "swa": "issue 13 items 5/7: SWATokenToKVPoolAllocator.free([1, 2]) raises AttributeError; "
-    "inconsistent alloc inputs answered None when out of room; fixed on branch alloc-free",
-    "hisparse": "issue 13 items 5/7: HiSparseTokenToKVPoolAllocator.free([1, 2]) raises "
-    "AttributeError; inconsistent alloc inputs answered None when out of room; fixed on branch "
-    "hisparse",
-}
+XFAIL: dict[str, str] = {}  # class name -> reason (strict xfail); none known
 
 
 @pytest.mark.parametrize(

@@ -183,6 +183,15 @@ def _desc() -> Any:
     return _mha().get_buffer_desc()
 
 
+def _page_format() -> Any:
+    from mem_cache_pool_host.page_format import PageFormat
+
+    return PageFormat.make(
+        order="token_major", roles=("k", "v"), layer_num=2, page_size=4,
+        row_shapes=((2, 8), (2, 8)), store_dtype=F16,
+    )  # fmt: skip
+
+
 def _names() -> Any:
     from mem_cache_kernels import caller_names
 
@@ -215,6 +224,7 @@ OWNERS: dict[str, Callable[[], Any]] = {
     "mem_cache_pool_host.slots:HostSlotAllocator": _slots,
     "mem_cache_pool_host.layer_counter:LayerDoneCounter": _counter,
     "mem_cache_pool_host.memory:MmapHostTensorAllocator": _mmap,
+    "mem_cache_pool_host.page_format:PageFormat": _page_format,
 }
 
 # classes whose methods the suite reaches only through a concrete subclass, or cannot build here

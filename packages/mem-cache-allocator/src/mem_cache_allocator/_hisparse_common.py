@@ -31,8 +31,13 @@ from mem_cache_allocator._hisparse_device import (
     plan_device_extend,
     surplus_pages,
 )
+from mem_cache_allocator._host_checks import check_extend_device_inputs, check_extend_lengths
 from mem_cache_allocator._page_allocator import PageAllocatorCore
-from mem_cache_allocator._pages import check_cpu_lengths, num_new_pages_extend
+from mem_cache_allocator._pages import (
+    check_cpu_lengths,
+    check_index_tensor,
+    num_new_pages_extend,
+)
 from mem_cache_allocator._paired import PairedAllocators
 from mem_cache_allocator._scheduler_hooks import request_slot_reserve
 from mem_cache_allocator.base import BaseTokenToKVPoolAllocator
@@ -131,6 +136,22 @@ class HiSparseAllocatorCommon(BaseTokenToKVPoolAllocator):
         """
         bs = check_cpu_lengths("seq_lens_cpu", seq_lens_cpu)
         check_cpu_lengths("prefix_lens_cpu", prefix_lens_cpu, bs)
+        # host-side input checks before the capacity check (out of room answers None only for
+        # valid inputs); the logical allocator repeats them (cheap, no device sync)
+        for name, t in (
+            ("prefix_lens", prefix_lens),
+            ("seq_lens", seq_lens),
+            ("last_loc", last_loc),
+        ):
+            check_index_tensor(name, t, self.device)
+            if t.dim() != 1 or t.shape[0] != bs:
+                raise ValueError(
+                    f"{name} must be 1-D with {bs} entries, got shape {tuple(t.shape)}"
+                )
+        check_extend_lengths(prefix_lens_cpu, seq_lens_cpu)
+        check_extend_device_inputs(
+            prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, self.page_size
+        )
         dps = self._device_page_size
         c_pre_cpu, c_seq_cpu = prefix_lens_cpu, seq_lens_cpu
         logical_pages, _ = num_new_pages_extend(prefix_lens_cpu, seq_lens_cpu, self.page_size)
@@ -238,6 +259,7 @@ class HiSparseAllocatorCommon(BaseTokenToKVPoolAllocator):
         """Release device slots directly: every page they touch (SGLang's set-semantics
         ``free``; a buffer owns whole pages, some of whose slots were never handed out singly).
         Entries <= 0 are ignored; never deferred. Syncs (``torch.unique``)."""
+        check_index_tensor("buffer_indices", buffer_indices, self.device)
         limit = self._buffer_index_limit
         if limit is not None:
             check_slots(buffer_indices, "buffer_indices", limit, check=self._checks)

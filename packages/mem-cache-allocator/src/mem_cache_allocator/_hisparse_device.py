@@ -39,6 +39,8 @@ def check_slots(indices: torch.Tensor, name: str, upper: int, *, check: bool) ->
         raise TypeError(f"{name} must be a torch.Tensor, got {type(indices).__name__}")
     if indices.dtype not in (torch.int64, torch.int32):
         raise ValueError(f"{name} must be int32 or int64, got {indices.dtype}")
+    if indices.is_meta:
+        raise ValueError(f"{name} must hold data, got a meta tensor")
     if (check or indices.is_cpu) and indices.numel():
         host = indices.detach().to("cpu", torch.int64)
         bad = host[(host < -1) | (host >= upper)]

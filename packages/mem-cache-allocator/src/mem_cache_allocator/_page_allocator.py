@@ -258,6 +258,8 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
     def merge_for_decode(self, bs: int) -> None:
         """SGLang's ``alloc_decode`` merge trigger (``need_sort`` and ``bs > len(free)``); the
         paired allocators run it on both sides before their capacity pre-check."""
+        if isinstance(bs, bool) or not isinstance(bs, int):
+            raise TypeError(f"bs must be an int, got {type(bs).__name__}")
         if self.need_sort and bs > len(self._free):
             self.merge_and_sort_free()
 
@@ -420,6 +422,7 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
         """The pages ``free`` would release for validated slots ``idx`` (int64, this device),
         checked (range on CPU, capacity count, debug ownership) but not released:
         :meth:`commit_free` does. Composites validate both sides before changing either."""
+        self._check_validated("idx", idx)
         if not self._SORT_FREES:
             pages = idx.clone() if idx is caller else idx
             if self._debug is not None:
@@ -444,13 +447,18 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
         return uniq
 
     def commit_free(self, pages: torch.Tensor) -> None:
-        """Release ``pages`` from :meth:`prepare_free` (no checks; never raises)."""
+        """Release ``pages`` from :meth:`prepare_free` (only a type check: a 1-D int64 tensor on
+        this device, else ``TypeError``/``ValueError`` before any change)."""
+        self._check_validated("pages", pages)
         if self._debug is not None:
             self._debug.on_free_pages(pages)
         self._push(pages)
 
     def check_free_input(self, name: str, t: object) -> torch.Tensor | None:
-        """Validate a slot tensor as ``free`` does; int64 on this device, ``None`` if empty."""
+        """Validate a slot tensor as ``free`` does; int64 on this device, ``None`` if empty.
+        ``name`` (a str) is the caller's argument name used in the error messages."""
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a str (the argument name), got {type(name).__name__}")
         return self._free_input(name, t)
 
     def free_unaligned(self, free_index: torch.Tensor) -> None:
@@ -554,6 +562,16 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
         return torch.cat((idx[:1], idx[first_boundary::ps])) >> self._page_shift
 
     # ------------------------------------------------------------------ free helpers
+    def _check_validated(self, name: str, t: object) -> None:
+        """Host-only type check of an already validated index tensor (int64, 1-D, this device)."""
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype is not torch.int64 or t.dim() != 1 or t.device != self.device:
+            raise ValueError(
+                f"{name} must be a 1-D int64 tensor on {self.device} (validated by "
+                f"check_free_input), got {t.dtype} of shape {tuple(t.shape)} on {t.device}"
+            )
+
     def _free_input(self, name: str, t: object) -> torch.Tensor | None:
         """``t`` as int64 on the allocator's device (``None`` when empty), validated."""
         return self._index_input(name, t, page_ids=False)
@@ -590,6 +608,8 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
             self._check_cpu_range(name, t, page_ids=page_ids)
         if t.dtype is torch.int64 and t.device == self.device:
             return t
+        if t.is_meta:
+            raise ValueError(f"{name} must hold data (on {self.device}), got a meta tensor")
         return t.to(device=self.device, dtype=torch.int64)
 
     def _check_cpu_range(self, name: str, t: torch.Tensor, *, page_ids: bool) -> None:

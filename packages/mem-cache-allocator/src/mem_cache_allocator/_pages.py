@@ -19,6 +19,8 @@ except ImportError:  # pragma: no cover - numpy ships with every torch wheel we 
 __all__ = [
     "decode_page_count",
     "check_cpu_lengths",
+    "check_index_tensor",
+    "check_segments_iterable",
     "check_start_pos",
     "num_new_pages_decode",
     "num_new_pages_extend",
@@ -124,6 +126,29 @@ def check_start_pos(start_pos: object, name: str = "start_pos") -> int:
     return start_pos
 
 
+def check_index_tensor(name: str, t: object, device: torch.device) -> None:
+    """``TypeError``/``ValueError`` naming ``name`` unless ``t`` is an int32/int64 tensor with
+    data (not on the meta device, unless the allocator's ``device`` is meta: the sync-free
+    tests run allocators there). Host-only: reads no tensor data."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype is not torch.int64 and t.dtype is not torch.int32:
+        raise ValueError(f"{name} must be int32 or int64, got {t.dtype}")
+    if t.is_meta and device.type != "meta":
+        raise ValueError(f"{name} must hold data (on {device}), got a meta tensor")
+
+
+def check_segments_iterable(segments: object) -> None:
+    """``TypeError`` naming ``segments`` unless it is an iterable (not a tensor) of pairs."""
+    if not isinstance(segments, (list, tuple)) and (
+        isinstance(segments, torch.Tensor) or not isinstance(segments, Iterable)
+    ):
+        raise TypeError(
+            f"segments must be an iterable of (free_index, start_pos) pairs, "
+            f"got {type(segments).__name__}"
+        )
+
+
 def trim_segments(
     segments: Iterable[tuple[torch.Tensor, int]], page_size: int
 ) -> Iterator[tuple[torch.Tensor, int]]:
@@ -134,14 +159,8 @@ def trim_segments(
     (the previous segment releases it); a segment entirely inside that page yields nothing.
     All arithmetic is on host-known positions and lengths: no device data is read.
     """
-    if not isinstance(segments, (list, tuple)) and (
-        isinstance(segments, torch.Tensor) or not isinstance(segments, Iterable)
-    ):
-        raise TypeError(
-            f"segments must be an iterable of (free_index, start_pos) pairs, "
-            f"got {type(segments).__name__}"
-        )
     prev_end: int | None = None
+    check_segments_iterable(segments)
     for k, seg in enumerate(segments):
         if not isinstance(seg, (tuple, list)) or len(seg) != 2:
             raise TypeError(f"segments[{k}] must be a (free_index, start_pos) pair, got {seg!r}")

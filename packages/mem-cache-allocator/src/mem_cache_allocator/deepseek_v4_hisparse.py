@@ -50,7 +50,11 @@ from mem_cache_allocator._composite import check_need_size, new_mapping
 from mem_cache_allocator._deepseek_v4_slots import device_last_loc
 from mem_cache_allocator._hisparse_common import HiSparseAllocatorCommon
 from mem_cache_allocator._hisparse_device import check_slots
-from mem_cache_allocator._pages import trim_segments
+from mem_cache_allocator._pages import (
+    check_index_tensor,
+    check_segments_iterable,
+    trim_segments,
+)
 from mem_cache_allocator._paired import PairedAllocators, check_own_state
 from mem_cache_allocator._scheduler_hooks import capacity_pair
 from mem_cache_allocator.base import BaseTokenToKVPoolAllocator
@@ -321,6 +325,8 @@ class DeepSeekV4HiSparseTokenToKVPoolAllocator(HiSparseAllocatorCommon):
         """Free logical slots (the logical allocator's ``free``) and the device slots of their
         compressed entries (``free_hisparse``), as SGLang 0.5.23 does. Inside a free group the
         call is queued (copied) and applied at ``free_group_end`` as one free."""
+        if not isinstance(free_index, torch.Tensor):
+            raise TypeError(f"free_index must be a torch.Tensor, got {type(free_index).__name__}")
         if free_index.numel() == 0:
             return
         check_slots(free_index, "free_index", self._full_slots, check=self.debug)
@@ -333,6 +339,8 @@ class DeepSeekV4HiSparseTokenToKVPoolAllocator(HiSparseAllocatorCommon):
     def free_full(self, free_index: torch.Tensor) -> None:
         """The logical allocator's ``free_full`` (full side of a request whose window slots
         ``free_swa`` released); queued inside a free group."""
+        if not isinstance(free_index, torch.Tensor):
+            raise TypeError(f"free_index must be a torch.Tensor, got {type(free_index).__name__}")
         if free_index.numel() == 0:
             return
         if self._free_group is not None:
@@ -352,9 +360,12 @@ class DeepSeekV4HiSparseTokenToKVPoolAllocator(HiSparseAllocatorCommon):
         """The logical allocator's ``free_segments`` and the device slots of *every* given slot's
         compressed entry (a page two segments share is released once on the logical side, but
         all its entries' device slots go). Queued as one free inside a free group."""
+        check_segments_iterable(segments)
         segs = list(segments)
         if not segs:
             return
+        for _ in trim_segments(segs, self.page_size):  # validates the segments first
+            pass
         slots = torch.cat([idx.to(self.device, torch.int64).reshape(-1) for idx, _ in segs])
         if self._free_group is not None:
             for _ in trim_segments(segs, self.page_size):  # validates the segments
@@ -385,6 +396,7 @@ class DeepSeekV4HiSparseTokenToKVPoolAllocator(HiSparseAllocatorCommon):
     def free_hisparse(self, free_indices: torch.Tensor) -> None:
         """Release the device slots of the compressed entries of logical full slots
         ``free_indices`` and clear their mapping (never deferred)."""
+        check_index_tensor("free_indices", free_indices, self.device)
         if free_indices.numel() == 0:
             return
         check_slots(free_indices, "free_indices", self._full_slots, check=self.debug)

@@ -33,9 +33,13 @@ import torch
 
 from mem_cache_allocator._composite import check_need_size, make_inner, new_mapping
 from mem_cache_allocator._hisparse_common import HiSparseAllocatorCommon
-from mem_cache_allocator._hisparse_device import lookup
+from mem_cache_allocator._hisparse_device import check_slots, lookup
 from mem_cache_allocator._page_allocator import PageAllocatorCore, PageAllocatorState
-from mem_cache_allocator._pages import trim_segments
+from mem_cache_allocator._pages import (
+    check_index_tensor,
+    check_segments_iterable,
+    trim_segments,
+)
 from mem_cache_allocator._paired import PairedAllocators, check_own_state
 
 __all__ = ["HiSparseAllocatorState", "HiSparseTokenToKVPoolAllocator"]
@@ -123,6 +127,8 @@ class HiSparseTokenToKVPoolAllocator(HiSparseAllocatorCommon):
     def get_last_loc_compressed(self, last_locs: torch.Tensor) -> torch.Tensor:
         """``last_locs`` unchanged (no compression; SGLang's coordinator calls it on both
         HiSparse allocators)."""
+        upper = self.full_to_hisparse_device_index_mapping.shape[0] - 1
+        check_slots(last_locs, "last_locs", upper, check=False)
         return last_locs
 
     def get_last_loc_hisparse_device(self, last_locs: torch.Tensor) -> torch.Tensor:
@@ -200,6 +206,8 @@ class HiSparseTokenToKVPoolAllocator(HiSparseAllocatorCommon):
         with SGLang 0.5.23's set semantics on both sides (the pages of the given slots: any
         order, several requests concatenated, partial pages). Syncs once (the device side is
         data-dependent anyway). Never deferred: free groups only check nesting."""
+        if not isinstance(free_index, torch.Tensor):
+            raise TypeError(f"free_index must be a torch.Tensor, got {type(free_index).__name__}")
         if free_index.numel() == 0:
             return
         dev_pages = self._device_pages_of(free_index, "free_index")
@@ -210,6 +218,7 @@ class HiSparseTokenToKVPoolAllocator(HiSparseAllocatorCommon):
         """Free ascending ``(slots, start_pos)`` segments of one request: one :meth:`free` of all
         their slots (set semantics release a page two segments share once, and every slot's
         device page goes -- trimming the shared page's slots would leave them mapped)."""
+        check_segments_iterable(segments)
         segs = list(segments)
         for _ in trim_segments(segs, self.page_size):  # validates the segments
             pass
@@ -219,6 +228,7 @@ class HiSparseTokenToKVPoolAllocator(HiSparseAllocatorCommon):
     def free_hisparse(self, free_indices: torch.Tensor) -> None:
         """Release the device pages mapped from logical ``free_indices`` and clear the mapping
         (SGLang's set-semantics ``free`` of the mapped device slots)."""
+        check_index_tensor("free_indices", free_indices, self.device)
         if free_indices.numel() == 0:
             return
         self._release(free_indices, self._device_pages_of(free_indices, "free_indices"))

@@ -124,14 +124,28 @@ class MambaSlotAllocator:
             raise TypeError(f"free_index must be a torch.Tensor, got {type(free_index).__name__}")
         if free_index.dtype not in (torch.int32, torch.int64):
             raise ValueError(f"free_index must be int32 or int64, got {free_index.dtype}")
+        if free_index.is_meta and self.device.type != "meta":
+            raise ValueError("free_index must hold data, got a meta tensor")
+        if free_index.dim() > 1:
+            raise ValueError(f"free_index must be 1-D, got shape {tuple(free_index.shape)}")
         if free_index.numel() == 0:
             return
+        if self._live is None and free_index.is_cpu:  # host-side range check: no device sync
+            lo, hi = torch.aminmax(free_index)
+            if int(lo) <= 0 or int(hi) > self.size:
+                bad = free_index[(free_index <= 0) | (free_index > self.size)]
+                raise ValueError(
+                    f"free_index has invalid slots {describe(bad)} (valid: [1, {self.size}])"
+                )
         slots = free_index.reshape(-1).to(device=self.device, dtype=torch.int64, copy=True)
         if self._live is not None:
             host = slots.cpu()
             bad = host[(host <= 0) | (host > self.size)]
             if bad.numel():
-                raise ValueError(f"MambaSlotAllocator: free of invalid slots {describe(bad)}")
+                raise ValueError(
+                    f"MambaSlotAllocator: free_index has invalid slots {describe(bad)} "
+                    f"(valid: [1, {self.size}])"
+                )
             assert self._ever is not None
             never = host[~self._ever[host]]
             if never.numel():

@@ -24,7 +24,11 @@ import torch
 
 from mem_cache_allocator._composite import make_inner, new_mapping
 from mem_cache_allocator._page_allocator import PageAllocatorState
-from mem_cache_allocator._pages import check_cpu_lengths, num_new_pages_extend
+from mem_cache_allocator._pages import (
+    check_cpu_lengths,
+    check_index_tensor,
+    num_new_pages_extend,
+)
 from mem_cache_allocator._paired import PairedAllocators, check_own_state
 from mem_cache_allocator.base import BaseTokenToKVPoolAllocator
 
@@ -110,6 +114,7 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
 
         An index past the mapping raises ``ValueError`` naming ``kv_indices`` (no extra cost:
         torch's own bounds check, re-raised)."""
+        check_index_tensor("kv_indices", kv_indices, self.device)
         mapping = self.full_to_swa_index_mapping
         try:
             return mapping[kv_indices]
@@ -121,6 +126,8 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         self, full_indices: torch.Tensor, swa_indices: torch.Tensor
     ) -> None:
         """``mapping[full_indices] = swa_indices`` (HiCache load-back rebuilds it this way)."""
+        check_index_tensor("full_indices", full_indices, self.device)
+        check_index_tensor("swa_indices", swa_indices, self.device)
         if full_indices.shape != swa_indices.shape:
             raise ValueError(
                 f"full_indices and swa_indices must have the same shape, got "
