@@ -41,7 +41,7 @@ def test_hisparse_without_kvcache_checks_indices_then_raises_runtime_error() -> 
 def test_dsv4_cpu_copy_names_the_allocator_and_the_pool(name: str) -> None:
     a = OWNERS[_DSV4]()
     before = snapshot(a)
-    args = (_idx(4),) if name == "get_cpu_copy" else ({}, _idx(4))
+    args: tuple[object, ...] = (_idx(4),) if name == "get_cpu_copy" else ({}, _idx(4))
     with pytest.raises(NotImplementedError) as info:
         getattr(a, name)(*args)
     message = str(info.value)
