@@ -80,24 +80,26 @@ def _v4_pool(*, hisparse: bool) -> Any:
     from mem_cache_pool.deepseek_v4 import DeepSeekV4TokenToKVPool
 
     return DeepSeekV4TokenToKVPool(
-        2, 16, 64, 4, 2, 2, 128, 4, torch.float8_e4m3fn, torch.float32, torch.float32,
+        2, 256, 64, 4, 2, 2, 128, 4, torch.float8_e4m3fn, torch.float32, torch.float32,
         448, 64, 16, 3, "cpu", False, [0, 4, 128], enable_hisparse=hisparse, state_dim=8,
     )  # fmt: skip
 
 
 def _v4_mapped() -> Any:
-    """A DeepSeek-V4 pool whose SWA / compressed mappings the allocator registered."""
+    """A DeepSeek-V4 pool whose SWA / compressed mappings the allocators registered."""
     pool = _v4_pool(hisparse=True)
     _v4_alloc(pool)
     return pool
 
 
 def _v4_alloc(pool: Any = None) -> Any:
-    from mem_cache_allocator import PagedTokenToKVPoolAllocator
+    """SGLang's DeepSeek-V4 stack: the SWA allocator over the composite pool (its window side,
+    two pages of 128, so the SWA methods are meaningful), HiSparse over it."""
+    from mem_cache_allocator import SWATokenToKVPoolAllocator
     from mem_cache_allocator.deepseek_v4_hisparse import DeepSeekV4HiSparseTokenToKVPoolAllocator
 
     pool = pool if pool is not None else _v4_pool(hisparse=True)
-    logical = PagedTokenToKVPoolAllocator(pool.size, 128, torch.float8_e4m3fn, "cpu", pool)
+    logical = SWATokenToKVPoolAllocator(pool.size, 256, 128, torch.float8_e4m3fn, "cpu", pool)
     return DeepSeekV4HiSparseTokenToKVPoolAllocator(logical)
 
 

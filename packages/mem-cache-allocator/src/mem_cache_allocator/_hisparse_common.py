@@ -20,6 +20,8 @@ that sync run only then) and may override ``_buffer_index_limit`` (``None``: no 
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from mem_cache_allocator._deepseek_v4_slots import entry_offsets
@@ -268,6 +270,47 @@ class HiSparseAllocatorCommon(BaseTokenToKVPoolAllocator):
         if dev.numel():
             pages = torch.unique(dev // self._device_page_size)
             self.hisparse_attn_allocator.free_page_ids(pages)
+
+    # ------------------------------------------------------------------ pool pass-through
+    def _check_cpu_copy_args(self, indices: object, mamba_indices: object) -> None:
+        """The host-side checks of :meth:`get_cpu_copy` / :meth:`load_cpu_copy`' index
+        arguments, run before anything reaches the pool (or finds it missing)."""
+        check_index_tensor("indices", indices, self.device)
+        if mamba_indices is not None:
+            check_index_tensor("mamba_indices", mamba_indices, self.device)
+
+    def _forward_cpu_copy(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """The pool's ``name``; its ``NotImplementedError`` is raised again naming this class
+        (the pools of both HiSparse stacks have no per-token CPU copy)."""
+        method = self._pool_method(name)  # RuntimeError without a kvcache
+        try:
+            return method(*args, **kwargs)
+        except NotImplementedError as exc:
+            raise NotImplementedError(
+                f"{type(self).__name__} does not support {name}: {exc}"
+            ) from exc
+
+    def get_cpu_copy(self, indices: torch.Tensor, mamba_indices: torch.Tensor | None = None) -> Any:
+        """The pool's ``get_cpu_copy`` (see the base class). ``indices`` (and ``mamba_indices``)
+        are checked first (``TypeError``/``ValueError`` naming them); then ``RuntimeError``
+        without a kvcache, or ``NotImplementedError`` naming this class and the pool when the
+        pool has no CPU copy."""
+        self._check_cpu_copy_args(indices, mamba_indices)
+        if mamba_indices is None:
+            return self._forward_cpu_copy("get_cpu_copy", indices)
+        return self._forward_cpu_copy("get_cpu_copy", indices, mamba_indices=mamba_indices)
+
+    def load_cpu_copy(
+        self, kv_cache_cpu: Any, indices: torch.Tensor, mamba_indices: torch.Tensor | None = None
+    ) -> Any:
+        """The pool's ``load_cpu_copy`` (inverse of :meth:`get_cpu_copy`); the same order of
+        checks (``kv_cache_cpu`` is the pool's to check)."""
+        self._check_cpu_copy_args(indices, mamba_indices)
+        if mamba_indices is None:
+            return self._forward_cpu_copy("load_cpu_copy", kv_cache_cpu, indices)
+        return self._forward_cpu_copy(
+            "load_cpu_copy", kv_cache_cpu, indices, mamba_indices=mamba_indices
+        )
 
     # ------------------------------------------------------------------ state
     def merge_and_sort_free(self) -> None:

@@ -294,10 +294,13 @@ class DeepSeekV4TokenToKVPool(BaseSWAKVPool):
         )
 
     def translate_loc_from_full_to_swa(self, idx: torch.Tensor) -> torch.Tensor:
-        """``mapping[idx]``: window slots (int64) of full slots ``idx`` (0 where unmapped)."""
+        """``mapping[idx]``: window slots (int64) of full slots ``idx`` (0 where unmapped).
+
+        ``idx`` is checked first (``TypeError``/``ValueError``), then ``RuntimeError`` when no
+        mapping is registered."""
+        check_index("idx", idx, self.device, self.num_rows, full=self.debug)
         if self.full_to_swa_index_mapping is None:
             raise RuntimeError("no full -> swa mapping registered: call register_mapping first")
-        check_index("idx", idx, self.device, self.num_rows, full=self.debug)
         return self.full_to_swa_index_mapping[idx]
 
     def translate_loc_from_full_to_compressed(
