@@ -27,7 +27,6 @@ __all__ = [
     "INDEX_DTYPES",
     "IndexBound",
     "as_byte_rows",
-    "check_backend_arg",
     "check_dtype_arg",
     "check_index",
     "check_index_range",
@@ -166,13 +165,6 @@ def check_page_size(value: object, name: str = "page_size") -> int:
     if not is_power_of_two(n):
         raise ValueError(f"{name} must be a power of two, got {n}")
     return n
-
-
-def check_backend_arg(value: object) -> str:
-    """Check the Python type of ``backend`` (its value is checked by ``resolve_backend``)."""
-    if not isinstance(value, str):
-        raise TypeError(f"backend must be a str, got {type(value).__name__}")
-    return value
 
 
 def check_tensor_list(name: str, value: object, *, length: int | None = None) -> list[torch.Tensor]:
