@@ -16,11 +16,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
-
-from mem_cache_kernels.shims import moved_names
 
 __all__ = [
     "DEBUG_ENV_VAR",
@@ -43,11 +40,6 @@ __all__ = [
     "check_tensor_list",
     "is_power_of_two",
 ]
-
-if not TYPE_CHECKING:  # runtime only: mypy keeps flagging unknown names of this module
-    # check_dtype_itemsize moved to its only user, mem_cache_kernels._store. There is no
-    # `if TYPE_CHECKING:` re-import: _store imports this module, so it would be a cycle.
-    __getattr__ = moved_names(__name__, {"check_dtype_itemsize": "mem_cache_kernels._store"})
 
 INDEX_DTYPES = (torch.int32, torch.int64)
 DEBUG_ENV_VAR = "MEM_CACHE_DEBUG"
