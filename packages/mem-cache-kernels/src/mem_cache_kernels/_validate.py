@@ -44,20 +44,13 @@ __all__ = [
 INDEX_DTYPES = (torch.int32, torch.int64)
 DEBUG_ENV_VAR = "MEM_CACHE_DEBUG"
 
-_ENV_DATA: dict[object, object] | None = getattr(os.environ, "_data", None)
-_DEBUG_KEY: object = getattr(os.environ, "encodekey", lambda key: key)(DEBUG_ENV_VAR)
-_OFF = (None, b"", b"0", "", "0")
-
 
 def debug_enabled() -> bool:
     """True when ``MEM_CACHE_DEBUG`` is set to something other than ``""``/``"0"``.
 
-    Read on every call (tests flip it with ``monkeypatch``); the environment's own dict answers in
-    well under a microsecond.
+    Read on every call (tests flip it with ``monkeypatch``).
     """
-    if _ENV_DATA is None:
-        return os.environ.get(DEBUG_ENV_VAR, "0") not in ("", "0")
-    return _ENV_DATA.get(_DEBUG_KEY) not in _OFF
+    return os.environ.get(DEBUG_ENV_VAR, "0") not in ("", "0")
 
 
 def host_values(t: torch.Tensor) -> torch.Tensor | None:
