@@ -71,9 +71,7 @@ DOCUMENTED: list[tuple[str, tuple[str, ...]]] = [
 DOCUMENTED_MODULES: list[str] = ["mem_cache_allocator.testing", "mem_cache_pool.deepseek_v4"]
 
 # (old_module, name, new_module): definitions moved with a shim left at the old path.
-MOVED: list[tuple[str, str, str]] = [
-    ("mem_cache_kernels._validate", "check_dtype_itemsize", "mem_cache_kernels._store"),
-]
+MOVED: list[tuple[str, str, str]] = []
 
 _RUNNER = textwrap.dedent(
     r"""

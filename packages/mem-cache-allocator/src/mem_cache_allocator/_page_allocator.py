@@ -649,7 +649,7 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
         else:
             self._free.push_back(pages)
 
-    def free_group_end(self) -> None:
+    def _flush_free_group(self, group: list[Any]) -> None:
         """Apply the group's frees as SGLang does: one free of their union.
 
         Paged: the pages of every ``free`` in the group, deduplicated and ascending, go first
@@ -659,9 +659,6 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
         (double free by the count, debug ownership) nothing is released and the group stays
         open.
         """
-        super().free_group_end()
-
-    def _flush_free_group(self, group: list[Any]) -> None:
         try:
             pages = self._group_pages(group)
         except BaseException:

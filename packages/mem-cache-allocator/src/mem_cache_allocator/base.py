@@ -192,10 +192,6 @@ class BaseTokenToKVPoolAllocator(abc.ABC):
         if group:
             self._flush_free_group(group)
 
-    @property
-    def in_free_group(self) -> bool:
-        return self._free_group is not None
-
     def _flush_free_group(self, group: list[Any]) -> None:
         """Apply the queued entries of a closed group (subclasses that queue must override)."""
         raise RuntimeError(f"{type(self).__name__} queued frees it cannot flush")

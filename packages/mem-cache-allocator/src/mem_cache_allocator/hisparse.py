@@ -233,13 +233,6 @@ class HiSparseTokenToKVPoolAllocator(HiSparseAllocatorCommon):
             return
         self._release(free_indices, self._device_pages_of(free_indices, "free_indices"))
 
-    def free_group_begin(self) -> None:
-        """Checks nesting only: HiSparse frees must clear the mapping at once."""
-        super().free_group_begin()
-
-    def free_group_end(self) -> None:
-        super().free_group_end()
-
     # ------------------------------------------------------------------ state
     def backup_state(self) -> HiSparseAllocatorState:
         logical, dev, mapping = self._pair.snapshot()

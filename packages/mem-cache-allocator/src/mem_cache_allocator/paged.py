@@ -14,14 +14,7 @@ allocations are O(pages touched), never O(free list); a debug mode checks owners
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-import torch
-
 from mem_cache_allocator._page_allocator import PageAllocatorCore, PageAllocatorState
-
-if TYPE_CHECKING:
-    from mem_cache_pool.base import KVCache
 
 __all__ = ["PageAllocatorState", "PagedTokenToKVPoolAllocator"]
 
@@ -35,16 +28,3 @@ class PagedTokenToKVPoolAllocator(PageAllocatorCore):
 
     _FREE_TO_FRONT = True
     _SORT_FREES = True
-
-    def __init__(  # noqa: PLR0917 - SGLang-compatible positional signature
-        self,
-        size: int,
-        page_size: int,
-        dtype: torch.dtype,
-        device: str | torch.device,
-        kvcache: KVCache | None,
-        need_sort: bool = False,
-        *,
-        debug: bool = False,
-    ) -> None:
-        super().__init__(size, page_size, dtype, device, kvcache, need_sort, debug=debug)

@@ -74,26 +74,15 @@ def _fast_ok(out: object, page_size: object, *tensors: object) -> bool:
     return True
 
 
-# ``BACKEND_ENV_VAR in os.environ`` goes through ``Mapping.__contains__`` (a KeyError when unset,
-# ~1.5 us); the environment's own dict answers in ~60 ns and is updated by ``os.environ[...] =``
-# and ``del os.environ[...]`` (so by ``monkeypatch.setenv`` too).
-_ENV_DATA: dict[object, object] | None = getattr(os.environ, "_data", None)
-_ENV_KEY: object = getattr(os.environ, "encodekey", lambda key: key)(BACKEND_ENV_VAR)
-
-
-def _env_override() -> bool:
-    if _ENV_DATA is None:
-        return BACKEND_ENV_VAR in os.environ
-    return _ENV_KEY in _ENV_DATA
-
-
 def _use_triton(backend: str, out: torch.Tensor) -> bool:
     """``resolve_backend(backend, out) == "triton"`` (all operands share ``out``'s device).
 
     The common CPU case (``"auto"`` without the environment override, or ``"torch"``) is decided
     here without the general resolver's bookkeeping; everything else goes through it.
     """
-    if backend == "torch" or (backend == "auto" and out.is_cpu and not _env_override()):
+    if backend == "torch":
+        return False
+    if backend == "auto" and out.is_cpu and BACKEND_ENV_VAR not in os.environ:
         return False
     return resolve_backend(backend, out) == "triton"
 

@@ -16,18 +16,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
-
-from mem_cache_kernels.shims import moved_names
 
 __all__ = [
     "DEBUG_ENV_VAR",
     "INDEX_DTYPES",
     "IndexBound",
     "as_byte_rows",
-    "check_backend_arg",
     "check_dtype_arg",
     "check_index",
     "check_index_range",
@@ -45,28 +41,16 @@ __all__ = [
     "is_power_of_two",
 ]
 
-if not TYPE_CHECKING:  # runtime only: mypy keeps flagging unknown names of this module
-    # check_dtype_itemsize moved to its only user, mem_cache_kernels._store. There is no
-    # `if TYPE_CHECKING:` re-import: _store imports this module, so it would be a cycle.
-    __getattr__ = moved_names(__name__, {"check_dtype_itemsize": "mem_cache_kernels._store"})
-
 INDEX_DTYPES = (torch.int32, torch.int64)
 DEBUG_ENV_VAR = "MEM_CACHE_DEBUG"
-
-_ENV_DATA: dict[object, object] | None = getattr(os.environ, "_data", None)
-_DEBUG_KEY: object = getattr(os.environ, "encodekey", lambda key: key)(DEBUG_ENV_VAR)
-_OFF = (None, b"", b"0", "", "0")
 
 
 def debug_enabled() -> bool:
     """True when ``MEM_CACHE_DEBUG`` is set to something other than ``""``/``"0"``.
 
-    Read on every call (tests flip it with ``monkeypatch``); the environment's own dict answers in
-    well under a microsecond.
+    Read on every call (tests flip it with ``monkeypatch``).
     """
-    if _ENV_DATA is None:
-        return os.environ.get(DEBUG_ENV_VAR, "0") not in ("", "0")
-    return _ENV_DATA.get(_DEBUG_KEY) not in _OFF
+    return os.environ.get(DEBUG_ENV_VAR, "0") not in ("", "0")
 
 
 def host_values(t: torch.Tensor) -> torch.Tensor | None:
@@ -166,13 +150,6 @@ def check_page_size(value: object, name: str = "page_size") -> int:
     if not is_power_of_two(n):
         raise ValueError(f"{name} must be a power of two, got {n}")
     return n
-
-
-def check_backend_arg(value: object) -> str:
-    """Check the Python type of ``backend`` (its value is checked by ``resolve_backend``)."""
-    if not isinstance(value, str):
-        raise TypeError(f"backend must be a str, got {type(value).__name__}")
-    return value
 
 
 def check_tensor_list(name: str, value: object, *, length: int | None = None) -> list[torch.Tensor]:

@@ -32,7 +32,6 @@ from mem_cache_pool_host.page_format import (
     PageFormat,
     convert_flat_page,
 )
-from mem_cache_pool_host.pages import StoragePageMixin
 from mem_cache_pool_host.registration import CudaHostRegistrar, HostRegistrar
 from mem_cache_pool_host.slots import HostSlotAllocator
 
@@ -60,7 +59,6 @@ __all__ = [
     "MmapHostAllocation",
     "MmapHostTensorAllocator",
     "PageFormat",
-    "StoragePageMixin",
     "available_host_memory",
     "convert_flat_page",
     "default_host_tensor_allocator",

@@ -260,7 +260,8 @@ class DeepSeekV4TokenToKVPool(BaseSWAKVPool):
 
     def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Not supported (no value buffer): ``NotImplementedError``."""
-        return self.get_key_buffer(layer_id), self._get_value_buffer(layer_id)
+        self.layer_index(layer_id)  # checked, never waited for: the call fails anyway
+        return self._get_key_buffer(layer_id), self._get_value_buffer(layer_id)
 
     def get_swa_key_buffer(self, layer_id: int) -> torch.Tensor:
         """Sliding-window page rows of ``layer_id`` (waits for the layer)."""
