@@ -33,7 +33,11 @@ from mem_cache_allocator._hisparse_device import (
     plan_device_extend,
     surplus_pages,
 )
-from mem_cache_allocator._host_checks import check_extend_device_inputs, check_extend_lengths
+from mem_cache_allocator._host_checks import (
+    check_extend_device_inputs,
+    check_extend_lengths,
+    check_extend_num_tokens,
+)
 from mem_cache_allocator._page_allocator import PageAllocatorCore
 from mem_cache_allocator._pages import (
     check_cpu_lengths,
@@ -156,7 +160,8 @@ class HiSparseAllocatorCommon(BaseTokenToKVPoolAllocator):
         )
         dps = self._device_page_size
         c_pre_cpu, c_seq_cpu = prefix_lens_cpu, seq_lens_cpu
-        logical_pages, _ = num_new_pages_extend(prefix_lens_cpu, seq_lens_cpu, self.page_size)
+        logical_pages, tokens = num_new_pages_extend(prefix_lens_cpu, seq_lens_cpu, self.page_size)
+        check_extend_num_tokens(tokens, extend_num_tokens)
         dev_pages = logical_pages
         if ratio != 1:
             c_pre_cpu, c_seq_cpu = prefix_lens_cpu // ratio, seq_lens_cpu // ratio

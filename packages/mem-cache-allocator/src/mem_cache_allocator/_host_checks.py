@@ -14,6 +14,7 @@ from mem_cache_allocator._debug import describe
 
 __all__ = [
     "check_decode_inputs",
+    "check_extend_num_tokens",
     "check_extend_device_inputs",
     "check_extend_lengths",
     "extend_counts_fast",
@@ -38,6 +39,19 @@ def check_extend_lengths(prefix_lens_cpu: torch.Tensor, seq_lens_cpu: torch.Tens
         f"{describe(bad)} have prefix_lens_cpu={describe(p64[bad])}, "
         f"seq_lens_cpu={describe(s64[bad])}"
     )
+
+
+def check_extend_num_tokens(tokens: int, extend_num_tokens: object) -> None:
+    """``extend_num_tokens`` equals ``sum(seq_lens_cpu - prefix_lens_cpu)`` (``tokens``)."""
+    if isinstance(extend_num_tokens, bool) or not isinstance(extend_num_tokens, int):
+        raise TypeError(
+            f"extend_num_tokens must be an int, got {type(extend_num_tokens).__name__}"
+        )
+    if tokens != extend_num_tokens:
+        raise ValueError(
+            f"extend_num_tokens must equal sum(seq_lens_cpu - prefix_lens_cpu) = {tokens}, "
+            f"got {extend_num_tokens}"
+        )
 
 
 def _same(name: str, t: torch.Tensor, cpu_name: str, cpu: torch.Tensor) -> None:
