@@ -37,7 +37,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
@@ -188,6 +189,10 @@ class HostKVCache:
         self.layer_done_counter = LayerDoneCounter(self.layer_num)
         self._warned_kernel_fixup = False
         self._closed = False
+        # raw-pointer users (storage IO on other threads): close() defers the release to the last
+        self._io_cond = threading.Condition(threading.Lock())
+        self._io_users = 0
+        self._release_pending = False
 
     # ---------------------------------------------------------------- memory
     def _allocate_buffers(self, tensor_allocator: HostTensorAllocator) -> tuple[torch.Tensor, ...]:
@@ -225,16 +230,48 @@ class HostKVCache:
         return sum(a.nbytes for a in self._allocations)
 
     def close(self) -> None:
-        """Unregister and release host memory (idempotent). The pool is unusable afterwards."""
+        """Unregister and release host memory (idempotent). The pool is unusable afterwards.
+
+        While a thread holds :meth:`io_guard` (raw pointers from :meth:`get_page_buffer_meta` in
+        use, e.g. a storage prefetch), the memory stays mapped and is released when the last
+        such user leaves: closing never pulls memory from under an in-flight copy."""
         with self.lock:
             if self._closed:
                 return
-            self._closed = True
-            for a in self._allocations:
-                a.close()
-            self._allocations.clear()
+            with self._io_cond:
+                self._closed = True
+                if self._io_users:
+                    self._release_pending = True
             self.buffers = ()
             self._layer_views = ()
+            if not self._release_pending:
+                self._release_memory()
+
+    def _release_memory(self) -> None:
+        for a in self._allocations:
+            a.close()
+        self._allocations.clear()
+
+    @contextmanager
+    def io_guard(self) -> Iterator[None]:
+        """Keep the host memory mapped while raw pointers into it are used (storage backends
+        copying through :meth:`get_page_buffer_meta` ranges on another thread). Raises
+        ``RuntimeError`` when the pool is already closed; a :meth:`close` meanwhile defers the
+        release of the memory until the last guard exits."""
+        with self._io_cond:
+            if self._closed:
+                raise RuntimeError(f"{type(self).__name__} is closed")
+            self._io_users += 1
+        try:
+            yield
+        finally:
+            with self._io_cond:
+                self._io_users -= 1
+                release = self._io_users == 0 and self._release_pending
+                if release:
+                    self._release_pending = False
+            if release:
+                self._release_memory()
 
     destroy = close
 

@@ -31,6 +31,7 @@ import threading
 import zlib
 from abc import abstractmethod
 from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
@@ -53,6 +54,13 @@ def checksum(page: PageRanges) -> int:
     for ptr, nbytes in page:
         crc = zlib.crc32(_memory.view(ptr, nbytes), crc)
     return crc
+
+
+def _io_guard(pool: Any) -> AbstractContextManager[Any]:
+    """The host pool's ``io_guard()`` (ours: keeps its memory mapped while the copy runs, even
+    if the engine closes the pool meanwhile); a no-op for pools without one (SGLang's)."""
+    guard = getattr(pool, "io_guard", None)
+    return guard() if callable(guard) else nullcontext()
 
 
 def _is_pool(obj: object) -> bool:
@@ -270,16 +278,18 @@ class PageStorageBackend(HiCacheStorage):
         extra_info: HiCacheStorageExtraInfo | None = None,
     ) -> list[bool]:
         skeys = self.keyspace.storage_keys(keys)
-        pages, fmt = host_page_ranges(self.mem_pool_host, host_indices, len(keys))
-        return self._get(skeys, pages, fmt)
+        with _io_guard(self.mem_pool_host):
+            pages, fmt = host_page_ranges(self.mem_pool_host, host_indices, len(keys))
+            return self._get(skeys, pages, fmt)
 
     def batch_set_v1(
         self, keys: list[str], host_indices: torch.Tensor,
         extra_info: HiCacheStorageExtraInfo | None = None,
     ) -> list[bool]:
         skeys = self.keyspace.storage_keys(keys)
-        pages, fmt = host_page_ranges(self.mem_pool_host, host_indices, len(keys))
-        return self._put(skeys, pages, fmt)
+        with _io_guard(self.mem_pool_host):
+            pages, fmt = host_page_ranges(self.mem_pool_host, host_indices, len(keys))
+            return self._put(skeys, pages, fmt)
 
     def clear(self) -> None:
         self._clear()
