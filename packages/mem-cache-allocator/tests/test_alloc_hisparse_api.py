@@ -110,8 +110,6 @@ def test_dsv4_free_group_defers_to_group_end() -> None:
 
 
 def test_dsv4_free_full_is_queued_in_a_group() -> None:
-    if not hasattr(SWATokenToKVPoolAllocator, "free_full"):
-        pytest.skip("SWATokenToKVPoolAllocator.free_full lands with the allocator free-path issue")
     a = _dsv4_stack()
     out = _extend(a, [0], [32], [-1])
     assert out is not None
