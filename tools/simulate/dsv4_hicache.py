@@ -63,15 +63,9 @@ class DSv4HostTransfers:
                 kind.host.backup_tokens_from_device_all_layer(kind.pool, tokens, dev)
                 moved += dev.numel() * len(kind.layers) * dsv4_kernels.DSV4_TOKEN_BYTES
         except InjectedTransferError:
-            if fault is not None and fault.kind == "abort":
-                stat.aborted += 1
-            else:
-                stat.failed += 1
+            stat.record_failure(fault is not None and fault.kind == "abort")
             return False
-        stat.total_ns += time.perf_counter_ns() - t0
-        stat.calls += 1
-        stat.tokens += full.numel()
-        stat.bytes += moved
+        stat.record(time.perf_counter_ns() - t0, full.numel(), moved)
         return True
 
     def _produce(
@@ -143,17 +137,11 @@ class DSv4HostTransfers:
         if bad:
             stats.fail(f"{bad} loaded records differ from their content (layers summed)")
         if aborted:
-            if fault is not None and fault.kind == "abort":
-                stat.aborted += 1
-            else:
-                stat.failed += 1
+            stat.record_failure(fault is not None and fault.kind == "abort")
             return False
         if fault is not None:
             raise RuntimeError("an injected load fault did not abort the layer counter")
-        stat.calls += 1
-        stat.total_ns += ns
-        stat.tokens += length
-        stat.bytes += length * stack.bytes_per_token
+        stat.record(ns, length, length * stack.bytes_per_token)
         stats.pages_verified += length // ps
         stats.tokens_verified += length
         return True

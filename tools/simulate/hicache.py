@@ -75,15 +75,10 @@ class HostTransfers:
                 raise RuntimeError("a host-pool backup ignored a failing device pool")
             host.backup_from_device_all_layer(pool, host_slots, device_slots, self.io_backend)
         except InjectedTransferError:
-            if fault is not None and fault.kind == "abort":
-                stat.aborted += 1
-            else:
-                stat.failed += 1
+            stat.record_failure(fault is not None and fault.kind == "abort")
             return False
-        stat.total_ns += time.perf_counter_ns() - t0
-        stat.calls += 1
-        stat.tokens += device_slots.numel()
-        stat.bytes += device_slots.numel() * self.stack.bytes_per_token
+        n = device_slots.numel()
+        stat.record(time.perf_counter_ns() - t0, n, n * self.stack.bytes_per_token)
         return True
 
     def _produce(
@@ -152,18 +147,12 @@ class HostTransfers:
         if bad:  # layers verified before an abort count too
             stats.fail(f"{bad} loaded token rows differ from their content (layers summed)")
         if aborted:
-            if fault is not None and fault.kind == "abort":
-                stat.aborted += 1
-            else:
-                stat.failed += 1
+            stat.record_failure(fault is not None and fault.kind == "abort")
             return False
         if fault is not None:
             raise RuntimeError("an injected load fault did not abort the layer counter")
         n = device_slots.numel()
-        stat.calls += 1
-        stat.total_ns += ns
-        stat.tokens += n
-        stat.bytes += n * stack.bytes_per_token
+        stat.record(ns, n, n * stack.bytes_per_token)
         stats.pages_verified += n // stack.page_size
         stats.tokens_verified += n
         return True

@@ -39,6 +39,20 @@ class TransferStat:
     def gb_per_s(self) -> float:
         return self.bytes / self.total_ns if self.total_ns else 0.0
 
+    def record_failure(self, aborted: bool) -> None:
+        """One transfer that did not complete: an injected abort, or any other failure."""
+        if aborted:
+            self.aborted += 1
+        else:
+            self.failed += 1
+
+    def record(self, ns: int, tokens: int, nbytes: int) -> None:
+        """One completed transfer of ``tokens`` tokens (``nbytes`` bytes) in ``ns``."""
+        self.calls += 1
+        self.total_ns += ns
+        self.tokens += tokens
+        self.bytes += nbytes
+
 
 @dataclass(slots=True)
 class SimStats:
