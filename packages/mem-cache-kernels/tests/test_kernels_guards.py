@@ -204,7 +204,7 @@ def test_decode_seq_len_zero_rejected(
 def test_debug_mode_runs_value_checks_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
     """On a device whose values are not free to read, the checks run in debug mode only: proven
     here through ``host_values`` (a CPU stand-in is not possible, so its contract is tested)."""
-    from mem_cache_kernels import _validate as v
+    from mem_cache_kernels import checks as v
 
     t = _t(1, 2)
     assert v.host_values(t) is t
@@ -304,10 +304,10 @@ def test_large_batch_checks_with_and_without_numpy(
     numpy: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Batches above the Python-int threshold take the vectorised checks (numpy or torch)."""
-    from mem_cache_kernels import _alloc
+    from mem_cache_kernels import _alloc, checks
 
     monkeypatch.setattr(_alloc, "_HAS_NUMPY", numpy)
-    bs = _alloc._LIST_CHECKS + 8
+    bs = checks.SMALL_BATCH + 8
     seq = torch.full((bs,), 5, dtype=I64)  # every request starts a page (page size 4)
     last = torch.full((bs,), -1, dtype=I64)
     free = torch.arange(1, bs + 1, dtype=I64)

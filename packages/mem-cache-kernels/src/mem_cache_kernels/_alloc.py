@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from mem_cache_kernels import _validate as v
+from mem_cache_kernels import checks as v
 from mem_cache_kernels._dispatch import BACKEND_ENV_VAR, Backend, resolve_backend, triton_impl
 from mem_cache_kernels._torch import alloc as ref
 
@@ -33,9 +33,7 @@ __all__ = ["alloc_decode", "alloc_extend"]
 # numpy reductions on a CPU tensor's buffer cost ~1 us; torch ops cost a few us each
 _HAS_NUMPY = importlib.util.find_spec("numpy") is not None
 
-_LIST_CHECKS = 32  # CPU value checks of batches up to this size run on Python ints
-
-_INDEX = (torch.int32, torch.int64)
+_INDEX = v.INDEX_DTYPES
 
 
 def _index(name: str, t: object) -> torch.Tensor:
@@ -48,7 +46,7 @@ def _index(name: str, t: object) -> torch.Tensor:
 def _out(t: object) -> torch.Tensor:
     if isinstance(t, torch.Tensor) and t.dtype is torch.int64 and t.dim() == 1 and not t.is_meta:
         return t
-    return v.check_index("out", t, allow_int64_only=True)
+    return v.check_index("out", t, dtypes=(torch.int64,))
 
 
 def _fast_ok(out: object, page_size: object, *tensors: object) -> bool:
@@ -116,7 +114,7 @@ def _check_pages(free: torch.Tensor, n: int) -> None:
     head = v.host_values(free if free.shape[0] == n else free[:n])
     if head is None:
         return
-    lo = min(head.tolist()) if n <= _LIST_CHECKS else int(_host_array(head).min())
+    lo = min(head.tolist()) if n <= v.SMALL_BATCH else int(_host_array(head).min())
     if lo < 1:
         at = int(torch.nonzero(head < 1)[0, 0])
         raise ValueError(
@@ -127,7 +125,7 @@ def _check_pages(free: torch.Tensor, n: int) -> None:
 
 def _decode_pages(seq: torch.Tensor, ps: int) -> int:
     """CPU value check of a decode batch (``seq_lens >= 1``); returns its page count."""
-    if seq.shape[0] <= _LIST_CHECKS:
+    if seq.shape[0] <= v.SMALL_BATCH:
         values = seq.tolist()
         lo = min(values)
         pages = len(values) if ps == 1 else sum(1 for q in values if q & (ps - 1) == 1)
@@ -145,29 +143,7 @@ def _decode_pages(seq: torch.Tensor, ps: int) -> int:
 
 def _extend_pages(pre: torch.Tensor, seq: torch.Tensor, free: int, out: int, ps: int) -> int:
     """CPU value checks of an extend batch; returns its page count."""
-    if pre.shape[0] <= _LIST_CHECKS:  # a few Python ints beat a chain of small torch ops
-        total = 0
-        pages = 0
-        for p, q in zip(pre.tolist(), seq.tolist()):
-            if not 0 <= p <= q:
-                raise ValueError(
-                    f"prefix_lens and seq_lens must satisfy 0 <= prefix <= seq, got {p}, {q}"
-                )
-            total += q - p
-            pages += -(-q // ps) + (p // -ps)  # ceil(q / ps) - ceil(p / ps)
-    else:
-        p64 = pre.to(torch.int64)
-        ext = seq - p64
-        lo = int(torch.minimum(p64, ext).min())
-        if lo < 0:
-            bad = int(torch.nonzero((p64 < 0) | (ext < 0))[0, 0])
-            raise ValueError(
-                f"prefix_lens and seq_lens must satisfy 0 <= prefix <= seq, got "
-                f"{int(pre[bad])}, {int(seq[bad])}"
-            )
-        total = int(ext.sum())
-        mask = ps - 1
-        pages = int(((seq + mask) & ~mask).sum() - ((p64 + mask) & ~mask).sum()) // ps
+    pages, total = v.extend_counts(pre, seq, ps)
     if total != out:
         raise ValueError(f"out must have sum(seq_lens - prefix_lens) = {total} elements, got {out}")
     _check_free_pages(free, pages)

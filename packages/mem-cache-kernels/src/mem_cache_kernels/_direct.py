@@ -25,9 +25,9 @@ from typing import get_args
 import torch
 
 from mem_cache_kernels import _layout as lay
-from mem_cache_kernels import _validate as v
+from mem_cache_kernels import checks as v
 from mem_cache_kernels._dispatch import Backend
-from mem_cache_kernels._layout import RowJob
+from mem_cache_kernels._layout import RowJob, as_byte_rows
 from mem_cache_kernels._runs import find_runs
 from mem_cache_kernels._torch.jobs import run_jobs
 from mem_cache_kernels._transfer import check_layers, check_page_first, check_role_pair
@@ -139,7 +139,7 @@ def _page_ids(
 def _device_pages(name: str, t: torch.Tensor, page_size: int) -> torch.Tensor | None:
     """uint8 ``[rows // ps, ps * row_bytes]`` page view of a device layer (None if rows are not
     densely packed, so pages are not contiguous)."""
-    rows = v.as_byte_rows(name, t)
+    rows = as_byte_rows(name, t)
     n = rows.shape[0] // page_size * page_size
     if n == 0 or (rows.shape[0] > 1 and rows.stride(0) != rows.shape[1]):
         return None
@@ -155,7 +155,7 @@ def _page_jobs(
         pages = _device_pages(f"device buffer {i}", dev, page_size)
         if pages is None:
             return None
-        h = v.as_byte_rows(f"host buffer {i}", host_layer)
+        h = as_byte_rows(f"host buffer {i}", host_layer)
         jobs.append((pages, h) if to_host else (h, pages))
     return jobs
 

@@ -12,17 +12,17 @@ from collections.abc import Sequence
 
 import torch
 
-from mem_cache_kernels._validate import as_byte_rows
-
 __all__ = [
     "RowJob",
     "all_layer_jobs",
+    "as_byte_rows",
     "backup_page_first_jobs",
     "byte_rows",
     "cast_for_storage",
     "load_page_first_jobs",
     "mla_jobs",
     "role_jobs",
+    "row_bytes",
 ]
 
 RowJob = tuple[torch.Tensor, torch.Tensor]
@@ -107,3 +107,49 @@ def mla_jobs(
     nb = n_rows.shape[1]
     parts = [(n_rows, buf[:, :nb]), (r_rows, buf[:, nb:])]
     return parts if to_buffer else [(b, x) for x, b in parts]
+
+
+def row_bytes(t: torch.Tensor) -> int:
+    """Bytes of one row (everything after the leading dimension)."""
+    n = t.element_size()
+    for size in t.shape[1:]:
+        n *= size
+    return n
+
+
+def as_byte_rows(name: str, t: torch.Tensor) -> torch.Tensor:
+    """View ``t`` (``[rows, *row]``, any row stride, C-contiguous rows) as uint8 ``[rows, bytes]``.
+
+    No data is copied. Raises ``ValueError`` when a row is not contiguous in memory (the row
+    stride itself may be anything, e.g. a page-first host buffer sliced at one layer).
+    """
+    if t.dim() < 1:
+        raise ValueError(f"{name} must have a leading row dimension, got a 0-d tensor")
+    if t.dim() == 1:
+        t = t.unsqueeze(1)
+    expected = 1
+    for size, stride in zip(reversed(t.shape[1:]), reversed(t.stride()[1:])):
+        if size != 1 and stride != expected:
+            raise ValueError(
+                f"{name} must have C-contiguous rows (inner strides {_contig_strides(t)}), "
+                f"got strides {tuple(t.stride())} for shape {tuple(t.shape)}"
+            )
+        expected *= size
+    rows = t.shape[0]
+    row_elems = expected
+    if row_elems == 0:
+        raise ValueError(
+            f"{name} must have rows of at least one element, got shape {tuple(t.shape)}"
+        )
+    row_stride = t.stride(0) if rows > 1 else row_elems
+    flat = t.as_strided((rows, row_elems), (row_stride, 1))
+    return flat.view(torch.uint8)
+
+
+def _contig_strides(t: torch.Tensor) -> tuple[int, ...]:
+    out: list[int] = []
+    acc = 1
+    for size in reversed(t.shape[1:]):
+        out.append(acc)
+        acc *= size
+    return tuple(reversed(out))

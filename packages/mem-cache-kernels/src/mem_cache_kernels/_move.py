@@ -7,8 +7,9 @@ from collections.abc import Sequence
 import torch
 
 from mem_cache_kernels import _row_ops
-from mem_cache_kernels import _validate as v
+from mem_cache_kernels import checks as v
 from mem_cache_kernels._dispatch import Backend, resolve_backend, triton_impl
+from mem_cache_kernels._layout import as_byte_rows
 from mem_cache_kernels._torch.jobs import run_jobs
 
 __all__ = ["copy_all_layer_kv_cache"]
@@ -38,7 +39,7 @@ def copy_all_layer_kv_cache(
     v.check_same_device(device, tgt_loc=tgt, src_loc=src)
     t_top, s_top = v.IndexBound("tgt_loc", tgt), v.IndexBound("src_loc", src)
     for i, b in enumerate(bufs):
-        v.as_byte_rows(f"buffers[{i}]", b)
+        as_byte_rows(f"buffers[{i}]", b)
         t_top.check(b.shape[0], f"buffers[{i}]")
         s_top.check(b.shape[0], f"buffers[{i}]")
     if resolve_backend(backend, *bufs, tgt, src) == "triton":

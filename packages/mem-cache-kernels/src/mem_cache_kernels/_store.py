@@ -11,8 +11,9 @@ from __future__ import annotations
 import torch
 
 from mem_cache_kernels import _row_ops
-from mem_cache_kernels import _validate as val
+from mem_cache_kernels import checks as val
 from mem_cache_kernels._dispatch import Backend, row_executor
+from mem_cache_kernels._layout import as_byte_rows
 
 __all__ = ["get_mla_kv_buffer", "set_mla_kv_buffer", "store_kv"]
 
@@ -21,7 +22,7 @@ def _check_cache(name: str, cache: object) -> torch.Tensor:
     t = val.check_tensor(name, cache)
     if t.dim() < 2:
         raise ValueError(f"{name} must be [rows, *row] (>= 2-D), got shape {tuple(t.shape)}")
-    val.as_byte_rows(name, t)  # raises if rows are not contiguous
+    as_byte_rows(name, t)  # raises if rows are not contiguous
     return t
 
 

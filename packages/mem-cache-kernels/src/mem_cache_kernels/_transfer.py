@@ -20,8 +20,9 @@ from collections.abc import Sequence
 import torch
 
 from mem_cache_kernels import _row_ops
-from mem_cache_kernels import _validate as v
+from mem_cache_kernels import checks as v
 from mem_cache_kernels._dispatch import Backend, row_executor
+from mem_cache_kernels._layout import as_byte_rows, row_bytes
 
 __all__ = [
     "backup_all_layers_to_page_first",
@@ -36,12 +37,12 @@ __all__ = [
 
 def check_role_pair(src_name: str, src: torch.Tensor, dst_name: str, dst: torch.Tensor) -> None:
     """Rows of ``src`` and ``dst`` must have equal byte sizes and contiguous rows."""
-    v.as_byte_rows(src_name, src)
-    v.as_byte_rows(dst_name, dst)
-    sb = v.row_bytes(src)
-    if sb != v.row_bytes(dst):
+    as_byte_rows(src_name, src)
+    as_byte_rows(dst_name, dst)
+    sb = row_bytes(src)
+    if sb != row_bytes(dst):
         raise ValueError(
-            f"{dst_name} rows must have the {sb} bytes of {src_name} rows, got {v.row_bytes(dst)}"
+            f"{dst_name} rows must have the {sb} bytes of {src_name} rows, got {row_bytes(dst)}"
         )
 
 

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import torch
 
-from mem_cache_kernels import _validate as v
+from mem_cache_kernels import checks as v
 from mem_cache_kernels._dispatch import Backend, resolve_backend, triton_impl
 from mem_cache_kernels._torch import dsv4 as ref
 

@@ -1,0 +1,366 @@
+"""The argument checks every mem-cache package uses (one validation layer, bottom package).
+
+**The exception rule** (every mem-cache package follows it, and each package tests it):
+
+* ``TypeError``: the argument is the wrong *kind* of thing: not an ``int`` (a ``bool`` is not an
+  int here), not a tensor, not a ``torch.dtype``, or a tensor of the wrong **dtype**;
+* ``ValueError``: the argument is the right kind of thing with a wrong *value*: out of range,
+  wrong shape or length, wrong device, not a power of two, a slot outside the pool;
+* every message names the argument, the expected and the actual value
+  (``"page_size must be a power of two, got 3"``).
+
+Checks never mutate anything, so a call that validates before working fails with no state
+change. Checks that need tensor *values* run only where reading them is free (CPU tensors); on a
+GPU they would force a device->host synchronisation, so they run there only in debug mode
+(``MEM_CACHE_DEBUG=1`` or a component's ``debug=True``): see :func:`host_values` and the ``full``
+flag of :func:`check_index_values`. :func:`debug_enabled` is the one reader of that switch.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import torch
+
+__all__ = [
+    "DEBUG_ENV_VAR",
+    "INDEX_DTYPES",
+    "SMALL_BATCH",
+    "IndexBound",
+    "check_bool",
+    "check_device_arg",
+    "check_distinct",
+    "check_dtype_arg",
+    "check_fits_dtype",
+    "check_index",
+    "check_index_range",
+    "check_index_values",
+    "check_int",
+    "check_nonnegative",
+    "check_on_device",
+    "check_optional_int",
+    "check_page_size",
+    "check_same_device",
+    "check_same_length",
+    "check_tensor",
+    "check_tensor_list",
+    "debug_enabled",
+    "describe",
+    "extend_counts",
+    "host_values",
+    "is_power_of_two",
+    "same_device",
+]
+
+INDEX_DTYPES = (torch.int32, torch.int64)
+"""The dtypes an index tensor (slots, pages, lengths) may have."""
+
+DEBUG_ENV_VAR = "MEM_CACHE_DEBUG"
+"""The environment switch of debug mode for every mem-cache component."""
+
+SMALL_BATCH = 64
+"""Up to this many requests, host-side value checks run on Python ints (``tolist``): a few ints
+beat a chain of small tensor ops. Larger batches run vectorised. One threshold for every package."""
+
+_SHOW = 16
+
+
+# ----------------------------------------------------------------------------- debug mode
+def debug_enabled(flag: bool = False) -> bool:
+    """``flag``, or ``MEM_CACHE_DEBUG`` set to something other than ``""``/``"0"``.
+
+    Read on every call (tests flip it with ``monkeypatch``); components pass their own ``debug``
+    constructor flag as ``flag``.
+    """
+    return flag or os.environ.get(DEBUG_ENV_VAR, "0") not in ("", "0")
+
+
+def host_values(t: torch.Tensor) -> torch.Tensor | None:
+    """``t`` when its values are free to read (a CPU tensor), a host copy of it in debug mode
+    (one device synchronisation), else ``None`` (the value checks are skipped)."""
+    if t.device.type == "cpu":
+        return t
+    if debug_enabled() and t.device.type != "meta":
+        return t.cpu()
+    return None
+
+
+def describe(values: torch.Tensor) -> str:
+    """``[a, b, c, ...] (n total)`` for an error message (at most 16 values shown)."""
+    flat = values.reshape(-1).tolist()
+    shown = ", ".join(str(v) for v in flat[:_SHOW])
+    more = ", ..." if len(flat) > _SHOW else ""
+    return f"[{shown}{more}] ({len(flat)} total)"
+
+
+# ----------------------------------------------------------------------------- scalars
+def check_int(
+    name: str, value: object, *, minimum: int | None = None, maximum: int | None = None
+) -> int:
+    """``value`` as an ``int`` in ``[minimum, maximum]`` (bounds optional).
+
+    ``TypeError`` for a non-int (a ``bool`` included), ``ValueError`` outside the bounds.
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be <= {maximum}, got {value}")
+    return value
+
+
+def check_optional_int(
+    name: str, value: object, *, minimum: int | None = None, maximum: int | None = None
+) -> int | None:
+    """:func:`check_int` that also accepts ``None``."""
+    if value is None:
+        return None
+    return check_int(name, value, minimum=minimum, maximum=maximum)
+
+
+def check_bool(name: str, value: object) -> bool:
+    """``value`` if it is a ``bool`` (not ``0``/``1``), else ``TypeError``."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return value
+
+
+def is_power_of_two(n: int) -> bool:
+    """True for 1, 2, 4, ..."""
+    return n > 0 and n & (n - 1) == 0
+
+
+def check_page_size(value: object, name: str = "page_size") -> int:
+    """Check that the page size is a positive power of two (1 included)."""
+    n = check_int(name, value, minimum=1)
+    if not is_power_of_two(n):
+        raise ValueError(f"{name} must be a power of two, got {n}")
+    return n
+
+
+def check_dtype_arg(name: str, value: object) -> torch.dtype | None:
+    """Check an optional ``torch.dtype`` keyword."""
+    if value is not None and not isinstance(value, torch.dtype):
+        raise TypeError(f"{name} must be a torch.dtype or None, got {type(value).__name__}")
+    return value
+
+
+def check_device_arg(name: str, device: object) -> torch.device:
+    """``device`` (a ``torch.device`` or a device string) as a ``torch.device``."""
+    if isinstance(device, torch.device):
+        return device
+    if not isinstance(device, str):
+        raise TypeError(f"{name} must be a torch.device or a str, got {type(device).__name__}")
+    try:
+        return torch.device(device)
+    except RuntimeError:
+        raise ValueError(
+            f"{name} must name a torch device (e.g. 'cpu', 'cuda:0'), got {device!r}"
+        ) from None
+
+
+# ----------------------------------------------------------------------------- tensors
+def check_tensor(name: str, value: object) -> torch.Tensor:
+    """Return ``value`` if it is a tensor with data, else raise naming ``name``.
+
+    ``TypeError`` for a non-tensor; ``ValueError`` for a tensor on the meta device (it has no data:
+    torch would fail later with an error that names none of the caller's arguments).
+    """
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if value.is_meta:
+        raise ValueError(
+            f"{name} must be a tensor with data (cpu or a GPU), got a tensor on the meta device"
+        )
+    return value
+
+
+def check_index(
+    name: str,
+    value: object,
+    *,
+    dtypes: Sequence[torch.dtype] = INDEX_DTYPES,
+    length: int | None = None,
+    device: torch.device | None = None,
+    allow_meta: bool = False,
+) -> torch.Tensor:
+    """A 1-D index tensor: dtype in ``dtypes`` (``TypeError``), 1-D, ``length`` elements and on
+    ``device`` when given (``ValueError``). ``allow_meta``: accept meta tensors (shape-only
+    dry runs of a component); the ops that move data never do."""
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if not allow_meta:
+        check_tensor(name, value)
+    if value.dtype not in dtypes:
+        expected = " or ".join(str(d).removeprefix("torch.") for d in dtypes)
+        raise TypeError(f"{name} must be {expected}, got {value.dtype}")
+    if value.dim() != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {tuple(value.shape)}")
+    if length is not None and value.shape[0] != length:
+        raise ValueError(f"{name} must have {length} elements, got {value.shape[0]}")
+    if device is not None:
+        check_on_device(name, value, device)
+    return value
+
+
+def check_index_values(
+    name: str, t: torch.Tensor, *, limit: int, minimum: int = 0, full: bool = False
+) -> None:
+    """``ValueError`` unless every entry lies in ``[minimum, limit)``.
+
+    Reads values only where that is free (a CPU tensor) or when ``full`` (debug mode: one device
+    synchronisation); otherwise the range is the caller's guarantee.
+    """
+    if (full or t.device.type == "cpu") and t.numel() > 0 and t.device.type != "meta":
+        lo, hi = int(t.min()), int(t.max())
+        if lo < minimum or hi >= limit:
+            raise ValueError(
+                f"{name} values must lie in [{minimum}, {limit}), got min {lo}, max {hi}"
+            )
+
+
+def check_distinct(name: str, t: torch.Tensor, *, full: bool = False) -> None:
+    """``ValueError`` if an index tensor repeats a value (read as :func:`check_index_values`)."""
+    if (full or t.device.type == "cpu") and t.numel() > 1 and t.device.type != "meta":
+        distinct = int(torch.unique(t).numel())
+        if distinct != t.numel():
+            raise ValueError(
+                f"{name} must not repeat a slot, got {t.numel() - distinct} repeated entries"
+            )
+
+
+def check_nonnegative(name: str, values: torch.Tensor | None, what: str = "entries") -> None:
+    """Raise ``ValueError`` if a host-readable index tensor holds a negative entry."""
+    if values is not None and values.numel():
+        lo = int(values.min())
+        if lo < 0:
+            at = int(torch.nonzero(values < 0)[0, 0])
+            raise ValueError(f"{name} must hold {what} >= 0, got {lo} at position {at}")
+
+
+def check_fits_dtype(name: str, values: torch.Tensor | None, dtype: torch.dtype, into: str) -> None:
+    """Raise ``ValueError`` if a host-readable integer tensor holds a value outside ``dtype``'s
+    range (it would be stored wrapped, e.g. slot 2**31 as -2**31 in an int32 table)."""
+    if values is None or not values.numel() or values.dtype.itemsize <= dtype.itemsize:
+        return
+    info = torch.iinfo(dtype)
+    lo, hi = int(values.min()), int(values.max())
+    if lo < info.min or hi > info.max:
+        bad = hi if hi > info.max else lo
+        raise ValueError(
+            f"{name} must hold values that fit {into} ({dtype}, [{info.min}, {info.max}]), "
+            f"got {bad}"
+        )
+
+
+def check_same_length(**tensors: torch.Tensor) -> int:
+    """Check that all given 1-D tensors have the same length; return it."""
+    lengths = {name: t.shape[0] for name, t in tensors.items()}
+    if len(set(lengths.values())) > 1:
+        desc = ", ".join(f"{name}={n}" for name, n in lengths.items())
+        raise ValueError(f"index tensors must have equal lengths, got {desc}")
+    return next(iter(lengths.values())) if lengths else 0
+
+
+def same_device(a: torch.device, b: torch.device) -> bool:
+    """``a`` and ``b`` name one device (``"cuda"`` matches ``"cuda:0"``: an index is compared only
+    when both sides give one)."""
+    if a.type != b.type:
+        return False
+    return a.index is None or b.index is None or a.index == b.index
+
+
+def check_on_device(name: str, t: torch.Tensor, device: torch.device) -> None:
+    """``ValueError`` unless ``t`` lives on ``device`` (see :func:`same_device`)."""
+    if not same_device(t.device, device):
+        raise ValueError(f"{name} must be on device {device}, got {t.device}")
+
+
+def check_same_device(device: torch.device, **tensors: torch.Tensor) -> None:
+    """Check that every tensor lives on ``device``."""
+    for name, t in tensors.items():
+        check_on_device(name, t, device)
+
+
+def check_tensor_list(name: str, value: object, *, length: int | None = None) -> list[torch.Tensor]:
+    """Check a non-empty sequence of tensors (optionally of a given length); return it as a list."""
+    if isinstance(value, torch.Tensor) or not isinstance(value, Sequence):
+        raise TypeError(f"{name} must be a sequence of tensors, got {type(value).__name__}")
+    items = list(value)
+    if not items:
+        raise ValueError(f"{name} must not be empty")
+    if length is not None and len(items) != length:
+        raise ValueError(f"{name} must hold {length} tensors, got {len(items)}")
+    for i, t in enumerate(items):
+        check_tensor(f"{name}[{i}]", t)
+    return items
+
+
+class IndexBound:
+    """The largest entry of an index tensor, read once and checked against many buffers.
+
+    Only CPU tensors are read (free); for device tensors the check is skipped (it would cost a
+    host synchronisation) and the range is the caller's guarantee. Negative entries mean "skip".
+    """
+
+    __slots__ = ("name", "top")
+
+    def __init__(self, name: str, idx: torch.Tensor) -> None:
+        self.name = name
+        self.top = int(idx.max()) if idx.device.type == "cpu" and idx.numel() else None
+
+    def check(self, rows: int, what: str) -> None:
+        """Raise ``ValueError`` if an entry is ``>= rows`` (the row count of ``what``)."""
+        if self.top is not None and self.top >= rows:
+            raise ValueError(
+                f"{self.name} must index rows of {what} (< {rows}), got index {self.top}"
+            )
+
+
+def check_index_range(name: str, idx: torch.Tensor, rows: int, what: str) -> None:
+    """On CPU only (free to read): every index must be ``< rows`` (negatives mean "skip")."""
+    IndexBound(name, idx).check(rows, what)
+
+
+# ----------------------------------------------------------------------------- page counts
+def extend_counts(
+    prefix_lens: torch.Tensor,
+    seq_lens: torch.Tensor,
+    page_size: int,
+    *,
+    names: tuple[str, str] = ("prefix_lens", "seq_lens"),
+) -> tuple[int, int]:
+    """``(new pages, new tokens)`` of an extend batch from host-readable lengths.
+
+    New pages are ``sum(ceil(seq / ps) - ceil(prefix / ps))``, new tokens ``sum(seq - prefix)``.
+    ``ValueError`` (naming ``names``) unless ``0 <= prefix <= seq`` for every request. The one
+    place the page arithmetic of an extend lives (kernels and allocators both call it).
+    """
+    pre_name, seq_name = names
+    ps = page_size
+    if seq_lens.shape[0] <= SMALL_BATCH:  # a few Python ints beat a chain of small torch ops
+        tokens = 0
+        pages = 0
+        m = ps - 1
+        shift = ps.bit_length() - 1
+        pre: list[int] = prefix_lens.tolist()
+        seq: list[int] = seq_lens.tolist()
+        for p, q in zip(pre, seq, strict=True):
+            if not 0 <= p <= q:
+                break
+            tokens += q - p
+            pages += ((q + m) >> shift) - ((p + m) >> shift)
+        else:
+            return pages, tokens
+    p64, s64 = prefix_lens.to(torch.int64), seq_lens.to(torch.int64)
+    bad = torch.nonzero((p64 < 0) | (p64 > s64)).reshape(-1)
+    if bad.numel():
+        raise ValueError(
+            f"{pre_name} must satisfy 0 <= {pre_name} <= {seq_name}; requests {describe(bad)} "
+            f"have {pre_name}={describe(p64[bad])}, {seq_name}={describe(s64[bad])}"
+        )
+    mask = ps - 1
+    pages = int(((s64 + mask) & ~mask).sum() - ((p64 + mask) & ~mask).sum()) // ps
+    return pages, int((s64 - p64).sum())
