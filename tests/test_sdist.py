@@ -11,7 +11,8 @@ about a second for all six) and checked:
   libraries that distribution declares (runtime and extras) and its sibling test modules; relative
   imports resolve inside the sdist; no string names the repository's ``tools``/``tests`` modules and
   no path climbs out of the sdist from ``__file__``. Tests of the repository's tools (benchmark
-  smoke tests, the Mooncake store harness) are excluded in ``[tool.hatch.build.targets.sdist]``;
+  smoke tests, the Mooncake store harness) are excluded in ``[tool.hatch.build.targets.sdist]``,
+  and only those: an sdist that ships tests leaves out none that could run from it;
 * one real run: the smallest test suite (mem-cache-pool) runs with pytest inside the unpacked
   sdist, its ``src`` first on the path and the repository neither on the path nor the rootdir.
 """
@@ -110,7 +111,10 @@ DIST_NAMES = [
 
 
 def test_every_distribution_is_checked() -> None:
-    assert len(DIST_NAMES) == 6, DIST_NAMES
+    assert {
+        "mem-cache-kernels", "mem-cache-pool", "mem-cache-allocator", "mem-cache-pool-host",
+        "mem-cache-storage", "mem-cache-refactor",
+    } <= set(DIST_NAMES), DIST_NAMES
 
 
 @pytest.mark.parametrize("name", DIST_NAMES)
@@ -236,6 +240,32 @@ def test_shipped_tests_need_only_the_distribution(name: str, sdists: dict[str, S
         f"the distribution, its declared requirements and tests/ modules shipped with them, or "
         f"exclude them in [tool.hatch.build.targets.sdist] of packages/*/pyproject.toml:\n  "
         + "\n  ".join(problems)
+    )
+
+
+@pytest.mark.parametrize("name", DIST_NAMES)
+def test_only_repository_bound_tests_are_left_out(name: str, sdists: dict[str, Sdist]) -> None:
+    """An sdist that ships tests ships all of them except those that need the repository (and the
+    helpers only those use): an exclude pattern must not silently drop a test that could run."""
+    sdist = sdists[name]
+    if not any(f.startswith("tests/") for f in sdist.files):
+        return  # this distribution ships no tests at all: the other half of the rule
+    package = next(p for p in PACKAGES if p.name == name)
+    in_repo = tuple(sorted(
+        p.relative_to(package).as_posix() for p in (package / "tests").rglob("*.py")
+        if "__pycache__" not in p.parts
+    ))
+    left_out = [f for f in in_repo if f not in sdist.files]
+    repo_view = Sdist(name, sdist.import_name, package, in_repo, sdist.allowed_imports)
+    bound = [f for f in left_out if _problems(repo_view, f)]
+    helpers_of_bound = {
+        f for f in left_out
+        if any(Path(f).name in (package / b).read_text() for b in bound)
+    }
+    runnable = sorted(set(left_out) - set(bound) - helpers_of_bound)
+    assert not runnable, (
+        f"{name}: its sdist leaves out tests that need nothing from the repository: {runnable} "
+        "(narrow the exclude in its pyproject.toml)"
     )
 
 
