@@ -145,6 +145,8 @@ def test_register_mapping_rejects_device_slots_out_of_range() -> None:
     pool = _pool()
     bad = _mapping()
     bad[21] = SIZE + PS
-    with pytest.raises(ValueError, match=r"mapping\[:-1\] values must lie in \[0, 12\), got min 0, max 12"):
+    with pytest.raises(
+        ValueError, match=r"mapping\[:-1\] values must lie in \[0, 12\), got min 0, max 12"
+    ):
         pool.register_mapping(bad)
     assert pool.full_to_hisparse_device_index_mapping is None

@@ -11,6 +11,7 @@ from mem_cache_pool._checks import (
     check_copy_roles,
     check_dtype,
     check_mapping,
+    check_rows,
     check_slots,
 )
 from mem_cache_pool._page_row_pool import PageRowPool
@@ -130,7 +131,8 @@ class DeepSeekV4SingleKVPool(PageRowPool):
         """Write packed records uint8 ``[n, 584]`` at slots ``loc`` ``[n]`` of one layer."""
         index = self.layer_index(layer_id)
         slots = self._device_loc("loc", unwrap_write_loc(loc))
-        checks.check_on_device("records", checks.check_tensor("records", records), self.device)
+        shape = (slots.numel(), dsv4.DSV4_TOKEN_BYTES)
+        check_rows("records", records, shape, self.device, dtypes=(torch.uint8,))
         dsv4.write_dsv4_records(self.kv_buffer[index], slots, records, self.page_size)
 
     def set_key_buffer_parts(
@@ -143,9 +145,17 @@ class DeepSeekV4SingleKVPool(PageRowPool):
     ) -> None:
         """Pack ``nope_fp8`` (fp8/uint8 ``[n, 448]``), ``scales`` (uint8 ``[n, 7]``) and ``rope``
         (bf16 ``[n, 64]``) and write them at slots ``loc``."""
-        self.layer_index(layer_id)
+        index = self.layer_index(layer_id)
+        slots = self._device_loc("loc", unwrap_write_loc(loc))
+        n = slots.numel()
+        nope_dtypes = (torch.float8_e4m3fn, torch.uint8)
+        check_rows(
+            "nope_fp8", nope_fp8, (n, self.qk_nope_head_dim), self.device, dtypes=nope_dtypes
+        )
+        check_rows("scales", scales, (n, dsv4.DSV4_SCALE_BYTES), self.device, dtypes=(torch.uint8,))
+        check_rows("rope", rope, (n, self.qk_rope_head_dim), self.device, dtypes=(torch.bfloat16,))
         records = dsv4.pack_dsv4_records(nope_fp8, scales, rope)
-        self.set_key_buffer(layer_id, loc, records)
+        dsv4.write_dsv4_records(self.kv_buffer[index], slots, records, self.page_size)
 
     def set_kv_buffer(
         self,
@@ -157,22 +167,22 @@ class DeepSeekV4SingleKVPool(PageRowPool):
         """Quantise float rows ``cache_k`` ``[n, 512]`` or ``[n, 1, 512]`` (nope | rope) and
         write them at ``loc``. ``cache_v`` is ignored (no value buffer). The nope part is
         quantised with :func:`mem_cache_kernels.dsv4.quantize_dsv4_nope`, rope cast to bf16."""
-        self.layer_index(layer_id)
-        width = self.qk_nope_head_dim + self.qk_rope_head_dim
-        if not checks.check_tensor("cache_k", cache_k).dtype.is_floating_point:
-            raise TypeError(f"cache_k must be a floating-point tensor, got {cache_k.dtype}")
-        ok = (cache_k.dim() == 2 and cache_k.shape[1] == width) or (
-            cache_k.dim() == 3 and tuple(cache_k.shape[1:]) == (1, width)
-        )
-        if not ok:
+        index = self.layer_index(layer_id)
+        slots = self._device_loc("loc", unwrap_write_loc(loc))
+        n, width = slots.numel(), self.qk_nope_head_dim + self.qk_rope_head_dim
+        t = checks.check_tensor("cache_k", cache_k)
+        if not t.dtype.is_floating_point:
+            raise TypeError(f"cache_k must have a floating-point dtype, got {t.dtype}")
+        if tuple(t.shape) not in ((n, width), (n, 1, width)):
             raise ValueError(
-                f"cache_k must have shape [n, {width}] or [n, 1, {width}], "
-                f"got {tuple(cache_k.shape)}"
+                f"cache_k must have shape ({n}, {width}) or ({n}, 1, {width}), got {tuple(t.shape)}"
             )
-        k = cache_k.reshape(-1, width)
+        checks.check_on_device("cache_k", t, self.device)
+        k = t.reshape(n, width)
         nope, scales = dsv4.quantize_dsv4_nope(k[:, : self.qk_nope_head_dim].float())
         rope = k[:, self.qk_nope_head_dim :].to(torch.bfloat16)
-        self.set_key_buffer(layer_id, loc, dsv4.pack_dsv4_records(nope, scales, rope))
+        records = dsv4.pack_dsv4_records(nope, scales, rope)
+        dsv4.write_dsv4_records(self.kv_buffer[index], slots, records, self.page_size)
 
     # ---------------------------------------------------------------- reads
     def get_key_records(self, layer_id: int, loc: torch.Tensor) -> torch.Tensor:
