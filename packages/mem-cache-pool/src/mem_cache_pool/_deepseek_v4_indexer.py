@@ -8,11 +8,19 @@ import torch
 from mem_cache_kernels import checks
 from mem_cache_pool._checks import check_copy_layers, check_copy_roles, check_dtype, check_rows
 from mem_cache_pool._page_row_pool import PageRowPool
-from mem_cache_pool.base import CpuKVCopy, KVWriteLoc, unwrap_write_loc
+from mem_cache_pool.base import CpuKVCopy, KVWriteLoc, _write_slots
 
-__all__ = ["DeepSeekV4IndexerPool"]
+__all__ = ["DeepSeekV4IndexerPool", "check_index_head_dim"]
 
 _SCALE_BYTES = 4  # one float32 scale per token
+
+
+def check_index_head_dim(name: str, value: object) -> int:
+    """An indexer head dim: an int, a positive multiple of 8."""
+    dim = checks.check_int(name, value, minimum=8)
+    if dim % 8:
+        raise ValueError(f"{name} must be a multiple of 8, got {dim}")
+    return dim
 
 
 class DeepSeekV4IndexerPool(PageRowPool):
@@ -47,9 +55,7 @@ class DeepSeekV4IndexerPool(PageRowPool):
     ) -> None:
         if check_dtype("dtype", dtype) != torch.float8_e4m3fn:
             raise ValueError(f"dtype must be torch.float8_e4m3fn (indexer keys), got {dtype}")
-        checks.check_int("index_head_dim", index_head_dim, minimum=8)
-        if index_head_dim % 8:
-            raise ValueError(f"index_head_dim must be a multiple of 8, got {index_head_dim}")
+        check_index_head_dim("index_head_dim", index_head_dim)
         self.index_head_dim = index_head_dim
         self.use_fp4 = bool(use_fp4)
         self.key_bytes = index_head_dim // 2 if use_fp4 else index_head_dim
@@ -84,8 +90,19 @@ class DeepSeekV4IndexerPool(PageRowPool):
     ) -> None:
         """Write keys ``index_k`` (fp8 or uint8 ``[n, key_bytes]``) and float32 scales
         ``index_k_scale`` (``[n]`` or ``[n, 1]``) at slots ``loc``. Validates first."""
+        self._set_index_k_scale(layer_id, "loc", loc, index_k, index_k_scale)
+
+    def _set_index_k_scale(
+        self,
+        layer_id: int,
+        name: str,
+        loc: torch.Tensor | KVWriteLoc,
+        index_k: torch.Tensor,
+        index_k_scale: torch.Tensor,
+    ) -> None:
+        """:meth:`set_index_k_scale_buffer` with the slot argument called ``name``."""
         index = self.layer_index(layer_id)
-        slots = self._check_slots("loc", unwrap_write_loc(loc))
+        slots = self._check_slots(name, _write_slots(name, loc))
         n = slots.numel()
         k = check_rows(
             "index_k", index_k, (n, self.key_bytes), self.device, dtypes=(self.dtype, torch.uint8)

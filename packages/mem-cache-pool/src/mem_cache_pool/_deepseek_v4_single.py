@@ -15,7 +15,7 @@ from mem_cache_pool._checks import (
     check_slots,
 )
 from mem_cache_pool._page_row_pool import PageRowPool
-from mem_cache_pool.base import CpuKVCopy, KVWriteLoc, unwrap_write_loc
+from mem_cache_pool.base import CpuKVCopy, KVWriteLoc, _write_slots, unwrap_write_loc
 
 __all__ = [
     "DeepSeekV4SingleKVPool",
@@ -129,8 +129,14 @@ class DeepSeekV4SingleKVPool(PageRowPool):
         self, layer_id: int, loc: torch.Tensor | KVWriteLoc, records: torch.Tensor
     ) -> None:
         """Write packed records uint8 ``[n, 584]`` at slots ``loc`` ``[n]`` of one layer."""
+        self._set_records(layer_id, "loc", loc, records)
+
+    def _set_records(
+        self, layer_id: int, name: str, loc: torch.Tensor | KVWriteLoc, records: torch.Tensor
+    ) -> None:
+        """:meth:`set_key_buffer` with the slot argument called ``name`` (composite pools)."""
         index = self.layer_index(layer_id)
-        slots = self._device_loc("loc", unwrap_write_loc(loc))
+        slots = self._device_loc(name, _write_slots(name, loc))
         shape = (slots.numel(), dsv4.DSV4_TOKEN_BYTES)
         check_rows("records", records, shape, self.device, dtypes=(torch.uint8,))
         dsv4.write_dsv4_records(self.kv_buffer[index], slots, records, self.page_size)

@@ -104,10 +104,17 @@ def unwrap_write_loc(loc: torch.Tensor | KVWriteLoc) -> torch.Tensor:
     ``TypeError`` unless the slots are an int32/int64 tensor; ``ValueError`` for a meta tensor or
     one that is not 1-D (:func:`mem_cache_kernels.checks.check_index`).
     """
+    return _write_slots("loc", loc)
+
+
+def _write_slots(name: str, loc: object) -> torch.Tensor:
+    """:func:`unwrap_write_loc` for an argument called ``name``."""
     slots = loc.loc if isinstance(loc, KVWriteLoc) else loc
     if not isinstance(slots, torch.Tensor):
-        raise TypeError(f"loc must be a torch.Tensor or a KVWriteLoc, got {type(slots).__name__}")
-    return checks.check_index("loc", slots)
+        raise TypeError(
+            f"{name} must be a torch.Tensor or a KVWriteLoc, got {type(slots).__name__}"
+        )
+    return checks.check_index(name, slots)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

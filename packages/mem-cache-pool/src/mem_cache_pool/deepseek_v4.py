@@ -21,8 +21,8 @@ from collections.abc import Iterable, Sequence
 import torch
 
 from mem_cache_kernels import checks
-from mem_cache_pool._checks import check_mapping, check_slots
-from mem_cache_pool._deepseek_v4_indexer import DeepSeekV4IndexerPool
+from mem_cache_pool._checks import check_dtype, check_mapping, check_slots
+from mem_cache_pool._deepseek_v4_indexer import DeepSeekV4IndexerPool, check_index_head_dim
 from mem_cache_pool._deepseek_v4_single import (
     DeepSeekV4SingleKVPool,
     HiSparseC4DevicePool,
@@ -116,6 +116,14 @@ class DeepSeekV4TokenToKVPool(BaseSWAKVPool):
             checks.check_int(f"compression_ratios[{i}]", r)
             for i, r in enumerate(compression_ratios)
         ]
+        if len(ratios) != layer_num or any(r not in COMPRESS_RATIOS for r in ratios):
+            raise ValueError(
+                f"compression_ratios must hold layer_num={layer_num} values in "
+                f"{COMPRESS_RATIOS}, got {ratios}"
+            )
+        c4_ids = [i for i, r in enumerate(ratios) if r == 4]
+        c128_ids = [i for i, r in enumerate(ratios) if r == 128]
+        # every argument is checked under its own name here, before a sub-pool sees it
         checks.check_int("page_size", page_size, minimum=1)
         checks.check_int("swa_page_size", swa_page_size, minimum=1)
         for name, value in (
@@ -126,20 +134,18 @@ class DeepSeekV4TokenToKVPool(BaseSWAKVPool):
             ("c128_state_pool_size", c128_state_pool_size),
         ):
             checks.check_int(name, value, minimum=0)
-        for name, value in (
-            ("qk_nope_head_dim", qk_nope_head_dim),
-            ("qk_rope_head_dim", qk_rope_head_dim),
-            ("indexer_head_dim", indexer_head_dim),
+        checks.check_int("qk_nope_head_dim", qk_nope_head_dim)
+        checks.check_int("qk_rope_head_dim", qk_rope_head_dim)
+        checks.check_int("indexer_head_dim", indexer_head_dim)
+        checks.check_optional_int("state_dim", state_dim)
+        for name, state_dtype, ids in (
+            ("c4_state_dtype", c4_state_dtype, c4_ids),
+            ("c128_state_dtype", c128_state_dtype, c128_ids),
         ):
-            checks.check_int(name, value, minimum=1)
-        checks.check_optional_int("state_dim", state_dim, minimum=1)
-        if len(ratios) != layer_num or any(r not in COMPRESS_RATIOS for r in ratios):
-            raise ValueError(
-                f"compression_ratios must hold layer_num={layer_num} values in "
-                f"{COMPRESS_RATIOS}, got {list(compression_ratios)}"
-            )
-        c4_ids = [i for i, r in enumerate(ratios) if r == 4]
-        c128_ids = [i for i, r in enumerate(ratios) if r == 128]
+            if not check_dtype(name, state_dtype).is_floating_point and ids:
+                raise ValueError(f"{name} must be a floating-point torch.dtype, got {state_dtype}")
+        if c4_ids:
+            check_index_head_dim("indexer_head_dim", indexer_head_dim)
         for ratio, ids in ((4, c4_ids), (128, c128_ids)):
             if ids and page_size % ratio:
                 raise ValueError(
@@ -366,7 +372,7 @@ class DeepSeekV4TokenToKVPool(BaseSWAKVPool):
     ) -> None:
         """Write packed records ``[n, 584]`` at window slots ``swa_loc`` of ``layer_id``."""
         self.layer_index(layer_id)
-        self._swa.set_key_buffer(layer_id, swa_loc, records)
+        self._swa._set_records(layer_id, "swa_loc", swa_loc, records)
 
     def set_compressed_key_buffer(
         self, layer_id: int, compressed_loc: torch.Tensor, records: torch.Tensor
@@ -374,7 +380,7 @@ class DeepSeekV4TokenToKVPool(BaseSWAKVPool):
         """Write packed records at compressed slots of ``layer_id``'s c4 or c128 pool (HiSparse
         c4: logical compressed slots, translated by the pool's mapping)."""
         _, local, pool = self._compressed(layer_id)
-        pool.set_key_buffer(local, compressed_loc, records)
+        pool._set_records(local, "compressed_loc", compressed_loc, records)
 
     def set_index_k_scale_buffer(
         self,
@@ -386,8 +392,8 @@ class DeepSeekV4TokenToKVPool(BaseSWAKVPool):
         """Write indexer keys and scales at (logical) c4 slots of c4 layer ``layer_id``."""
         local = self._c4(layer_id, "the indexer")
         assert self.c4_indexer_kv_pool is not None
-        self.c4_indexer_kv_pool.set_index_k_scale_buffer(
-            local, compressed_loc, index_k, index_k_scale
+        self.c4_indexer_kv_pool._set_index_k_scale(
+            local, "compressed_loc", compressed_loc, index_k, index_k_scale
         )
 
     # ---------------------------------------------------------------- unsupported bulk ops
