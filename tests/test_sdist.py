@@ -13,8 +13,9 @@ about a second for all six) and checked:
   no path climbs out of the sdist from ``__file__``. Tests of the repository's tools (benchmark
   smoke tests, the Mooncake store harness) are excluded in ``[tool.hatch.build.targets.sdist]``,
   and only those: an sdist that ships tests leaves out none that could run from it;
-* one real run: the smallest test suite (mem-cache-pool) runs with pytest inside the unpacked
-  sdist, its ``src`` first on the path and the repository neither on the path nor the rootdir.
+* real runs: every shipped suite collects with pytest inside its unpacked sdist, its ``src`` first
+  on the path and the repository neither on the path nor the rootdir, and two of mem-cache-pool's
+  test modules run there.
 """
 
 from __future__ import annotations
@@ -61,8 +62,9 @@ IMPORT_NAMES = {
 }
 #: names of the repository (not of any distribution): a shipped test must not use them
 REPO_NAME = re.compile(r"^(tools[./]|tests\.)\w")
-#: the distribution whose shipped test suite is run for real (fewest, fastest tests)
+#: the distribution whose shipped tests are run for real, and which of them (small and fast)
 RUN_FOR_REAL = "mem-cache-pool"
+RUN_FILES = ("tests/test_pool_mha.py", "tests/test_pool_req_to_token.py")
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,16 +295,37 @@ def test_the_scan_catches_a_test_that_needs_the_repository(
         assert needle in found, (needle, found)
 
 
-@pytest.mark.slow
-def test_smallest_suite_runs_from_the_unpacked_sdist(sdists: dict[str, Sdist]) -> None:
-    sdist = sdists[RUN_FOR_REAL]
+def _pytest_in(sdist: Sdist, *args: str) -> subprocess.Popen[str]:
+    """pytest inside the unpacked sdist: the sdist's ``src`` first on the path (siblings come from
+    the environment), the sdist the rootdir and working directory, nothing of the repository."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
-    env["PYTHONPATH"] = str(sdist.root / "src")  # the sdist's own code, not the repository's
-    proc = subprocess.run(
+    env["PYTHONPATH"] = str(sdist.root / "src")
+    return subprocess.Popen(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-         "--import-mode=importlib", "--rootdir", str(sdist.root), "tests"],
-        cwd=sdist.root, env=env, capture_output=True, text=True, timeout=300, check=False,
+         "--import-mode=importlib", "--rootdir", str(sdist.root), *args],
+        cwd=sdist.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert re.search(r"\b\d+ passed\b", proc.stdout), proc.stdout[-2000:]
-    assert " failed" not in proc.stdout and " error" not in proc.stdout, proc.stdout[-2000:]
+
+
+@pytest.mark.slow
+def test_shipped_suites_collect_and_one_runs_from_the_unpacked_sdist(
+    sdists: dict[str, Sdist],
+) -> None:
+    """Every shipped suite collects inside its unpacked sdist (each test module and conftest
+    imports), and two modules of mem-cache-pool's run there (the whole suites take minutes: the
+    import scan above covers what the test bodies reach)."""
+    run = sdists[RUN_FOR_REAL]
+    missing = [f for f in RUN_FILES if f not in run.files]
+    assert not missing, f"{RUN_FOR_REAL}: pick other RUN_FILES, {missing} are gone"
+    procs = {
+        f"collect {s.name}": _pytest_in(s, "--collect-only", "tests")
+        for s in sdists.values() if any(f.startswith("tests/") for f in s.files)
+    }
+    procs[f"run {RUN_FOR_REAL}"] = _pytest_in(run, *RUN_FILES)
+    failures = []
+    for what, proc in procs.items():
+        out, _ = proc.communicate(timeout=300)
+        ok = proc.returncode == 0 and re.search(r"\b\d+ (passed|tests? collected)\b", out)
+        if not ok or re.search(r"\b(failed|errors?)\b", out.splitlines()[-1] if out else ""):
+            failures.append(f"{what} (rc {proc.returncode}):\n{out[-3000:]}")
+    assert not failures, "\n\n".join(failures)
