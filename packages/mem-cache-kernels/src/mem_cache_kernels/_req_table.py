@@ -17,8 +17,6 @@ __all__ = ["get_last_loc", "write_req_to_token"]
 
 _WRITE, _LAST_LOC = op("write_req_to_token"), op("get_last_loc")
 
-_LIST_ROWS = 64  # CPU duplicate checks of batches up to this size run on Python ints
-
 
 def _check_table(req_to_token: object) -> torch.Tensor:
     table = check_tensor_of(
@@ -36,7 +34,7 @@ def _check_rows(rows: torch.Tensor, table: torch.Tensor, *, distinct: bool = Fal
     v.check_nonnegative("req_pool_indices", rows, "row indices of req_to_token")
     v.check_index_range("req_pool_indices", rows, table.shape[0], "req_to_token")
     if distinct and rows.numel() > 1:
-        values = rows.tolist() if rows.numel() <= _LIST_ROWS else None
+        values = rows.tolist() if rows.numel() <= v.SMALL_BATCH else None
         n_unique = len(set(values)) if values is not None else int(torch.unique(rows).numel())
         if n_unique != rows.numel():
             seen: set[int] = set()
