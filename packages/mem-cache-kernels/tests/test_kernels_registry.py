@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import sys
 from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
@@ -226,3 +227,19 @@ def test_reference_module_mirrors_the_dispatched_ops() -> None:
         public = list(inspect.signature(getattr(mk, op.name)).parameters)
         assert public[-1] == "backend", op.name
         assert list(inspect.signature(getattr(reference, op.name)).parameters) == public[:-1]
+
+
+@pytest.mark.triton
+@pytest.mark.usefixtures("triton_interpret")
+def test_triton_implementations_follow_a_reimport(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Triton implementations are cached, but a dropped ``_triton`` module (tests decorate the
+    kernels afresh that way) is imported again on the next call, never served stale."""
+    for name, module in (("alloc_extend", "alloc"), ("store_kv", "rows")):
+        op = _registry.op(name)
+        first = _dispatch.implementation_for(op, "triton")
+        assert _dispatch.implementation_for(op, "triton") is first  # cached
+        full = f"mem_cache_kernels._triton.{module}"
+        old = sys.modules[full]
+        monkeypatch.delitem(sys.modules, full)
+        again = _dispatch.implementation_for(op, "triton")
+        assert again is not first and sys.modules[full] is not old, name

@@ -26,6 +26,7 @@ import functools
 import importlib
 import importlib.util
 import os
+import sys
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any, Literal, cast, get_args
@@ -115,9 +116,13 @@ def resolve_backend(backend: str, *tensors: torch.Tensor) -> ResolvedBackend:
 
 # ----------------------------------------------------------------------------- implementations
 _TORCH_IMPLS: dict[str, Callable[..., Any]] = {}
-"""Torch implementations by op name, resolved on first use. Triton ones are not cached: a test
-may drop the ``_triton`` modules from ``sys.modules`` to decorate the kernels afresh (interpreted
-or compiled), and the next call must use the new module (re-finding it is a dict lookup)."""
+"""Torch implementations by op name, resolved on first use."""
+
+_TRITON_IMPLS: dict[str, tuple[ModuleType, Callable[..., Any]]] = {}
+"""Triton implementations by op name, with the ``_triton`` module they came from. An entry is
+used only while that module is still the one in ``sys.modules``: a test may drop the ``_triton``
+modules to decorate the kernels afresh (interpreted or compiled), and the next call must then
+re-import them rather than run the stale kernels."""
 
 
 def _import(module: str) -> ModuleType:
@@ -141,6 +146,12 @@ def load_target(target: str) -> Callable[..., Any]:
     return functools.partial(fn, load_target(executor))
 
 
+def _triton_module(target: str) -> ModuleType:
+    """The ``_triton`` module whose code ``target`` runs (its function's, or its executor's)."""
+    module, _, executor = split_target(target)
+    return sys.modules[module if executor is None else executor.partition(":")[0]]
+
+
 def implementation_for(op: OpInfo, backend: ResolvedBackend) -> Callable[..., Any]:
     """The implementation the catalogue names for ``op`` on the (resolved) ``backend``.
 
@@ -150,6 +161,10 @@ def implementation_for(op: OpInfo, backend: ResolvedBackend) -> Callable[..., An
         impl = _TORCH_IMPLS.get(op.name)
         if impl is not None:
             return impl
+    else:
+        entry = _TRITON_IMPLS.get(op.name)
+        if entry is not None and sys.modules.get(entry[0].__name__) is entry[0]:
+            return entry[1]
     target = op.torch if backend == "torch" else op.triton
     if target is None:
         raise RuntimeError(f"op {op.qualname} has no {backend} implementation in the catalogue")
@@ -161,6 +176,8 @@ def implementation_for(op: OpInfo, backend: ResolvedBackend) -> Callable[..., An
         ) from exc
     if backend == "torch":
         _TORCH_IMPLS[op.name] = impl
+    else:
+        _TRITON_IMPLS[op.name] = (_triton_module(target), impl)
     return impl
 
 
