@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import pkgutil
 import sys
 from collections.abc import Callable, Sequence
 from types import ModuleType
@@ -20,7 +21,10 @@ import mem_cache_kernels as mk
 from mem_cache_kernels import _dispatch, _registry, reference
 from mem_cache_kernels._registry import OPS, OpInfo
 
-_PUBLIC_SUBMODULES = ("dsv4",)  # public modules besides the package that export ops
+# every public submodule (the DeepSeek-V4 records module among them) is searched for ops
+_PUBLIC_SUBMODULES = tuple(
+    m.name for m in pkgutil.iter_modules(mk.__path__) if not m.name.startswith("_")
+)
 
 
 def _takes_backend(obj: object) -> bool:
