@@ -173,7 +173,7 @@ def test_set_page_validates(make_pool: MakePool) -> None:
     host.set_from_flat_data_page(4, page.view(FP8))  # logical fp8 accepted
     with pytest.raises(ValueError, match="elements"):
         host.set_from_flat_data_page(4, page[1:])
-    with pytest.raises(ValueError, match="dtype"):
+    with pytest.raises(TypeError, match="data_page dtype"):
         host.set_from_flat_data_page(4, page.float())
     with pytest.raises(ValueError, match="first slot of a page"):
         host.set_from_flat_data_page(3, page)
