@@ -85,7 +85,7 @@ class PageStorageBackend(HiCacheStorage):
         elif kwargs is not None:
             if not _is_pool(kwargs):
                 raise TypeError(
-                    "the second argument must be an options dict or a host pool, got "
+                    "kwargs (the second argument) must be an options dict or a host pool, got "
                     f"{type(kwargs).__name__}"
                 )
             pool = kwargs

@@ -83,13 +83,15 @@ class HiCacheStorageConfig:
         if isinstance(config, dict):
             unknown = sorted(set(config) - set(names))
             if unknown:
-                raise ValueError(f"storage config has unknown fields {unknown}")
+                raise ValueError(
+                    f"config has unknown fields {unknown}; HiCacheStorageConfig fields: {names}"
+                )
             return cls(**config)
         values = {n: getattr(config, n) for n in names if hasattr(config, n)}
         if not values:
             raise TypeError(
-                "storage_config must be a HiCacheStorageConfig-like object, got "
-                f"{type(config).__name__}"
+                "config (a backend's storage_config) must be a HiCacheStorageConfig, a dict or "
+                f"an object with its fields, got {type(config).__name__}"
             )
         return cls(**values)
 

@@ -62,11 +62,11 @@ def _parent(prior_hash: object) -> bytes:
         raise ValueError(f"prior_hash must be a hex string, got {prior_hash!r}") from None
 
 
-def _check_key(key: object) -> str:
+def _check_key(key: object, name: str = "key") -> str:
     if not isinstance(key, str):
-        raise TypeError(f"key must be a str, got {type(key).__name__}")
+        raise TypeError(f"{name} must be a str, got {type(key).__name__}")
     if not _KEY.fullmatch(key):
-        raise ValueError(f"key must match [A-Za-z0-9_.-]{{1,128}}, got {key!r}")
+        raise ValueError(f"{name} must match [A-Za-z0-9_.-]{{1,128}}, got {key!r}")
     return key
 
 
@@ -76,7 +76,7 @@ def check_keys(keys: object, name: str = "keys") -> list[str]:
     alphabet."""
     if isinstance(keys, (str, bytes)) or not isinstance(keys, Sequence):
         raise TypeError(f"{name} must be a list of str, got {type(keys).__name__}")
-    return [_check_key(k) for k in keys]
+    return [_check_key(k, f"{name}[{i}]") for i, k in enumerate(keys)]
 
 
 def _token_bytes(token_ids: Sequence[int] | torch.Tensor) -> bytes:
@@ -138,12 +138,24 @@ class KeySpace:
     cp_size: int = 1
     is_mla: bool = False
 
+    def __post_init__(self) -> None:
+        for name in ("model_name", "model_fingerprint"):
+            value = getattr(self, name)
+            if not isinstance(value, str):
+                raise TypeError(f"{name} must be a str, got {type(value).__name__}")
+        check_int("page_size", self.page_size, minimum=1)
+        for dim in ("tp", "pp", "cp"):
+            size = check_int(f"{dim}_size", getattr(self, f"{dim}_size"), minimum=1)
+            check_int(f"{dim}_rank", getattr(self, f"{dim}_rank"), minimum=0, maximum=size - 1)
+
     @classmethod
     def from_config(
         cls, config: HiCacheStorageConfig, page_size: int, model_fingerprint: str | None = None
     ) -> KeySpace:
         """The key space of ``config`` with pages of ``page_size`` tokens; the fingerprint is
         ``model_fingerprint`` if given, else ``config.extra_config["model_fingerprint"]``."""
+        if not isinstance(config, HiCacheStorageConfig):
+            raise TypeError(f"config must be a HiCacheStorageConfig, got {type(config).__name__}")
         if model_fingerprint is None:
             model_fingerprint = str(config.extra.get("model_fingerprint", ""))
         return cls(
