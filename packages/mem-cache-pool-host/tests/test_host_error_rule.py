@@ -453,7 +453,7 @@ def _public_classes() -> dict[str, type]:
 
 
 def _methods_with_arguments(cls: type) -> list[str]:
-    names = ["__init__"]
+    names = [] if cls.__init__ is object.__init__ else ["__init__"]
     for name, fn in inspect.getmembers(cls):
         if name.startswith("_") or not callable(fn) or isinstance(fn, type):
             continue

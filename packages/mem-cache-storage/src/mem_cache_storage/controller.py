@@ -65,6 +65,13 @@ def _key_list(keys: Iterable[str]) -> list[str]:
     if isinstance(keys, (str, bytes)) or not isinstance(keys, Iterable):
         raise TypeError(f"keys must be a list of str, got {type(keys).__name__}")
     return list(keys)
+
+
+def _check_write_args(keys: Iterable[str], host_indices: torch.Tensor) -> list[str]:
+    """The kind checks of every write entry point (run whatever the write policy)."""
+    keys = _key_list(keys)
+    check_index("host_indices", host_indices)
+    return keys
 _EMPTY = torch.empty(0, dtype=torch.int64)
 
 
@@ -315,8 +322,7 @@ class StorageController:
         """Store the pages at ``host_indices`` (``len(keys) * page_size`` host slots) under
         ``keys``, skipping the leading keys already stored. Synchronous: the caller keeps the
         host pages until it returns."""
-        keys = _key_list(keys)
-        check_index("host_indices", host_indices)
+        keys = _check_write_args(keys, host_indices)
         if host_indices.numel() != len(keys) * self.page_size:
             raise ValueError(
                 f"host_indices must hold len(keys) * page_size = {len(keys) * self.page_size} "
@@ -355,8 +361,7 @@ class StorageController:
         ``failed == len(keys)``; a raising ``on_done`` fails the future."""
         if self._closed:
             raise RuntimeError("StorageController is closed")
-        keys = _key_list(keys)
-        check_index("host_indices", host_indices)
+        keys = _check_write_args(keys, host_indices)
 
         def job() -> WriteResult:
             try:
@@ -373,12 +378,14 @@ class StorageController:
 
     def on_host_evict(self, keys: Sequence[str], host_indices: torch.Tensor) -> WriteResult:
         """Host pages are about to be freed: write them under ``write_back``."""
+        _check_write_args(keys, host_indices)
         if self.write_policy != "write_back":
             return WriteResult(0, 0, 0)
         return self.write(keys, host_indices)
 
     def on_host_insert(self, keys: Sequence[str], host_indices: torch.Tensor) -> WriteResult:
         """Pages just reached the host pool: write them under ``write_through``."""
+        _check_write_args(keys, host_indices)
         if self.write_policy != "write_through":
             return WriteResult(0, 0, 0)
         return self.write(keys, host_indices)

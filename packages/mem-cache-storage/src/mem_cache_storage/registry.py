@@ -104,7 +104,7 @@ class StorageBackendFactory:
                 found = cls._registry.get(backend_name)
             if found is None:
                 raise ValueError(
-                    f"unknown storage backend {backend_name!r}; registered: "
+                    f"unknown storage backend {backend_name!r}; backend_name must be one of "
                     f"{sorted(cls.registered())} (or 'dynamic')"
                 )
             spec = found
