@@ -401,6 +401,8 @@ def _other_rows() -> list[Row]:
         Row("", "convert_flat_page", "page", T, lambda: convert_flat_page([0], _fmt(), _fmt()),
             "list"),  # type: ignore[arg-type]
         Row("", "convert_flat_page", "dst", T, lambda: convert_flat_page(page, _fmt(), "x"), "str"),  # type: ignore[arg-type]
+        Row("", "convert_flat_page", "page", T,
+            lambda: convert_flat_page(page.double(), _fmt(), _fmt()), "dtype"),
         Row("", "convert_flat_page", "page", V,
             lambda: convert_flat_page(page[1:], _fmt(), _fmt()), "numel"),
     ]

@@ -203,8 +203,9 @@ def convert_flat_page(page: torch.Tensor, src: PageFormat, dst: PageFormat) -> t
     """Reorder a flat page of format ``src`` into format ``dst`` (a new tensor).
 
     The formats must describe the same data (roles, layers, page size, row shapes, store dtype
-    and format version); only the row order may differ. ``ValueError`` otherwise, or when
-    ``page`` does not hold ``src.page_numel`` elements of ``src.store_dtype``'s item size.
+    and format version); only the row order may differ. ``ValueError`` otherwise or when
+    ``page`` does not hold ``src.page_numel`` elements; ``TypeError`` when its elements are not
+    ``src.store_dtype``'s item size.
     """
     for name, fmt in (("src", src), ("dst", dst)):
         if not isinstance(fmt, PageFormat):
@@ -218,11 +219,13 @@ def convert_flat_page(page: torch.Tensor, src: PageFormat, dst: PageFormat) -> t
             f"src and dst must differ only in order, got different {', '.join(diff)}: "
             f"{src.tag!r} vs {dst.tag!r}"
         )
-    if page.element_size() != src.store_dtype.itemsize or page.numel() != src.page_numel:
-        raise ValueError(
-            f"page must hold {src.page_numel} elements of {src.store_dtype.itemsize} bytes, got "
-            f"{page.numel()} of {page.element_size()}"
+    if page.element_size() != src.store_dtype.itemsize:
+        raise TypeError(
+            f"page must have {src.store_dtype} elements ({src.store_dtype.itemsize} bytes), got "
+            f"{page.dtype} ({page.element_size()} bytes)"
         )
+    if page.numel() != src.page_numel:
+        raise ValueError(f"page must hold {src.page_numel} elements, got {page.numel()}")
     flat = page.reshape(-1)
     if flat.dtype != src.store_dtype:
         flat = flat.view(src.store_dtype)

@@ -76,7 +76,12 @@ def check_keys(keys: object, name: str = "keys") -> list[str]:
     alphabet."""
     if isinstance(keys, (str, bytes)) or not isinstance(keys, Sequence):
         raise TypeError(f"{name} must be a list of str, got {type(keys).__name__}")
-    return [_check_key(k, f"{name}[{i}]") for i, k in enumerate(keys)]
+    out = list(keys)
+    match = _KEY.fullmatch
+    for i, k in enumerate(out):
+        if not (isinstance(k, str) and match(k)):  # the message is built only on failure
+            _check_key(k, f"{name}[{i}]")
+    return out
 
 
 def _token_bytes(token_ids: Sequence[int] | torch.Tensor) -> bytes:
