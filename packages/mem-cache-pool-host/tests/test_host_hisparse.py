@@ -67,14 +67,18 @@ def test_bad_tables_and_positions_raise(host: MLATokenToKVPoolHost) -> None:
         host.alloc_paged_token_slots(table, length, 0, 20, 5)
     with pytest.raises(ValueError, match="req_pool_idx"):
         host.alloc_paged_token_slots(table, length, 3, 0, 1)
-    with pytest.raises(ValueError, match=r"req_pool_idx must be in \[0, 3\), got 3"):
+    with pytest.raises(ValueError, match=r"req_pool_idx must be <= 2, got 3"):
         host.allocated_host_indices(table, length, 3)
     with pytest.raises(TypeError, match="req_pool_idx must be an int"):
         host.free_paged_token_slots(table, length, 1.0)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="2-D int64"):
+    with pytest.raises(TypeError, match="req_to_host_pool must be int64"):
         host.alloc_paged_token_slots(table.int(), length, 0, 0, 1)
-    with pytest.raises(ValueError, match="1-D int64"):
+    with pytest.raises(ValueError, match="req_to_host_pool must be 2-D"):
+        host.alloc_paged_token_slots(table[0], length, 0, 0, 1)
+    with pytest.raises(TypeError, match="req_to_host_pool_allocated_len must be int64"):
         host.alloc_paged_token_slots(table, length.int(), 0, 0, 1)
+    with pytest.raises(ValueError, match="req_to_host_pool_allocated_len must be 1-D"):
+        host.alloc_paged_token_slots(table, length[None], 0, 0, 1)
     length[0] = 3
     with pytest.raises(ValueError, match="not a multiple of page_size"):
         host.alloc_paged_token_slots(table, length, 0, 0, 5)

@@ -96,7 +96,7 @@ def test_begin_twice_and_double_complete_raise_and_reset_recovers() -> None:
     c.reset()
     c.wait_until(1, timeout=0)
     assert c.begin() == first + 1
-    with pytest.raises(ValueError, match=r"layer_index must be in \[0, 2\)"):
+    with pytest.raises(ValueError, match=r"layer_index must be <= 1, got 2"):
         c.wait_until(2)
 
 

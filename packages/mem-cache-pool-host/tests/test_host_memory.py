@@ -89,9 +89,11 @@ def test_allocator_rejects_bad_options(kwargs: dict[str, object], match: str) ->
         MmapHostTensorAllocator(**kwargs)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("nbytes", [0, -5, 1.5, True])
-def test_allocate_rejects_bad_sizes(nbytes: object) -> None:
-    with pytest.raises(ValueError, match="nbytes"):
+@pytest.mark.parametrize(
+    ("nbytes", "error"), [(0, ValueError), (-5, ValueError), (1.5, TypeError), (True, TypeError)]
+)
+def test_allocate_rejects_bad_sizes(nbytes: object, error: type[Exception]) -> None:
+    with pytest.raises(error, match="nbytes"):
         MmapHostTensorAllocator(register=False).allocate(nbytes)  # type: ignore[arg-type]
 
 

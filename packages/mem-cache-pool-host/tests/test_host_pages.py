@@ -162,6 +162,8 @@ def test_convert_flat_page_rejects_other_data(make_pool: MakePool) -> None:
         convert_flat_page(page, a.page_format, b.page_format)
     with pytest.raises(ValueError, match="page must hold"):
         convert_flat_page(page[1:], a.page_format, a.page_format)
+    with pytest.raises(TypeError, match=r"page must have torch\.float16 elements"):
+        convert_flat_page(page.double(), a.page_format, a.page_format)
     with pytest.raises(TypeError, match="dst must be a PageFormat"):
         convert_flat_page(page, a.page_format, "x")  # type: ignore[arg-type]
 
@@ -173,7 +175,7 @@ def test_set_page_validates(make_pool: MakePool) -> None:
     host.set_from_flat_data_page(4, page.view(FP8))  # logical fp8 accepted
     with pytest.raises(ValueError, match="elements"):
         host.set_from_flat_data_page(4, page[1:])
-    with pytest.raises(ValueError, match="dtype"):
+    with pytest.raises(TypeError, match="data_page dtype"):
         host.set_from_flat_data_page(4, page.float())
     with pytest.raises(ValueError, match="first slot of a page"):
         host.set_from_flat_data_page(3, page)

@@ -20,7 +20,7 @@ def test_alloc_returns_whole_pages_on_cpu() -> None:
     assert a.alloc(12) is None and a.available_size() == 8  # shortage: no state change
     with pytest.raises(ValueError, match="multiple of page_size=4"):
         a.alloc(3)
-    with pytest.raises(ValueError, match="non-negative int"):
+    with pytest.raises(ValueError, match="need_size must be >= 0, got -4"):
         a.alloc(-4)
     e = a.alloc(0)
     assert e is not None and e.numel() == 0
@@ -48,7 +48,7 @@ def test_free_rejects_double_free_and_never_allocated_pages() -> None:
         (torch.tensor([8, 9]), r"\[0, 8\)"),
         (torch.tensor([0.0, 1.0]), "int32 or int64"),
         (torch.tensor([[0, 1]]), "1-D"),
-        (torch.tensor([0, 1], device="meta"), "indices must hold data .* got meta"),
+        (torch.tensor([0, 1], device="meta"), "indices must be a tensor with data .* meta"),
     ],
 )
 def test_free_rejects_malformed_indices_and_frees_nothing(
@@ -56,7 +56,8 @@ def test_free_rejects_malformed_indices_and_frees_nothing(
 ) -> None:
     a = HostSlotAllocator(num_pages=4, page_size=2)
     assert a.alloc(8) is not None
-    with pytest.raises(ValueError, match=match):
+    error = TypeError if indices.dtype.is_floating_point else ValueError
+    with pytest.raises(error, match=match):
         a.free(indices)
     assert a.available_size() == 0
 

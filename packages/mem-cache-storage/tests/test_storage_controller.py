@@ -266,6 +266,8 @@ def test_a_host_pool_closed_under_a_prefetch_never_hangs_the_waiter() -> None:
     host.close()
     storage.gate.set()
     result = handle.wait(timeout=30)
-    assert result.pages == 0 and result.status in ("miss", "failed")
-    assert handle.done()
+    # the close races the IO thread: before it took the pool's io_guard the load misses; after,
+    # the guard keeps the memory mapped and the copy completes. Either way nothing hangs.
+    assert (result.status, result.pages) in {("miss", 0), ("failed", 0), ("done", 2)}
+    assert handle.done() and c.reserved_pages == 0  # wait() handed the pages over
     c.close()

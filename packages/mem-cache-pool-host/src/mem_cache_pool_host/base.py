@@ -43,8 +43,19 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 
+from mem_cache_kernels.checks import (
+    check_bool,
+    check_device_arg,
+    check_index,
+    check_index_values,
+    check_int,
+    check_optional_int,
+    check_same_length,
+    check_tensor,
+)
 from mem_cache_pool.base import KVBufferDesc
 from mem_cache_pool_host import _pages, _transfer
+from mem_cache_pool_host._checks import check_index_device
 from mem_cache_pool_host.capacity import (
     DEFAULT_HOST_TO_DEVICE_RATIO,
     HostCapacity,
@@ -133,15 +144,16 @@ class HostKVCache:
                 f"{type(self).__name__} needs a device pool with roles {self.expected_roles}, "
                 f"got {desc.roles}"
             )
-        if page_size is None:
+        if check_optional_int("page_size", page_size) is None:
             page_size = desc.page_size
         if page_size != desc.page_size:
             raise ValueError(
                 f"page_size must equal the device pool's page size {desc.page_size}, "
                 f"got {page_size}"
             )
-        if torch.device(device).type != "cpu":
+        if check_device_arg("device", device).type != "cpu":
             raise ValueError(f"device must be 'cpu' (host memory), got {device!r}")
+        check_bool("pin_memory", pin_memory)
         self.device_desc = desc
         self._device_source: object = device_pool
         self.layout: Layout = resolve_layout(layout, io_backend)
@@ -342,29 +354,10 @@ class HostKVCache:
             ("host_indices", host_indices, self.size),
             ("device_indices", device_indices, device_rows),
         ):
-            if not isinstance(idx, torch.Tensor):
-                raise TypeError(f"{name} must be a torch.Tensor, got {type(idx).__name__}")
-            if idx.dtype not in (torch.int32, torch.int64):
-                raise TypeError(f"{name} must be int32 or int64, got {idx.dtype}")
-            if idx.dim() != 1:
-                raise ValueError(f"{name} must be 1-D, got shape {tuple(idx.shape)}")
-            if idx.device.type not in ("cpu", desc.device.type):
-                raise ValueError(
-                    f"{name} must be on the CPU or on the device pool's device {desc.device}, "
-                    f"got {idx.device}"
-                )
-            if idx.device.type == "cpu" and idx.numel():
-                lo, hi = int(idx.min()), int(idx.max())
-                if lo < -1 or hi >= limit:
-                    raise ValueError(
-                        f"{name} values must lie in [0, {limit}) (or be -1 to skip), got "
-                        f"min {lo}, max {hi}"
-                    )
-        if host_indices.numel() != device_indices.numel():
-            raise ValueError(
-                f"host_indices and device_indices must have equal lengths, got "
-                f"{host_indices.numel()} and {device_indices.numel()}"
-            )
+            check_index(name, idx)
+            check_index_device(name, idx, desc.device)
+            check_index_values(name, idx, limit=limit, minimum=-1)
+        check_same_length(host_indices=host_indices, device_indices=device_indices)
 
     def _check_direct_pages(self, host_idx: torch.Tensor, device_idx: torch.Tensor) -> None:
         """Direct IO moves whole pages: each run of ``page_size`` entries must be one page's
@@ -427,10 +420,7 @@ class HostKVCache:
         """
         try:
             self._check_open()
-            if isinstance(layer_id, bool) or not isinstance(layer_id, int):
-                raise TypeError(f"layer_id must be an int, got {type(layer_id).__name__}")
-            if not 0 <= layer_id < self.layer_num:
-                raise ValueError(f"layer_id must be in [0, {self.layer_num}), got {layer_id}")
+            check_int("layer_id", layer_id, minimum=0, maximum=self.layer_num - 1)
             desc = self._desc_for(device_pool)
             backend = self._io_backend(io_backend, desc)
             self._check_indices(desc, host_indices, device_indices)
@@ -487,8 +477,7 @@ class HostKVCache:
 
     # ------------------------------------------------------------------ storage (L3) pages
     def _page_of(self, index: int) -> int:
-        if isinstance(index, bool) or not isinstance(index, int):
-            raise TypeError(f"index must be an int host slot, got {type(index).__name__}")
+        check_int("index", index)
         if index % self.page_size or not 0 <= index < self.size:
             raise ValueError(
                 f"index must be the first slot of a page: a multiple of page_size="
@@ -543,12 +532,11 @@ class HostKVCache:
         ``index`` or ``data_page``); a failed call writes nothing."""
         self._check_open()
         page = self._page_of(index)
-        if not isinstance(data_page, torch.Tensor):
-            raise TypeError(f"data_page must be a torch.Tensor, got {type(data_page).__name__}")
+        check_tensor("data_page", data_page)
         flat = data_page.reshape(-1)
         if flat.dtype != self.store_dtype:
             if flat.element_size() != self.buffers[0].element_size():
-                raise ValueError(
+                raise TypeError(
                     f"data_page dtype must be {self.store_dtype}, got {data_page.dtype}"
                 )
             flat = flat.view(self.store_dtype)
@@ -575,8 +563,8 @@ class HostKVCache:
                 raise TypeError(
                     f"indices must be a tensor or a sequence of ints, got {type(indices).__name__}"
                 )
-            if not all(isinstance(i, int) and not isinstance(i, bool) for i in indices):
-                raise TypeError("indices must be a tensor or a sequence of ints")
+            for k, i in enumerate(indices):
+                check_int(f"indices[{k}]", i)
             idx = torch.tensor(list(indices), dtype=torch.int64)
         pages = self._slots.pages_of(idx).tolist()
         return _pages.page_buffer_meta(self.layout, self.buffers, pages, self.page_size)
@@ -584,10 +572,7 @@ class HostKVCache:
     def is_stride_page_aligned(self, page_size_bytes: int = 4096) -> bool:
         """Whether every zero-copy range starts at a multiple of ``page_size_bytes``."""
         self._check_open()
-        if isinstance(page_size_bytes, bool) or not isinstance(page_size_bytes, int):
-            raise TypeError(f"page_size_bytes must be an int, got {type(page_size_bytes).__name__}")
-        if page_size_bytes < 1:
-            raise ValueError(f"page_size_bytes must be >= 1, got {page_size_bytes}")
+        check_int("page_size_bytes", page_size_bytes, minimum=1)
         return _pages.stride_page_aligned(
             self.layout, self.buffers, self.page_size, page_size_bytes
         )

@@ -5,6 +5,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from mem_cache_kernels.checks import check_int, check_optional_int
+from mem_cache_pool_host._checks import check_number
+
 __all__ = [
     "DEFAULT_HOST_TO_DEVICE_RATIO",
     "HostCapacity",
@@ -36,15 +39,6 @@ class HostCapacity:
         return self.size * self.bytes_per_token
 
 
-def _check_int_arg(name: str, value: object, *, optional: bool = False) -> None:
-    if optional and value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(
-            f"{name} must be an int{' or None' if optional else ''}, got {type(value).__name__}"
-        )
-
-
 def plan_host_capacity(
     *,
     device_size: int,
@@ -64,8 +58,8 @@ def plan_host_capacity(
         ("bytes_per_token", bytes_per_token),
         ("page_size", page_size),
     ):
-        _check_int_arg(name, value)
-    _check_int_arg("host_size_bytes", host_size_bytes, optional=True)
+        check_int(name, value)
+    check_optional_int("host_size_bytes", host_size_bytes)
     if page_size <= 0:
         raise ValueError(f"page_size must be > 0, got {page_size}")
     if bytes_per_token <= 0:
@@ -81,12 +75,7 @@ def plan_host_capacity(
                 f"one page needs {page_bytes} bytes"
             )
     else:
-        if isinstance(host_to_device_ratio, bool) or not isinstance(
-            host_to_device_ratio, (int, float)
-        ):
-            raise TypeError(
-                f"host_to_device_ratio must be a number, got {type(host_to_device_ratio).__name__}"
-            )
+        check_number("host_to_device_ratio", host_to_device_ratio)
         if not host_to_device_ratio > 0:
             raise ValueError(f"host_to_device_ratio must be > 0, got {host_to_device_ratio}")
         tokens = int(device_size * host_to_device_ratio)
@@ -142,9 +131,9 @@ def preflight_host_memory(
     :func:`available_host_memory`, ``reserve_bytes`` to :func:`default_reserve_bytes`). When the
     available amount cannot be determined the check passes.
     """
-    _check_int_arg("requested_bytes", requested_bytes)
-    _check_int_arg("reserve_bytes", reserve_bytes, optional=True)
-    _check_int_arg("available", available, optional=True)
+    check_int("requested_bytes", requested_bytes)
+    check_optional_int("reserve_bytes", reserve_bytes)
+    check_optional_int("available", available)
     if reserve_bytes is None:
         reserve_bytes = default_reserve_bytes()
     if reserve_bytes < 0:

@@ -28,23 +28,21 @@ from typing import Any, ClassVar
 import torch
 
 from mem_cache_kernels import dsv4
+from mem_cache_kernels.checks import (
+    check_index,
+    check_index_values,
+    check_int,
+    check_on_device,
+    check_same_length,
+)
 from mem_cache_pool.base import KVBufferDesc
 from mem_cache_pool.deepseek_v4 import DeepSeekV4SingleKVPool
+from mem_cache_pool_host._checks import check_index_device
 from mem_cache_pool_host.base import HostKVCache
 from mem_cache_pool_host.capacity import DEFAULT_HOST_TO_DEVICE_RATIO
 from mem_cache_pool_host.memory import HostTensorAllocator
 
 __all__ = ["DeepSeekV4SingleKVPoolHost"]
-
-
-def _check_tokens(name: str, idx: object) -> torch.Tensor:
-    if not isinstance(idx, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(idx).__name__}")
-    if idx.dtype not in (torch.int32, torch.int64) or idx.dim() != 1:
-        raise ValueError(
-            f"{name} must be a 1-D int32/int64 tensor, got {idx.dtype} {tuple(idx.shape)}"
-        )
-    return idx
 
 
 class DeepSeekV4SingleKVPoolHost(HostKVCache):
@@ -140,31 +138,14 @@ class DeepSeekV4SingleKVPoolHost(HostKVCache):
     ) -> tuple[KVBufferDesc, torch.Tensor, torch.Tensor]:
         self._check_open()
         desc = self._desc_for(device_pool)
-        host = _check_tokens("host_indices", host_indices)
-        dev = _check_tokens("device_indices", device_indices)
-        if host.numel() != dev.numel():
-            raise ValueError(
-                f"host_indices and device_indices must have equal lengths, got "
-                f"{host.numel()} and {dev.numel()}"
-            )
-        if host.device.type != "cpu":
-            raise ValueError(f"host_indices must be on the CPU, got {host.device}")
-        if dev.device.type not in ("cpu", desc.device.type):
-            raise ValueError(
-                f"device_indices must be on the CPU or on the device pool's device {desc.device}, "
-                f"got {dev.device}"
-            )
-        if dev.device.type == "cpu" and dev.numel():
-            limit = int(desc.buffers[0][0].shape[0]) * self.tokens_per_page
-            lo, hi = int(dev.min()), int(dev.max())
-            if lo < 0 or hi >= limit:
-                raise ValueError(f"device_indices must lie in [0, {limit}), got range [{lo}, {hi}]")
-        if host.numel():
-            lo, hi = int(host.min()), int(host.max())
-            if lo < 0 or hi >= self.token_size:
-                raise ValueError(
-                    f"host_indices must lie in [0, {self.token_size}), got range [{lo}, {hi}]"
-                )
+        host = check_index("host_indices", host_indices)
+        dev = check_index("device_indices", device_indices)
+        check_same_length(host_indices=host, device_indices=dev)
+        check_on_device("host_indices", host, torch.device("cpu"))
+        check_index_device("device_indices", dev, desc.device)
+        limit = int(desc.buffers[0][0].shape[0]) * self.tokens_per_page
+        check_index_values("device_indices", dev, limit=limit)
+        check_index_values("host_indices", host, limit=self.token_size)
         return desc, host, dev.to(desc.device)
 
     def backup_tokens_from_device_all_layer(
@@ -194,10 +175,7 @@ class DeepSeekV4SingleKVPoolHost(HostKVCache):
         device token slots ``device_indices`` and mark the layer done (aborting the counter's
         batch on error, like ``load_to_device_per_layer``)."""
         try:
-            if isinstance(layer_id, bool) or not isinstance(layer_id, int):
-                raise TypeError(f"layer_id must be an int, got {type(layer_id).__name__}")
-            if not 0 <= layer_id < self.layer_num:
-                raise ValueError(f"layer_id must be in [0, {self.layer_num}), got {layer_id}")
+            check_int("layer_id", layer_id, minimum=0, maximum=self.layer_num - 1)
             desc, host, dev = self._token_args(device_pool, host_indices, device_indices)
             event: Any = None
             if host.numel():

@@ -19,40 +19,34 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from mem_cache_kernels.checks import check_index, check_int, check_on_device, check_tensor
+
 __all__ = ["HiSparseHostPoolMixin"]
+
+_INT64 = (torch.int64,)
 
 
 def _check_row(req_to_host_pool: torch.Tensor, req_pool_idx: int) -> None:
-    rows = req_to_host_pool.shape[0]
-    if isinstance(req_pool_idx, bool) or not isinstance(req_pool_idx, int):
-        raise TypeError(f"req_pool_idx must be an int, got {type(req_pool_idx).__name__}")
-    if not 0 <= req_pool_idx < rows:
-        raise ValueError(f"req_pool_idx must be in [0, {rows}), got {req_pool_idx}")
+    check_int("req_pool_idx", req_pool_idx, minimum=0, maximum=req_to_host_pool.shape[0] - 1)
 
 
 def _check_tables(req_to_host_pool: torch.Tensor, allocated_len: torch.Tensor) -> None:
-    for name, t in (
-        ("req_to_host_pool", req_to_host_pool),
-        ("req_to_host_pool_allocated_len", allocated_len),
-    ):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if req_to_host_pool.dtype != torch.int64 or req_to_host_pool.dim() != 2:
+    """Both tables CPU int64 (``TypeError`` for a non-tensor or another dtype), the first 2-D,
+    the second 1-D with one entry per row (``ValueError``)."""
+    cpu = torch.device("cpu")
+    check_tensor("req_to_host_pool", req_to_host_pool)
+    if req_to_host_pool.dtype != torch.int64:
+        raise TypeError(f"req_to_host_pool must be int64, got {req_to_host_pool.dtype}")
+    if req_to_host_pool.dim() != 2:
         raise ValueError(
-            "req_to_host_pool must be a 2-D int64 tensor, got "
-            f"{req_to_host_pool.dtype} of shape {tuple(req_to_host_pool.shape)}"
+            f"req_to_host_pool must be 2-D, got shape {tuple(req_to_host_pool.shape)}"
         )
-    if allocated_len.dtype != torch.int64 or allocated_len.dim() != 1:
-        raise ValueError(
-            "req_to_host_pool_allocated_len must be a 1-D int64 tensor, got "
-            f"{allocated_len.dtype} of shape {tuple(allocated_len.shape)}"
-        )
-    if req_to_host_pool.device.type != "cpu" or allocated_len.device.type != "cpu":
-        raise ValueError("req_to_host_pool and req_to_host_pool_allocated_len must be on the CPU")
+    check_on_device("req_to_host_pool", req_to_host_pool, cpu)
+    check_index("req_to_host_pool_allocated_len", allocated_len, dtypes=_INT64, device=cpu)
     if allocated_len.shape[0] != req_to_host_pool.shape[0]:
         raise ValueError(
-            f"req_to_host_pool_allocated_len has {allocated_len.shape[0]} rows, "
-            f"req_to_host_pool {req_to_host_pool.shape[0]}"
+            f"req_to_host_pool_allocated_len must have one entry per row of req_to_host_pool "
+            f"({req_to_host_pool.shape[0]}), got {allocated_len.shape[0]}"
         )
 
 
@@ -69,10 +63,7 @@ class HiSparseHostPoolMixin:
 
     def alloc_page(self, num_pages: int) -> torch.Tensor | None:
         """``num_pages`` whole pages of host slots (CPU int64), or ``None``."""
-        if isinstance(num_pages, bool) or not isinstance(num_pages, int):
-            raise TypeError(f"num_pages must be an int, got {type(num_pages).__name__}")
-        if num_pages < 0:
-            raise ValueError(f"num_pages must be >= 0, got {num_pages}")
+        check_int("num_pages", num_pages, minimum=0)
         return self.alloc(num_pages * self.page_size)
 
     def alloc_paged_token_slots(
@@ -93,10 +84,8 @@ class HiSparseHostPoolMixin:
         _check_tables(req_to_host_pool, req_to_host_pool_allocated_len)
         _check_row(req_to_host_pool, req_pool_idx)
         max_len = req_to_host_pool.shape[1]
-        if start_pos < 0 or num_tokens < 0:
-            raise ValueError(
-                f"start_pos and num_tokens must be >= 0, got {start_pos} and {num_tokens}"
-            )
+        check_int("start_pos", start_pos, minimum=0)
+        check_int("num_tokens", num_tokens, minimum=0)
         end = start_pos + num_tokens
         ps = self.page_size
         with self.lock:

@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 
+from mem_cache_kernels.checks import check_int, check_optional_int
+
 __all__ = ["LayerDoneCounter", "LayerLoadAbortedError"]
 
 
@@ -65,10 +67,8 @@ class LayerDoneCounter:
     """
 
     def __init__(self, num_layers: int, history: int = 3) -> None:
-        if num_layers <= 0:
-            raise ValueError(f"num_layers must be > 0, got {num_layers}")
-        if history <= 0:
-            raise ValueError(f"history must be > 0, got {history}")
+        check_int("num_layers", num_layers, minimum=1)
+        check_int("history", history, minimum=1)
         self.num_layers = num_layers
         self._cond = threading.Condition(threading.Lock())
         self._batches: deque[_Batch] = deque(maxlen=history)
@@ -148,10 +148,7 @@ class LayerDoneCounter:
 
         A batch not begun yet is waited for; one older than ``history`` counts as loaded.
         """
-        if batch_id is not None and (
-            isinstance(batch_id, bool) or not isinstance(batch_id, int) or batch_id < 1
-        ):
-            raise ValueError(f"batch_id must be a positive int or None, got {batch_id!r}")
+        check_optional_int("batch_id", batch_id, minimum=1)
         with self._cond:
             self._consumer = batch_id
             self._cond.notify_all()
@@ -222,7 +219,4 @@ class LayerDoneCounter:
             raise err
 
     def _check_layer(self, layer_index: int) -> None:
-        if isinstance(layer_index, bool) or not isinstance(layer_index, int):
-            raise TypeError(f"layer_index must be an int, got {type(layer_index).__name__}")
-        if not 0 <= layer_index < self.num_layers:
-            raise ValueError(f"layer_index must be in [0, {self.num_layers}), got {layer_index}")
+        check_int("layer_index", layer_index, minimum=0, maximum=self.num_layers - 1)

@@ -24,6 +24,9 @@ from __future__ import annotations
 import logging
 from typing import Literal, get_args
 
+from mem_cache_kernels.checks import check_int
+from mem_cache_pool_host._checks import check_choice
+
 __all__ = [
     "IOBackend",
     "Layout",
@@ -45,15 +48,11 @@ _log = logging.getLogger(__name__)
 
 
 def check_layout(layout: str) -> Layout:
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    return layout  # type: ignore[return-value]
+    return check_choice("layout", layout, LAYOUTS)  # type: ignore[return-value]
 
 
 def check_io_backend(io_backend: str) -> IOBackend:
-    if io_backend not in IO_BACKENDS:
-        raise ValueError(f"io_backend must be one of {IO_BACKENDS}, got {io_backend!r}")
-    return io_backend  # type: ignore[return-value]
+    return check_choice("io_backend", io_backend, IO_BACKENDS)  # type: ignore[return-value]
 
 
 def resolve_layout(layout: str, io_backend: str | None) -> Layout:
@@ -90,22 +89,17 @@ def host_buffer_shape(
     layout: Layout, *, num_pages: int, page_size: int, layer_num: int, row_shape: tuple[int, ...]
 ) -> tuple[int, ...]:
     """Shape of one role's host tensor (see the table in the module docstring)."""
-    layout = check_layout(layout) if isinstance(layout, str) else layout
-    if not isinstance(layout, str):
-        raise TypeError(f"layout must be a str, got {type(layout).__name__}")
+    layout = check_layout(layout)
     for name, value in (
         ("num_pages", num_pages),
         ("page_size", page_size),
         ("layer_num", layer_num),
     ):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-        if value < 0:
-            raise ValueError(f"{name} must be >= 0, got {value}")
-    if not isinstance(row_shape, tuple) or not all(
-        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in row_shape
-    ):
-        raise TypeError(f"row_shape must be a tuple of non-negative ints, got {row_shape!r}")
+        check_int(name, value, minimum=0)
+    if not isinstance(row_shape, tuple):
+        raise TypeError(f"row_shape must be a tuple of ints, got {type(row_shape).__name__}")
+    for i, d in enumerate(row_shape):
+        check_int(f"row_shape[{i}]", d, minimum=0)
     slots = num_pages * page_size
     if layout == "layer_first":
         return (layer_num, slots, *row_shape)

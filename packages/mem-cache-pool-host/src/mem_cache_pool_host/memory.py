@@ -21,6 +21,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 import torch
 
+from mem_cache_kernels.checks import check_bool, check_int
 from mem_cache_pool_host.registration import (
     DEFAULT_REGISTER_CHUNK_BYTES,
     HostRegistrar,
@@ -156,8 +157,7 @@ class MmapHostTensorAllocator:
             )
         if register not in (True, False, "auto"):
             raise ValueError(f"register must be True, False or 'auto', got {register!r}")
-        if register_chunk_bytes <= 0:
-            raise ValueError(f"register_chunk_bytes must be > 0, got {register_chunk_bytes}")
+        check_int("register_chunk_bytes", register_chunk_bytes, minimum=1)
         self.huge_pages: HugePages = huge_pages
         self.populate = populate
         self.register_chunk_bytes = register_chunk_bytes
@@ -168,8 +168,7 @@ class MmapHostTensorAllocator:
         self.registrar: HostRegistrar | None = None if register is False else registrar
 
     def allocate(self, nbytes: int) -> MmapHostAllocation:
-        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0:
-            raise ValueError(f"nbytes must be a positive int, got {nbytes!r}")
+        check_int("nbytes", nbytes, minimum=1)
         flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
         if self.populate:
             flags |= getattr(mmap, "MAP_POPULATE", 0)
@@ -207,6 +206,5 @@ def default_host_tensor_allocator(pin_memory: bool = True) -> MmapHostTensorAllo
     ``pin_memory=True`` registers with CUDA when it is available (plain memory on CPU-only
     machines); ``False`` never registers.
     """
-    if not isinstance(pin_memory, bool):
-        raise TypeError(f"pin_memory must be a bool, got {type(pin_memory).__name__}")
+    check_bool("pin_memory", pin_memory)
     return MmapHostTensorAllocator(register="auto" if pin_memory else False)

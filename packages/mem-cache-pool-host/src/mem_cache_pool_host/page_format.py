@@ -36,6 +36,9 @@ from typing import Literal, get_args
 
 import torch
 
+from mem_cache_kernels.checks import check_int
+from mem_cache_pool_host._checks import check_choice
+
 __all__ = [
     "PAGE_FORMAT_NAME",
     "PAGE_FORMAT_VERSION",
@@ -55,17 +58,8 @@ PAGE_ORDERS: tuple[str, ...] = get_args(PageOrder)
 def page_order(layout: str) -> PageOrder:
     """The row order of a flat page from a pool of host layout ``layout`` (before the
     ``page_size == 1`` / ``layer_num == 1`` normalisation of :class:`PageFormat`)."""
-    if layout == "page_first":
-        return "token_major"
-    if layout in ("layer_first", "page_first_direct"):
-        return "layer_major"
-    raise ValueError(
-        f"layout must be one of ('layer_first', 'page_first', 'page_first_direct'), got {layout!r}"
-    )
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    check_choice("layout", layout, ("layer_first", "page_first", "page_first_direct"))
+    return "token_major" if layout == "page_first" else "layer_major"
 
 
 def _shape_text(shape: tuple[int, ...]) -> str:
@@ -102,20 +96,16 @@ class PageFormat:
     ) -> PageFormat:
         """A format of the current version; ``order`` becomes ``layer_major`` when
         ``page_size == 1`` or ``layer_num == 1`` (both orders hold the same bytes then)."""
-        if not isinstance(order, str) or order not in PAGE_ORDERS:
-            raise ValueError(f"order must be one of {PAGE_ORDERS}, got {order!r}")
+        check_choice("order", order, PAGE_ORDERS)
         if not isinstance(roles, tuple) or not all(isinstance(r, str) for r in roles):
             raise TypeError(f"roles must be a tuple of str, got {roles!r}")
-        if not isinstance(row_shapes, tuple) or not all(
-            isinstance(shape, tuple) and all(_is_int(d) and d >= 1 for d in shape)
-            for shape in row_shapes
-        ):
-            raise TypeError(
-                f"row_shapes must be a tuple of tuples of positive ints, got {row_shapes!r}"
-            )
+        if not isinstance(row_shapes, tuple) or not all(isinstance(s, tuple) for s in row_shapes):
+            raise TypeError(f"row_shapes must be a tuple of tuples of ints, got {row_shapes!r}")
+        for r, shape in enumerate(row_shapes):
+            for i, d in enumerate(shape):
+                check_int(f"row_shapes[{r}][{i}]", d, minimum=1)
         for name, value in (("layer_num", layer_num), ("page_size", page_size)):
-            if not _is_int(value):
-                raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+            check_int(name, value)
         if not isinstance(store_dtype, torch.dtype):
             raise TypeError(f"store_dtype must be a torch.dtype, got {type(store_dtype).__name__}")
         if len(roles) != len(row_shapes) or not roles:
@@ -123,10 +113,8 @@ class PageFormat:
                 f"roles and row_shapes must be non-empty and of equal length, got {roles} and "
                 f"{row_shapes}"
             )
-        if layer_num < 1 or page_size < 1:
-            raise ValueError(
-                f"layer_num and page_size must be >= 1, got {layer_num} and {page_size}"
-            )
+        for name, value in (("layer_num", layer_num), ("page_size", page_size)):
+            check_int(name, value, minimum=1)
         if page_size == 1 or layer_num == 1:
             order = "layer_major"
         return cls(
@@ -140,10 +128,7 @@ class PageFormat:
 
     def role_shape(self, role: int) -> tuple[int, ...]:
         """Shape of role number ``role`` inside a page, in this format's order."""
-        if not _is_int(role):
-            raise TypeError(f"role must be an int, got {type(role).__name__}")
-        if not 0 <= role < len(self.roles):
-            raise ValueError(f"role must be in [0, {len(self.roles)}), got {role}")
+        check_int("role", role, minimum=0, maximum=len(self.roles) - 1)
         row = self.row_shapes[role]
         if self.order == "token_major":
             return (self.page_size, self.layer_num, *row)
@@ -218,8 +203,9 @@ def convert_flat_page(page: torch.Tensor, src: PageFormat, dst: PageFormat) -> t
     """Reorder a flat page of format ``src`` into format ``dst`` (a new tensor).
 
     The formats must describe the same data (roles, layers, page size, row shapes, store dtype
-    and format version); only the row order may differ. ``ValueError`` otherwise, or when
-    ``page`` does not hold ``src.page_numel`` elements of ``src.store_dtype``'s item size.
+    and format version); only the row order may differ. ``ValueError`` otherwise or when
+    ``page`` does not hold ``src.page_numel`` elements; ``TypeError`` when its elements are not
+    ``src.store_dtype``'s item size.
     """
     for name, fmt in (("src", src), ("dst", dst)):
         if not isinstance(fmt, PageFormat):
@@ -233,11 +219,13 @@ def convert_flat_page(page: torch.Tensor, src: PageFormat, dst: PageFormat) -> t
             f"src and dst must differ only in order, got different {', '.join(diff)}: "
             f"{src.tag!r} vs {dst.tag!r}"
         )
-    if page.element_size() != src.store_dtype.itemsize or page.numel() != src.page_numel:
-        raise ValueError(
-            f"page must hold {src.page_numel} elements of {src.store_dtype.itemsize} bytes, got "
-            f"{page.numel()} of {page.element_size()}"
+    if page.element_size() != src.store_dtype.itemsize:
+        raise TypeError(
+            f"page must have {src.store_dtype} elements ({src.store_dtype.itemsize} bytes), got "
+            f"{page.dtype} ({page.element_size()} bytes)"
         )
+    if page.numel() != src.page_numel:
+        raise ValueError(f"page must hold {src.page_numel} elements, got {page.numel()}")
     flat = page.reshape(-1)
     if flat.dtype != src.store_dtype:
         flat = flat.view(src.store_dtype)

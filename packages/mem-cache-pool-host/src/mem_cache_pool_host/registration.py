@@ -14,6 +14,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from mem_cache_kernels.checks import check_int
+
 __all__ = [
     "DEFAULT_REGISTER_CHUNK_BYTES",
     "CudaHostRegistrar",
@@ -73,8 +75,7 @@ def register_chunked(
     Returns the ``(address, nbytes)`` chunks in order. If any chunk fails, the chunks already
     registered are unregistered and the error propagates (nothing stays registered).
     """
-    if chunk_bytes <= 0:
-        raise ValueError(f"chunk_bytes must be > 0, got {chunk_bytes}")
+    check_int("chunk_bytes", chunk_bytes, minimum=1)
     done: list[tuple[int, int]] = []
     offset = 0
     try:

@@ -22,6 +22,8 @@ import threading
 
 import torch
 
+from mem_cache_kernels.checks import check_index, check_index_values, check_int
+
 __all__ = ["HostSlotAllocator"]
 
 
@@ -29,10 +31,8 @@ class HostSlotAllocator:
     """See the module docstring."""
 
     def __init__(self, num_pages: int, page_size: int) -> None:
-        if num_pages <= 0:
-            raise ValueError(f"num_pages must be > 0, got {num_pages}")
-        if page_size <= 0:
-            raise ValueError(f"page_size must be > 0, got {page_size}")
+        check_int("num_pages", num_pages, minimum=1)
+        check_int("page_size", page_size, minimum=1)
         self.num_pages = num_pages
         self.page_size = page_size
         self.size = num_pages * page_size
@@ -58,8 +58,7 @@ class HostSlotAllocator:
             return self._num_free * self.page_size
 
     def alloc(self, need_size: int) -> torch.Tensor | None:
-        if isinstance(need_size, bool) or not isinstance(need_size, int) or need_size < 0:
-            raise ValueError(f"need_size must be a non-negative int, got {need_size!r}")
+        check_int("need_size", need_size, minimum=0)
         if need_size % self.page_size:
             raise ValueError(
                 f"need_size must be a multiple of page_size={self.page_size}, got {need_size}"
@@ -103,17 +102,11 @@ class HostSlotAllocator:
     def pages_of(self, indices: torch.Tensor) -> torch.Tensor:
         """Validate page-aligned slot ``indices`` and return their page ids (CPU int64).
 
-        ``ValueError`` unless ``indices`` is a 1-D int32/int64 tensor of whole pages in range,
-        each page's slots consecutive and ascending, no page twice.
+        ``TypeError`` unless ``indices`` is an int32/int64 tensor; ``ValueError`` unless it is a
+        1-D tensor with data of whole pages in range, each page's slots consecutive and
+        ascending, no page twice.
         """
-        if not isinstance(indices, torch.Tensor):
-            raise TypeError(f"indices must be a torch.Tensor, got {type(indices).__name__}")
-        if indices.dtype not in (torch.int32, torch.int64):
-            raise ValueError(f"indices must be int32 or int64, got {indices.dtype}")
-        if indices.dim() != 1:
-            raise ValueError(f"indices must be 1-D, got shape {tuple(indices.shape)}")
-        if indices.device.type == "meta":
-            raise ValueError("indices must hold data (a CPU or accelerator tensor), got meta")
+        check_index("indices", indices)
         ps = self.page_size
         if indices.numel() % ps:
             raise ValueError(
@@ -122,9 +115,7 @@ class HostSlotAllocator:
         idx = indices.to("cpu", torch.int64)
         if idx.numel() == 0:
             return idx
-        lo, hi = int(idx.min()), int(idx.max())
-        if lo < 0 or hi >= self.size:
-            raise ValueError(f"indices must lie in [0, {self.size}), got range [{lo}, {hi}]")
+        check_index_values("indices", idx, limit=self.size)
         rows = idx.view(-1, ps)
         starts = rows[:, 0]
         if bool((starts % ps).any()) or not torch.equal(rows, starts[:, None] + self._offsets):

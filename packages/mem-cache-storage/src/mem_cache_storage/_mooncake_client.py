@@ -17,6 +17,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from mem_cache_kernels.checks import check_int
+
 __all__ = ["RPC_FAIL", "ClientSettings", "MooncakeClient", "MooncakeUnavailableError"]
 
 _log = logging.getLogger("mem_cache_storage.mooncake")
@@ -81,8 +83,7 @@ class ClientSettings:
         if protocol not in ("tcp", "rdma"):
             raise ValueError(f"protocol must be 'tcp' or 'rdma', got {protocol!r}")
         replica_num = opts.get("replica_num", 1)
-        if isinstance(replica_num, bool) or not isinstance(replica_num, int) or replica_num < 1:
-            raise ValueError(f"replica_num must be a positive int, got {replica_num!r}")
+        check_int("replica_num", replica_num, minimum=1)
         rc = opts.get("replicate_config") or {}
         if not isinstance(rc, dict):
             raise TypeError(f"replicate_config must be a dict, got {type(rc).__name__}")

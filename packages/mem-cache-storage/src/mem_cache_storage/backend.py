@@ -30,16 +30,17 @@ import struct
 import threading
 import zlib
 from abc import abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
 
+from mem_cache_kernels.checks import check_int
 from mem_cache_storage import _memory
 from mem_cache_storage.base import HiCacheStorage
 from mem_cache_storage.config import HiCacheStorageConfig, HiCacheStorageExtraInfo
-from mem_cache_storage.keys import KeySpace
+from mem_cache_storage.keys import KeySpace, check_keys
 from mem_cache_storage.pages import PageFormat, PageRanges, host_page_ranges, tensor_page_ranges
 from mem_cache_storage.stats import StorageStats
 
@@ -84,7 +85,7 @@ class PageStorageBackend(HiCacheStorage):
         elif kwargs is not None:
             if not _is_pool(kwargs):
                 raise TypeError(
-                    "the second argument must be an options dict or a host pool, got "
+                    "kwargs (the second argument) must be an options dict or a host pool, got "
                     f"{type(kwargs).__name__}"
                 )
             pool = kwargs
@@ -215,8 +216,16 @@ class PageStorageBackend(HiCacheStorage):
     def batch_get(
         self, keys: list[str], target_locations: Any | None = None, target_sizes: Any | None = None
     ) -> list[torch.Tensor | None]:
+        keys = check_keys(keys)
         if target_locations is None:
             target_locations = [None] * len(keys)
+        if isinstance(target_locations, torch.Tensor) or not isinstance(
+            target_locations, Sequence
+        ):
+            raise TypeError(
+                "target_locations must be a list of tensors or None, got "
+                f"{type(target_locations).__name__}"
+            )
         if len(target_locations) != len(keys):
             raise ValueError(
                 f"target_locations must have {len(keys)} entries, got {len(target_locations)}"
@@ -238,9 +247,14 @@ class PageStorageBackend(HiCacheStorage):
         self, keys: list[str], values: Any | None = None, target_locations: Any | None = None,
         target_sizes: Any | None = None,
     ) -> bool:
+        keys = check_keys(keys)
         vals = values if values is not None else target_locations
-        if vals is None or len(vals) != len(keys):
-            raise ValueError(f"values must have {len(keys)} entries")
+        if vals is None:
+            raise ValueError(f"values must have {len(keys)} entries, got None")
+        if isinstance(vals, torch.Tensor) or not isinstance(vals, Sequence):
+            raise TypeError(f"values must be a list of tensors, got {type(vals).__name__}")
+        if len(vals) != len(keys):
+            raise ValueError(f"values must have {len(keys)} entries, got {len(vals)}")
         return all([self.set(k, v) for k, v in zip(keys, vals)])
 
     def exists(self, key: str) -> bool:
@@ -260,10 +274,11 @@ class PageStorageBackend(HiCacheStorage):
             _log.warning("%s: exists failed (%s: %s): treated as a miss",
                          type(self).__name__, type(exc).__name__, exc)
             return 0
-        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= len(skeys):
+        try:
+            return check_int("_exist_prefix result", n, minimum=0, maximum=len(skeys))
+        except (TypeError, ValueError):  # a malformed backend answer holds nothing
             self.stats.add(errors=1)
             return 0
-        return n
 
     def _exist_prefix(self, keys: list[str]) -> int:
         """How many leading storage keys hold a page (default: one ``_exist_pages`` call;

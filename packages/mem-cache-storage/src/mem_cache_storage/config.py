@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
+from mem_cache_kernels.checks import check_int, check_optional_int
+
 __all__ = ["STORAGE_BATCH_SIZE", "HiCacheStorageConfig", "HiCacheStorageExtraInfo"]
 
 #: pages per storage call (SGLang's value)
@@ -27,10 +29,8 @@ STORAGE_BATCH_SIZE = 128
 
 
 def _check_rank(name: str, rank: int, size: int) -> None:
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise ValueError(f"{name}_size must be a positive int, got {size!r}")
-    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < size:
-        raise ValueError(f"{name}_rank must be an int in [0, {size}), got {rank!r}")
+    check_int(f"{name}_size", size, minimum=1)
+    check_int(f"{name}_rank", rank, minimum=0, maximum=size - 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +58,7 @@ class HiCacheStorageConfig:
         _check_rank("pp", self.pp_rank, self.pp_size)
         _check_rank("attn_cp", self.attn_cp_rank, self.attn_cp_size)
         _check_rank("dp", self.dp_rank, self.dp_size)
+        check_optional_int("tp_lcm_size", self.tp_lcm_size, minimum=1)
         if self.model_name is not None and not isinstance(self.model_name, str):
             raise TypeError(f"model_name must be a str or None, got {type(self.model_name)}")
         if self.extra_config is not None and not isinstance(self.extra_config, dict):
@@ -82,13 +83,15 @@ class HiCacheStorageConfig:
         if isinstance(config, dict):
             unknown = sorted(set(config) - set(names))
             if unknown:
-                raise ValueError(f"storage config has unknown fields {unknown}")
+                raise ValueError(
+                    f"config has unknown fields {unknown}; HiCacheStorageConfig fields: {names}"
+                )
             return cls(**config)
         values = {n: getattr(config, n) for n in names if hasattr(config, n)}
         if not values:
             raise TypeError(
-                "storage_config must be a HiCacheStorageConfig-like object, got "
-                f"{type(config).__name__}"
+                "config (a backend's storage_config) must be a HiCacheStorageConfig, a dict or "
+                f"an object with its fields, got {type(config).__name__}"
             )
         return cls(**values)
 

@@ -29,13 +29,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
 
+from mem_cache_kernels.checks import check_index, check_int, check_optional_int
 from mem_cache_storage.config import STORAGE_BATCH_SIZE
 from mem_cache_storage.stats import LatencyRecorder, LatencySummary
 
@@ -53,6 +54,24 @@ _log = logging.getLogger(__name__)
 
 PrefetchStatus = Literal["done", "miss", "failed", "cancelled", "timeout"]
 WritePolicy = Literal["write_back", "write_through"]
+
+_STORAGE_NEEDS = ("batch_exists", "batch_get_v1", "batch_set_v1", "register_mem_pool_host")
+_HOST_POOL_NEEDS = ("page_size", "size", "get_size_per_token")
+
+
+def _key_list(keys: Iterable[str]) -> list[str]:
+    """``keys`` as a list (``TypeError`` for a single ``str`` or a non-iterable; the keys
+    themselves are the backend's to judge: a key it rejects is a miss / failed write)."""
+    if isinstance(keys, (str, bytes)) or not isinstance(keys, Iterable):
+        raise TypeError(f"keys must be a list of str, got {type(keys).__name__}")
+    return list(keys)
+
+
+def _check_write_args(keys: Iterable[str], host_indices: torch.Tensor) -> list[str]:
+    """The kind checks of every write entry point (run whatever the write policy)."""
+    keys = _key_list(keys)
+    check_index("host_indices", host_indices)
+    return keys
 _EMPTY = torch.empty(0, dtype=torch.int64)
 
 
@@ -192,12 +211,28 @@ class StorageController:
         """``storage``: a :class:`~mem_cache_storage.base.HiCacheStorage` with zero-copy calls;
         ``host_pool``: the host pool (registered with ``storage`` here); ``prefetch_budget_pages``:
         most host pages held by prefetches at once (default: half the host pool's pages)."""
+        for name, obj, needs in (
+            ("storage", storage, _STORAGE_NEEDS),
+            ("host_pool", host_pool, _HOST_POOL_NEEDS),
+        ):
+            missing = [a for a in needs if not hasattr(obj, a)]
+            if missing:
+                raise TypeError(
+                    f"{name} must have {', '.join(needs)}; {type(obj).__name__} lacks "
+                    f"{', '.join(missing)}"
+                )
+        if not isinstance(write_policy, str):
+            raise TypeError(
+                "write_policy must be 'write_back' or 'write_through', got "
+                f"{type(write_policy).__name__}"
+            )
         if write_policy not in ("write_back", "write_through"):
             raise ValueError(
                 f"write_policy must be 'write_back' or 'write_through', got {write_policy!r}"
             )
-        if batch_pages < 1:
-            raise ValueError(f"batch_pages must be positive, got {batch_pages}")
+        check_int("batch_pages", batch_pages, minimum=1)
+        check_optional_int("prefetch_budget_pages", prefetch_budget_pages, minimum=0)
+        check_int("io_threads", io_threads, minimum=1)
         self.storage = storage
         self.host_pool = host_pool
         self.page_size = int(host_pool.page_size)
@@ -280,14 +315,14 @@ class StorageController:
     def lookup(self, keys: Sequence[str]) -> int:
         """How many leading ``keys`` storage holds (``batch_exists`` in batches; a failing
         backend counts as holding none). Lets a caller make host room before :meth:`prefetch`."""
-        return self._exists_prefix(list(keys))
+        return self._exists_prefix(_key_list(keys))
 
     # ------------------------------------------------------------------ writes
     def write(self, keys: Sequence[str], host_indices: torch.Tensor) -> WriteResult:
         """Store the pages at ``host_indices`` (``len(keys) * page_size`` host slots) under
         ``keys``, skipping the leading keys already stored. Synchronous: the caller keeps the
         host pages until it returns."""
-        keys = list(keys)
+        keys = _check_write_args(keys, host_indices)
         if host_indices.numel() != len(keys) * self.page_size:
             raise ValueError(
                 f"host_indices must hold len(keys) * page_size = {len(keys) * self.page_size} "
@@ -326,7 +361,7 @@ class StorageController:
         ``failed == len(keys)``; a raising ``on_done`` fails the future."""
         if self._closed:
             raise RuntimeError("StorageController is closed")
-        keys = list(keys)
+        keys = _check_write_args(keys, host_indices)
 
         def job() -> WriteResult:
             try:
@@ -343,12 +378,14 @@ class StorageController:
 
     def on_host_evict(self, keys: Sequence[str], host_indices: torch.Tensor) -> WriteResult:
         """Host pages are about to be freed: write them under ``write_back``."""
+        _check_write_args(keys, host_indices)
         if self.write_policy != "write_back":
             return WriteResult(0, 0, 0)
         return self.write(keys, host_indices)
 
     def on_host_insert(self, keys: Sequence[str], host_indices: torch.Tensor) -> WriteResult:
         """Pages just reached the host pool: write them under ``write_through``."""
+        _check_write_args(keys, host_indices)
         if self.write_policy != "write_through":
             return WriteResult(0, 0, 0)
         return self.write(keys, host_indices)
@@ -358,7 +395,7 @@ class StorageController:
         """Start loading the longest stored prefix of ``keys`` into host pages (background)."""
         if self._closed:
             raise RuntimeError("StorageController is closed")
-        handle = PrefetchHandle(self, list(keys))
+        handle = PrefetchHandle(self, _key_list(keys))
         with self._lock:
             self._handles.add(handle)
         self._counters.add(prefetches=1)

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
+from mem_cache_kernels.checks import check_index, check_int
 from mem_cache_storage.config import HiCacheStorageConfig
 
 __all__ = ["HASH_HEX_LEN", "KeySpace", "get_hash_str", "page_hashes"]
@@ -46,17 +47,53 @@ _KEY = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
 _SLUG = re.compile(r"[^A-Za-z0-9_\-]")
 _U32 = 1 << 32
 _U32_CODE = next(c for c in "IL" if array.array(c).itemsize == 4)
+_TOKEN_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+
+
+def _parent(prior_hash: object) -> bytes:
+    """The raw bytes of ``prior_hash`` (``b""`` for ``None``)."""
+    if prior_hash is None:
+        return b""
+    if not isinstance(prior_hash, str):
+        raise TypeError(f"prior_hash must be a hex str or None, got {type(prior_hash).__name__}")
+    try:
+        return bytes.fromhex(prior_hash)
+    except ValueError:
+        raise ValueError(f"prior_hash must be a hex string, got {prior_hash!r}") from None
+
+
+def _check_key(key: object, name: str = "key") -> str:
+    if not isinstance(key, str):
+        raise TypeError(f"{name} must be a str, got {type(key).__name__}")
+    if not _KEY.fullmatch(key):
+        raise ValueError(f"{name} must match [A-Za-z0-9_.-]{{1,128}}, got {key!r}")
+    return key
+
+
+def check_keys(keys: object, name: str = "keys") -> list[str]:
+    """``keys`` (a sequence of caller keys, e.g. a list) as a list; ``TypeError`` for anything else
+    (a single ``str`` included) or a non-``str`` key, ``ValueError`` for a key outside the
+    alphabet."""
+    if isinstance(keys, (str, bytes)) or not isinstance(keys, Sequence):
+        raise TypeError(f"{name} must be a list of str, got {type(keys).__name__}")
+    out = list(keys)
+    match = _KEY.fullmatch
+    for i, k in enumerate(out):
+        if not (isinstance(k, str) and match(k)):  # the message is built only on failure
+            _check_key(k, f"{name}[{i}]")
+    return out
 
 
 def _token_bytes(token_ids: Sequence[int] | torch.Tensor) -> bytes:
     """Token ids as 4-byte little-endian unsigned ints (``ValueError`` outside [0, 2**32))."""
-    t = (
-        token_ids.detach().to("cpu", torch.int64)
-        if isinstance(token_ids, torch.Tensor)
-        else torch.tensor(list(token_ids), dtype=torch.int64)
-    )
-    if t.dim() != 1:
-        raise ValueError(f"token_ids must be 1-D, got shape {tuple(t.shape)}")
+    if not isinstance(token_ids, torch.Tensor):
+        if isinstance(token_ids, (str, bytes)) or not isinstance(token_ids, Sequence):
+            raise TypeError(
+                f"token_ids must be a tensor or a sequence of ints, got {type(token_ids).__name__}"
+            )
+        values = list(token_ids)
+        token_ids = torch.tensor(values) if values else torch.empty(0, dtype=torch.int64)
+    t = check_index("token_ids", token_ids, dtypes=_TOKEN_DTYPES).detach().to("cpu", torch.int64)
     if t.numel() and (int(t.min()) < 0 or int(t.max()) >= _U32):
         raise ValueError(
             f"token_ids must be in [0, 2**32), got values in [{int(t.min())}, {int(t.max())}]"
@@ -69,13 +106,7 @@ def _token_bytes(token_ids: Sequence[int] | torch.Tensor) -> bytes:
 
 def get_hash_str(token_ids: Sequence[int] | torch.Tensor, prior_hash: str | None = None) -> str:
     """SHA-256 hex of one page: the parent page's hash bytes, then each token (see module)."""
-    h = hashlib.sha256()
-    if prior_hash is not None:
-        try:
-            parent = bytes.fromhex(prior_hash)
-        except ValueError:
-            raise ValueError(f"prior_hash must be a hex string, got {prior_hash!r}") from None
-        h.update(parent)
+    h = hashlib.sha256(_parent(prior_hash))
     h.update(_token_bytes(token_ids))
     return h.hexdigest()
 
@@ -84,12 +115,11 @@ def page_hashes(
     token_ids: Sequence[int] | torch.Tensor, page_size: int, prior_hash: str | None = None
 ) -> list[str]:
     """Chained hashes of every *full* page of ``token_ids`` (a trailing partial page has none)."""
-    if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
-        raise ValueError(f"page_size must be a positive int, got {page_size!r}")
+    check_int("page_size", page_size, minimum=1)
+    parent = _parent(prior_hash)
     data = _token_bytes(token_ids)
     step = 4 * page_size
     out: list[str] = []
-    parent = bytes.fromhex(prior_hash) if prior_hash is not None else b""
     for start in range(0, len(data) - step + 1, step):
         h = hashlib.sha256(parent)
         h.update(data[start : start + step])
@@ -113,12 +143,24 @@ class KeySpace:
     cp_size: int = 1
     is_mla: bool = False
 
+    def __post_init__(self) -> None:
+        for name in ("model_name", "model_fingerprint"):
+            value = getattr(self, name)
+            if not isinstance(value, str):
+                raise TypeError(f"{name} must be a str, got {type(value).__name__}")
+        check_int("page_size", self.page_size, minimum=1)
+        for dim in ("tp", "pp", "cp"):
+            size = check_int(f"{dim}_size", getattr(self, f"{dim}_size"), minimum=1)
+            check_int(f"{dim}_rank", getattr(self, f"{dim}_rank"), minimum=0, maximum=size - 1)
+
     @classmethod
     def from_config(
         cls, config: HiCacheStorageConfig, page_size: int, model_fingerprint: str | None = None
     ) -> KeySpace:
         """The key space of ``config`` with pages of ``page_size`` tokens; the fingerprint is
         ``model_fingerprint`` if given, else ``config.extra_config["model_fingerprint"]``."""
+        if not isinstance(config, HiCacheStorageConfig):
+            raise TypeError(f"config must be a HiCacheStorageConfig, got {type(config).__name__}")
         if model_fingerprint is None:
             model_fingerprint = str(config.extra.get("model_fingerprint", ""))
         return cls(
@@ -159,15 +201,8 @@ class KeySpace:
     def storage_key(self, key: str) -> str:
         """The storage key of caller key ``key`` (``ValueError`` for a key outside the
         alphabet)."""
-        if not isinstance(key, str) or not _KEY.fullmatch(key):
-            raise ValueError(f"key must match [A-Za-z0-9_.-]{{1,128}}, got {key!r}")
-        return f"{self.prefix}{key}{self.suffix}"
+        return f"{self.prefix}{_check_key(key)}{self.suffix}"
 
     def storage_keys(self, keys: Sequence[str]) -> list[str]:
         prefix, suffix = self.prefix, self.suffix
-        out = []
-        for key in keys:
-            if not isinstance(key, str) or not _KEY.fullmatch(key):
-                raise ValueError(f"key must match [A-Za-z0-9_.-]{{1,128}}, got {key!r}")
-            out.append(f"{prefix}{key}{suffix}")
-        return out
+        return [f"{prefix}{key}{suffix}" for key in check_keys(keys)]

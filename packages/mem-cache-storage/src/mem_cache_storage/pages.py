@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from mem_cache_kernels.checks import check_index
+
 __all__ = ["PageFormat", "PageRanges", "host_page_ranges", "tensor_page_ranges"]
 
 PageRanges = tuple[tuple[int, int], ...]
@@ -82,10 +84,9 @@ def host_page_ranges(
     (through its public ``get_page_buffer_meta``), format ``native:<pool.layout>``."""
     if pool is None:
         raise RuntimeError("no host pool registered: call register_mem_pool_host(pool) first")
-    if not isinstance(host_indices, torch.Tensor):
-        raise TypeError(f"host_indices must be a torch.Tensor, got {type(host_indices).__name__}")
+    check_index("host_indices", host_indices)
     page_size = int(pool.page_size)
-    if host_indices.dim() != 1 or host_indices.numel() != num_pages * page_size:
+    if host_indices.numel() != num_pages * page_size:
         raise ValueError(
             f"host_indices must be 1-D with len(keys) * page_size = {num_pages * page_size} "
             f"slots, got shape {tuple(host_indices.shape)}"

@@ -71,7 +71,9 @@ class StorageBackendFactory:
         """Register (or replace) backend ``name``; nothing is imported now."""
         for arg, value in (("name", name), ("module_path", module_path),
                            ("class_name", class_name)):
-            if not isinstance(value, str) or not value:
+            if not isinstance(value, str):
+                raise TypeError(f"{arg} must be a non-empty str, got {type(value).__name__}")
+            if not value:
                 raise ValueError(f"{arg} must be a non-empty str, got {value!r}")
         if name == "dynamic":
             raise ValueError("'dynamic' is reserved for backends named in extra_config")
@@ -86,6 +88,8 @@ class StorageBackendFactory:
     @classmethod
     def backend_class(cls, backend_name: str, storage_config: object | None = None) -> type[Any]:
         """The class ``backend_name`` names (imports its module)."""
+        if not isinstance(backend_name, str):
+            raise TypeError(f"backend_name must be a str, got {type(backend_name).__name__}")
         if backend_name == "dynamic":
             extra = HiCacheStorageConfig.from_any(storage_config).extra
             missing = [f for f in _DYNAMIC_FIELDS if f not in extra]
@@ -100,7 +104,7 @@ class StorageBackendFactory:
                 found = cls._registry.get(backend_name)
             if found is None:
                 raise ValueError(
-                    f"unknown storage backend {backend_name!r}; registered: "
+                    f"unknown storage backend {backend_name!r}; backend_name must be one of "
                     f"{sorted(cls.registered())} (or 'dynamic')"
                 )
             spec = found

@@ -9,6 +9,8 @@ import threading
 from collections import deque
 from dataclasses import dataclass, field
 
+from mem_cache_kernels.checks import check_int
+
 __all__ = ["LatencyRecorder", "LatencySummary", "StorageStats"]
 
 
@@ -27,8 +29,7 @@ class LatencyRecorder:
     """Keeps the last ``window`` latencies; :meth:`summary` gives p50/p99/max."""
 
     def __init__(self, window: int = 8192) -> None:
-        if window < 1:
-            raise ValueError(f"window must be positive, got {window}")
+        check_int("window", window, minimum=1)
         self._samples: deque[float] = deque(maxlen=window)
         self._total = 0
         self._lock = threading.Lock()
