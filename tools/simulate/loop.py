@@ -27,9 +27,8 @@ DeepSeek-V4). One ``step()``:
    request with the most output left retract (its slots freed, its turn queued again);
 6. the slot-conservation check.
 
-With a storage tier (L3, ``storage_tier.py``) host entries are written back before they are
-dropped and returning turns that miss the device and the host are prefetched from it;
-``restart_at`` flushes every cached prefix to it mid-run.
+Moving cached prefixes between the device, the host and the storage tier (L3) is
+``tiers.py``'s; ``restart_at`` flushes every cached prefix to L3 mid-run.
 """
 
 from __future__ import annotations
@@ -45,10 +44,10 @@ from mem_cache_allocator import TokenToKVPoolAllocator
 from mem_cache_kernels import get_last_loc, write_req_to_token
 from tools.simulate.integrity import owned_slots
 from tools.simulate.model import H, ModelAdapter, Req
-from tools.simulate.prefix_store import PrefixEntry, PrefixStore
-from tools.simulate.shared_prefix import SharedPrefixCache
+from tools.simulate.prefix_store import PrefixEntry
 from tools.simulate.stats import SimStats
 from tools.simulate.storage_tier import StorageTier
+from tools.simulate.tiers import CacheTiers
 from tools.simulate.workload import SessionId, SessionSpec, Workload
 
 __all__ = ["EngineLoop"]
@@ -72,8 +71,9 @@ class EngineLoop(Generic[H]):
         self.cfg = cfg = model.cfg
         self.stats = stats
         self.ps = model.page_size
-        self.store = PrefixStore()
-        self.shared = SharedPrefixCache(cfg.shared_prefix_tokens if follow_ups else 0, self.ps)
+        self.tiers = CacheTiers(model, stats, cfg.shared_prefix_tokens if follow_ups else 0, l3)
+        self.store = self.tiers.store  # the cached prefixes
+        self.shared = self.tiers.shared  # the shared-prefix cache
         self.l3 = l3  # the storage tier (L3), or None
         self.running: list[Req] = []
         self.ready: deque[tuple[SessionSpec, int]] = deque()
@@ -140,48 +140,15 @@ class EngineLoop(Generic[H]):
         self.model.close()
 
     def restart(self) -> None:
-        """A graceful engine restart: every cached prefix is flushed to the storage tier (host
-        entries directly, device entries through a device->host backup) and then dropped; the
-        storage tier reopens its directory. Running requests carry on."""
-        model, l3 = self.model, self.l3
-        device_entries: list[PrefixEntry] = []
-        for session in self.store.sessions():
-            entry = self.store.take(session)
-            if entry is None:
-                continue
-            if entry.tier == "device":
-                device_entries.append(entry)
-                continue
-            if l3 is not None:
-                l3.on_host_drop(entry)
-            self._free_host_entry(entry)
-        for entry in device_entries:
-            staging = model.host_alloc(entry.length) if l3 is not None else None
-            if staging is not None:
-                slots = model.host_bind(entry.session, staging)
-                staged = PrefixEntry(entry.session, entry.length, "host", slots)
-                if model.backup(entry.slots, staging) and l3 is not None:
-                    l3.on_host_drop(staged)
-                self._free_host_entry(staged)
-            self._free_owned(entry.slots, entry.shared)
-        self._evict_shared()  # unless running requests still hold it
-        if l3 is not None:
-            l3.restart()
+        """A graceful engine restart (``CacheTiers.restart``): every cached prefix is flushed
+        to the storage tier and dropped. Running requests carry on."""
+        self.tiers.restart()
 
     def drain(self) -> None:
         """Free every cached prefix (after the last request finished)."""
         if self.running:
             raise RuntimeError(f"drain() with {len(self.running)} requests still running")
-        for session in self.store.sessions():
-            entry = self.store.take(session)
-            if entry is None:
-                continue
-            if entry.tier == "device":
-                self._free_owned(entry.slots, entry.shared)
-            else:
-                self._free_host_entry(entry)
-        if self.shared.tokens_held and not self._evict_shared():
-            raise RuntimeError(f"drain(): the shared prefix still has {self.shared.refs} holders")
+        self.tiers.drain()
 
     # ------------------------------------------------------------ admission
     def _pages(self, tokens: int) -> int:
@@ -199,7 +166,7 @@ class EngineLoop(Generic[H]):
         self.running.remove(victim)
         req_pool = self.model.req_pool
         slots = req_pool.req_to_token[victim.row, : victim.seq_len].to(torch.int64)
-        self._free_owned(slots, victim.shared, reverse=True)
+        self.tiers.free_owned(slots, victim.shared, reverse=True)
         req_pool.free(victim.row)
         self.ready.append((victim.spec, victim.turn))
         self.stats.retractions += 1
@@ -223,7 +190,7 @@ class EngineLoop(Generic[H]):
             entry = self.store.take(spec.session)
             on_device = entry.length if entry is not None and entry.tier == "device" else 0
             need = self._pages(final_len) - on_device + margin
-            if not self._make_room(reserve + need):
+            if not self.tiers.make_room(reserve + need):
                 if entry is not None:
                     self.store.put(entry)
                 self._blocked += 1
@@ -252,7 +219,7 @@ class EngineLoop(Generic[H]):
         """Device slots of the request's cached prefix and how many of them are borrowed from
         the shared-prefix cache: the session's entry (loaded from the host or L3 if needed),
         else the shared prefix's match."""
-        prefix = self._session_prefix(spec, turn, history, entry)
+        prefix = self.tiers.session_prefix(spec, turn, history, entry)
         if prefix is not None:
             return prefix
         shared = self.shared.match(input_len)
@@ -261,136 +228,6 @@ class EngineLoop(Generic[H]):
         self.stats.shared_prefix_hits += 1
         self.stats.shared_prefix_hit_tokens += shared.numel()
         return shared, shared.numel()
-
-    def _session_prefix(
-        self, spec: SessionSpec, turn: int, history: int, entry: PrefixEntry | None
-    ) -> tuple[torch.Tensor, int] | None:
-        """The session's cached prefix on the device (loading it from the host or L3 if
-        needed) with its borrowed shared count; ``None`` when there is none."""
-        stats, l3 = self.stats, self.l3
-        if turn > 0:
-            stats.returning_turns += 1
-            stats.reusable_tokens += history
-        from_l3 = entry is None and turn > 0 and l3 is not None
-        if from_l3 and l3 is not None:  # L1 and L2 missed: prefetch from storage
-            entry = l3.fetch(spec.session, history, self._make_host_room)
-        if entry is None:
-            stats.misses += turn > 0
-            return None
-        if entry.tier == "device":
-            stats.device_hits += 1
-            stats.device_hit_tokens += entry.length
-            return entry.slots, entry.shared  # the entry's cache reference goes to the request
-        host = self.model.host_unbind(entry)
-        # a radix-cache lookup matches the device copy of the shared preamble first: only the
-        # rest of the session's prefix is loaded from the host
-        borrowed = self.shared.match(entry.length + 1)
-        n = 0 if borrowed is None else borrowed.numel()
-        rest = entry.length - n
-        device_slots = self._arange(0, 0)
-        ok = True
-        if rest:
-            with stats.timed("alloc", rest):
-                out = self.model.allocator.alloc(rest)
-            if out is None:
-                raise RuntimeError(f"alloc({rest}) failed after room was made for it")
-            device_slots = out
-            ok = self.model.load(host, n, device_slots, spec.session)
-        self.model.host_free(host)  # consumed on success, dropped on failure
-        if not ok:
-            self._free_owned(device_slots, 0)
-            if n:
-                self.shared.release()
-            stats.misses += 1
-            if from_l3 and l3 is not None:
-                l3.record_load_failure()
-            return None
-        if from_l3 and l3 is not None:  # tokens it served: the shared part came from L1
-            l3.record_hit(rest)
-        else:
-            stats.host_hits += 1
-            stats.host_hit_tokens += rest
-        if borrowed is None:
-            return device_slots, 0
-        stats.shared_prefix_hits += 1
-        stats.shared_prefix_hit_tokens += n
-        return torch.cat([borrowed, device_slots]), n
-
-    # ---------------------------------------------------- device and host room
-    def _make_room(self, tokens: int) -> bool:
-        """Evict LRU device prefixes until ``tokens`` slots are free; ``False`` if impossible."""
-        while self.model.allocator.available_size() < tokens:
-            if not self._evict_one():
-                return False
-        return True
-
-    def _evict_one(self) -> bool:
-        """Back the LRU device prefix up to the host (dropped if that fails), or evict the
-        shared prefix when no device prefix is left; ``False`` when there is nothing to evict."""
-        model = self.model
-        entry = self.store.oldest("device")
-        if entry is None:
-            return self._evict_shared()
-        host = self._reserve_host(entry.length)
-        if host is not None and model.backup(entry.slots, host):
-            shared = entry.shared
-            slots = self.store.move_to_host(entry.session, model.host_bind(entry.session, host))
-            self._free_owned(slots, shared)
-            self.stats.evictions_to_host += 1
-            if self.l3 is not None:
-                self.l3.on_host_insert(entry)
-            return True
-        if host is not None:  # the backup failed: the host reservation holds garbage
-            model.host_free(host)
-        self.store.take(entry.session)
-        self._free_owned(entry.slots, entry.shared)
-        self.stats.device_drops += 1
-        return True
-
-    def _evict_shared(self) -> bool:
-        """Free the shared-prefix cache's pages if no request or entry holds them."""
-        slots = self.shared.evict()
-        if slots is None:
-            return False
-        self._free_device(slots)
-        self.stats.shared_prefix_evictions += 1
-        return True
-
-    def _free_owned(self, slots: torch.Tensor, shared: int, *, reverse: bool = False) -> None:
-        """Free a holder's ``slots`` (sequence order) except the first ``shared``, borrowed from
-        the shared-prefix cache, whose reference it releases; ``reverse``: free them last first
-        (a retracted request)."""
-        if shared:
-            self.shared.release()
-        own = slots[shared:]
-        if own.numel():
-            self._free_device(own.flip(0) if reverse else own)
-
-    def _reserve_host(self, tokens: int) -> H | None:
-        if not self._make_host_room(tokens):
-            return None
-        return self.model.host_alloc(tokens)
-
-    def _make_host_room(self, tokens: int) -> bool:
-        """Drop LRU host entries (written back to L3 first) until ``tokens`` host slots are free."""
-        while self.model.host_available() < tokens:
-            victim = self.store.oldest("host")
-            if victim is None:
-                return False
-            self.store.take(victim.session)
-            if self.l3 is not None:
-                self.l3.on_host_drop(victim)
-            self._free_host_entry(victim)
-            self.stats.host_drops += 1
-        return True
-
-    def _free_host_entry(self, entry: PrefixEntry) -> None:
-        """Release the host room of a host ``entry`` that left the store."""
-        self.model.host_free(self.model.host_unbind(entry))
-
-    def _free_device(self, slots: torch.Tensor) -> None:
-        with self.stats.timed("free", slots.numel()):
-            self.model.allocator.free(slots)
 
     # ------------------------------------------------------- forward passes
     def _alloc(
@@ -503,7 +340,7 @@ class EngineLoop(Generic[H]):
             flat = torch.cat(rejected)
             stats.rejected_draft_tokens += flat.numel()
             order = torch.randperm(flat.numel(), generator=self._shuffle).to(self.device)
-            self._free_device(flat[order])
+            self.tiers.free_device(flat[order])
 
     # --------------------------------------------------------------- finish
     def _finish(self) -> None:
