@@ -61,6 +61,8 @@ def test_dry_run_passes_every_section(tmp_path: Path) -> None:
     # every discovered op ran its cases, each bit-exact on both backends
     op_rows = {r["item"]: r for r in sections["ops"]["rows"]}
     assert set(op_rows) == set(_ops.discover_ops())
+    deepseek = {i.qualname for i in mk.list_ops() if i.family == "deepseek_v4" and i.triton}
+    assert len(deepseek) == 4 and deepseek <= set(op_rows)  # the record ops ran, bit-exact
     assert {c["op"] for c in sections["ops"]["cases"]} == set(op_rows)
     far = [c for c in sections["ops"]["cases"] if c["case"].startswith("far")]
     assert {c["op"] for c in far} >= {"store_kv", "transfer_rows", "alloc_extend"}
@@ -102,10 +104,24 @@ def test_without_cuda_says_so_and_exits_zero(
 
 def test_every_discovered_op_has_cases() -> None:
     ops = _ops.discover_ops()
-    assert {info.name for info in mk.list_ops()} <= set(ops)
+    # every catalogued op with a backend choice; the quantisation arithmetic has none
+    missing = {info.qualname for info in mk.list_ops()} - set(ops)
+    assert missing == {"dsv4.quantize_dsv4_nope", "dsv4.dequantize_dsv4_nope"}
     assert {"dsv4.pack_dsv4_records", "dsv4.read_dsv4_records"} <= set(ops)
     assert "resolve_backend" not in ops  # takes backend positionally: not an op
     assert set(ops) == set(CASES)
+
+
+def test_catalogue_alone_finds_the_deepseek_v4_ops(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_ops, "_public_modules", lambda: [mk])  # no submodule scan
+    ops = _ops.discover_ops()
+    family = {info.qualname for info in mk.list_ops() if info.family == "deepseek_v4"}
+    assert family & set(ops) == {
+        "dsv4.pack_dsv4_records",
+        "dsv4.unpack_dsv4_records",
+        "dsv4.write_dsv4_records",
+        "dsv4.read_dsv4_records",
+    }
 
 
 def test_uncovered_op_fails(monkeypatch: pytest.MonkeyPatch) -> None:

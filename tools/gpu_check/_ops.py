@@ -1,10 +1,12 @@
 """Part 1: every public op of ``mem_cache_kernels`` with ``backend="triton"``, bit-exact against
 ``backend="torch"`` on the same device.
 
-Ops are discovered, not listed here: the names of ``mem_cache_kernels.list_ops()`` plus every
-public function with a keyword-only ``backend`` parameter in ``mem_cache_kernels`` and its public
-submodules (``dsv4``, ...). An op without cases in :mod:`tools.gpu_check._op_cases` is a
-failure ("no gpu-check case"), so a new op cannot slip past the check.
+Ops are discovered, not listed here: every op of ``mem_cache_kernels.list_ops()`` that takes a
+keyword-only ``backend`` (the ``deepseek_v4`` family's record ops included, under their
+qualified names such as ``dsv4.pack_dsv4_records``), plus every public function with such a
+parameter in ``mem_cache_kernels`` and its public submodules that the catalogue missed. An op
+without cases in :mod:`tools.gpu_check._op_cases` is a failure ("no gpu-check case"), so a new
+op cannot slip past the check.
 
 Each case builds its inputs twice from one seed (same device, same numbers), runs the op once with
 each backend and compares every output buffer and return value byte for byte
@@ -54,12 +56,14 @@ def discover_ops() -> dict[str, Callable[..., object]]:
     """Qualified name (``name`` or ``submodule.name``) -> function, for every public op."""
     ops: dict[str, Callable[..., object]] = {}
     for info in mk.list_ops():
-        ops[info.name] = getattr(mk, info.name)
+        fn = getattr(importlib.import_module(info.module), info.name)
+        if _takes_backend(fn):  # ops without a backend choice have nothing to compare
+            ops[info.qualname] = fn
     for mod in _public_modules():
         prefix = "" if mod is mk else mod.__name__.rsplit(".", 1)[1] + "."
         for name in getattr(mod, "__all__", ()):
             obj = getattr(mod, name, None)
-            if _takes_backend(obj) and name not in ops:
+            if _takes_backend(obj) and prefix + name not in ops:
                 ops[prefix + name] = obj  # type: ignore[assignment]
     return ops
 

@@ -47,9 +47,11 @@ def test_page_bytes_hand_worked(page_size: int, expected: int) -> None:
     assert expected % 576 == 0 and expected >= page_size * DSV4_TOKEN_BYTES
 
 
-@pytest.mark.parametrize("bad", [0, -4, 2.0, True])
-def test_page_bytes_rejects_bad_page_size(bad: object) -> None:
-    with pytest.raises(ValueError, match="page_size"):
+@pytest.mark.parametrize(
+    ("bad", "error"), [(0, ValueError), (-4, ValueError), (2.0, TypeError), (True, TypeError)]
+)
+def test_page_bytes_rejects_bad_page_size(bad: object, error: type[Exception]) -> None:
+    with pytest.raises(error, match="page_size"):
         dsv4_page_bytes(bad)  # type: ignore[arg-type]
 
 
@@ -95,11 +97,11 @@ def test_pack_accepts_non_contiguous_inputs() -> None:
 
 def test_pack_validates_arguments() -> None:
     nope, scales, rope = _parts(2)
-    with pytest.raises(ValueError, match=r"nope_fp8 must have dtype"):
+    with pytest.raises(TypeError, match=r"nope_fp8 must be float8_e4m3fn or uint8"):
         pack_dsv4_records(nope.float(), scales, rope)
     with pytest.raises(ValueError, match=r"scales must have shape \[n, 7\]"):
         pack_dsv4_records(nope, scales[:, :6], rope)
-    with pytest.raises(ValueError, match=r"rope must have dtype"):
+    with pytest.raises(TypeError, match=r"rope must be bfloat16, got torch\.float32"):
         pack_dsv4_records(nope, scales, rope.float())
     with pytest.raises(ValueError, match="same number of rows"):
         pack_dsv4_records(nope, scales[:1], rope)
@@ -191,7 +193,7 @@ def test_page_ops_validate_arguments() -> None:
     rec = torch.zeros(1, 584, dtype=torch.uint8)
     with pytest.raises(ValueError, match=r"buffer must be uint8 \[pages, 2880\] for page_size=4"):
         write_dsv4_records(buf, torch.tensor([1]), rec, 4)
-    with pytest.raises(ValueError, match=r"loc must be int32 or int64, got torch\.float32"):
+    with pytest.raises(TypeError, match=r"loc must be int32 or int64, got torch\.float32"):
         write_dsv4_records(buf, torch.tensor([1.0]), rec, 2)
     with pytest.raises(ValueError, match="one row per loc entry"):
         write_dsv4_records(buf, torch.tensor([1, 2]), rec, 2)

@@ -297,6 +297,8 @@ def test_caller_names_renames_kernel_arguments_in_errors() -> None:
         mk.transfer_rows(src, dst, _t(1), _t(2))
     with pytest.raises(ValueError, match="identifier"):
         mk.caller_names(src_indices="not valid")
+    with pytest.raises(TypeError, match="src_indices must map to a str"):
+        mk.caller_names(src_indices=3)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("numpy", [True, False])

@@ -143,9 +143,11 @@ def test_bad_arguments(module_name: object, moved: object, error: type[Exception
         moved_names(module_name, moved)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("stacklevel", [0, True, 2.0])
-def test_bad_stacklevel(stacklevel: object) -> None:
-    with pytest.raises(ValueError, match="stacklevel"):
+@pytest.mark.parametrize(
+    ("stacklevel", "error"), [(0, ValueError), (True, TypeError), (2.0, TypeError)]
+)
+def test_bad_stacklevel(stacklevel: object, error: type[Exception]) -> None:
+    with pytest.raises(error, match="stacklevel"):
         moved_names("m", {"A": "x"}, stacklevel=stacklevel)  # type: ignore[arg-type]
 
 

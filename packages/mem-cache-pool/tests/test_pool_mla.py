@@ -145,5 +145,5 @@ def test_padding_slot_per_store_path(dtype: torch.dtype) -> None:
 
 def test_get_mla_kv_buffer_rejects_a_bad_dst_dtype() -> None:
     pool = _pool()
-    with pytest.raises(TypeError, match=r"dst_dtype must be a torch\.dtype or None, got 'x'"):
+    with pytest.raises(TypeError, match=r"dst_dtype must be a torch\.dtype or None, got str"):
         pool.get_mla_kv_buffer(0, torch.tensor([1]), dst_dtype="x")  # type: ignore[arg-type]

@@ -25,8 +25,14 @@ from typing import Any
 import torch
 
 from mem_cache_kernels import checks as v
-from mem_cache_kernels._dispatch import BACKEND_ENV_VAR, Backend, resolve_backend, triton_impl
-from mem_cache_kernels._torch import alloc as ref
+from mem_cache_kernels._dispatch import (
+    BACKEND_ENV_VAR,
+    Backend,
+    ResolvedBackend,
+    implementation_for,
+    resolve_backend,
+)
+from mem_cache_kernels._registry import op
 
 __all__ = ["alloc_decode", "alloc_extend"]
 
@@ -34,6 +40,7 @@ __all__ = ["alloc_decode", "alloc_extend"]
 _HAS_NUMPY = importlib.util.find_spec("numpy") is not None
 
 _INDEX = v.INDEX_DTYPES
+_EXTEND, _DECODE = op("alloc_extend"), op("alloc_decode")
 
 
 def _index(name: str, t: object) -> torch.Tensor:
@@ -72,17 +79,17 @@ def _fast_ok(out: object, page_size: object, *tensors: object) -> bool:
     return True
 
 
-def _use_triton(backend: str, out: torch.Tensor) -> bool:
-    """``resolve_backend(backend, out) == "triton"`` (all operands share ``out``'s device).
+def _resolve(backend: str, out: torch.Tensor) -> ResolvedBackend:
+    """``resolve_backend(backend, out)`` (all operands share ``out``'s device).
 
     The common CPU case (``"auto"`` without the environment override, or ``"torch"``) is decided
     here without the general resolver's bookkeeping; everything else goes through it.
     """
     if backend == "torch":
-        return False
+        return "torch"
     if backend == "auto" and out.is_cpu and BACKEND_ENV_VAR not in os.environ:
-        return False
-    return resolve_backend(backend, out) == "triton"
+        return "torch"
+    return resolve_backend(backend, out)
 
 
 def _check_free_pages(available: int, needed: int) -> None:
@@ -90,13 +97,6 @@ def _check_free_pages(available: int, needed: int) -> None:
         raise ValueError(
             f"free_pages must hold the {needed} pages this batch needs, got {available}"
         )
-
-
-def _check_hint(name: str, value: object, maximum: int | None = None) -> int:
-    n = v.check_int(name, value, minimum=0)
-    if maximum is not None and n > maximum:
-        raise ValueError(f"{name} must be <= {maximum} (one page per request at most), got {n}")
-    return n
 
 
 def _host_array(t: torch.Tensor) -> Any:
@@ -206,26 +206,21 @@ def alloc_extend(  # noqa: PLR0917
     if (
         num_tokens is not None
         and (type(num_tokens) is not int or num_tokens != dst.shape[0])
-        and _check_hint("num_tokens", num_tokens) != dst.shape[0]
+        and v.check_int("num_tokens", num_tokens, minimum=0) != dst.shape[0]
     ):
         raise ValueError(f"num_tokens must equal out.numel() = {dst.shape[0]}, got {num_tokens}")
     if num_new_pages is not None:
         if not (type(num_new_pages) is int and 0 <= num_new_pages <= free.shape[0]):
-            _check_free_pages(free.shape[0], _check_hint("num_new_pages", num_new_pages))
+            _check_free_pages(free.shape[0], v.check_int("num_new_pages", num_new_pages, minimum=0))
     elif dst.is_cpu:
         num_new_pages = _extend_pages(pre, seq, free.shape[0], dst.shape[0], ps)
     elif v.debug_enabled():
         num_new_pages = _extend_pages(pre.cpu(), seq.cpu(), free.shape[0], dst.shape[0], ps)
     if num_new_pages is not None:
         _check_pages(free, num_new_pages)
-    if _use_triton(backend, dst):
-        triton_impl("alloc").alloc_extend(
-            pre, seq, last, free, dst, ps, num_new_pages=num_new_pages, num_tokens=num_tokens
-        )
-    else:
-        ref.alloc_extend(
-            pre, seq, last, free, dst, ps, num_new_pages=num_new_pages, num_tokens=num_tokens
-        )
+    implementation_for(_EXTEND, _resolve(backend, dst))(
+        pre, seq, last, free, dst, ps, num_new_pages=num_new_pages, num_tokens=num_tokens
+    )
 
 
 def alloc_decode(
@@ -270,7 +265,8 @@ def alloc_decode(
         and num_new_pages <= free.shape[0]
         and (ps != 1 or num_new_pages == bs)
     ):  # the fast test failed: find the argument to blame
-        pages = _check_hint("num_new_pages", num_new_pages, bs)
+        # at most one new page per request
+        pages = v.check_int("num_new_pages", num_new_pages, minimum=0, maximum=bs)
         if ps == 1 and pages != bs:
             raise ValueError(
                 f"num_new_pages must be {bs} for page size 1 (every token starts a page), "
@@ -289,7 +285,5 @@ def alloc_decode(
         num_new_pages = pages
     if num_new_pages is not None:
         _check_pages(free, num_new_pages)
-    if _use_triton(backend, dst):
-        triton_impl("alloc").alloc_decode(seq, last, free, dst, ps, num_new_pages=num_new_pages)
-    else:
-        ref.alloc_decode(seq, last, free, dst, ps, num_new_pages=num_new_pages)
+    impl = implementation_for(_DECODE, _resolve(backend, dst))
+    impl(seq, last, free, dst, ps, num_new_pages=num_new_pages)

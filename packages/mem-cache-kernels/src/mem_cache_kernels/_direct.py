@@ -20,13 +20,12 @@ host-driven copies.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import get_args
 
 import torch
 
 from mem_cache_kernels import _layout as lay
 from mem_cache_kernels import checks as v
-from mem_cache_kernels._dispatch import Backend
+from mem_cache_kernels._dispatch import Backend, check_backend
 from mem_cache_kernels._layout import RowJob, as_byte_rows
 from mem_cache_kernels._runs import find_runs
 from mem_cache_kernels._torch.jobs import run_jobs
@@ -37,11 +36,6 @@ __all__ = [
     "direct_load_layer_from_page_first_direct",
     "direct_transfer_rows",
 ]
-
-
-def _check_backend(backend: object) -> None:
-    if backend not in get_args(Backend):
-        raise ValueError(f"backend must be one of {get_args(Backend)}, got {backend!r}")
 
 
 def _cpu_indices(
@@ -91,7 +85,7 @@ def direct_transfer_rows(
 ) -> None:
     """Layer-first both sides, ``[role][layer]``:
     ``dst[r][l][dst_indices] = src[r][l][src_indices]``, one slice copy per run (host-driven)."""
-    _check_backend(backend)
+    check_backend(backend)
     ps = v.check_page_size(page_size)
     s = check_layers("src", src, None)
     d = check_layers("dst", dst, len(s))
@@ -172,7 +166,7 @@ def direct_load_layer_from_page_first_direct(  # noqa: PLR0917
 ) -> None:
     """Host page-first-direct ``[pages, L, page_size, *row]`` -> one device layer ``[rows, *row]``:
     for each page, ``device[r][d:d+ps] = host[r][h // ps, layer_id]`` (runs coalesced)."""
-    _check_backend(backend)
+    check_backend(backend)
     ps = v.check_page_size(page_size)
     h = check_page_first("host", host, None, min_dim=4)
     d = v.check_tensor_list("device", device, length=len(h))
@@ -213,7 +207,7 @@ def direct_backup_all_layers_to_page_first_direct(
 ) -> None:
     """Device layers ``[role][layer]`` -> host page-first-direct ``[pages, L, page_size, *row]``,
     every layer: ``host[r][h // ps, l] = device[r][l][d:d+ps]`` per page (runs coalesced)."""
-    _check_backend(backend)
+    check_backend(backend)
     ps = v.check_page_size(page_size)
     d = check_layers("device", device, None)
     h = check_page_first("host", host, len(d), min_dim=4)

@@ -12,6 +12,10 @@ The environment variable ``MEM_CACHE_KERNELS_BACKEND`` (``auto`` | ``torch`` | `
 ``"auto"`` (an explicit ``backend=`` argument always wins). Tests use it to force the Triton path on
 CPU under ``TRITON_INTERPRET=1``.
 
+A public op validates its arguments, then calls :func:`implementation` with its catalogue entry
+(:mod:`mem_cache_kernels._registry`) and calls what it returns: the function the entry names for
+the resolved backend. That is the whole dispatch path.
+
 This is the only module allowed to import :mod:`mem_cache_kernels._triton`, and only inside a
 function, so ``import mem_cache_kernels`` never imports ``triton``.
 """
@@ -22,28 +26,34 @@ import functools
 import importlib
 import importlib.util
 import os
+import sys
+from collections.abc import Callable
 from types import ModuleType
-from typing import Literal, get_args
+from typing import Any, Literal, cast, get_args
 
 import torch
 
-from mem_cache_kernels._row_ops import RunJobs
-from mem_cache_kernels._torch.jobs import run_jobs as torch_run_jobs
+from mem_cache_kernels._arg_checks import check_choice
+from mem_cache_kernels._registry import OpInfo, split_target
 
 __all__ = [
     "BACKEND_ENV_VAR",
     "Backend",
     "ResolvedBackend",
+    "check_backend",
+    "implementation",
+    "implementation_for",
+    "load_target",
     "resolve_backend",
     "triton_available",
-    "row_executor",
-    "triton_impl",
 ]
 
 Backend = Literal["auto", "torch", "triton"]
 ResolvedBackend = Literal["torch", "triton"]
 BACKEND_ENV_VAR = "MEM_CACHE_KERNELS_BACKEND"
+_BACKENDS: tuple[str, ...] = get_args(Backend)
 _GPU_DEVICE_TYPES = frozenset({"cuda"})  # ROCm tensors also report device type "cuda"
+_TRITON_PACKAGE = "mem_cache_kernels._triton"
 
 
 @functools.cache
@@ -62,21 +72,28 @@ def _interpreter_enabled() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def check_backend(backend: object) -> Backend:
+    """``backend`` if it names a backend: ``TypeError`` for a non-str, ``ValueError`` for an
+    unknown name. (Ops without a backend choice, the host-driven ``direct_*`` copies, only
+    validate it.)"""
+    return cast(Backend, check_choice("backend", backend, _BACKENDS))
+
+
 def resolve_backend(backend: str, *tensors: torch.Tensor) -> ResolvedBackend:
     """Resolve ``backend`` for an op whose operands are ``tensors``.
 
-    Raises ``ValueError`` for an unknown backend name (argument or environment variable) and for
-    ``"triton"`` on CPU tensors without ``TRITON_INTERPRET=1``; ``RuntimeError`` when ``"triton"``
-    is requested but triton cannot be imported.
+    Raises ``TypeError`` for a non-str backend, ``ValueError`` for an unknown backend name
+    (argument or environment variable) and for ``"triton"`` on CPU tensors without
+    ``TRITON_INTERPRET=1``; ``RuntimeError`` when ``"triton"`` is requested but triton cannot be
+    imported.
     """
-    if backend not in get_args(Backend):
-        raise ValueError(f"backend must be one of {get_args(Backend)}, got {backend!r}")
+    if backend not in _BACKENDS:
+        check_backend(backend)
     if backend == "auto":
         env = os.environ.get(BACKEND_ENV_VAR, "auto") or "auto"
-        if env not in get_args(Backend):
+        if env not in _BACKENDS:
             raise ValueError(
-                f"environment variable {BACKEND_ENV_VAR} must be one of {get_args(Backend)}, "
-                f"got {env!r}"
+                f"environment variable {BACKEND_ENV_VAR} must be one of {_BACKENDS}, got {env!r}"
             )
         backend = env
     on_gpu = any(t.device.type in _GPU_DEVICE_TYPES for t in tensors)
@@ -97,23 +114,76 @@ def resolve_backend(backend: str, *tensors: torch.Tensor) -> ResolvedBackend:
     return "triton"
 
 
-def triton_impl(submodule: str) -> ModuleType:
-    """Import and return ``mem_cache_kernels._triton.<submodule>`` (on first use only).
+# ----------------------------------------------------------------------------- implementations
+_TORCH_IMPLS: dict[str, Callable[..., Any]] = {}
+"""Torch implementations by op name, resolved on first use."""
 
-    Public op modules call this inside the op, after :func:`resolve_backend` chose Triton.
-    """
-    from mem_cache_kernels import _triton
+_TRITON_IMPLS: dict[str, tuple[ModuleType, Callable[..., Any]]] = {}
+"""Triton implementations by op name, with the ``_triton`` module they came from. An entry is
+used only while that module is still the one in ``sys.modules``: a test may drop the ``_triton``
+modules to decorate the kernels afresh (interpreted or compiled), and the next call must then
+re-import them rather than run the stale kernels."""
 
-    return importlib.import_module(f"{_triton.__name__}.{submodule}")
+
+def _import(module: str) -> ModuleType:
+    if module == _TRITON_PACKAGE or module.startswith(_TRITON_PACKAGE + "."):
+        from mem_cache_kernels import _triton  # the one way into the Triton subpackage
+
+        del _triton  # imported for its side effect (triton itself) and for the import contract
+    return importlib.import_module(module)
 
 
-def row_executor(backend: str, *tensors: torch.Tensor) -> RunJobs:
-    """The row-job executor of the backend that :func:`resolve_backend` chooses for ``tensors``.
+def load_target(target: str) -> Callable[..., Any]:
+    """The callable a catalogue target names (see :mod:`mem_cache_kernels._registry`):
+    ``module:function``, or ``module:body(module:executor)`` as ``body`` with the executor bound
+    as its first argument. Imports the module(s) on first use."""
+    module, function, executor = split_target(target)
+    fn = getattr(_import(module), function)
+    if not callable(fn):
+        raise TypeError(f"{target} is a {type(fn).__name__}, not a function")
+    if executor is None:
+        return fn  # type: ignore[no-any-return]
+    return functools.partial(fn, load_target(executor))
 
-    The data-movement ops (:mod:`mem_cache_kernels._row_ops`) take it as their ``run``
-    argument: the torch executor, or the Triton row-copy launcher (imported on first use).
-    """
-    if resolve_backend(backend, *tensors) == "triton":
-        run: RunJobs = triton_impl("rows").run_jobs
-        return run
-    return torch_run_jobs
+
+def _triton_module(target: str) -> ModuleType:
+    """The ``_triton`` module whose code ``target`` runs (its function's, or its executor's)."""
+    module, _, executor = split_target(target)
+    return sys.modules[module if executor is None else executor.partition(":")[0]]
+
+
+def implementation_for(op: OpInfo, backend: ResolvedBackend) -> Callable[..., Any]:
+    """The implementation the catalogue names for ``op`` on the (resolved) ``backend``.
+
+    ``RuntimeError`` when the entry names none, or names something that does not resolve to a
+    callable (a broken catalogue: internal state, not a caller mistake)."""
+    if backend == "torch":
+        impl = _TORCH_IMPLS.get(op.name)
+        if impl is not None:
+            return impl
+    else:
+        entry = _TRITON_IMPLS.get(op.name)
+        if entry is not None and sys.modules.get(entry[0].__name__) is entry[0]:
+            return entry[1]
+    target = op.torch if backend == "torch" else op.triton
+    if target is None:
+        raise RuntimeError(f"op {op.qualname} has no {backend} implementation in the catalogue")
+    try:
+        impl = load_target(target)
+    except (ImportError, AttributeError, TypeError, ValueError) as exc:
+        raise RuntimeError(
+            f"catalogue entry {op.qualname}: {backend} target {target!r} does not resolve: {exc}"
+        ) from exc
+    if backend == "torch":
+        _TORCH_IMPLS[op.name] = impl
+    else:
+        _TRITON_IMPLS[op.name] = (_triton_module(target), impl)
+    return impl
+
+
+def implementation(op: OpInfo, backend: str, *tensors: torch.Tensor) -> Callable[..., Any]:
+    """The implementation of ``op`` for ``resolve_backend(backend, *tensors)``."""
+    if resolve_backend(backend, *tensors) == "torch":
+        impl = _TORCH_IMPLS.get(op.name)
+        return impl if impl is not None else implementation_for(op, "torch")
+    return implementation_for(op, "triton")

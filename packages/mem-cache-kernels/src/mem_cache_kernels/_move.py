@@ -6,13 +6,14 @@ from collections.abc import Sequence
 
 import torch
 
-from mem_cache_kernels import _row_ops
 from mem_cache_kernels import checks as v
-from mem_cache_kernels._dispatch import Backend, resolve_backend, triton_impl
+from mem_cache_kernels._dispatch import Backend, implementation
 from mem_cache_kernels._layout import as_byte_rows
-from mem_cache_kernels._torch.jobs import run_jobs
+from mem_cache_kernels._registry import op
 
 __all__ = ["copy_all_layer_kv_cache"]
+
+_OP = op("copy_all_layer_kv_cache")
 
 
 def copy_all_layer_kv_cache(
@@ -42,7 +43,4 @@ def copy_all_layer_kv_cache(
         as_byte_rows(f"buffers[{i}]", b)
         t_top.check(b.shape[0], f"buffers[{i}]")
         s_top.check(b.shape[0], f"buffers[{i}]")
-    if resolve_backend(backend, *bufs, tgt, src) == "triton":
-        triton_impl("move").copy_all_layer_kv_cache(bufs, tgt, src)
-    else:
-        _row_ops.copy_all_layer_kv_cache(run_jobs, bufs, tgt, src)
+    implementation(_OP, backend, *bufs, tgt, src)(bufs, tgt, src)

@@ -26,14 +26,20 @@ class caller_names:  # lower case: used like a function (``with caller_names(...
     """Context manager renaming kernel argument names in ``TypeError``/``ValueError`` messages.
 
     Keyword arguments map a kernel parameter name to the caller's argument name, e.g.
-    ``caller_names(src_indices="host_indices")``. Names must be Python identifiers.
+    ``caller_names(src_indices="host_indices")``. Names must be Python identifiers (``TypeError``
+    for a non-str, ``ValueError`` for another string).
     """
 
     __slots__ = ("_names", "_pattern")
 
     def __init__(self, **names: str) -> None:
         for kernel_name, caller_name in names.items():
-            if not isinstance(caller_name, str) or not caller_name.isidentifier():
+            if not isinstance(caller_name, str):
+                raise TypeError(
+                    f"caller_names: {kernel_name} must map to a str (an identifier), got "
+                    f"{type(caller_name).__name__}"
+                )
+            if not caller_name.isidentifier():
                 raise ValueError(
                     f"caller_names: {kernel_name} must map to an identifier, got {caller_name!r}"
                 )

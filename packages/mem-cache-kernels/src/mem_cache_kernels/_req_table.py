@@ -9,22 +9,19 @@ from __future__ import annotations
 import torch
 
 from mem_cache_kernels import checks as v
-from mem_cache_kernels._dispatch import Backend, resolve_backend, triton_impl
-from mem_cache_kernels._torch import req_table as ref
+from mem_cache_kernels._arg_checks import check_tensor_of
+from mem_cache_kernels._dispatch import Backend, implementation
+from mem_cache_kernels._registry import op
 
 __all__ = ["get_last_loc", "write_req_to_token"]
 
-_LIST_ROWS = 64  # CPU duplicate checks of batches up to this size run on Python ints
+_WRITE, _LAST_LOC = op("write_req_to_token"), op("get_last_loc")
 
 
 def _check_table(req_to_token: object) -> torch.Tensor:
-    table = v.check_tensor("req_to_token", req_to_token)
-    if table.dtype not in v.INDEX_DTYPES:
-        raise TypeError(f"req_to_token must be int32 or int64, got {table.dtype}")
-    if table.dim() != 2:
-        raise ValueError(
-            f"req_to_token must be 2-D [rows, max_len], got shape {tuple(table.shape)}"
-        )
+    table = check_tensor_of(
+        "req_to_token", req_to_token, dtypes=v.INDEX_DTYPES, dim=2, shape="[rows, max_len]"
+    )
     if table.stride(1) != 1:
         raise ValueError(f"req_to_token rows must be contiguous, got strides {table.stride()}")
     return table
@@ -37,7 +34,7 @@ def _check_rows(rows: torch.Tensor, table: torch.Tensor, *, distinct: bool = Fal
     v.check_nonnegative("req_pool_indices", rows, "row indices of req_to_token")
     v.check_index_range("req_pool_indices", rows, table.shape[0], "req_to_token")
     if distinct and rows.numel() > 1:
-        values = rows.tolist() if rows.numel() <= _LIST_ROWS else None
+        values = rows.tolist() if rows.numel() <= v.SMALL_BATCH else None
         n_unique = len(set(values)) if values is not None else int(torch.unique(rows).numel())
         if n_unique != rows.numel():
             seen: set[int] = set()
@@ -131,11 +128,8 @@ def write_req_to_token(  # noqa: PLR0917
         named["prefix_slots"] = prefix
     v.check_same_device(table.device, **named)
     _check_write_values(table, rows, pre, seq, new, prefix)
-    tensors = (table, *named.values())
-    if resolve_backend(backend, *tensors) == "triton":
-        triton_impl("req_table").write_req_to_token(table, rows, pre, seq, new, prefix)
-    else:
-        ref.write_req_to_token(table, rows, pre, seq, new, prefix)
+    impl = implementation(_WRITE, backend, table, *named.values())
+    impl(table, rows, pre, seq, new, prefix)
 
 
 def get_last_loc(
@@ -167,7 +161,5 @@ def get_last_loc(
                 f"prefix_lens must be in [0, max_len = {table.shape[1]}] (req_to_token columns), "
                 f"got {bad}"
             )
-    if resolve_backend(backend, table, rows, pre) == "triton":
-        result: torch.Tensor = triton_impl("req_table").get_last_loc(table, rows, pre)
-        return result
-    return ref.get_last_loc(table, rows, pre)
+    result: torch.Tensor = implementation(_LAST_LOC, backend, table, rows, pre)(table, rows, pre)
+    return result

@@ -2,9 +2,10 @@
 
 Each function takes ``run``, a backend's row-job executor (``run(jobs, src_idx, dst_idx)``; see
 :mod:`mem_cache_kernels._layout`), and does everything else (casts, views, output allocation) in
-torch. The public ops call these bodies directly with the executor that
-:func:`mem_cache_kernels._dispatch.row_executor` chose (:mod:`mem_cache_kernels.reference` binds
-the torch one), so both backends move exactly the same bytes. Arguments are assumed valid (the
+torch. The op catalogue (:mod:`mem_cache_kernels._registry`) names each body with the row-job
+executor of each backend; :mod:`mem_cache_kernels._dispatch` binds the chosen executor as ``run``
+(:mod:`mem_cache_kernels.reference` binds the torch one), so both backends move exactly the same
+bytes. Arguments are assumed valid (the
 public ops validate).
 """
 

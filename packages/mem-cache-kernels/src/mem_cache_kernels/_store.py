@@ -10,18 +10,19 @@ from __future__ import annotations
 
 import torch
 
-from mem_cache_kernels import _row_ops
 from mem_cache_kernels import checks as val
-from mem_cache_kernels._dispatch import Backend, row_executor
+from mem_cache_kernels._arg_checks import check_tensor_of
+from mem_cache_kernels._dispatch import Backend, implementation
 from mem_cache_kernels._layout import as_byte_rows
+from mem_cache_kernels._registry import op
 
 __all__ = ["get_mla_kv_buffer", "set_mla_kv_buffer", "store_kv"]
 
+_STORE_KV, _SET_MLA, _GET_MLA = op("store_kv"), op("set_mla_kv_buffer"), op("get_mla_kv_buffer")
+
 
 def _check_cache(name: str, cache: object) -> torch.Tensor:
-    t = val.check_tensor(name, cache)
-    if t.dim() < 2:
-        raise ValueError(f"{name} must be [rows, *row] (>= 2-D), got shape {tuple(t.shape)}")
+    t = check_tensor_of(name, cache, min_dim=2, shape="[rows, *row]")
     as_byte_rows(name, t)  # raises if rows are not contiguous
     return t
 
@@ -92,8 +93,8 @@ def store_kv(
     val.check_same_device(kc.device, v_cache=vc, loc=idx, k=kx, v=vx)
     _check_loc_rows(idx, kc, "k_cache")
     _check_loc_rows(idx, vc, "v_cache")
-    run = row_executor(backend, kc, vc, idx, kx, vx)
-    _row_ops.store_kv(run, kc, vc, idx, kx, vx, logical)
+    impl = implementation(_STORE_KV, backend, kc, vc, idx, kx, vx)
+    impl(kc, vc, idx, kx, vx, logical)
 
 
 def _check_mla_buffer(kv_buffer: object) -> torch.Tensor:
@@ -142,8 +143,7 @@ def set_mla_kv_buffer(
         )
     val.check_same_device(buf.device, loc=idx, k_nope=nope, k_rope=rope)
     _check_loc_rows(idx, buf, "kv_buffer")
-    run = row_executor(backend, buf, idx, nope, rope)
-    _row_ops.set_mla_kv_buffer(run, buf, idx, nope, rope, logical)
+    implementation(_SET_MLA, backend, buf, idx, nope, rope)(buf, idx, nope, rope, logical)
 
 
 def get_mla_kv_buffer(
@@ -169,4 +169,6 @@ def get_mla_kv_buffer(
         check_dtype_itemsize("dtype", logical, buf.dtype)
     val.check_same_device(buf.device, loc=idx)
     _check_loc_rows(idx, buf, "kv_buffer")
-    return _row_ops.get_mla_kv_buffer(row_executor(backend, buf, idx), buf, idx, nd, logical)
+    impl = implementation(_GET_MLA, backend, buf, idx)
+    result: tuple[torch.Tensor, torch.Tensor] = impl(buf, idx, nd, logical)
+    return result

@@ -19,10 +19,11 @@ from collections.abc import Sequence
 
 import torch
 
-from mem_cache_kernels import _row_ops
 from mem_cache_kernels import checks as v
-from mem_cache_kernels._dispatch import Backend, row_executor
+from mem_cache_kernels._arg_checks import check_tensor_of
+from mem_cache_kernels._dispatch import Backend, implementation
 from mem_cache_kernels._layout import as_byte_rows, row_bytes
+from mem_cache_kernels._registry import op
 
 __all__ = [
     "backup_all_layers_to_page_first",
@@ -33,6 +34,9 @@ __all__ = [
     "transfer_rows",
     "transfer_rows_all_layers",
 ]
+
+_ROWS, _ROWS_ALL = op("transfer_rows"), op("transfer_rows_all_layers")
+_LOAD_PF, _BACKUP_PF = op("load_layer_from_page_first"), op("backup_all_layers_to_page_first")
 
 
 def check_role_pair(src_name: str, src: torch.Tensor, dst_name: str, dst: torch.Tensor) -> None:
@@ -67,8 +71,7 @@ def check_page_first(
     """Per-role host buffers with a ``[slots, L, ...]`` layout."""
     host = v.check_tensor_list(name, value, length=roles)
     for r, h in enumerate(host):
-        if h.dim() < min_dim:
-            raise ValueError(f"{name}[{r}] must be >= {min_dim}-D, got shape {tuple(h.shape)}")
+        check_tensor_of(f"{name}[{r}]", h, min_dim=min_dim)
     return host
 
 
@@ -106,7 +109,7 @@ def transfer_rows(
         check_role_pair(f"src[{r}]", a, f"dst[{r}]", b)
         s_top.check(a.shape[0], f"src[{r}]")
         d_top.check(b.shape[0], f"dst[{r}]")
-    _row_ops.transfer_rows(row_executor(backend, *s, *d, si, di), s, d, si, di)
+    implementation(_ROWS, backend, *s, *d, si, di)(s, d, si, di)
 
 
 def transfer_rows_all_layers(
@@ -133,8 +136,7 @@ def transfer_rows_all_layers(
             check_role_pair(f"src[{r}][{i}]", a, f"dst[{r}][{i}]", b)
             s_top.check(a.shape[0], f"src[{r}][{i}]")
             d_top.check(b.shape[0], f"dst[{r}][{i}]")
-    run = row_executor(backend, *flat_s, *flat_d, si, di)
-    _row_ops.transfer_rows_all_layers(run, s, d, si, di)
+    implementation(_ROWS_ALL, backend, *flat_s, *flat_d, si, di)(s, d, si, di)
 
 
 def load_layer_from_page_first(
@@ -162,8 +164,7 @@ def load_layer_from_page_first(
         check_role_pair(f"host[{r}][:, layer_id]", a.select(1, layer), f"device[{r}]", b)
         h_top.check(a.shape[0], f"host[{r}]")
         d_top.check(b.shape[0], f"device[{r}]")
-    run = row_executor(backend, *h, *d, hi, di)
-    _row_ops.load_layer_from_page_first(run, h, d, hi, di, layer)
+    implementation(_LOAD_PF, backend, *h, *d, hi, di)(h, d, hi, di, layer)
 
 
 def backup_all_layers_to_page_first(
@@ -192,5 +193,4 @@ def backup_all_layers_to_page_first(
         for i, b in enumerate(layers):
             check_role_pair(f"device[{r}][{i}]", b, f"host[{r}][:, {i}]", a.select(1, i))
             d_top.check(b.shape[0], f"device[{r}][{i}]")
-    run = row_executor(backend, *flat_d, *h, di, hi)
-    _row_ops.backup_all_layers_to_page_first(run, d, h, di, hi)
+    implementation(_BACKUP_PF, backend, *flat_d, *h, di, hi)(d, h, di, hi)

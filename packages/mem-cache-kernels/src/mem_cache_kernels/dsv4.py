@@ -40,8 +40,9 @@ from __future__ import annotations
 import torch
 
 from mem_cache_kernels import checks as v
-from mem_cache_kernels._dispatch import Backend, resolve_backend, triton_impl
-from mem_cache_kernels._torch import dsv4 as ref
+from mem_cache_kernels._arg_checks import check_tensor_of
+from mem_cache_kernels._dispatch import Backend, implementation
+from mem_cache_kernels._registry import op
 
 __all__ = [
     "DSV4_NOPE_DIM",
@@ -73,13 +74,13 @@ DSV4_PAGE_ALIGN = 576
 DSV4_UE8M0_BIAS = 127
 _FP8 = torch.float8_e4m3fn
 _FP8_MAX = 448.0
+_PACK, _UNPACK = op("pack_dsv4_records"), op("unpack_dsv4_records")
+_WRITE, _READ = op("write_dsv4_records"), op("read_dsv4_records")
 
 
 def dsv4_page_bytes(page_size: int) -> int:
     """Bytes of one page row: ``page_size * 584`` rounded up to a multiple of 576."""
-    if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
-        raise ValueError(f"page_size must be a positive int, got {page_size!r}")
-    raw = page_size * DSV4_TOKEN_BYTES
+    raw = v.check_int("page_size", page_size, minimum=1) * DSV4_TOKEN_BYTES
     return -(-raw // DSV4_PAGE_ALIGN) * DSV4_PAGE_ALIGN
 
 
@@ -87,35 +88,15 @@ def dsv4_page_bytes(page_size: int) -> int:
 
 
 def _check_2d(name: str, t: torch.Tensor, cols: int, dtypes: tuple[torch.dtype, ...]) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in dtypes:
-        raise ValueError(f"{name} must have dtype in {list(dtypes)}, got {t.dtype}")
+    check_tensor_of(name, t, dtypes=dtypes)
     if t.dim() != 2 or t.shape[1] != cols:
         raise ValueError(f"{name} must have shape [n, {cols}], got {list(t.shape)}")
 
 
-def _check_index(name: str, t: torch.Tensor) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"{name} must be int32 or int64, got {t.dtype}")
-    if t.dim() != 1:
-        raise ValueError(f"{name} must be 1-D, got shape {list(t.shape)}")
-
-
-def _check_same_device(**tensors: torch.Tensor) -> None:
-    devices = {name: t.device for name, t in tensors.items()}
-    if len(set(devices.values())) > 1:
-        desc = ", ".join(f"{k} on {v}" for k, v in devices.items())
-        raise ValueError(f"tensors must share one device, got {desc}")
-
-
 def _check_page_buffer(buffer: torch.Tensor, page_size: int) -> None:
     page_bytes = dsv4_page_bytes(page_size)
-    if not isinstance(buffer, torch.Tensor):
-        raise TypeError(f"buffer must be a torch.Tensor, got {type(buffer).__name__}")
-    if buffer.dtype != torch.uint8 or buffer.dim() != 2 or buffer.shape[1] != page_bytes:
+    check_tensor_of("buffer", buffer, dtypes=(torch.uint8,))
+    if buffer.dim() != 2 or buffer.shape[1] != page_bytes:
         raise ValueError(
             f"buffer must be uint8 [pages, {page_bytes}] for page_size={page_size}, "
             f"got {buffer.dtype} {list(buffer.shape)}"
@@ -194,15 +175,12 @@ def pack_dsv4_records(
             f"nope_fp8, scales and rope must have the same number of rows, got "
             f"{n}, {scales.shape[0]} and {rope.shape[0]}"
         )
-    _check_same_device(nope_fp8=nope_fp8, scales=scales, rope=rope)
+    v.check_same_device(nope_fp8.device, scales=scales, rope=rope)
     nope_b, scales_b, rope_b = _as_bytes(nope_fp8), scales.contiguous(), _as_bytes(rope)
     out = torch.empty((n, DSV4_TOKEN_BYTES), dtype=torch.uint8, device=nope_fp8.device)
     if n == 0:
         return out
-    if resolve_backend(backend, nope_b, scales_b, rope_b) == "triton":
-        triton_impl("dsv4").pack_records(nope_b, scales_b, rope_b, out)
-    else:
-        ref.pack_records(nope_b, scales_b, rope_b, out)
+    implementation(_PACK, backend, nope_b, scales_b, rope_b)(nope_b, scales_b, rope_b, out)
     return out
 
 
@@ -221,10 +199,7 @@ def unpack_dsv4_records(
     scales = torch.empty((n, DSV4_SCALE_BYTES), dtype=torch.uint8, device=dev)
     rope = torch.empty((n, 2 * DSV4_ROPE_DIM), dtype=torch.uint8, device=dev)
     if n > 0:
-        if resolve_backend(backend, rec) == "triton":
-            triton_impl("dsv4").unpack_records(rec, nope, scales, rope)
-        else:
-            ref.unpack_records(rec, nope, scales, rope)
+        implementation(_UNPACK, backend, rec)(rec, nope, scales, rope)
     return nope.view(_FP8), scales, rope.view(torch.bfloat16)
 
 
@@ -257,21 +232,18 @@ def write_dsv4_records(
     run and its scale part to the scale run; the row's tail padding is never touched.
     """
     _check_page_buffer(buffer, page_size)
-    _check_index("loc", loc)
+    v.check_index("loc", loc)
     _check_2d("records", records, DSV4_TOKEN_BYTES, (torch.uint8,))
     if records.shape[0] != loc.shape[0]:
         raise ValueError(
             f"records must have one row per loc entry ({loc.shape[0]}), got {records.shape[0]}"
         )
-    _check_same_device(buffer=buffer, loc=loc, records=records)
+    v.check_same_device(buffer.device, loc=loc, records=records)
     if loc.numel() == 0:
         return
     _check_loc_range(loc, buffer, page_size)
     rec = records.contiguous()
-    if resolve_backend(backend, buffer, loc, rec) == "triton":
-        triton_impl("dsv4").write_records(buffer, loc, rec, page_size)
-    else:
-        ref.write_records(buffer, loc, rec, page_size)
+    implementation(_WRITE, backend, buffer, loc, rec)(buffer, loc, rec, page_size)
 
 
 def read_dsv4_records(
@@ -287,14 +259,11 @@ def read_dsv4_records(
     record. Reads only; returns a new tensor on the buffer's device.
     """
     _check_page_buffer(buffer, page_size)
-    _check_index("loc", loc)
-    _check_same_device(buffer=buffer, loc=loc)
+    v.check_index("loc", loc)
+    v.check_same_device(buffer.device, loc=loc)
     out = torch.zeros((loc.shape[0], DSV4_TOKEN_BYTES), dtype=torch.uint8, device=buffer.device)
     if loc.numel() == 0:
         return out
     _check_loc_range(loc, buffer, page_size)
-    if resolve_backend(backend, buffer, loc) == "triton":
-        triton_impl("dsv4").read_records(buffer, loc, out, page_size)
-    else:
-        ref.read_records(buffer, loc, out, page_size)
+    implementation(_READ, backend, buffer, loc)(buffer, loc, out, page_size)
     return out

@@ -3,8 +3,8 @@
 When a class or function moves to another module, its old module keeps a PEP 562 module-level
 ``__getattr__`` that resolves the old name to the object at its new home and emits one
 ``DeprecationWarning`` naming the new path. This module lives in the lowest package
-(``mem_cache_kernels``) and imports nothing but the standard library, so every package can use it
-without breaking the layering and without importing torch or triton.
+(``mem_cache_kernels``) and imports nothing but the standard library and the package's argument
+checks, so every package can use it without breaking the layering and without importing triton.
 
 Usage at the old location (the whole module body once everything moved out)::
 
@@ -46,6 +46,8 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from mem_cache_kernels.checks import check_int
+
 __all__ = ["moved_names"]
 
 
@@ -69,16 +71,16 @@ def moved_names(
         ``AttributeError``.
 
     Raises:
-        TypeError: ``module_name`` is not a str or ``moved`` is not a mapping of str to str.
+        TypeError: ``module_name`` is not a str, ``moved`` is not a mapping of str to str, or
+            ``stacklevel`` is not an int.
         ValueError: ``module_name`` or a target is empty, a name is not an identifier, or
-            ``stacklevel`` is not an int >= 1.
+            ``stacklevel`` is < 1.
     """
     if not isinstance(module_name, str):
         raise TypeError(f"module_name must be a str, got {type(module_name).__name__}")
     if not module_name:
         raise ValueError("module_name must be a non-empty dotted module name, got ''")
-    if isinstance(stacklevel, bool) or not isinstance(stacklevel, int) or stacklevel < 1:
-        raise ValueError(f"stacklevel must be an int >= 1, got {stacklevel!r}")
+    check_int("stacklevel", stacklevel, minimum=1)
     if not isinstance(moved, Mapping):
         raise TypeError(f"moved must be a mapping of name -> module, got {type(moved).__name__}")
     table: dict[str, tuple[str, str]] = {}

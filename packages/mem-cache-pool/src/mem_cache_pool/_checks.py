@@ -1,77 +1,38 @@
-"""Argument validation shared by the pools (private).
+"""The pools' own argument checks (private), built on :mod:`mem_cache_kernels.checks`.
 
-Every check raises ``TypeError`` (wrong kind of object or dtype) or ``ValueError`` (wrong value,
-shape or device) with a message naming the argument, the expected and the actual value. Checks
-that would read device memory (value ranges of a GPU tensor) only run when ``full`` is true: the
-pools pass ``full = tensor is on the CPU or the pool is in debug mode``, so the hot path never
-synchronises with the device.
+The generic checks (ints that are not bools, devices, index tensors, value ranges, the debug
+switch) live in :mod:`mem_cache_kernels.checks`; this module holds only what is specific to a
+pool: a slot tensor checked against the pool's row count, a row tensor of an exact shape, a slot
+mapping ending in the ``-1`` sentinel, a layer id in a half-open range, the shape of a CPU copy.
+
+The exception rule is the one of :mod:`mem_cache_kernels.checks`: ``TypeError`` for the wrong kind
+of object or a tensor of the wrong dtype, ``ValueError`` for a wrong value, shape, length or
+device; every message names the argument, the expected and the actual value. Checks that read
+tensor values run when the tensor is on the CPU (free) or when ``full`` is true (the pool is in
+debug mode), so the hot path never synchronises with the device.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
+from mem_cache_kernels import checks
+
 __all__ = [
-    "DEBUG_ENV_VAR",
-    "INDEX_DTYPES",
-    "check_device_arg",
-    "check_distinct",
-    "check_index",
-    "check_int",
+    "check_copy_layers",
+    "check_copy_roles",
+    "check_dtype",
+    "check_layer",
     "check_mapping",
     "check_rows",
-    "debug_from_env",
+    "check_scale",
+    "check_slots",
 ]
 
-DEBUG_ENV_VAR = "MEM_CACHE_DEBUG"
-INDEX_DTYPES = (torch.int32, torch.int64)
 
-
-def debug_from_env() -> bool:
-    """True when ``MEM_CACHE_DEBUG`` is set to something other than ``""``/``"0"``."""
-    return os.environ.get(DEBUG_ENV_VAR, "0") not in ("", "0")
-
-
-def check_int(name: str, value: object, minimum: int) -> int:
-    """``value`` as an ``int`` ``>= minimum``; bools and non-integers are a ``TypeError``."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
-
-
-def check_device_arg(name: str, device: object) -> torch.device:
-    """``device`` (a ``torch.device`` or a device string) as a ``torch.device``."""
-    if isinstance(device, torch.device):
-        return device
-    if not isinstance(device, str):
-        raise TypeError(f"{name} must be a torch.device or a str, got {type(device).__name__}")
-    try:
-        return torch.device(device)
-    except RuntimeError:
-        raise ValueError(
-            f"{name} must name a torch device (e.g. 'cpu', 'cuda:0'), got {device!r}"
-        ) from None
-
-
-def _check_device(name: str, tensor: torch.Tensor, device: torch.device) -> None:
-    if not _same_device(tensor.device, device):
-        raise ValueError(f"{name} must be on device {device}, got {tensor.device}")
-
-
-def _same_device(a: torch.device, b: torch.device) -> bool:
-    if a.type != b.type:
-        return False
-    # "cuda" and "cuda:0" name the same device when the current device is 0; compare indices only
-    # when both are explicit
-    return a.index is None or b.index is None or a.index == b.index
-
-
-def check_index(
+def check_slots(
     name: str,
     loc: object,
     device: torch.device,
@@ -80,36 +41,40 @@ def check_index(
     full: bool,
     length: int | None = None,
 ) -> torch.Tensor:
-    """Validate a 1-D int32/int64 slot tensor on ``device`` whose values lie in ``[0, limit)``.
-
-    The value range is checked only when ``full`` is true (or the tensor is on the CPU, where the
-    check costs no device synchronisation). ``length``, when given, is the required element count.
-    """
-    if not isinstance(loc, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(loc).__name__}")
-    if loc.dtype not in INDEX_DTYPES:
-        raise TypeError(f"{name} must be int32 or int64, got {loc.dtype}")
-    if loc.dim() != 1:
-        raise ValueError(f"{name} must be 1-D, got shape {tuple(loc.shape)}")
-    if length is not None and loc.numel() != length:
-        raise ValueError(f"{name} must have {length} elements, got {loc.numel()}")
-    _check_device(name, loc, device)
-    if (full or loc.device.type == "cpu") and loc.numel() > 0:
-        lo, hi = int(loc.min()), int(loc.max())
-        if lo < 0 or hi >= limit:
-            raise ValueError(f"{name} values must lie in [0, {limit}), got min {lo}, max {hi}")
-    return loc
+    """A pool's slot tensor: :func:`~mem_cache_kernels.checks.check_index` (int32/int64, 1-D,
+    ``length`` elements when given, on ``device``) plus values in ``[0, limit)``
+    (:func:`~mem_cache_kernels.checks.check_index_values`: read on the CPU or when ``full``)."""
+    t = checks.check_index(name, loc, length=length, device=device)
+    checks.check_index_values(name, t, limit=limit, full=full)
+    return t
 
 
-def check_distinct(name: str, loc: torch.Tensor, *, full: bool) -> None:
-    """``ValueError`` if a validated slot tensor repeats a value (checked when ``full`` or on
-    the CPU, like value ranges)."""
-    if (full or loc.device.type == "cpu") and loc.numel() > 1:
-        distinct = int(torch.unique(loc).numel())
-        if distinct != loc.numel():
-            raise ValueError(
-                f"{name} must not repeat a slot, got {loc.numel() - distinct} repeated entries"
-            )
+def check_layer(name: str, value: object, start: int, stop: int) -> int:
+    """``value`` as an int layer id in ``[start, stop)`` (``TypeError`` for a non-int or a bool,
+    ``ValueError`` outside the range, which the message names)."""
+    layer = checks.check_int(name, value)
+    if not start <= layer < stop:
+        raise ValueError(f"{name} must lie in [{start}, {stop}), got {layer}")
+    return layer
+
+
+def check_dtype(name: str, value: object) -> torch.dtype:
+    """``value`` if it is a ``torch.dtype`` (``TypeError`` otherwise; ``None`` included)."""
+    if not isinstance(value, torch.dtype):
+        raise TypeError(f"{name} must be a torch.dtype, got {type(value).__name__}")
+    return value
+
+
+def check_scale(name: str, value: object) -> float | torch.Tensor | None:
+    """A quantisation scale: a float, an int (not a bool), a tensor or ``None``."""
+    if value is None or isinstance(value, (float, torch.Tensor)):
+        return value
+    try:
+        return checks.check_int(name, value)
+    except TypeError:
+        raise TypeError(
+            f"{name} must be a number, a tensor or None, got {type(value).__name__}"
+        ) from None
 
 
 def check_rows(
@@ -120,22 +85,21 @@ def check_rows(
     *,
     dtypes: Sequence[torch.dtype] | None = None,
 ) -> torch.Tensor:
-    """Validate a tensor of exactly ``shape`` on ``device``.
+    """A tensor of exactly ``shape`` on ``device`` (rows to write into a pool).
 
     ``dtypes``: the accepted dtypes; ``None`` accepts any floating-point dtype (the pool casts).
     """
-    if not isinstance(value, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    t = checks.check_tensor(name, value)
     if dtypes is None:
-        if not value.dtype.is_floating_point:
-            raise TypeError(f"{name} must have a floating-point dtype, got {value.dtype}")
-    elif value.dtype not in dtypes:
+        if not t.dtype.is_floating_point:
+            raise TypeError(f"{name} must have a floating-point dtype, got {t.dtype}")
+    elif t.dtype not in dtypes:
         expected = " or ".join(str(d) for d in dtypes)
-        raise TypeError(f"{name} must have dtype {expected}, got {value.dtype}")
-    if tuple(value.shape) != tuple(shape):
-        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(value.shape)}")
-    _check_device(name, value, device)
-    return value
+        raise TypeError(f"{name} must have dtype {expected}, got {t.dtype}")
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
+    checks.check_on_device(name, t, device)
+    return t
 
 
 def check_mapping(
@@ -147,27 +111,55 @@ def check_mapping(
     full: bool,
     targets: int | None = None,
 ) -> torch.Tensor:
-    """Validate a slot mapping: int64 ``[length]`` on ``device`` with ``mapping[-1] == -1`` and,
-    when ``targets`` is given, every other value in ``[0, targets)``.
+    """A slot mapping: int64 ``[length]`` on ``device`` with ``mapping[-1] == -1`` and, when
+    ``targets`` is given, every other value in ``[0, targets)`` (0 = unmapped).
 
     The values (a device read) are checked when ``full`` or on the CPU.
     """
-    if not isinstance(mapping, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(mapping).__name__}")
-    if mapping.dtype != torch.int64:
-        raise TypeError(f"{name} must be int64, got {mapping.dtype}")
-    if mapping.dim() != 1 or mapping.numel() != length:
-        raise ValueError(f"{name} must have shape ({length},), got {tuple(mapping.shape)}")
-    _check_device(name, mapping, device)
-    if full or mapping.device.type == "cpu":
-        last = int(mapping[-1])
+    t = checks.check_index(name, mapping, dtypes=(torch.int64,), length=length, device=device)
+    if full or t.device.type == "cpu":
+        last = int(t[-1])
         if last != -1:
             raise ValueError(f"{name}[-1] must be the sentinel -1, got {last}")
-        if targets is not None and length > 1:
-            lo, hi = int(mapping[:-1].min()), int(mapping[:-1].max())
-            if lo < 0 or hi >= targets:
-                raise ValueError(
-                    f"{name}[:-1] values must lie in [0, {targets}) (0 = unmapped), got min "
-                    f"{lo}, max {hi}"
-                )
-    return mapping
+        if targets is not None:
+            checks.check_index_values(f"{name}[:-1]", t[:-1], limit=targets, full=True)
+    return t
+
+
+def check_copy_roles(kv_cache_cpu: object, roles: Sequence[str]) -> Mapping[str, object]:
+    """A CPU copy (``get_cpu_copy`` result): a dict whose keys are exactly ``roles``."""
+    if not isinstance(kv_cache_cpu, dict):
+        raise TypeError(
+            f"kv_cache_cpu must be a dict of roles {sorted(roles)}, "
+            f"got {type(kv_cache_cpu).__name__}"
+        )
+    if sorted(kv_cache_cpu) != sorted(roles):
+        raise ValueError(
+            f"kv_cache_cpu must have roles {sorted(roles)}, got {sorted(kv_cache_cpu)}"
+        )
+    return kv_cache_cpu
+
+
+def check_copy_layers(
+    name: str, layers: object, count: int, dtype: torch.dtype, shape: Sequence[int]
+) -> list[torch.Tensor]:
+    """One role of a CPU copy: ``count`` tensors of ``dtype`` and ``shape``."""
+    if isinstance(layers, torch.Tensor) or not isinstance(layers, Sequence):
+        raise TypeError(f"{name} must be a list of tensors, got {type(layers).__name__}")
+    if len(layers) != count:
+        raise ValueError(f"{name} must hold {count} layers, got {len(layers)}")
+    want = tuple(shape)
+    expected = f"{_dtype_name(dtype)} {want}"
+    for t in layers:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must hold tensors, got {type(t).__name__}")
+        got = f"{_dtype_name(t.dtype)} {tuple(t.shape)}"
+        if t.dtype != dtype:
+            raise TypeError(f"{name} tensors must be {expected}, got {got}")
+        if tuple(t.shape) != want:
+            raise ValueError(f"{name} tensors must be {expected}, got {got}")
+    return list(layers)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")

@@ -5,13 +5,22 @@ from __future__ import annotations
 
 import torch
 
-from mem_cache_pool._checks import check_distinct, check_int, check_rows
+from mem_cache_kernels import checks
+from mem_cache_pool._checks import check_copy_layers, check_copy_roles, check_dtype, check_rows
 from mem_cache_pool._page_row_pool import PageRowPool
-from mem_cache_pool.base import CpuKVCopy, KVWriteLoc, unwrap_write_loc
+from mem_cache_pool.base import CpuKVCopy, KVWriteLoc, _write_slots
 
-__all__ = ["DeepSeekV4IndexerPool"]
+__all__ = ["DeepSeekV4IndexerPool", "check_index_head_dim"]
 
 _SCALE_BYTES = 4  # one float32 scale per token
+
+
+def check_index_head_dim(name: str, value: object) -> int:
+    """An indexer head dim: an int, a positive multiple of 8."""
+    dim = checks.check_int(name, value, minimum=8)
+    if dim % 8:
+        raise ValueError(f"{name} must be a multiple of 8, got {dim}")
+    return dim
 
 
 class DeepSeekV4IndexerPool(PageRowPool):
@@ -44,16 +53,14 @@ class DeepSeekV4IndexerPool(PageRowPool):
         use_fp4: bool = False,
         debug: bool = False,
     ) -> None:
-        if dtype != torch.float8_e4m3fn:
+        if check_dtype("dtype", dtype) != torch.float8_e4m3fn:
             raise ValueError(f"dtype must be torch.float8_e4m3fn (indexer keys), got {dtype}")
-        check_int("index_head_dim", index_head_dim, 8)
-        if index_head_dim % 8:
-            raise ValueError(f"index_head_dim must be a multiple of 8, got {index_head_dim}")
+        check_index_head_dim("index_head_dim", index_head_dim)
         self.index_head_dim = index_head_dim
         self.use_fp4 = bool(use_fp4)
         self.key_bytes = index_head_dim // 2 if use_fp4 else index_head_dim
         self.token_bytes = self.key_bytes + _SCALE_BYTES
-        ps = check_int("page_size", page_size, 1)
+        ps = checks.check_int("page_size", page_size, minimum=1)
         super().__init__(
             size,
             page_size,
@@ -83,8 +90,19 @@ class DeepSeekV4IndexerPool(PageRowPool):
     ) -> None:
         """Write keys ``index_k`` (fp8 or uint8 ``[n, key_bytes]``) and float32 scales
         ``index_k_scale`` (``[n]`` or ``[n, 1]``) at slots ``loc``. Validates first."""
+        self._set_index_k_scale(layer_id, "loc", loc, index_k, index_k_scale)
+
+    def _set_index_k_scale(
+        self,
+        layer_id: int,
+        name: str,
+        loc: torch.Tensor | KVWriteLoc,
+        index_k: torch.Tensor,
+        index_k_scale: torch.Tensor,
+    ) -> None:
+        """:meth:`set_index_k_scale_buffer` with the slot argument called ``name``."""
         index = self.layer_index(layer_id)
-        slots = self._check_slots("loc", unwrap_write_loc(loc))
+        slots = self._check_slots(name, _write_slots(name, loc))
         n = slots.numel()
         k = check_rows(
             "index_k", index_k, (n, self.key_bytes), self.device, dtypes=(self.dtype, torch.uint8)
@@ -139,7 +157,7 @@ class DeepSeekV4IndexerPool(PageRowPool):
     def move_kv_cache(self, tgt_loc: torch.Tensor, src_loc: torch.Tensor) -> None:
         """Every layer: tokens ``tgt_loc`` get the keys and scales of tokens ``src_loc``."""
         tgt = self._check_slots("tgt_loc", tgt_loc)
-        check_distinct("tgt_loc", tgt, full=self.debug)
+        checks.check_distinct("tgt_loc", tgt, full=self.debug)
         src = self._check_slots("src_loc", src_loc, length=tgt.numel())
         for index in range(self.layer_num):
             self._scatter(index, tgt, self._gather(index, src))
@@ -155,19 +173,10 @@ class DeepSeekV4IndexerPool(PageRowPool):
         return {"kv": [self._gather(i, idx).cpu() for i in range(self.layer_num)]}
 
     def _check_cpu_copy(self, kv_cache_cpu: CpuKVCopy, idx: torch.Tensor) -> None:
-        """``ValueError`` unless ``kv_cache_cpu`` is ``{"kv": layer_num x uint8 [n, bytes]}``."""
-        if not isinstance(kv_cache_cpu, dict) or sorted(kv_cache_cpu) != ["kv"]:
-            got = sorted(kv_cache_cpu) if isinstance(kv_cache_cpu, dict) else kv_cache_cpu
-            raise ValueError(f"kv_cache_cpu must have roles ['kv'], got {got}")
-        layers = kv_cache_cpu["kv"]
+        """Check that ``kv_cache_cpu`` is ``{"kv": layer_num x uint8 [n, bytes]}``."""
+        copy = check_copy_roles(kv_cache_cpu, ["kv"])
         want = (idx.numel(), self.token_bytes)
-        if len(layers) != self.layer_num or any(
-            not isinstance(t, torch.Tensor) or t.dtype != torch.uint8 or tuple(t.shape) != want
-            for t in layers
-        ):
-            raise ValueError(
-                f"kv_cache_cpu['kv'] must be {self.layer_num} uint8 tensors of shape {want}"
-            )
+        check_copy_layers("kv_cache_cpu['kv']", copy["kv"], self.layer_num, torch.uint8, want)
 
     def load_cpu_copy(
         self,
@@ -178,7 +187,7 @@ class DeepSeekV4IndexerPool(PageRowPool):
     ) -> None:
         """Write a :meth:`get_cpu_copy` result at distinct slots ``indices`` (checked first)."""
         idx = self._check_slots("indices", indices)
-        check_distinct("indices", idx, full=self.debug)
+        checks.check_distinct("indices", idx, full=self.debug)
         self._check_cpu_copy(kv_cache_cpu, idx)
         for i, t in enumerate(kv_cache_cpu["kv"]):
             self._scatter(i, idx, t.to(self.device))

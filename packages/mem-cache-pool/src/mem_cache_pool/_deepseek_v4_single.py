@@ -5,10 +5,17 @@ from __future__ import annotations
 
 import torch
 
-from mem_cache_kernels import dsv4
-from mem_cache_pool._checks import check_distinct, check_index, check_int, check_mapping
+from mem_cache_kernels import checks, dsv4
+from mem_cache_pool._checks import (
+    check_copy_layers,
+    check_copy_roles,
+    check_dtype,
+    check_mapping,
+    check_rows,
+    check_slots,
+)
 from mem_cache_pool._page_row_pool import PageRowPool
-from mem_cache_pool.base import CpuKVCopy, KVWriteLoc, unwrap_write_loc
+from mem_cache_pool.base import CpuKVCopy, KVWriteLoc, _write_slots, unwrap_write_loc
 
 __all__ = [
     "DeepSeekV4SingleKVPool",
@@ -26,16 +33,8 @@ def translate_full_to_compressed(full_loc: torch.Tensor, compress_ratio: int = 4
     device. Example (ratio 4): ``[3, 4, 7, 8, 11] -> [0, 1, 2]``. The boolean selection reads
     device memory (a sync on GPUs).
     """
-    if isinstance(full_loc, torch.Tensor) and full_loc.device.type == "meta":
-        raise ValueError("full_loc must hold data (a CPU or accelerator tensor), got meta")
-    check_index(
-        "full_loc",
-        full_loc,
-        full_loc.device if isinstance(full_loc, torch.Tensor) else torch.device("cpu"),
-        2**62,
-        full=False,
-    )
-    loc = full_loc.long()
+    loc = checks.check_index("full_loc", full_loc).long()
+    checks.check_index_values("full_loc", loc, limit=2**62)
     return loc[(loc + 1) % compress_ratio == 0] // compress_ratio
 
 
@@ -49,12 +48,7 @@ def compressed_last_loc(last_loc: torch.Tensor, compress_ratio: int = 4) -> torc
     == (P // ratio) % (ps // ratio)`` for a prefix of ``P`` tokens with ``(L + 1) % ps == P %
     ps``. Example (ratio 4): ``[-1, 3, 6, 7, 8] -> [-1, 0, 0, 1, 1]``.
     """
-    if not isinstance(last_loc, torch.Tensor) or last_loc.dtype not in (torch.int32, torch.int64):
-        got = last_loc.dtype if isinstance(last_loc, torch.Tensor) else type(last_loc).__name__
-        raise TypeError(f"last_loc must be an int32 or int64 tensor, got {got}")
-    if last_loc.device.type == "meta":
-        raise ValueError("last_loc must hold data (a CPU or accelerator tensor), got meta")
-    loc = last_loc.long()
+    loc = checks.check_index("last_loc", last_loc).long()
     return torch.where(
         loc < 0, torch.full_like(loc, -1), (loc - (compress_ratio - 1)) // compress_ratio
     )
@@ -95,9 +89,13 @@ class DeepSeekV4SingleKVPool(PageRowPool):
         *,
         debug: bool = False,
     ) -> None:
-        if dtype != torch.float8_e4m3fn:
+        if check_dtype("dtype", dtype) != torch.float8_e4m3fn:
             raise ValueError(f"dtype must be torch.float8_e4m3fn (the nope dtype), got {dtype}")
-        if (qk_nope_head_dim, qk_rope_head_dim) != (dsv4.DSV4_NOPE_DIM, dsv4.DSV4_ROPE_DIM):
+        dims = (
+            checks.check_int("qk_nope_head_dim", qk_nope_head_dim),
+            checks.check_int("qk_rope_head_dim", qk_rope_head_dim),
+        )
+        if dims != (dsv4.DSV4_NOPE_DIM, dsv4.DSV4_ROPE_DIM):
             raise ValueError(
                 "qk_nope_head_dim and qk_rope_head_dim must be 448 and 64 (a 584-byte record: "
                 f"448 fp8 + 64 x 2 bf16 + 7 scales + 1 pad), got {qk_nope_head_dim} and "
@@ -105,7 +103,9 @@ class DeepSeekV4SingleKVPool(PageRowPool):
             )
         self.qk_nope_head_dim = qk_nope_head_dim
         self.qk_rope_head_dim = qk_rope_head_dim
-        self.bytes_per_page_padded = dsv4.dsv4_page_bytes(check_int("page_size", page_size, 1))
+        self.bytes_per_page_padded = dsv4.dsv4_page_bytes(
+            checks.check_int("page_size", page_size, minimum=1)
+        )
         super().__init__(
             size,
             page_size,
@@ -129,11 +129,16 @@ class DeepSeekV4SingleKVPool(PageRowPool):
         self, layer_id: int, loc: torch.Tensor | KVWriteLoc, records: torch.Tensor
     ) -> None:
         """Write packed records uint8 ``[n, 584]`` at slots ``loc`` ``[n]`` of one layer."""
+        self._set_records(layer_id, "loc", loc, records)
+
+    def _set_records(
+        self, layer_id: int, name: str, loc: torch.Tensor | KVWriteLoc, records: torch.Tensor
+    ) -> None:
+        """:meth:`set_key_buffer` with the slot argument called ``name`` (composite pools)."""
         index = self.layer_index(layer_id)
-        slots = self._device_loc("loc", unwrap_write_loc(loc))
-        if not isinstance(records, torch.Tensor) or records.device != self.kv_buffer[0].device:
-            got = records.device if isinstance(records, torch.Tensor) else type(records).__name__
-            raise ValueError(f"records must be a tensor on {self.device}, got {got}")
+        slots = self._device_loc(name, _write_slots(name, loc))
+        shape = (slots.numel(), dsv4.DSV4_TOKEN_BYTES)
+        check_rows("records", records, shape, self.device, dtypes=(torch.uint8,))
         dsv4.write_dsv4_records(self.kv_buffer[index], slots, records, self.page_size)
 
     def set_key_buffer_parts(
@@ -146,9 +151,17 @@ class DeepSeekV4SingleKVPool(PageRowPool):
     ) -> None:
         """Pack ``nope_fp8`` (fp8/uint8 ``[n, 448]``), ``scales`` (uint8 ``[n, 7]``) and ``rope``
         (bf16 ``[n, 64]``) and write them at slots ``loc``."""
-        self.layer_index(layer_id)
+        index = self.layer_index(layer_id)
+        slots = self._device_loc("loc", unwrap_write_loc(loc))
+        n = slots.numel()
+        nope_dtypes = (torch.float8_e4m3fn, torch.uint8)
+        check_rows(
+            "nope_fp8", nope_fp8, (n, self.qk_nope_head_dim), self.device, dtypes=nope_dtypes
+        )
+        check_rows("scales", scales, (n, dsv4.DSV4_SCALE_BYTES), self.device, dtypes=(torch.uint8,))
+        check_rows("rope", rope, (n, self.qk_rope_head_dim), self.device, dtypes=(torch.bfloat16,))
         records = dsv4.pack_dsv4_records(nope_fp8, scales, rope)
-        self.set_key_buffer(layer_id, loc, records)
+        dsv4.write_dsv4_records(self.kv_buffer[index], slots, records, self.page_size)
 
     def set_kv_buffer(
         self,
@@ -160,23 +173,22 @@ class DeepSeekV4SingleKVPool(PageRowPool):
         """Quantise float rows ``cache_k`` ``[n, 512]`` or ``[n, 1, 512]`` (nope | rope) and
         write them at ``loc``. ``cache_v`` is ignored (no value buffer). The nope part is
         quantised with :func:`mem_cache_kernels.dsv4.quantize_dsv4_nope`, rope cast to bf16."""
-        self.layer_index(layer_id)
-        width = self.qk_nope_head_dim + self.qk_rope_head_dim
-        if not isinstance(cache_k, torch.Tensor) or not cache_k.dtype.is_floating_point:
-            got = cache_k.dtype if isinstance(cache_k, torch.Tensor) else type(cache_k).__name__
-            raise TypeError(f"cache_k must be a floating-point tensor, got {got}")
-        ok = (cache_k.dim() == 2 and cache_k.shape[1] == width) or (
-            cache_k.dim() == 3 and tuple(cache_k.shape[1:]) == (1, width)
-        )
-        if not ok:
+        index = self.layer_index(layer_id)
+        slots = self._device_loc("loc", unwrap_write_loc(loc))
+        n, width = slots.numel(), self.qk_nope_head_dim + self.qk_rope_head_dim
+        t = checks.check_tensor("cache_k", cache_k)
+        if not t.dtype.is_floating_point:
+            raise TypeError(f"cache_k must have a floating-point dtype, got {t.dtype}")
+        if tuple(t.shape) not in ((n, width), (n, 1, width)):
             raise ValueError(
-                f"cache_k must have shape [n, {width}] or [n, 1, {width}], "
-                f"got {tuple(cache_k.shape)}"
+                f"cache_k must have shape ({n}, {width}) or ({n}, 1, {width}), got {tuple(t.shape)}"
             )
-        k = cache_k.reshape(-1, width)
+        checks.check_on_device("cache_k", t, self.device)
+        k = t.reshape(n, width)
         nope, scales = dsv4.quantize_dsv4_nope(k[:, : self.qk_nope_head_dim].float())
         rope = k[:, self.qk_nope_head_dim :].to(torch.bfloat16)
-        self.set_key_buffer(layer_id, loc, dsv4.pack_dsv4_records(nope, scales, rope))
+        records = dsv4.pack_dsv4_records(nope, scales, rope)
+        dsv4.write_dsv4_records(self.kv_buffer[index], slots, records, self.page_size)
 
     # ---------------------------------------------------------------- reads
     def get_key_records(self, layer_id: int, loc: torch.Tensor) -> torch.Tensor:
@@ -201,7 +213,7 @@ class DeepSeekV4SingleKVPool(PageRowPool):
         self, tgt_loc: torch.Tensor, src_loc: torch.Tensor, tgt_name: str, src_name: str
     ) -> None:
         tgt = self._check_slots(tgt_name, tgt_loc)
-        check_distinct(tgt_name, tgt, full=self.debug)
+        checks.check_distinct(tgt_name, tgt, full=self.debug)
         src = self._check_slots(src_name, src_loc, length=tgt.numel())
         if not tgt.numel():
             return
@@ -222,20 +234,10 @@ class DeepSeekV4SingleKVPool(PageRowPool):
         }
 
     def _check_cpu_copy(self, kv_cache_cpu: CpuKVCopy, idx: torch.Tensor) -> None:
-        """``ValueError`` unless ``kv_cache_cpu`` is ``{"kv": layer_num x uint8 [n, 584]}``."""
-        if not isinstance(kv_cache_cpu, dict) or sorted(kv_cache_cpu) != ["kv"]:
-            got = sorted(kv_cache_cpu) if isinstance(kv_cache_cpu, dict) else kv_cache_cpu
-            raise ValueError(f"kv_cache_cpu must have roles ['kv'], got {got}")
-        layers = kv_cache_cpu["kv"]
-        if len(layers) != self.layer_num:
-            raise ValueError(
-                f"kv_cache_cpu['kv'] must hold {self.layer_num} layers, got {len(layers)}"
-            )
+        """Check that ``kv_cache_cpu`` is ``{"kv": layer_num x uint8 [n, 584]}``."""
+        copy = check_copy_roles(kv_cache_cpu, ["kv"])
         want = (idx.numel(), dsv4.DSV4_TOKEN_BYTES)
-        for t in layers:
-            if not isinstance(t, torch.Tensor) or t.dtype != torch.uint8 or tuple(t.shape) != want:
-                desc = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t)
-                raise ValueError(f"kv_cache_cpu['kv'] tensors must be uint8 {want}, got {desc}")
+        check_copy_layers("kv_cache_cpu['kv']", copy["kv"], self.layer_num, torch.uint8, want)
 
     def load_cpu_copy(
         self,
@@ -247,7 +249,7 @@ class DeepSeekV4SingleKVPool(PageRowPool):
         """Write a :meth:`get_cpu_copy` result at distinct device slots ``indices`` (checked
         first)."""
         idx = self._check_slots("indices", indices)
-        check_distinct("indices", idx, full=self.debug)
+        checks.check_distinct("indices", idx, full=self.debug)
         self._check_cpu_copy(kv_cache_cpu, idx)
         for buf, t in zip(self.kv_buffer, kv_cache_cpu["kv"]):
             dsv4.write_dsv4_records(buf, idx, t.to(self.device), self.page_size)
@@ -298,7 +300,7 @@ class HiSparseC4DevicePool(DeepSeekV4SingleKVPool):
 
     def register_mapping(self, mapping: torch.Tensor) -> None:
         """Install the logical compressed -> device slot mapping (see the class doc)."""
-        length = mapping.numel() if isinstance(mapping, torch.Tensor) else 0
+        length = checks.check_index("mapping", mapping, dtypes=(torch.int64,)).numel()
         if length < 2:
             raise ValueError(f"mapping must have at least 2 elements, got {length}")
         self.full_to_hisparse_device_index_mapping = check_mapping(
@@ -315,7 +317,7 @@ class HiSparseC4DevicePool(DeepSeekV4SingleKVPool):
             raise RuntimeError(
                 "no logical -> device mapping registered: call register_mapping(mapping) first"
             )
-        logical = check_index(name, loc, self.device, mapping.numel() - 1, full=self.debug)
+        logical = check_slots(name, loc, self.device, mapping.numel() - 1, full=self.debug)
         return mapping[logical.long()]
 
     def transfer_values_on_device(self, dst_loc: torch.Tensor, src_loc: torch.Tensor) -> None:

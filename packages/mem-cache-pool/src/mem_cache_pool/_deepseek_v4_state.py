@@ -5,13 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from mem_cache_pool._checks import (
-    check_device_arg,
-    check_index,
-    check_int,
-    check_rows,
-    debug_from_env,
-)
+from mem_cache_kernels import checks
+from mem_cache_pool._checks import check_dtype, check_layer, check_rows, check_slots
 from mem_cache_pool.base import KVBufferDesc
 
 __all__ = ["CompressStatePool"]
@@ -43,15 +38,15 @@ class CompressStatePool:
         *,
         debug: bool = False,
     ) -> None:
-        self.size = check_int("size", size, 0)
-        self.ring_size = check_int("ring_size", ring_size, 1)
-        self.state_dim = check_int("state_dim", state_dim, 1)
-        self.layer_num = check_int("layer_num", layer_num, 1)
-        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-            raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
+        self.size = checks.check_int("size", size, minimum=0)
+        self.ring_size = checks.check_int("ring_size", ring_size, minimum=1)
+        self.state_dim = checks.check_int("state_dim", state_dim, minimum=1)
+        self.layer_num = checks.check_int("layer_num", layer_num, minimum=1)
+        if not check_dtype("dtype", dtype).is_floating_point:
+            raise ValueError(f"dtype must be a floating-point torch.dtype, got {dtype}")
         self.dtype = dtype
-        self.device = check_device_arg("device", device)
-        self.debug = debug or debug_from_env()
+        self.device = checks.check_device_arg("device", device)
+        self.debug = checks.debug_enabled(debug)
         rows = (self.size + 1) * self.ring_size
         self.kv_state = [
             torch.zeros((rows, state_dim), dtype=dtype, device=self.device)
@@ -62,20 +57,16 @@ class CompressStatePool:
 
     def ring_loc(self, req_pool_indices: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Rows of ``(request slot, position)`` pairs: ``req * ring_size + pos % ring_size``."""
-        req = check_index(
+        req = check_slots(
             "req_pool_indices", req_pool_indices, self.device, self.size + 1, full=self.debug
         )
-        pos = check_index(
+        pos = check_slots(
             "positions", positions, self.device, 2**62, full=self.debug, length=req.numel()
         )
         return req.long() * self.ring_size + pos.long() % self.ring_size
 
     def _layer(self, layer_index: int) -> int:
-        if isinstance(layer_index, bool) or not isinstance(layer_index, int):
-            raise TypeError(f"layer_index must be an int, got {type(layer_index).__name__}")
-        if not 0 <= layer_index < self.layer_num:
-            raise ValueError(f"layer_index must lie in [0, {self.layer_num}), got {layer_index}")
-        return layer_index
+        return check_layer("layer_index", layer_index, 0, self.layer_num)
 
     def set_state(
         self,
@@ -105,7 +96,7 @@ class CompressStatePool:
 
     def clear(self, req_pool_indices: torch.Tensor) -> None:
         """Zero the whole ring of each request slot in ``req_pool_indices``, every layer."""
-        req = check_index(
+        req = check_slots(
             "req_pool_indices", req_pool_indices, self.device, self.size + 1, full=self.debug
         )
         ring = torch.arange(self.ring_size, device=self.device)

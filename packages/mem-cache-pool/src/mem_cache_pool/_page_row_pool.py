@@ -21,7 +21,8 @@ from collections.abc import Sequence
 
 import torch
 
-from mem_cache_pool._checks import check_index, check_int
+from mem_cache_kernels import checks
+from mem_cache_pool._checks import check_slots
 from mem_cache_pool.base import KVBufferDesc, KVCache
 
 __all__ = ["PageRowPool", "page_row_desc"]
@@ -78,7 +79,7 @@ class PageRowPool(KVCache):
             end_layer,
             debug=debug,
         )
-        self.page_bytes = check_int("page_bytes", page_bytes, 1)
+        self.page_bytes = checks.check_int("page_bytes", page_bytes, minimum=1)
         self.num_pages = -(-self.size // self.page_size) + 1
         self.kv_buffer = [
             torch.zeros((self.num_pages, page_bytes), dtype=torch.uint8, device=self.device)
@@ -97,7 +98,7 @@ class PageRowPool(KVCache):
 
     def _check_slots(self, name: str, loc: object, *, length: int | None = None) -> torch.Tensor:
         """A validated 1-D int32/int64 slot tensor on the pool's device, as int64."""
-        t = check_index(name, loc, self.device, self.slot_limit, full=self.debug, length=length)
+        t = check_slots(name, loc, self.device, self.slot_limit, full=self.debug, length=length)
         return t.long()
 
     def _get_key_buffer(self, layer_id: int) -> torch.Tensor:

@@ -33,12 +33,13 @@ from typing import Protocol, runtime_checkable
 import torch
 
 import mem_cache_kernels as kernels
+from mem_cache_kernels import checks
 from mem_cache_pool._checks import (
-    check_device_arg,
-    check_distinct,
-    check_index,
-    check_int,
-    debug_from_env,
+    check_copy_layers,
+    check_copy_roles,
+    check_dtype,
+    check_layer,
+    check_slots,
 )
 
 __all__ = [
@@ -70,9 +71,7 @@ CpuKVCopy = dict[str, list[torch.Tensor]]
 
 def storage_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype a pool stores ``dtype`` rows in: ``uint8`` for fp8, ``dtype`` otherwise."""
-    if not isinstance(dtype, torch.dtype):
-        raise TypeError(f"dtype must be a torch.dtype, got {type(dtype).__name__}")
-    return torch.uint8 if dtype in FP8_DTYPES else dtype
+    return torch.uint8 if check_dtype("dtype", dtype) in FP8_DTYPES else dtype
 
 
 @runtime_checkable
@@ -102,16 +101,20 @@ class KVWriteLoc:
 def unwrap_write_loc(loc: torch.Tensor | KVWriteLoc) -> torch.Tensor:
     """The full-pool slots of ``loc`` (a bare tensor or a ``KVWriteLoc``).
 
-    ``TypeError`` unless the slots are an int32/int64 tensor; ``ValueError`` for a meta tensor.
+    ``TypeError`` unless the slots are an int32/int64 tensor; ``ValueError`` for a meta tensor or
+    one that is not 1-D (:func:`mem_cache_kernels.checks.check_index`).
     """
+    return _write_slots("loc", loc)
+
+
+def _write_slots(name: str, loc: object) -> torch.Tensor:
+    """:func:`unwrap_write_loc` for an argument called ``name``."""
     slots = loc.loc if isinstance(loc, KVWriteLoc) else loc
     if not isinstance(slots, torch.Tensor):
-        raise TypeError(f"loc must be a torch.Tensor or a KVWriteLoc, got {type(slots).__name__}")
-    if slots.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"loc must be int32 or int64, got {slots.dtype}")
-    if slots.device.type == "meta":
-        raise ValueError("loc must hold data (a CPU or accelerator tensor), got meta")
-    return slots
+        raise TypeError(
+            f"{name} must be a torch.Tensor or a KVWriteLoc, got {type(slots).__name__}"
+        )
+    return checks.check_index(name, slots)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -210,24 +213,25 @@ class KVCache(abc.ABC):
         *,
         debug: bool = False,
     ) -> None:
-        self.size = check_int("size", size, 0)
-        self.page_size = check_int("page_size", page_size, 1)
-        if not isinstance(dtype, torch.dtype):
-            raise TypeError(f"dtype must be a torch.dtype, got {type(dtype).__name__}")
-        self.dtype = dtype
+        self.size = checks.check_int("size", size, minimum=0)
+        self.page_size = checks.check_int("page_size", page_size, minimum=1)
+        self.dtype = check_dtype("dtype", dtype)
         self.store_dtype = storage_dtype(dtype)
-        self.layer_num = check_int("layer_num", layer_num, 1)
-        self.device = check_device_arg("device", device)
+        self.layer_num = checks.check_int("layer_num", layer_num, minimum=1)
+        self.device = checks.check_device_arg("device", device)
         self.enable_memory_saver = enable_memory_saver
-        self.start_layer = check_int("start_layer", start_layer or 0, 0)
+        self.start_layer = checks.check_int(
+            "start_layer", 0 if start_layer is None else start_layer, minimum=0
+        )
         # half-open: the pool holds global layers [start_layer, end_layer)
-        self.end_layer = self.start_layer + layer_num if end_layer is None else end_layer
+        end = checks.check_optional_int("end_layer", end_layer)
+        self.end_layer = self.start_layer + self.layer_num if end is None else end
         if self.end_layer - self.start_layer != layer_num:
             raise ValueError(
                 f"end_layer must be start_layer + layer_num = {self.start_layer + layer_num}, "
                 f"got {self.end_layer}"
             )
-        self.debug = debug or debug_from_env()
+        self.debug = checks.debug_enabled(debug)
         self.layer_transfer_counter: LayerReadyWaiter | None = None
         self.mem_usage = 0.0  # GB, set by _finalize_allocation
         self._desc: KVBufferDesc | None = None
@@ -268,18 +272,14 @@ class KVCache(abc.ABC):
 
     def layer_index(self, layer_id: int) -> int:
         """``layer_id - start_layer`` after checking ``start_layer <= layer_id < end_layer``."""
-        if isinstance(layer_id, bool) or not isinstance(layer_id, int):
-            raise TypeError(f"layer_id must be an int, got {type(layer_id).__name__}")
-        if not self.start_layer <= layer_id < self.end_layer:
-            raise ValueError(
-                f"layer_id must lie in [{self.start_layer}, {self.end_layer}), got {layer_id}"
-            )
-        return layer_id - self.start_layer
+        return (
+            check_layer("layer_id", layer_id, self.start_layer, self.end_layer) - self.start_layer
+        )
 
     def _check_loc(
         self, name: str, loc: object, *, limit: int | None = None, length: int | None = None
     ) -> torch.Tensor:
-        return check_index(
+        return check_slots(
             name,
             loc,
             self.device,
@@ -366,7 +366,7 @@ class KVCache(abc.ABC):
         relocate accepted tokens. Mutates rows ``tgt_loc`` of every buffer.
         """
         tgt = self._check_loc("tgt_loc", tgt_loc)
-        check_distinct("tgt_loc", tgt, full=self.debug)
+        checks.check_distinct("tgt_loc", tgt, full=self.debug)
         src = self._check_loc("src_loc", src_loc, length=tgt.numel())
         if tgt.numel():
             kernels.copy_all_layer_kv_cache(self._all_buffers(), tgt, src)
@@ -398,25 +398,13 @@ class KVCache(abc.ABC):
         return {name: d for (name, _), d in zip(roles, dst)}
 
     def _check_cpu_copy(self, kv_cache_cpu: CpuKVCopy, idx: torch.Tensor) -> None:
-        """``ValueError`` unless ``kv_cache_cpu`` fits the pool (roles, layers, rows of ``idx``)."""
+        """Check that ``kv_cache_cpu`` fits the pool (roles, layers, rows of ``idx``):
+        ``TypeError`` for a non-dict, a non-tensor or a wrong dtype, ``ValueError`` otherwise."""
         roles = self._role_buffers()
-        names = [name for name, _ in roles]
-        if not isinstance(kv_cache_cpu, dict) or sorted(kv_cache_cpu) != sorted(names):
-            got = sorted(kv_cache_cpu) if isinstance(kv_cache_cpu, dict) else kv_cache_cpu
-            raise ValueError(f"kv_cache_cpu must have roles {sorted(names)}, got {got}")
+        copy = check_copy_roles(kv_cache_cpu, [name for name, _ in roles])
         for name, bufs in roles:
-            layers = kv_cache_cpu[name]
-            if len(layers) != len(bufs):
-                raise ValueError(
-                    f"kv_cache_cpu[{name!r}] must hold {len(bufs)} layers, got {len(layers)}"
-                )
-            for t, b in zip(layers, bufs):
-                want = (idx.numel(), *b.shape[1:])
-                if tuple(t.shape) != want or t.dtype != b.dtype:
-                    raise ValueError(
-                        f"kv_cache_cpu[{name!r}] tensors must be {b.dtype} {want}, "
-                        f"got {t.dtype} {tuple(t.shape)}"
-                    )
+            want = (idx.numel(), *bufs[0].shape[1:])
+            check_copy_layers(f"kv_cache_cpu[{name!r}]", copy[name], len(bufs), bufs[0].dtype, want)
 
     def load_cpu_copy(
         self,
@@ -431,7 +419,7 @@ class KVCache(abc.ABC):
         or ``indices`` (checked before any write). Mutates rows ``indices`` of every buffer.
         """
         idx = self._check_loc("indices", indices)
-        check_distinct("indices", idx, full=self.debug)
+        checks.check_distinct("indices", idx, full=self.debug)
         self._check_cpu_copy(kv_cache_cpu, idx)
         roles = self._role_buffers()
         names = [name for name, _ in roles]

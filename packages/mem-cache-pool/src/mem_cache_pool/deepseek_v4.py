@@ -16,12 +16,13 @@ Page-row pools describe themselves in page-row units (``get_buffer_desc()``: one
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 
-from mem_cache_pool._checks import check_index, check_int, check_mapping
-from mem_cache_pool._deepseek_v4_indexer import DeepSeekV4IndexerPool
+from mem_cache_kernels import checks
+from mem_cache_pool._checks import check_dtype, check_mapping, check_slots
+from mem_cache_pool._deepseek_v4_indexer import DeepSeekV4IndexerPool, check_index_head_dim
 from mem_cache_pool._deepseek_v4_single import (
     DeepSeekV4SingleKVPool,
     HiSparseC4DevicePool,
@@ -103,14 +104,48 @@ class DeepSeekV4TokenToKVPool(BaseSWAKVPool):
         use_fp4_indexer: bool = False,
         debug: bool = False,
     ) -> None:
-        ratios = [int(r) for r in compression_ratios]
+        checks.check_int("layer_num", layer_num, minimum=1)
+        if isinstance(compression_ratios, (str, bytes)) or not isinstance(
+            compression_ratios, Iterable
+        ):
+            raise TypeError(
+                "compression_ratios must be a sequence of ints (0, 4 or 128 per layer), "
+                f"got {type(compression_ratios).__name__}"
+            )
+        ratios = [
+            checks.check_int(f"compression_ratios[{i}]", r)
+            for i, r in enumerate(compression_ratios)
+        ]
         if len(ratios) != layer_num or any(r not in COMPRESS_RATIOS for r in ratios):
             raise ValueError(
                 f"compression_ratios must hold layer_num={layer_num} values in "
-                f"{COMPRESS_RATIOS}, got {list(compression_ratios)}"
+                f"{COMPRESS_RATIOS}, got {ratios}"
             )
         c4_ids = [i for i, r in enumerate(ratios) if r == 4]
         c128_ids = [i for i, r in enumerate(ratios) if r == 128]
+        # every argument is checked under its own name here, before a sub-pool sees it
+        checks.check_int("page_size", page_size, minimum=1)
+        checks.check_int("swa_page_size", swa_page_size, minimum=1)
+        for name, value in (
+            ("swa_size", swa_size),
+            ("c4_size", c4_size),
+            ("c128_size", c128_size),
+            ("c4_state_pool_size", c4_state_pool_size),
+            ("c128_state_pool_size", c128_state_pool_size),
+        ):
+            checks.check_int(name, value, minimum=0)
+        checks.check_int("qk_nope_head_dim", qk_nope_head_dim)
+        checks.check_int("qk_rope_head_dim", qk_rope_head_dim)
+        checks.check_int("indexer_head_dim", indexer_head_dim)
+        checks.check_optional_int("state_dim", state_dim)
+        for name, state_dtype, ids in (
+            ("c4_state_dtype", c4_state_dtype, c4_ids),
+            ("c128_state_dtype", c128_state_dtype, c128_ids),
+        ):
+            if not check_dtype(name, state_dtype).is_floating_point and ids:
+                raise ValueError(f"{name} must be a floating-point torch.dtype, got {state_dtype}")
+        if c4_ids:
+            check_index_head_dim("indexer_head_dim", indexer_head_dim)
         for ratio, ids in ((4, c4_ids), (128, c128_ids)):
             if ids and page_size % ratio:
                 raise ValueError(
@@ -129,12 +164,15 @@ class DeepSeekV4TokenToKVPool(BaseSWAKVPool):
             end_layer,
             debug=debug,
         )
-        self.max_num_reqs = check_int("max_num_reqs", max_num_reqs, 0)
-        self.sliding_window = check_int("sliding_window", sliding_window, 1)
+        self.max_num_reqs = checks.check_int("max_num_reqs", max_num_reqs, minimum=0)
+        self.sliding_window = checks.check_int("sliding_window", sliding_window, minimum=1)
         self.compression_ratios = ratios
         self.qk_nope_head_dim, self.qk_rope_head_dim = qk_nope_head_dim, qk_rope_head_dim
         self.enable_hisparse = bool(enable_hisparse)
-        spec = check_int("online_mtp_max_draft_tokens", online_mtp_max_draft_tokens, 0) > 0
+        spec = (
+            checks.check_int("online_mtp_max_draft_tokens", online_mtp_max_draft_tokens, minimum=0)
+            > 0
+        )
         self.c4_ring_size, self.c128_ring_size = (16, 256) if spec else (8, 128)
         dim = qk_nope_head_dim + qk_rope_head_dim if state_dim is None else state_dim
         heads = (qk_nope_head_dim, qk_rope_head_dim)
@@ -299,7 +337,7 @@ class DeepSeekV4TokenToKVPool(BaseSWAKVPool):
 
         ``idx`` is checked first (``TypeError``/``ValueError``), then ``RuntimeError`` when no
         mapping is registered."""
-        check_index("idx", idx, self.device, self.num_rows, full=self.debug)
+        check_slots("idx", idx, self.device, self.num_rows, full=self.debug)
         if self.full_to_swa_index_mapping is None:
             raise RuntimeError("no full -> swa mapping registered: call register_mapping first")
         return self.full_to_swa_index_mapping[idx]
@@ -308,7 +346,7 @@ class DeepSeekV4TokenToKVPool(BaseSWAKVPool):
         self, full_loc: torch.Tensor, compress_ratio: int = 4
     ) -> torch.Tensor:
         """Compressed slots of the full slots completing an entry (``(f + 1) % r == 0``)."""
-        if compress_ratio not in (4, 128):
+        if checks.check_int("compress_ratio", compress_ratio) not in (4, 128):
             raise ValueError(f"compress_ratio must be 4 or 128, got {compress_ratio}")
         return translate_full_to_compressed(full_loc, compress_ratio)
 
@@ -322,6 +360,8 @@ class DeepSeekV4TokenToKVPool(BaseSWAKVPool):
     ) -> None:
         """Quantise ``cache_k`` (``[n, 512]``) into the window pool at ``loc.swa_loc``."""
         self.layer_index(layer_id)
+        if not isinstance(loc, (torch.Tensor, KVWriteLoc)):
+            raise TypeError(f"loc must be a KVWriteLoc with swa_loc set, got {type(loc).__name__}")
         swa_loc = loc.swa_loc if isinstance(loc, KVWriteLoc) else None
         if swa_loc is None:
             raise ValueError(f"loc must be a KVWriteLoc with swa_loc set, got {type(loc).__name__}")
@@ -332,7 +372,7 @@ class DeepSeekV4TokenToKVPool(BaseSWAKVPool):
     ) -> None:
         """Write packed records ``[n, 584]`` at window slots ``swa_loc`` of ``layer_id``."""
         self.layer_index(layer_id)
-        self._swa.set_key_buffer(layer_id, swa_loc, records)
+        self._swa._set_records(layer_id, "swa_loc", swa_loc, records)
 
     def set_compressed_key_buffer(
         self, layer_id: int, compressed_loc: torch.Tensor, records: torch.Tensor
@@ -340,7 +380,7 @@ class DeepSeekV4TokenToKVPool(BaseSWAKVPool):
         """Write packed records at compressed slots of ``layer_id``'s c4 or c128 pool (HiSparse
         c4: logical compressed slots, translated by the pool's mapping)."""
         _, local, pool = self._compressed(layer_id)
-        pool.set_key_buffer(local, compressed_loc, records)
+        pool._set_records(local, "compressed_loc", compressed_loc, records)
 
     def set_index_k_scale_buffer(
         self,
@@ -352,8 +392,8 @@ class DeepSeekV4TokenToKVPool(BaseSWAKVPool):
         """Write indexer keys and scales at (logical) c4 slots of c4 layer ``layer_id``."""
         local = self._c4(layer_id, "the indexer")
         assert self.c4_indexer_kv_pool is not None
-        self.c4_indexer_kv_pool.set_index_k_scale_buffer(
-            local, compressed_loc, index_k, index_k_scale
+        self.c4_indexer_kv_pool._set_index_k_scale(
+            local, "compressed_loc", compressed_loc, index_k, index_k_scale
         )
 
     # ---------------------------------------------------------------- unsupported bulk ops

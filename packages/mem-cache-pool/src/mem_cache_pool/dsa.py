@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 import mem_cache_kernels as kernels
-from mem_cache_pool._checks import check_distinct, check_index, check_int, check_rows
+from mem_cache_kernels import checks
+from mem_cache_pool._checks import check_copy_layers, check_copy_roles, check_rows, check_slots
 from mem_cache_pool._index_pages import IndexPageLayout
 from mem_cache_pool.base import CpuKVCopy
 from mem_cache_pool.mla import MLATokenToKVPool
@@ -53,7 +54,7 @@ class DSATokenToKVPool(MLATokenToKVPool):
         *,
         debug: bool = False,
     ) -> None:
-        if index_head_dim != INDEX_HEAD_DIM:
+        if checks.check_int("index_head_dim", index_head_dim) != INDEX_HEAD_DIM:
             raise ValueError(f"index_head_dim must be {INDEX_HEAD_DIM}, got {index_head_dim}")
         super().__init__(
             size,
@@ -70,8 +71,8 @@ class DSATokenToKVPool(MLATokenToKVPool):
             debug=debug,
         )
         self.index_head_dim = index_head_dim
-        self.index_buf_size = check_int(
-            "index_buf_size", size if index_buf_size is None else index_buf_size, 0
+        self.index_buf_size = checks.check_int(
+            "index_buf_size", size if index_buf_size is None else index_buf_size, minimum=0
         )
         self.index_layout = IndexPageLayout(page_size, index_head_dim)
         pages = self.index_layout.num_pages(self.index_buf_size)
@@ -96,8 +97,13 @@ class DSATokenToKVPool(MLATokenToKVPool):
         return self.get_total_bytes()
 
     # ---------------------------------------------------------------- index buffer
-    def _check_index_loc(self, name: str, loc: object) -> torch.Tensor:
-        return check_index(name, loc, self.device, self.index_num_rows, full=self.debug)
+    def _check_index_loc(
+        self, name: str, loc: object, *, length: int | None = None
+    ) -> torch.Tensor:
+        """A slot tensor of the index buffer: checked against ``index_num_rows``."""
+        return check_slots(
+            name, loc, self.device, self.index_num_rows, full=self.debug, length=length
+        )
 
     def get_index_k_with_scale_buffer(self, layer_id: int) -> torch.Tensor:
         """The raw page-major uint8 buffer of layer ``layer_id`` (waits for the layer)."""
@@ -168,14 +174,14 @@ class DSATokenToKVPool(MLATokenToKVPool):
         return scales.view(torch.float32).reshape(-1)
 
     def _page_tokens(self, seq_len: int, page_indices: torch.Tensor) -> torch.Tensor:
-        check_index(
+        check_slots(
             "page_indices",
             page_indices,
             self.device,
             self.index_num_rows // self.page_size,
             full=self.debug,
         )
-        check_int("seq_len", seq_len, 0)
+        checks.check_int("seq_len", seq_len, minimum=0)
         if seq_len > page_indices.numel() * self.page_size:
             raise ValueError(
                 f"seq_len must be <= len(page_indices) * page_size = "
@@ -214,7 +220,7 @@ class DSATokenToKVPool(MLATokenToKVPool):
         """Move latent rows and index keys/scales of tokens ``src_loc`` to ``tgt_loc``."""
         limit = min(self.num_rows, self.index_num_rows)
         tgt = self._check_loc("tgt_loc", tgt_loc, limit=limit)
-        check_distinct("tgt_loc", tgt, full=self.debug)
+        checks.check_distinct("tgt_loc", tgt, full=self.debug)
         src = self._check_loc("src_loc", src_loc, limit=limit, length=tgt.numel())
         if tgt.numel():
             kernels.copy_all_layer_kv_cache(self.kv_buffer, tgt, src)
@@ -243,23 +249,13 @@ class DSATokenToKVPool(MLATokenToKVPool):
     ) -> None:
         """Write a :meth:`get_cpu_copy` result back at tokens ``indices`` (validated first)."""
         idx = self._check_loc("indices", indices, limit=min(self.num_rows, self.index_num_rows))
-        if not isinstance(kv_cache_cpu, dict) or not set(_INDEX_ROLES) <= set(kv_cache_cpu):
-            got = sorted(kv_cache_cpu) if isinstance(kv_cache_cpu, dict) else kv_cache_cpu
-            raise ValueError(
-                f"kv_cache_cpu must have roles ['index_k', 'index_k_scale', 'kv'], got {got}"
-            )
+        check_copy_roles(kv_cache_cpu, ["kv", *_INDEX_ROLES])
         kv_part = {k: v for k, v in kv_cache_cpu.items() if k not in _INDEX_ROLES}
         self._check_cpu_copy(kv_part, idx)
         n = idx.numel()
         for role, width in zip(_INDEX_ROLES, (INDEX_HEAD_DIM, self.index_layout.scale_bytes)):
-            layers = kv_cache_cpu[role]
-            if len(layers) != self.layer_num or any(
-                t.dtype != torch.uint8 or tuple(t.shape) != (n, width) for t in layers
-            ):
-                raise ValueError(
-                    f"kv_cache_cpu[{role!r}] must hold {self.layer_num} uint8 tensors of shape "
-                    f"{(n, width)}"
-                )
+            name = f"kv_cache_cpu[{role!r}]"
+            check_copy_layers(name, kv_cache_cpu[role], self.layer_num, torch.uint8, (n, width))
         super().load_cpu_copy(kv_part, idx)
         for i in range(self.layer_num):
             self.set_index_k_scale_buffer(

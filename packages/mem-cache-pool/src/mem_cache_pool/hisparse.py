@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 
 import mem_cache_kernels as kernels
-from mem_cache_pool._checks import check_distinct, check_index, check_mapping
+from mem_cache_kernels import checks
+from mem_cache_pool._checks import check_mapping
 from mem_cache_pool.base import CpuKVCopy
 from mem_cache_pool.dsa import DSATokenToKVPool
 
@@ -65,7 +66,7 @@ class HiSparseDSATokenToKVPool(DSATokenToKVPool):
         logical = self._check_index_loc(name, loc)
         out = mapping[logical]
         if self.debug:
-            check_index(f"translated {name}", out, self.device, self.num_rows, full=True)
+            checks.check_index_values(f"translated {name}", out, limit=self.num_rows, full=True)
         return out
 
     # ---------------------------------------------------------------- device-side moves
@@ -78,7 +79,7 @@ class HiSparseDSATokenToKVPool(DSATokenToKVPool):
         ``move_kv_cache`` for overlapping moves). Mutates rows ``dst_indices`` only.
         """
         dst = self._check_loc("dst_indices", dst_indices)
-        check_distinct("dst_indices", dst, full=self.debug)
+        checks.check_distinct("dst_indices", dst, full=self.debug)
         src = self._check_loc("src_indices", src_indices, length=dst.numel())
         if dst.numel():
             kernels.transfer_rows_all_layers([self.kv_buffer], [self.kv_buffer], src, dst)
@@ -87,17 +88,15 @@ class HiSparseDSATokenToKVPool(DSATokenToKVPool):
         """Move tokens ``src_loc -> tgt_loc`` (logical locations; see the class docstring)."""
         mapping = self._mapping()
         tgt = self._check_index_loc("tgt_loc", tgt_loc)
-        check_distinct("tgt_loc", tgt, full=self.debug)
-        src = self._check_index_loc("src_loc", src_loc)
-        if src.numel() != tgt.numel():
-            raise ValueError(f"src_loc must have {tgt.numel()} elements, got {src.numel()}")
+        checks.check_distinct("tgt_loc", tgt, full=self.debug)
+        src = self._check_index_loc("src_loc", src_loc, length=tgt.numel())
         dev_tgt, dev_src = mapping[tgt], mapping[src]
         skip = (dev_tgt <= 0) | (dev_src <= 0)
         dev_tgt = torch.where(skip, torch.full_like(dev_tgt, -1), dev_tgt)
         dev_src = torch.where(skip, torch.full_like(dev_src, -1), dev_src)
         if self.debug:
             for name, t in (("translated tgt_loc", dev_tgt), ("translated src_loc", dev_src)):
-                check_index(name, t.clamp(min=0), self.device, self.num_rows, full=True)
+                checks.check_index_values(name, t.clamp(min=0), limit=self.num_rows, full=True)
         if tgt.numel():
             kernels.copy_all_layer_kv_cache(self.kv_buffer, dev_tgt, dev_src)
             self._move_index_rows(tgt, src)

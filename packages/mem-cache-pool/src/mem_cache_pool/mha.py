@@ -7,7 +7,8 @@ from collections.abc import Sequence
 import torch
 
 import mem_cache_kernels as kernels
-from mem_cache_pool._checks import check_int, check_rows
+from mem_cache_kernels import checks
+from mem_cache_pool._checks import check_rows, check_scale
 from mem_cache_pool.base import KVCache, KVWriteLoc, _skip_padding_slot, unwrap_write_loc
 
 __all__ = ["MHATokenToKVPool"]
@@ -49,9 +50,11 @@ class MHATokenToKVPool(KVCache):
             end_layer,
             debug=debug,
         )
-        self.head_num = check_int("head_num", head_num, 1)
-        self.head_dim = check_int("head_dim", head_dim, 1)
-        self.v_head_dim = check_int("v_head_dim", head_dim if v_head_dim is None else v_head_dim, 1)
+        self.head_num = checks.check_int("head_num", head_num, minimum=1)
+        self.head_dim = checks.check_int("head_dim", head_dim, minimum=1)
+        self.v_head_dim = checks.check_int(
+            "v_head_dim", head_dim if v_head_dim is None else v_head_dim, minimum=1
+        )
         rows = self.num_rows
         self.k_buffer = [
             torch.zeros((rows, head_num, self.head_dim), dtype=self.store_dtype, device=self.device)
@@ -113,13 +116,8 @@ class MHATokenToKVPool(KVCache):
         tokens write) are skipped, as SGLang 0.5.23's ``store_cache`` kernel does: slot 0 keeps
         its contents. Validates everything before writing; mutates rows ``loc`` of one layer.
         """
-        for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
-            if scale is not None and (
-                isinstance(scale, bool) or not isinstance(scale, (int, float, torch.Tensor))
-            ):
-                raise TypeError(
-                    f"{name} must be a number, a tensor or None, got {type(scale).__name__}"
-                )
+        check_scale("k_scale", k_scale)
+        check_scale("v_scale", v_scale)
         layer = layer_id if layer_id_override is None else layer_id_override
         index = self.layer_index(layer)
         slots = self._check_loc("loc", unwrap_write_loc(loc))

@@ -7,7 +7,8 @@ from collections.abc import Sequence
 import torch
 
 import mem_cache_kernels as kernels
-from mem_cache_pool._checks import check_int, check_rows
+from mem_cache_kernels import checks
+from mem_cache_pool._checks import check_rows
 from mem_cache_pool.base import KVCache, KVWriteLoc, _skip_padding_slot, unwrap_write_loc
 
 __all__ = ["MLATokenToKVPool"]
@@ -50,15 +51,19 @@ class MLATokenToKVPool(KVCache):
             end_layer,
             debug=debug,
         )
-        self.kv_lora_rank = check_int("kv_lora_rank", kv_lora_rank, 1)
+        self.kv_lora_rank = checks.check_int("kv_lora_rank", kv_lora_rank, minimum=1)
         # a row is [nope | rope] with both parts non-empty
         if override_kv_cache_dim is None:
-            self.qk_rope_head_dim = check_int("qk_rope_head_dim", qk_rope_head_dim, 1)
+            self.qk_rope_head_dim = checks.check_int(
+                "qk_rope_head_dim", qk_rope_head_dim, minimum=1
+            )
             self.kv_cache_dim = kv_lora_rank + qk_rope_head_dim
         else:
-            self.qk_rope_head_dim = check_int("qk_rope_head_dim", qk_rope_head_dim, 0)
-            self.kv_cache_dim = check_int(
-                "override_kv_cache_dim", override_kv_cache_dim, kv_lora_rank + 1
+            self.qk_rope_head_dim = checks.check_int(
+                "qk_rope_head_dim", qk_rope_head_dim, minimum=0
+            )
+            self.kv_cache_dim = checks.check_int(
+                "override_kv_cache_dim", override_kv_cache_dim, minimum=kv_lora_rank + 1
             )
         self.kv_buffer = [
             torch.zeros(
@@ -146,8 +151,7 @@ class MLATokenToKVPool(KVCache):
         The rows are returned in ``dtype`` (bit-exact), or cast to ``dst_dtype`` when given.
         Waits once for the layer. Does not mutate the pool.
         """
-        if dst_dtype is not None and not isinstance(dst_dtype, torch.dtype):
-            raise TypeError(f"dst_dtype must be a torch.dtype or None, got {dst_dtype!r}")
+        checks.check_dtype_arg("dst_dtype", dst_dtype)
         self._wait_layer(layer_id)
         index = layer_id - self.start_layer
         slots = self._device_loc("loc", loc)

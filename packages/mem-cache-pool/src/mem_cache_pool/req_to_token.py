@@ -12,7 +12,7 @@ from typing import Protocol, overload
 
 import torch
 
-from mem_cache_pool._checks import check_device_arg, check_int
+from mem_cache_kernels import checks
 
 __all__ = ["ReqKvInfoLike", "ReqKvLike", "ReqLike", "ReqToTokenPool"]
 
@@ -52,6 +52,21 @@ def _row_holder(req: object, name: str) -> ReqLike | ReqKvInfoLike:
     )
 
 
+def _check_index_part(part: object) -> None:
+    """One part of a ``write`` index: ``TypeError`` for what torch would misread or reject with
+    a message that names no argument (a bool, a float, a string, a float tensor)."""
+    if isinstance(part, torch.Tensor):
+        if part.dtype.is_floating_point or part.dtype.is_complex:
+            raise TypeError(f"indices tensors must be integer or bool, got {part.dtype}")
+    elif isinstance(part, int):
+        checks.check_int("indices", part)  # a bool would index as a new axis
+    elif not (part is None or part is Ellipsis or isinstance(part, (slice, list))):
+        raise TypeError(
+            "indices must be ints, slices, lists or int tensors (or a tuple of them), "
+            f"got {type(part).__name__}"
+        )
+
+
 class ReqToTokenPool:
     """Fixed table of request rows; row allocation is host-side (a Python free list).
 
@@ -88,9 +103,9 @@ class ReqToTokenPool:
         device: str | torch.device,
         enable_memory_saver: bool = False,
     ) -> None:
-        self.size = check_int("size", size, 1)
-        self.max_context_len = check_int("max_context_len", max_context_len, 1)
-        self.device = check_device_arg("device", device)
+        self.size = checks.check_int("size", size, minimum=1)
+        self.max_context_len = checks.check_int("max_context_len", max_context_len, minimum=1)
+        self.device = checks.check_device_arg("device", device)
         self.enable_memory_saver = enable_memory_saver
         self.req_to_token = torch.zeros(
             (size + 1, max_context_len), dtype=torch.int32, device=self.device
@@ -112,8 +127,8 @@ class ReqToTokenPool:
 
     def alloc(self, reqs: int | Sequence[AnyReq]) -> list[int] | None:
         """Hand out rows (see the class docstring); ``None`` when too few rows are free."""
-        if isinstance(reqs, int) and not isinstance(reqs, bool):
-            return self.alloc_rows(check_int("reqs", reqs, 0))
+        if isinstance(reqs, int):  # a bool is an int to Python: check_int rejects it
+            return self.alloc_rows(checks.check_int("reqs", reqs, minimum=0))
         if isinstance(reqs, (str, bytes)) or not isinstance(reqs, Sequence):
             raise TypeError(
                 f"reqs must be an int or a sequence of requests, got {type(reqs).__name__}"
@@ -131,10 +146,7 @@ class ReqToTokenPool:
             idx = holder.req_pool_idx
             if idx is None:
                 continue
-            if isinstance(idx, bool) or not isinstance(idx, int):
-                raise TypeError(
-                    f"reqs[{i}].req_pool_idx must be None or an int row, got {type(idx).__name__}"
-                )
+            checks.check_int(f"reqs[{i}].req_pool_idx", idx)
             if not 1 <= idx <= self.size or idx in self._free_set:
                 raise ValueError(
                     f"reqs[{i}].req_pool_idx must be None or an allocated row in [1, {self.size}],"
@@ -161,7 +173,7 @@ class ReqToTokenPool:
     def alloc_rows(self, need_size: int) -> list[int] | None:
         """``need_size`` fresh rows from the tail of ``free_slots`` (SGLang 0.5.23's name), or
         ``None`` with no state change when fewer are free."""
-        need = check_int("need_size", need_size, 0)
+        need = checks.check_int("need_size", need_size, minimum=0)
         if need > len(self.free_slots):
             return None
         if need == 0:
@@ -175,8 +187,8 @@ class ReqToTokenPool:
     def free(self, free_index: int | Sequence[int] | AnyReq) -> None:
         """Return rows to the tail of the free list (see the class docstring)."""
         holder: ReqLike | ReqKvInfoLike | None = None
-        if isinstance(free_index, int) and not isinstance(free_index, bool):
-            rows: list[int] = [free_index]
+        if isinstance(free_index, int):  # a bool is an int to Python: check_int rejects it
+            rows: list[int] = [checks.check_int("free_index", free_index)]
         elif isinstance(free_index, (str, bytes)):
             raise TypeError(
                 "free_index must be an int, a sequence of ints or a request, "
@@ -206,9 +218,8 @@ class ReqToTokenPool:
         self._release(list(indices), "indices")
 
     def _release(self, rows: list[int], name: str) -> None:
-        for r in rows:
-            if isinstance(r, bool) or not isinstance(r, int):
-                raise TypeError(f"{name} rows must be ints, got {type(r).__name__}")
+        for i, r in enumerate(rows):
+            checks.check_int(f"{name}[{i}]", r)
             if not 1 <= r <= self.size:
                 raise ValueError(f"{name} rows must lie in [1, {self.size}], got {r}")
             if r in self._free_set:
@@ -222,30 +233,37 @@ class ReqToTokenPool:
     def write(self, indices: _Index, values: torch.Tensor | int) -> None:
         """``req_to_token[indices] = values`` (plain tensor indexing; values cast to int32).
 
-        Values that do not fit int32 raise ``ValueError`` (ints always; tensors when they are on
-        the CPU, where the check costs no device synchronisation); so do indices outside the
-        table. Nothing is written then.
+        ``indices``: ints, slices, ``None``/``...``, lists or int/bool tensors (or a tuple of
+        them); ``values``: an int or an integer tensor. Anything else (a float, a bool, a float
+        tensor) raises ``TypeError``. Values that do not fit int32 raise ``ValueError`` (ints
+        always; tensors when their values are free to read, on the CPU, or in debug mode); so do
+        indices outside the table. Nothing is written then.
         """
         lo32, hi32 = -(2**31), 2**31 - 1
         for name, arg in (("indices", indices), ("values", values)):
-            parts = arg if isinstance(arg, tuple) else (arg,)
-            if any(isinstance(p, torch.Tensor) and p.device.type == "meta" for p in parts):
-                raise ValueError(f"{name} must hold data (a CPU or accelerator tensor), got meta")
-        if isinstance(values, bool) or not isinstance(values, (int, torch.Tensor)):
-            raise TypeError(f"values must be an int or a tensor, got {type(values).__name__}")
+            for part in arg if isinstance(arg, tuple) else (arg,):
+                if isinstance(part, torch.Tensor):
+                    checks.check_tensor(name, part)  # meta: no data to write or address
+        for part in indices if isinstance(indices, tuple) else (indices,):
+            _check_index_part(part)
         if isinstance(values, torch.Tensor):
-            if values.device.type == "cpu" and values.numel() and values.dtype != torch.int32:
-                lo, hi = values.min(), values.max()
-                if bool(lo < lo32) or bool(hi > hi32):
-                    raise ValueError(
-                        f"values must fit int32 [{lo32}, {hi32}], got min {lo.item()}, "
-                        f"max {hi.item()}"
-                    )
+            if (
+                values.dtype.is_floating_point
+                or values.dtype.is_complex
+                or values.dtype == torch.bool
+            ):
+                raise TypeError(f"values must be an integer tensor (slots), got {values.dtype}")
+            checks.check_fits_dtype("values", checks.host_values(values), torch.int32, "int32")
             values = values.to(torch.int32)
-        elif (
-            isinstance(values, int) and not isinstance(values, bool) and not lo32 <= values <= hi32
-        ):
-            raise ValueError(f"values must fit int32 [{lo32}, {hi32}], got {values}")
+        else:
+            try:
+                checks.check_int("values", values)
+            except TypeError:
+                raise TypeError(
+                    f"values must be an int or a tensor, got {type(values).__name__}"
+                ) from None
+            if not lo32 <= values <= hi32:
+                raise ValueError(f"values must fit int32 [{lo32}, {hi32}], got {values}")
         try:
             self.req_to_token[indices] = values
         except IndexError as exc:

@@ -10,16 +10,24 @@ slots, the window layers). The allocator owns a full -> swa slot mapping (int64,
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 
 import mem_cache_kernels as kernels
-from mem_cache_pool._checks import check_distinct, check_index, check_int, check_mapping
+from mem_cache_kernels import checks
+from mem_cache_pool._checks import check_copy_roles, check_mapping, check_slots
 from mem_cache_pool.base import CpuKVCopy, KVBufferDesc, KVCache, KVWriteLoc, unwrap_write_loc
 from mem_cache_pool.mha import MHATokenToKVPool
 
 __all__ = ["BaseSWAKVPool", "SWAKVPool"]
+
+
+def _layer_ids(name: str, ids: object) -> list[int]:
+    """``ids`` as a list of int layer ids (``TypeError`` for a non-sequence or a non-int id)."""
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
+        raise TypeError(f"{name} must be a sequence of int layer ids, got {type(ids).__name__}")
+    return [checks.check_int(f"{name}[{i}]", v) for i, v in enumerate(ids)]
 
 
 class BaseSWAKVPool(KVCache):
@@ -82,12 +90,13 @@ class SWAKVPool(BaseSWAKVPool):
         *,
         debug: bool = False,
     ) -> None:
-        swa_ids, full_ids = list(swa_attention_layer_ids), list(full_attention_layer_ids)
+        swa_ids = _layer_ids("swa_attention_layer_ids", swa_attention_layer_ids)
+        full_ids = _layer_ids("full_attention_layer_ids", full_attention_layer_ids)
         all_ids = sorted(swa_ids + full_ids)
-        if not all_ids or any(isinstance(i, bool) or not isinstance(i, int) for i in all_ids):
+        if not all_ids:
             raise ValueError(
-                "swa_attention_layer_ids and full_attention_layer_ids must be int layer ids, "
-                f"at least one in total, got {swa_ids} and {full_ids}"
+                "swa_attention_layer_ids and full_attention_layer_ids must hold at least one "
+                f"layer id in total, got {swa_ids} and {full_ids}"
             )
         if all_ids != list(range(all_ids[0], all_ids[0] + len(all_ids))):
             raise ValueError(
@@ -105,7 +114,7 @@ class SWAKVPool(BaseSWAKVPool):
             all_ids[-1] + 1,
             debug=debug,
         )
-        self.size_swa = check_int("size_swa", size_swa, 0)
+        self.size_swa = checks.check_int("size_swa", size_swa, minimum=0)
         self.swa_layer_nums, self.full_layer_nums = len(swa_ids), len(full_ids)
         self.swa_attention_layer_ids, self.full_attention_layer_ids = swa_ids, full_ids
         self.layers_mapping: dict[int, tuple[int, bool]] = {}
@@ -218,10 +227,10 @@ class SWAKVPool(BaseSWAKVPool):
     def translate_loc_from_full_to_swa(self, idx: torch.Tensor) -> torch.Tensor:
         """``mapping[idx]``: window slots (int64) of full slots ``idx`` (0 where unmapped)."""
         mapping = self._mapping()
-        check_index("idx", idx, self.device, self.num_rows, full=self.debug)
+        check_slots("idx", idx, self.device, self.num_rows, full=self.debug)
         out = mapping[idx]
         if self.debug and self._swa is not None:
-            check_index("translated idx", out, self.device, self._swa.num_rows, full=True)
+            checks.check_index_values("translated idx", out, limit=self._swa.num_rows, full=True)
         return out
 
     # ---------------------------------------------------------------- writes and moves
@@ -242,6 +251,10 @@ class SWAKVPool(BaseSWAKVPool):
         layer = layer_id if layer_id_override is None else layer_id_override
         pool, local, is_swa = self._route(layer)
         if is_swa:
+            if not isinstance(loc, (torch.Tensor, KVWriteLoc)):
+                raise TypeError(
+                    f"loc must be a torch.Tensor or a KVWriteLoc, got {type(loc).__name__}"
+                )
             swa_loc = loc.swa_loc if isinstance(loc, KVWriteLoc) else None
             if swa_loc is None:
                 raise ValueError(
@@ -259,8 +272,8 @@ class SWAKVPool(BaseSWAKVPool):
         out = self._mapping()[full_slots]
         out = torch.where(out > 0, out, torch.full_like(out, -1))
         if self.debug and self._swa is not None:
-            check_index(
-                "translated slots", out.clamp(min=0), self.device, self._swa.num_rows, full=True
+            checks.check_index_values(
+                "translated slots", out.clamp(min=0), limit=self._swa.num_rows, full=True
             )
         return out
 
@@ -271,7 +284,7 @@ class SWAKVPool(BaseSWAKVPool):
         window layers); a pair where either token has no window slot is skipped there.
         """
         tgt = self._check_loc("tgt_loc", tgt_loc)
-        check_distinct("tgt_loc", tgt, full=self.debug)
+        checks.check_distinct("tgt_loc", tgt, full=self.debug)
         src = self._check_loc("src_loc", src_loc, length=tgt.numel())
         if self._swa is not None:
             swa_tgt, swa_src = self._swa_slots(tgt), self._swa_slots(src)
@@ -316,10 +329,7 @@ class SWAKVPool(BaseSWAKVPool):
         Everything is validated before either sub-pool is written.
         """
         idx = self._check_loc("indices", indices)
-        want = sorted(r for r, _ in self._role_buffers())
-        if not isinstance(kv_cache_cpu, dict) or sorted(kv_cache_cpu) != want:
-            got = sorted(kv_cache_cpu) if isinstance(kv_cache_cpu, dict) else kv_cache_cpu
-            raise ValueError(f"kv_cache_cpu must have roles {want}, got {got}")
+        check_copy_roles(kv_cache_cpu, [r for r, _ in self._role_buffers()])
         parts = []
         for name, pool in self._sub_pools():
             prefix = f"{name}."
