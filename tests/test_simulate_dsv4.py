@@ -19,6 +19,7 @@ from tools.simulate import SimConfig, run_simulation
 from tools.simulate.cli import main
 from tools.simulate.config import build_parser, config_from_args
 from tools.simulate.dsv4_stack import build_dsv4_stack, dsv4_ratios
+from tools.simulate.report import report_dict
 
 TINY = SimConfig(
     model="dsv4",
@@ -119,3 +120,22 @@ def test_cli_accepts_model_dsv4(capsys: pytest.CaptureFixture[str]) -> None:
     assert '"ok": true' in capsys.readouterr().out
     with pytest.raises(ValueError, match="multiple of 4"):
         run_simulation(dataclasses.replace(TINY, page_size=2))
+
+
+def test_dsv4_runs_the_shared_loop_with_what_it_does_not_model_off() -> None:
+    """Speculative decoding, retraction and the restart are options of the shared engine loop
+    that this mode does not model (nor the shared prefix, on by default): the DeepSeek-V4
+    adapter turns them off for the loop, so the run is the same as without them, and the
+    report keeps the options as given."""
+    plain = dataclasses.replace(TINY, shared_prefix_tokens=0)
+    asked = dataclasses.replace(TINY, spec_draft=2, retract_after=1, restart_at=5)
+    a, b = report_dict(plain, run_simulation(plain)), report_dict(asked, run_simulation(asked))
+    assert b["ok"] and b["config"]["spec_draft"] == 2 and b["config"]["restart_at"] == 5
+    for key in ("steps", "requests", "tokens", "retractions", "hits", "evictions", "memory"):
+        assert a[key] == b[key], key
+    assert b["tokens"]["draft"] == 0 and b["retractions"] == 0
+    assert b["shared_prefix"]["hits"] == 0 and b["shared_prefix"]["duplicate_pages_freed"] == 0
+    assert a["checks"] == b["checks"]
+    assert {k: v["items"] for k, v in a["allocator"].items()} == {
+        k: v["items"] for k, v in b["allocator"].items()
+    }

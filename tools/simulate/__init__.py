@@ -1,15 +1,16 @@
 """Serving-workload simulator: drives the mem-cache packages through hierarchical caching.
 
-A continuous-batching engine loop without a model (``engine.py``) admits multi-turn sessions
+One continuous-batching engine loop without a model (``loop.py``) admits multi-turn sessions
 (``workload.py``) into ``ReqToTokenPool`` rows, allocates KV slots with the allocator, writes
 deterministic K/V rows (``content.py``) through the device pool, keeps finished turns' prefixes in
 an LRU store (``prefix_store.py``) that spills to the host pool and loads back layer by layer
-(``hicache.py``) and to the storage tier L3 (``storage_tier.py``: write-back of evicted host
-pages, prefetch of returning turns that miss L1 and L2), injects transfer and storage faults
-(``faults.py``, ``storage_faults.py``), checks slot conservation and content
-integrity (``integrity.py``) and reports (``report.py``). ``--model dsv4`` runs the same workload
-over the DeepSeek-V4 HiSparse stack (``dsv4_stack.py``, ``dsv4.py``; device and host tiers, no
-L3). Run ``python -m tools.simulate --help``.
+(``tiers.py``, ``hicache.py``) and to the storage tier L3 (``storage_tier.py``: write-back of
+evicted host pages, prefetch of returning turns that miss L1 and L2), injects transfer and
+storage faults (``faults.py``, ``storage_faults.py``), checks slot conservation and content
+integrity (``integrity.py``) and reports (``report.py``). What differs per model is a small
+adapter (``model.py``): mha/mla over ``stack.py`` (``engine.py``), and ``--model dsv4``, the same
+workload over the DeepSeek-V4 HiSparse stack (``dsv4_stack.py``, ``dsv4.py``, ``dsv4_hicache.py``;
+device and host tiers, no L3). Run ``python -m tools.simulate --help``.
 """
 
 from __future__ import annotations

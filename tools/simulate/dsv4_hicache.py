@@ -20,10 +20,9 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from mem_cache_kernels import dsv4 as dsv4_kernels
-from mem_cache_pool_host import LayerLoadAbortedError
 from tools.simulate.dsv4_stack import ROLE, DSv4Stack
 from tools.simulate.faults import Fault, FaultInjector, InjectedTransferError
-from tools.simulate.hicache import D2H, H2D
+from tools.simulate.hicache import D2H, layer_wise_load
 from tools.simulate.stats import SimStats
 
 __all__ = ["DSv4HostTransfers", "host_tokens"]
@@ -97,51 +96,28 @@ class DSv4HostTransfers:
         bit-exact as the composite pool reports it ready. ``False`` if the load failed or was
         aborted (the caller frees ``full``); a mismatch is recorded as integrity failure."""
         length = full.numel()
-        stack, stats = self.stack, self.stats
-        stat = stats.transfer(H2D)
-        fault = self.faults.draw(stack.pool.layer_num)
-        if fault is not None:
-            stats.faults_injected += 1
+        stack = self.stack
         device = {k.name: stack.device_slots(k, full) for k in stack.kinds}
-        counter = stack.kinds[0].host.layer_done_counter
-        stack.pool.register_layer_transfer_counter(counter)
-        counter.begin()
-        job = self._io.submit(self._produce, host, device, fault)
         positions = torch.arange(length, dtype=torch.int64, device=stack.device)
         h = stack.hashes(torch.full_like(positions, session), positions, stack.pool.layer_num)
-        aborted, bad = False, 0
-        ps = stack.page_size
-        try:
-            for i, layer_id in enumerate(stack.layers):
-                rows = stack.pool.get_swa_key_buffer(layer_id)
-                got = dsv4_kernels.read_dsv4_records(rows, device["swa"], ps)
-                bad += stack.mismatches(got, h[i, ROLE["swa"]], "swa")
-                ratio = stack.pool.get_compress_ratio(layer_id)
-                if ratio:
-                    kind = stack.kind(f"c{ratio}")
-                    rows = stack.pool.get_compressed_key_buffer(layer_id)
-                    got = dsv4_kernels.read_dsv4_records(
-                        rows, device[kind.name], kind.pool.page_size
-                    )
-                    m = stack.entry_mask(full, ratio)
-                    bad += stack.mismatches(got, h[i, ROLE[kind.name]][m], kind.name)
-                stats.layer_waits += 1
-        except LayerLoadAbortedError:
-            aborted = True
-        finally:
-            try:
-                ns = job.result()
-            finally:
-                stack.pool.register_layer_transfer_counter(None)
-                counter.reset()
-        if bad:
-            stats.fail(f"{bad} loaded records differ from their content (layers summed)")
-        if aborted:
-            stat.record_failure(fault is not None and fault.kind == "abort")
-            return False
-        if fault is not None:
-            raise RuntimeError("an injected load fault did not abort the layer counter")
-        stat.record(ns, length, length * stack.bytes_per_token)
-        stats.pages_verified += length // ps
-        stats.tokens_verified += length
-        return True
+
+        def verify(layer_index: int) -> int:
+            layer_id = stack.pool.start_layer + layer_index
+            rows = stack.pool.get_swa_key_buffer(layer_id)
+            got = dsv4_kernels.read_dsv4_records(rows, device["swa"], stack.page_size)
+            bad = stack.mismatches(got, h[layer_index, ROLE["swa"]], "swa")
+            ratio = stack.pool.get_compress_ratio(layer_id)
+            if ratio:
+                kind = stack.kind(f"c{ratio}")
+                rows = stack.pool.get_compressed_key_buffer(layer_id)
+                got = dsv4_kernels.read_dsv4_records(rows, device[kind.name], kind.pool.page_size)
+                m = stack.entry_mask(full, ratio)
+                bad += stack.mismatches(got, h[layer_index, ROLE[kind.name]][m], kind.name)
+            return bad
+
+        return layer_wise_load(
+            self.stats, self.faults, self._io, stack.pool, stack.kinds[0].host.layer_done_counter,
+            produce=lambda fault: self._produce(host, device, fault), verify=verify,
+            layers=stack.pool.layer_num, tokens=length, nbytes=length * stack.bytes_per_token,
+            page_size=stack.page_size, what="records",
+        )

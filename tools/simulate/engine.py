@@ -1,556 +1,124 @@
-"""The simulated continuous-batching engine loop (no model: K/V rows are deterministic content).
+"""The mha/mla engine: the engine loop (``loop.py``) over a ``stack.MemoryStack``.
 
-One ``step()``:
-
-1. arrivals: first turns whose arrival step has come, and later turns whose think time passed,
-   join the FCFS ready queue;
-2. admission: the head request looks up its session's cached prefix (device hit, host hit or
-   miss), reserves its whole future footprint (prefix + prompt + output, in pages) by evicting
-   least recently used device prefixes to the host pool when the device pool is short, loads a
-   host-hit prefix back layer by layer, and takes a ``ReqToTokenPool`` row;
-3. prefill: one ``alloc_extend`` (``alloc`` for page size 1) for the admitted batch,
-   ``write_req_to_token`` for their rows, ``set_kv_buffer`` of every layer for the new tokens;
-4. decode: one token for every request admitted earlier (``get_last_loc`` + ``alloc_decode``);
-   with ``spec_draft`` N, speculative decoding: ``1 + N`` slots per request (``alloc_extend``),
-   a deterministic number accepted, the slots of the rejected drafts that leave the request's
-   pages freed in one shuffled ``free`` of all requests' rejected slots (partial pages);
-5. finish: requests that decoded their whole answer verify one layer of their sequence, hand the
-   page-aligned part of it to the prefix store and free the unshared tail (the partial last
-   page's slots) inside one free group; with ``shared_prefix_tokens`` the page-aligned part
-   that the shared-prefix cache already holds is inserted radix-style: the duplicate pages the
-   request computed are freed in the same group and its session entry borrows the cache's
-   pages (``shared_prefix.py``; a request without a cached session prefix matches them at
-   admission);
-   with ``retract_after`` N, a queue head that waited N steps for memory makes the running
-   request with the most output left retract (its slots freed, its turn queued again);
-6. the slot-conservation check.
+What the model adapter adds to the loop: K/V rows of every layer written through the device
+pool (``MemoryStack.write_kv``), a finished sequence verified on one layer, the partial last page
+freed as its slots (the allocator frees the page), host room in slots of the one host pool,
+backups and layer-wise loads through :class:`~tools.simulate.hicache.HostTransfers`, and the
+conservation / leak checks of ``integrity.py``. This is the engine of the storage tier (L3) and
+of the multi-instance driver (``tools/mooncake_instances.py``).
 """
 
 from __future__ import annotations
 
-import heapq
-from collections import deque
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 import torch
 
-from mem_cache_allocator import TokenToKVPoolAllocator
-from mem_cache_kernels import get_last_loc, write_req_to_token
+from mem_cache_allocator import BaseTokenToKVPoolAllocator
 from tools.simulate.faults import FaultInjector
 from tools.simulate.hicache import HostTransfers
-from tools.simulate.integrity import check_conservation, owned_slots
+from tools.simulate.integrity import check_conservation, leak_check, owned_slots
+from tools.simulate.loop import EngineLoop
+from tools.simulate.model import Req
 from tools.simulate.prefix_store import PrefixEntry, PrefixStore
-from tools.simulate.shared_prefix import SharedPrefixCache
 from tools.simulate.stack import MemoryStack
 from tools.simulate.stats import SimStats
 from tools.simulate.storage_tier import StorageTier
-from tools.simulate.workload import SessionId, SessionSpec, Workload
+from tools.simulate.workload import SessionId, Workload
 
-__all__ = ["Engine", "Req"]
-
-
-@dataclass(slots=True)
-class Req:
-    """A running turn. ``seq_len`` tokens have KV; it finishes at ``final_len``. Its first
-    ``shared`` slots are borrowed from the shared-prefix cache (one reference held)."""
-
-    spec: SessionSpec
-    turn: int
-    row: int
-    prefix_len: int
-    prefix_slots: torch.Tensor
-    input_len: int
-    final_len: int
-    seq_len: int = 0
-    shared: int = 0
+__all__ = ["Engine", "MemoryStackModel", "Req"]
 
 
-class Engine:
-    """Drives one ``MemoryStack`` through a ``Workload``; see the module docstring."""
+class MemoryStackModel:
+    """The :class:`~tools.simulate.model.ModelAdapter` of a ``MemoryStack`` (host reservations
+    are host slots)."""
+
+    capacity_name = "device capacity"
+    decode_by_extend = False
+
+    def __init__(self, stack: MemoryStack, stats: SimStats, faults: FaultInjector) -> None:
+        self.stack = stack
+        self.stats = stats
+        self.cfg = stack.cfg
+        self.device = stack.device
+        self.page_size = stack.page_size
+        self.allocator: BaseTokenToKVPoolAllocator = stack.allocator
+        self.req_pool = stack.req_pool
+        self.layer_num = stack.kv_pool.layer_num
+        self.device_capacity = stack.device_capacity
+        self.transfers = HostTransfers(stack, stats, faults)
+
+    # ------------------------------------------------------------- device
+    def write(self, slots: torch.Tensor, sessions: torch.Tensor, positions: torch.Tensor) -> None:
+        self.stack.write_kv(slots, sessions, positions)
+
+    def verify_layer(
+        self, layer: int, slots: torch.Tensor, sessions: torch.Tensor, positions: torch.Tensor
+    ) -> int:
+        h = self.stack.content.hashes(sessions, positions, layer + 1)
+        return self.stack.count_mismatches(layer, slots, h)
+
+    def mismatch_text(self, bad: int, seq_len: int) -> str:
+        return f"{bad}/{seq_len} tokens"
+
+    def future_tokens(self, seq_len: int, final_len: int) -> int:
+        return owned_slots(final_len, self.page_size) - owned_slots(seq_len, self.page_size)
+
+    def tail_slots(self, slots: torch.Tensor, aligned: int) -> torch.Tensor:
+        return slots[aligned:]  # the unshared tail: the partial last page's slots
+
+    # --------------------------------------------------------------- host
+    def host_available(self) -> int:
+        return self.stack.host_pool.available_size()
+
+    def host_alloc(self, tokens: int) -> torch.Tensor | None:
+        return self.stack.host_pool.alloc(tokens)
+
+    def host_free(self, host: torch.Tensor) -> None:
+        self.stack.host_pool.free(host)
+
+    def host_bind(self, session: SessionId, host: torch.Tensor) -> torch.Tensor:
+        return host
+
+    def host_unbind(self, entry: PrefixEntry) -> torch.Tensor:
+        return entry.slots
+
+    def backup(self, device_slots: torch.Tensor, host: torch.Tensor) -> bool:
+        return self.transfers.backup(device_slots, host)
+
+    def load(
+        self, host: torch.Tensor, start: int, device_slots: torch.Tensor, session: SessionId
+    ) -> bool:
+        positions = torch.arange(
+            start, start + device_slots.numel(), dtype=torch.int64, device=self.device
+        )
+        sessions = torch.full_like(positions, int(session))
+        return self.transfers.load(host[start:], device_slots, sessions, positions)
+
+    # ------------------------------------------------------------- checks
+    def check(self, running: Sequence[Req], store: PrefixStore, shared_held: int) -> None:
+        check_conservation(
+            self.stack, store, (r.seq_len - r.shared for r in running), self.stats, shared_held
+        )
+
+    def leak_check(self) -> None:
+        leak_check(self.stack, self.stats)
+
+    def close(self) -> None:
+        self.transfers.close()
+
+    def close_host(self) -> None:
+        self.stack.host_pool.close()
+
+
+class Engine(EngineLoop[torch.Tensor]):
+    """The engine loop over one ``MemoryStack`` (see ``loop.py``); ``l3``: the storage tier."""
 
     def __init__(
         self, workload: Workload, stack: MemoryStack, stats: SimStats, faults: FaultInjector,
         l3: StorageTier | None = None, *, follow_ups: bool = True,
     ) -> None:
-        self.cfg = cfg = stack.cfg
+        model = MemoryStackModel(stack, stats, faults)
+        super().__init__(workload, model, stats, l3, follow_ups=follow_ups)
         self.stack = stack
-        self.stats = stats
-        self.ps = stack.page_size
-        self.store = PrefixStore()
-        # the multi-instance driver frees and moves session entries itself: no shared cache there
-        self.shared = SharedPrefixCache(cfg.shared_prefix_tokens if follow_ups else 0, self.ps)
-        self.transfers = HostTransfers(stack, stats, faults)
-        self.l3 = l3  # the storage tier (L3), or None
-        self.running: list[Req] = []
-        self.ready: deque[tuple[SessionSpec, int]] = deque()
-        self._later: list[tuple[int, SessionId, int]] = []  # (ready step, session, turn)
-        self._sessions = {s.session: s for s in workload.sessions}
-        # follow_ups=False: no arrivals of their own; turns come from submit() and a finished
-        # turn queues nothing (a multi-instance driver routes each turn to an instance)
-        self.follow_ups = follow_ups
-        self._arrivals = deque(
-            sorted(workload.sessions, key=lambda s: s.arrival_step) if follow_ups else ()
-        )
-        self.total_requests = workload.requests
-        self.device = stack.device
-        self._blocked = 0  # steps the queue head has waited for memory
-        self._shuffle = torch.Generator().manual_seed(stack.cfg.seed)
-
-    def _tensor(self, values: list[int]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.int64, device=self.device)
-
-    def _arange(self, start: int, end: int) -> torch.Tensor:
-        return torch.arange(start, end, dtype=torch.int64, device=self.device)
-
-    # ----------------------------------------------------------------- loop
-    def done(self) -> bool:
-        return not (self.running or self.ready or self._later or self._arrivals)
-
-    def step(self) -> None:
-        now = self.stats.steps
-        if now == self.cfg.restart_at:
-            self.restart()
-        while self._arrivals and self._arrivals[0].arrival_step <= now:
-            self.ready.append((self._arrivals.popleft(), 0))
-        while self._later and self._later[0][0] <= now:
-            _, session, turn = heapq.heappop(self._later)
-            self.ready.append((self._sessions[session], turn))
-        admitted = self._admit()
-        decoding = list(self.running)
-        if admitted:
-            self._prefill(admitted)
-        if decoding:
-            self._decode(decoding)
-        self.running.extend(admitted)
-        self.stats.peak_running = max(self.stats.peak_running, len(self.running))
-        self._finish()
-        self.stats.steps += 1
-        if self.stats.steps % self.cfg.check_every == 0:
-            self.check()
-
-    def submit(self, spec: SessionSpec, turn: int) -> None:
-        """Queue turn ``turn`` of ``spec`` now (its earlier turns ran, here or elsewhere)."""
-        self.ready.append((spec, turn))
-
-    def check(self) -> None:
-        check_conservation(
-            self.stack, self.store, (r.seq_len - r.shared for r in self.running), self.stats,
-            self.shared.tokens_held,
-        )
-
-    def close(self) -> None:
-        self.transfers.close()
-
-    def restart(self) -> None:
-        """A graceful engine restart: every cached prefix is flushed to the storage tier (host
-        entries directly, device entries through a device->host backup) and then dropped; the
-        storage tier reopens its directory. Running requests carry on."""
-        host = self.stack.host_pool
-        device_entries: list[PrefixEntry] = []
-        for session in self.store.sessions():
-            entry = self.store.take(session)
-            if entry is None:
-                continue
-            if entry.tier == "device":
-                device_entries.append(entry)
-                continue
-            if self.l3 is not None:
-                self.l3.on_host_drop(entry)
-            host.free(entry.slots)
-        for entry in device_entries:
-            staging = host.alloc(entry.length) if self.l3 is not None else None
-            if staging is not None:
-                if self.transfers.backup(entry.slots, staging) and self.l3 is not None:
-                    self.l3.on_host_drop(PrefixEntry(entry.session, entry.length, "host", staging))
-                host.free(staging)
-            self._free_owned(entry.slots, entry.shared)
-        self._evict_shared()  # unless running requests still hold it
-        if self.l3 is not None:
-            self.l3.restart()
-
-    def drain(self) -> None:
-        """Free every cached prefix (after the last request finished)."""
-        if self.running:
-            raise RuntimeError(f"drain() with {len(self.running)} requests still running")
-        for session in self.store.sessions():
-            entry = self.store.take(session)
-            if entry is None:
-                continue
-            if entry.tier == "device":
-                self._free_owned(entry.slots, entry.shared)
-            else:
-                self.stack.host_pool.free(entry.slots)
-        if self.shared.tokens_held and not self._evict_shared():
-            raise RuntimeError(f"drain(): the shared prefix still has {self.shared.refs} holders")
-
-    # ------------------------------------------------------------ admission
-    def _pages(self, tokens: int) -> int:
-        return owned_slots(tokens, self.ps)
-
-    def _margin(self) -> int:
-        """Slots a speculative step may take past a request's final length."""
-        draft = self.cfg.spec_draft
-        return self._pages(draft + 1) + self.ps if draft else 0
-
-    def _retract(self) -> None:
-        """Retract the running request with the most output left (SGLang under memory pressure):
-        its whole row is freed, its turn goes back to the queue (recomputed on re-admission)."""
-        victim = max(self.running, key=lambda r: (r.final_len - r.seq_len, r.row))
-        self.running.remove(victim)
-        slots = self.stack.req_pool.req_to_token[victim.row, : victim.seq_len].to(torch.int64)
-        self._free_owned(slots, victim.shared, reverse=True)
-        self.stack.req_pool.free(victim.row)
-        self.ready.append((victim.spec, victim.turn))
-        self.stats.retractions += 1
-
-    def _admit(self) -> list[Req]:
-        admitted: list[Req] = []
-        after = self.cfg.retract_after
-        if after and self._blocked >= after and self.running:
-            self._retract()
-            self._blocked = 0
-        # future growth every running request has been promised (decodes never fail)
-        margin = self._margin()
-        reserve = sum(
-            self._pages(r.final_len) - self._pages(r.seq_len) + margin for r in self.running
-        )
-        while self.ready and len(self.running) + len(admitted) < self.cfg.max_running:
-            spec, turn = self.ready[0]
-            t = spec.turns[turn]
-            history = spec.history_len(turn)
-            input_len = history + t.prompt_len
-            final_len = input_len + t.output_len
-            entry = self.store.take(spec.session)
-            on_device = entry.length if entry is not None and entry.tier == "device" else 0
-            need = self._pages(final_len) - on_device + margin
-            if not self._make_room(reserve + need):
-                if entry is not None:
-                    self.store.put(entry)
-                self._blocked += 1
-                if not self.running and not admitted:
-                    raise RuntimeError(
-                        f"cannot admit session {spec.session} turn {turn} ({final_len} tokens) "
-                        f"into an idle engine: device capacity {self.stack.device_capacity}"
-                    )
-                break
-            self.ready.popleft()
-            self._blocked = 0
-            prefix, shared = self._prefix_slots(spec, turn, history, input_len, entry)
-            rows = self.stack.req_pool.alloc(1)
-            if rows is None:
-                raise RuntimeError("ReqToTokenPool has no free row below max_running requests")
-            req = Req(spec, turn, rows[0], prefix.numel(), prefix, input_len, final_len,
-                      shared=shared)
-            admitted.append(req)
-            reserve += self._pages(final_len) - req.prefix_len + margin
-        return admitted
-
-    def _prefix_slots(
-        self, spec: SessionSpec, turn: int, history: int, input_len: int,
-        entry: PrefixEntry | None,
-    ) -> tuple[torch.Tensor, int]:
-        """Device slots of the request's cached prefix and how many of them are borrowed from
-        the shared-prefix cache: the session's entry (loaded from the host or L3 if needed),
-        else the shared prefix's match."""
-        prefix = self._session_prefix(spec, turn, history, entry)
-        if prefix is not None:
-            return prefix
-        shared = self.shared.match(input_len)
-        if shared is None:
-            return self._arange(0, 0), 0
-        self.stats.shared_prefix_hits += 1
-        self.stats.shared_prefix_hit_tokens += shared.numel()
-        return shared, shared.numel()
-
-    def _session_prefix(
-        self, spec: SessionSpec, turn: int, history: int, entry: PrefixEntry | None
-    ) -> tuple[torch.Tensor, int] | None:
-        """The session's cached prefix on the device (loading it from the host or L3 if
-        needed) with its borrowed shared count; ``None`` when there is none."""
-        stats = self.stats
-        if turn > 0:
-            stats.returning_turns += 1
-            stats.reusable_tokens += history
-        from_l3 = entry is None and turn > 0 and self.l3 is not None
-        if from_l3 and self.l3 is not None:  # L1 and L2 missed: prefetch from storage
-            entry = self.l3.fetch(spec.session, history, self._make_host_room)
-        if entry is None:
-            stats.misses += turn > 0
-            return None
-        if entry.tier == "device":
-            stats.device_hits += 1
-            stats.device_hit_tokens += entry.length
-            return entry.slots, entry.shared  # the entry's cache reference goes to the request
-        # a radix-cache lookup matches the device copy of the shared preamble first: only the
-        # rest of the session's prefix is loaded from the host
-        borrowed = self.shared.match(entry.length + 1)
-        n = 0 if borrowed is None else borrowed.numel()
-        rest = entry.length - n
-        device_slots = self._arange(0, 0)
-        if rest:
-            with stats.timed("alloc", rest):
-                out = self.stack.allocator.alloc(rest)
-            if out is None:
-                raise RuntimeError(f"alloc({rest}) failed after room was made for it")
-            device_slots = out
-            positions = self._arange(n, entry.length)
-            sessions = torch.full_like(positions, int(spec.session))
-            ok = self.transfers.load(entry.slots[n:], device_slots, sessions, positions)
-        else:
-            ok = True
-        self.stack.host_pool.free(entry.slots)  # consumed on success, dropped on failure
-        if not ok:
-            self._free_owned(device_slots, 0)
-            if n:
-                self.shared.release()
-            stats.misses += 1
-            if from_l3 and self.l3 is not None:
-                self.l3.record_load_failure()
-            return None
-        if from_l3 and self.l3 is not None:  # tokens it served: the shared part came from L1
-            self.l3.record_hit(rest)
-        else:
-            stats.host_hits += 1
-            stats.host_hit_tokens += rest
-        if borrowed is None:
-            return device_slots, 0
-        stats.shared_prefix_hits += 1
-        stats.shared_prefix_hit_tokens += n
-        return torch.cat([borrowed, device_slots]), n
-
-    def _make_room(self, tokens: int) -> bool:
-        """Evict LRU device prefixes until ``tokens`` slots are free; ``False`` if impossible."""
-        while self.stack.allocator.available_size() < tokens:
-            if not self._evict_one():
-                return False
-        return True
-
-    def _evict_one(self) -> bool:
-        entry = self.store.oldest("device")
-        if entry is None:
-            return self._evict_shared()
-        host_slots = self._reserve_host(entry.length)
-        if host_slots is not None and self.transfers.backup(entry.slots, host_slots):
-            shared = entry.shared
-            self._free_owned(self.store.move_to_host(entry.session, host_slots), shared)
-            self.stats.evictions_to_host += 1
-            if self.l3 is not None:
-                self.l3.on_host_insert(entry)
-            return True
-        if host_slots is not None:  # the backup failed: its host slots hold garbage
-            self.stack.host_pool.free(host_slots)
-        self.store.take(entry.session)
-        self._free_owned(entry.slots, entry.shared)
-        self.stats.device_drops += 1
-        return True
-
-    def _evict_shared(self) -> bool:
-        """Free the shared-prefix cache's pages if no request or entry holds them."""
-        slots = self.shared.evict()
-        if slots is None:
-            return False
-        self._free_device(slots)
-        self.stats.shared_prefix_evictions += 1
-        return True
-
-    def _free_owned(self, slots: torch.Tensor, shared: int, *, reverse: bool = False) -> None:
-        """Free a holder's ``slots`` (sequence order) except the first ``shared``, borrowed from
-        the shared-prefix cache, whose reference it releases; ``reverse``: free them last first
-        (a retracted request)."""
-        if shared:
-            self.shared.release()
-        own = slots[shared:]
-        if own.numel():
-            self._free_device(own.flip(0) if reverse else own)
-
-    def _reserve_host(self, tokens: int) -> torch.Tensor | None:
-        if not self._make_host_room(tokens):
-            return None
-        return self.stack.host_pool.alloc(tokens)
-
-    def _make_host_room(self, tokens: int) -> bool:
-        """Drop LRU host entries (written back to L3 first) until ``tokens`` host slots are free."""
-        host = self.stack.host_pool
-        while host.available_size() < tokens:
-            victim = self.store.oldest("host")
-            if victim is None:
-                return False
-            self.store.take(victim.session)
-            if self.l3 is not None:
-                self.l3.on_host_drop(victim)
-            host.free(victim.slots)
-            self.stats.host_drops += 1
-        return True
-
-    def _free_device(self, slots: torch.Tensor) -> None:
-        with self.stats.timed("free", slots.numel()):
-            self.stack.allocator.free(slots)
-
-    # ------------------------------------------------------- forward passes
-    def _prefill(self, reqs: list[Req]) -> None:
-        stack, stats = self.stack, self.stats
-        prefix_cpu = torch.tensor([r.prefix_len for r in reqs], dtype=torch.int64)
-        seq_cpu = torch.tensor([r.input_len for r in reqs], dtype=torch.int64)
-        extend = int((seq_cpu - prefix_cpu).sum())
-        prefix_lens, seq_lens = prefix_cpu.to(self.device), seq_cpu.to(self.device)
-        rows = self._tensor([r.row for r in reqs])
-        prefix_slots = torch.cat([r.prefix_slots for r in reqs])
-        allocator = stack.allocator
-        if isinstance(allocator, TokenToKVPoolAllocator):
-            with stats.timed("alloc (extend)", extend):
-                out = allocator.alloc(extend)
-        else:
-            last_loc = self._tensor([int(r.prefix_slots[-1]) if r.prefix_len else -1 for r in reqs])
-            with stats.timed("alloc_extend", extend):
-                out = allocator.alloc_extend(
-                    prefix_lens, prefix_cpu, seq_lens, seq_cpu, last_loc, extend
-                )
-        if out is None:
-            raise RuntimeError(f"prefill of {extend} tokens failed despite the reservation")
-        write_req_to_token(
-            stack.req_pool.req_to_token, rows, prefix_lens, seq_lens, out,
-            prefix_slots=prefix_slots,
-        )
-        counts = seq_lens - prefix_lens
-        session_ids = self._tensor([int(r.spec.session) for r in reqs])
-        sessions = torch.repeat_interleave(session_ids, counts)
-        starts = torch.cumsum(counts, 0) - counts
-        positions = self._arange(0, extend) + torch.repeat_interleave(prefix_lens - starts, counts)
-        stack.write_kv(out, sessions, positions)
-        for r in reqs:
-            r.seq_len = r.input_len
-            if r.turn > 0:  # history a cache could have served but did not
-                stats.recomputed_tokens += r.spec.history_len(r.turn) - r.prefix_len
-        stats.prefill_tokens += extend
-
-    def _decode(self, reqs: list[Req]) -> None:
-        if self.cfg.spec_draft:
-            self._decode_spec(reqs)
-            return
-        stack, stats = self.stack, self.stats
-        bs = len(reqs)
-        rows = self._tensor([r.row for r in reqs])
-        before_cpu = torch.tensor([r.seq_len for r in reqs], dtype=torch.int64)
-        after_cpu = before_cpu + 1
-        before, after = before_cpu.to(self.device), after_cpu.to(self.device)
-        allocator = stack.allocator
-        req_to_token = stack.req_pool.req_to_token
-        if isinstance(allocator, TokenToKVPoolAllocator):
-            with stats.timed("alloc (decode)", bs):
-                out = allocator.alloc(bs)
-        else:
-            last_loc = get_last_loc(req_to_token, rows, before)
-            with stats.timed("alloc_decode", bs):
-                out = allocator.alloc_decode(after, after_cpu, last_loc)
-        if out is None:
-            raise RuntimeError(f"decode of {bs} requests failed despite the reservation")
-        write_req_to_token(req_to_token, rows, before, after, out)
-        sessions = self._tensor([int(r.spec.session) for r in reqs])
-        stack.write_kv(out, sessions, before)
-        for r in reqs:
-            r.seq_len += 1
-        stats.decode_tokens += bs
-
-    def _decode_spec(self, reqs: list[Req]) -> None:
-        """Speculative decoding: ``1 + spec_draft`` slots per request, some accepted, the slots
-        of rejected drafts past the accepted tokens' pages freed (one shuffled ``free``)."""
-        stack, stats, ps = self.stack, self.stats, self.ps
-        n = 1 + self.cfg.spec_draft
-        bs = len(reqs)
-        rows = self._tensor([r.row for r in reqs])
-        before_cpu = torch.tensor([r.seq_len for r in reqs], dtype=torch.int64)
-        after_cpu = before_cpu + n
-        before, after = before_cpu.to(self.device), after_cpu.to(self.device)
-        allocator = stack.allocator
-        req_to_token = stack.req_pool.req_to_token
-        if isinstance(allocator, TokenToKVPoolAllocator):
-            with stats.timed("alloc (decode)", bs * n):
-                out = allocator.alloc(bs * n)
-        else:
-            last_loc = get_last_loc(req_to_token, rows, before)
-            with stats.timed("alloc_extend", bs * n):
-                out = allocator.alloc_extend(before, before_cpu, after, after_cpu, last_loc, bs * n)
-        if out is None:
-            raise RuntimeError(f"speculative decode of {bs} x {n} failed despite the reservation")
-        grid = out.view(bs, n)
-        accepted = [
-            min(r.final_len - r.seq_len, 1 + (int(r.spec.session) * 7 + r.seq_len) % n)
-            for r in reqs
-        ]
-        acc_cpu = torch.tensor(accepted, dtype=torch.int64)
-        keep = torch.arange(n).expand(bs, n) < acc_cpu[:, None]
-        acc_slots = grid[keep.to(self.device)]
-        write_req_to_token(req_to_token, rows, before, before + acc_cpu.to(self.device), acc_slots)
-        sessions = torch.repeat_interleave(self._tensor([int(r.spec.session) for r in reqs]),
-                                           acc_cpu.to(self.device))
-        starts = torch.cumsum(acc_cpu, 0) - acc_cpu
-        positions = torch.arange(int(acc_cpu.sum())) + torch.repeat_interleave(
-            before_cpu - starts, acc_cpu
-        )
-        stack.write_kv(acc_slots, sessions, positions.to(self.device))
-        rejected = []
-        for i, r in enumerate(reqs):
-            r.seq_len += accepted[i]
-            first_free = -(-r.seq_len // ps) * ps - (r.seq_len - accepted[i])  # local index
-            if first_free < n:
-                rejected.append(grid[i, first_free:])
-        stats.decode_tokens += sum(accepted)
-        stats.draft_tokens += bs * n
-        if rejected:
-            flat = torch.cat(rejected)
-            stats.rejected_draft_tokens += flat.numel()
-            order = torch.randperm(flat.numel(), generator=self._shuffle).to(self.device)
-            self._free_device(flat[order])
-
-    # --------------------------------------------------------------- finish
-    def _finish(self) -> None:
-        done = [r for r in self.running if r.seq_len >= r.final_len]
-        if not done:
-            return
-        self.running = [r for r in self.running if r.seq_len < r.final_len]
-        stack, stats, ps = self.stack, self.stats, self.ps
-        allocator = stack.allocator
-        allocator.free_group_begin()
-        try:
-            for r in done:
-                slots = stack.req_pool.req_to_token[r.row, : r.seq_len].to(torch.int64)
-                self._verify_sequence(r, slots)
-                aligned = r.seq_len // ps * ps
-                shared, duplicates = self.shared.insert(slots, aligned, r.shared)
-                if duplicates is not None:  # pages the shared-prefix cache already holds
-                    with stats.timed("free", duplicates.numel()):
-                        allocator.free(duplicates)
-                    stats.duplicate_pages_freed += duplicates.numel() // ps
-                if aligned:
-                    cached = slots[:aligned].clone()
-                    if shared:
-                        cached[:shared] = self.shared.cached_slots(shared)
-                    entry = PrefixEntry(r.spec.session, aligned, "device", cached, shared)
-                    self.store.put(entry)
-                if aligned < r.seq_len:  # the unshared tail: the partial last page's slots
-                    with stats.timed("free", r.seq_len - aligned):
-                        allocator.free(slots[aligned:])
-                stack.req_pool.free(r.row)
-                stats.requests_done += 1
-                if self.follow_ups and r.turn + 1 < len(r.spec.turns):
-                    heapq.heappush(
-                        self._later,
-                        (stats.steps + self.cfg.think_steps, r.spec.session, r.turn + 1),
-                    )
-        finally:
-            with stats.timed("free_group_end"):
-                allocator.free_group_end()
-
-    def _verify_sequence(self, r: Req, slots: torch.Tensor) -> None:
-        """Check one layer (rotating) of the finished sequence: catches slots handed out twice."""
-        layer = (int(r.spec.session) + r.turn) % self.stack.kv_pool.layer_num
-        positions = self._arange(0, r.seq_len)
-        sessions = torch.full_like(positions, int(r.spec.session))
-        h = self.stack.content.hashes(sessions, positions, layer + 1)
-        bad = self.stack.count_mismatches(layer, slots, h)
-        self.stats.sequences_verified += 1
-        if bad:
-            self.stats.fail(
-                f"session {r.spec.session} turn {r.turn}: {bad}/{r.seq_len} tokens of layer "
-                f"{layer} differ from their content"
-            )
+        self.transfers = model.transfers

@@ -8,6 +8,9 @@
   ``get_value_buffer`` (which wait on the counter registered with the device pool) and verifies
   the loaded rows bit-exact against the content model as soon as the layer is ready.
 
+``layer_wise_load`` is that load's protocol (counter, IO thread, per-layer verification, fault
+and statistics bookkeeping), shared with ``dsv4_hicache.py``.
+
 Faults (``faults.py``) make a transfer fail up front or abort midway: the faulty host-pool call
 gets a ``FailingDevicePool`` and fails inside the package (a load's failure aborts the layer
 counter through the host pool's own error path); this module reports the outcome and leaves
@@ -17,16 +20,18 @@ releasing the reserved slots to the caller.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from mem_cache_pool_host import LayerLoadAbortedError
+from mem_cache_pool import KVCache
+from mem_cache_pool_host import LayerDoneCounter, LayerLoadAbortedError
 from tools.simulate.faults import FailingDevicePool, Fault, FaultInjector, InjectedTransferError
 from tools.simulate.stack import MemoryStack
 from tools.simulate.stats import SimStats
 
-__all__ = ["HostTransfers"]
+__all__ = ["HostTransfers", "layer_wise_load"]
 
 D2H = "d2h backup"
 H2D = "h2d load"
@@ -120,39 +125,59 @@ class HostTransfers:
         """Load ``host_slots`` into ``device_slots`` layer by layer, verifying each layer as it
         becomes ready. ``False`` if the load failed or was aborted (the caller then frees the
         device slots it reserved); a verification mismatch is recorded as integrity failure."""
-        stack, stats = self.stack, self.stats
-        stat = stats.transfer(H2D)
-        fault = self.faults.draw(self.layers)
-        if fault is not None:
-            stats.faults_injected += 1
-        counter = stack.host_pool.layer_done_counter
-        stack.kv_pool.register_layer_transfer_counter(counter)
-        counter.begin()
-        job = self._io.submit(self._produce, host_slots, device_slots, fault)
-        aborted = False
-        bad = 0
+        stack = self.stack
         h = stack.hashes(sessions, positions)
-        try:
-            for layer in range(self.layers):
-                bad += stack.count_mismatches(layer, device_slots, h)
-                stats.layer_waits += 1
-        except LayerLoadAbortedError:
-            aborted = True
-        finally:
-            try:
-                ns = job.result()  # re-raises a real (non-injected) transfer error
-            finally:
-                stack.kv_pool.register_layer_transfer_counter(None)
-                counter.reset()
-        if bad:  # layers verified before an abort count too
-            stats.fail(f"{bad} loaded token rows differ from their content (layers summed)")
-        if aborted:
-            stat.record_failure(fault is not None and fault.kind == "abort")
-            return False
-        if fault is not None:
-            raise RuntimeError("an injected load fault did not abort the layer counter")
         n = device_slots.numel()
-        stat.record(ns, n, n * stack.bytes_per_token)
-        stats.pages_verified += n // stack.page_size
-        stats.tokens_verified += n
-        return True
+        return layer_wise_load(
+            self.stats, self.faults, self._io, stack.kv_pool, stack.host_pool.layer_done_counter,
+            produce=lambda fault: self._produce(host_slots, device_slots, fault),
+            verify=lambda layer: stack.count_mismatches(layer, device_slots, h),
+            layers=self.layers, tokens=n, nbytes=n * stack.bytes_per_token,
+            page_size=stack.page_size, what="token rows",
+        )
+
+
+def layer_wise_load(
+    stats: SimStats, faults: FaultInjector, io: ThreadPoolExecutor, pool: KVCache,
+    counter: LayerDoneCounter, *, produce: Callable[[Fault | None], int],
+    verify: Callable[[int], int], layers: int, tokens: int, nbytes: int, page_size: int,
+    what: str,
+) -> bool:
+    """One host->device load as the HiCache controller runs it: ``produce(fault)`` copies the
+    layers on the IO thread ``io`` (marking each done on ``counter``, registered with ``pool``
+    meanwhile; it returns the nanoseconds it spent), while this thread waits for every layer
+    (``verify(layer)``: mismatching ``what`` of that layer, read through ``pool``). A fault is
+    drawn from ``faults`` first. ``False`` if the load failed or was aborted; mismatches are
+    recorded as integrity failure; a completed load counts ``tokens`` (``nbytes``) transferred
+    and verified."""
+    stat = stats.transfer(H2D)
+    fault = faults.draw(layers)
+    if fault is not None:
+        stats.faults_injected += 1
+    pool.register_layer_transfer_counter(counter)
+    counter.begin()
+    job = io.submit(produce, fault)
+    aborted, bad = False, 0
+    try:
+        for layer in range(layers):
+            bad += verify(layer)
+            stats.layer_waits += 1
+    except LayerLoadAbortedError:
+        aborted = True
+    finally:
+        try:
+            ns = job.result()  # re-raises a real (non-injected) transfer error
+        finally:
+            pool.register_layer_transfer_counter(None)
+            counter.reset()
+    if bad:  # layers verified before an abort count too
+        stats.fail(f"{bad} loaded {what} differ from their content (layers summed)")
+    if aborted:
+        stat.record_failure(fault is not None and fault.kind == "abort")
+        return False
+    if fault is not None:
+        raise RuntimeError("an injected load fault did not abort the layer counter")
+    stat.record(ns, tokens, nbytes)
+    stats.pages_verified += tokens // page_size
+    stats.tokens_verified += tokens
+    return True

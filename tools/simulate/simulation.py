@@ -1,4 +1,5 @@
-"""Runs one simulation end to end: workload -> stack -> engine loop -> drain -> leak check."""
+"""Runs one simulation end to end: workload -> stack -> engine loop -> drain -> leak check
+(``--model dsv4``: the DeepSeek-V4 stack and engine, no storage tier)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ from collections.abc import Callable
 import torch
 
 from tools.simulate.config import SimConfig
-from tools.simulate.dsv4 import run_dsv4
+from tools.simulate.dsv4 import DSv4Engine
+from tools.simulate.dsv4_stack import build_dsv4_stack
 from tools.simulate.engine import Engine
 from tools.simulate.faults import FaultInjector
-from tools.simulate.integrity import leak_check
 from tools.simulate.stack import build_stack
 from tools.simulate.stats import SimStats
 from tools.simulate.storage_tier import StorageTier
@@ -39,22 +40,31 @@ def run_simulation(cfg: SimConfig, progress: ProgressFn | None = None) -> SimSta
 
 
 def _run(cfg: SimConfig, progress: ProgressFn | None) -> SimStats:
-    if cfg.model == "dsv4":
-        return run_dsv4(cfg, progress)
     t0 = time.perf_counter()
     workload = generate_workload(cfg)
-    stack = build_stack(cfg, workload.max_context_len + 1)
-    stats = SimStats(
-        device_capacity=stack.device_capacity,
-        host_capacity=stack.host_capacity,
-        bytes_per_token=stack.bytes_per_token,
-    )
+    faults = FaultInjector(cfg.faults, cfg.seed)
+    engine: Engine | DSv4Engine
     l3 = None
-    if cfg.storage in ("file", "mooncake"):
-        l3 = StorageTier(stack, directory=cfg.storage_dir, write_policy=cfg.storage_write,
-                         fault_rate=cfg.storage_fault_rate, seed=cfg.seed,
-                         capacity_bytes=cfg.storage_capacity_mb << 20)
-    engine = Engine(workload, stack, stats, FaultInjector(cfg.faults, cfg.seed), l3)
+    if cfg.model == "dsv4":
+        dstack = build_dsv4_stack(cfg, workload.max_context_len + 1)
+        stats = SimStats(
+            device_capacity=dstack.logical_capacity,
+            host_capacity=dstack.kinds[0].capacity * dstack.page_size,
+            bytes_per_token=dstack.bytes_per_token,
+        )
+        engine = DSv4Engine(workload, dstack, stats, faults)
+    else:
+        stack = build_stack(cfg, workload.max_context_len + 1)
+        stats = SimStats(
+            device_capacity=stack.device_capacity,
+            host_capacity=stack.host_capacity,
+            bytes_per_token=stack.bytes_per_token,
+        )
+        if cfg.storage in ("file", "mooncake"):
+            l3 = StorageTier(stack, directory=cfg.storage_dir, write_policy=cfg.storage_write,
+                             fault_rate=cfg.storage_fault_rate, seed=cfg.seed,
+                             capacity_bytes=cfg.storage_capacity_mb << 20)
+        engine = Engine(workload, stack, stats, faults, l3)
     try:
         while not engine.done():
             engine.step()
@@ -68,10 +78,10 @@ def _run(cfg: SimConfig, progress: ProgressFn | None) -> SimStats:
             l3.close()
             stats.l3 = l3.stats
     engine.check()
-    leak_check(stack, stats)
+    engine.leak_check()
     if l3 is not None:  # prefetch reservations: none may be left after the controller closed
         budget = l3.controller.prefetch_budget_pages
         stats.leaks["l3 prefetch"] = (budget - l3.stats.prefetch_reserved_at_end, budget)
-    stack.host_pool.close()
+    engine.model.close_host()
     stats.wall_s = time.perf_counter() - t0
     return stats
