@@ -86,6 +86,34 @@ CASES: list[tuple[str, tuple[str, str], str, str]] = [
     ),
     ("multi-module import line", NAME, "import os, a.b\nprint(a.b.X, os)\n",
      "import os\nimport c.d\nprint(c.d.X, os)\n"),
+    # A rename inside one module: the binding of the module keeps serving the chains (it used
+    # to be dropped, leaving `a.b.Z` with no import, or replaced by a full `import a.b`).
+    ("rename in place: plain module import kept", ("a.b.X", "a.b.Z"),
+     "import a.b\nv = a.b.X\n", "import a.b\nv = a.b.Z\n"),
+    ("rename in place: module alias kept", ("a.b.X", "a.b.Z"),
+     "import a.b as m\nv = m.X(m.X)\n", "import a.b as m\nv = m.Z(m.Z)\n"),
+    ("rename in place: from-imported module kept", ("a.b.X", "a.b.Z"),
+     "from a import b\nv = b.X\n", "from a import b\nv = b.Z\n"),
+]
+
+# rename_uses=True: the new name is imported itself and the old local name's uses renamed.
+RENAME_CASES: list[tuple[str, tuple[str, str], str, str]] = [
+    ("from-import of a renamed name", ("a.b.X", "c.d.Z"),
+     "from a.b import X\n\n\ndef f(x: X) -> X:\n    return X(X=x)\n",
+     "from c.d import Z\n\n\ndef f(x: Z) -> Z:\n    return Z(X=x)\n"),
+    ("module renamed: from-imported module and its chains", ("a.b", "a.d"),
+     "from a import b\n\nv = b.X(b.Y)\n", "from a import d\n\nv = d.X(d.Y)\n"),
+    ("user alias stays", ("a.b.X", "c.d.Z"), "from a.b import X as Y\nv = Y\n",
+     "from c.d import Z as Y\nv = Y\n"),
+    ("new name already used: alias kept", ("a.b.X", "c.d.Z"),
+     "from a.b import X\nZ = 1\nv = X\n", "from c.d import Z as X\nZ = 1\nv = X\n"),
+    ("new name is a builtin: alias kept", ("a.b.X", "c.d.open"),
+     "from a.b import X\nv = X\n", "from c.d import open as X\nv = X\n"),
+    ("old name also bound elsewhere: alias kept", ("a.b", "a.d"),
+     "from a import b\nv = b.X\n\n\ndef f(b=1):\n    return b\n",
+     "from a import d as b\nv = b.X\n\n\ndef f(b=1):\n    return b\n"),
+    ("old name spelled in a string (__all__): alias kept", ("a.b.X", "c.d.Z"),
+     "from a.b import X\n__all__ = ['X']\n", "from c.d import Z as X\n__all__ = ['X']\n"),
 ]
 
 
@@ -95,6 +123,14 @@ def test_rewrite(old_new: tuple[str, str], source: str, expected: str) -> None:
     old, new = old_new
     assert rewrite_source(source, old, new, module="a.x") == expected
     assert rewrite_source(expected, old, new, module="a.x") == expected  # idempotent
+
+
+@pytest.mark.parametrize(("old_new", "source", "expected"),
+                         [c[1:] for c in RENAME_CASES], ids=[c[0] for c in RENAME_CASES])
+def test_rewrite_rename_uses(old_new: tuple[str, str], source: str, expected: str) -> None:
+    old, new = old_new
+    assert rewrite_source(source, old, new, module="x.y", rename_uses=True) == expected
+    assert rewrite_source(expected, old, new, module="x.y", rename_uses=True) == expected
 
 
 def test_new_home_does_not_import_itself() -> None:
