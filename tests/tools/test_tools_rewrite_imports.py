@@ -133,6 +133,35 @@ def test_rewrite_rename_uses(old_new: tuple[str, str], source: str, expected: st
     assert rewrite_source(expected, old, new, module="x.y", rename_uses=True) == expected
 
 
+HOME = (
+    "\"\"\"Doc mentions X.\"\"\"\n\n__all__ = [\"W\", \"X\", \"Y\"]\n\nY = 2\n\n\n"
+    "def X(v: int = Y) -> int:\n    return v\n\n\nclass W:\n    f = X\n\n\n"
+    "def g(X: int) -> int:\n    return X\n\n\ndef h() -> int:\n    return X(1) + Y\n"
+)
+
+
+def test_rename_in_the_new_home_renames_the_definition() -> None:
+    out = rewrite_source(HOME, "a.b.X", "a.b.Z", module="a.b", rename_uses=True)
+    assert out == (
+        "\"\"\"Doc mentions X.\"\"\"\n\n__all__ = [\"W\", \"Z\", \"Y\"]\n\nY = 2\n\n\n"
+        "def Z(v: int = Y) -> int:\n    return v\n\n\nclass W:\n    f = Z\n\n\n"
+        "def g(X: int) -> int:\n    return X\n\n\ndef h() -> int:\n    return Z(1) + Y\n"
+    )  # the parameter X of g is another binding: untouched; prose is not rewritten
+    assert rewrite_source(out, "a.b.X", "a.b.Z", module="a.b", rename_uses=True) == out
+    const = rewrite_source(out, "a.b.Y", "a.b.V", module="a.b", rename_uses=True)
+    assert "V = 2" in const and "v: int = V" in const and '"V"]' in const
+    # without rename_uses, or outside the new home, the definition stays
+    assert rewrite_source(HOME, "a.b.X", "a.b.Z", module="a.b") == HOME
+    assert rewrite_source(HOME, "a.b.X", "a.b.Z", module="a.c", rename_uses=True) == HOME
+
+
+@pytest.mark.parametrize("extra", ["Z = 0\n", "print(getattr(W, 'X'))\n",
+                                   "def k():\n    global X\n"])
+def test_rename_in_the_new_home_is_skipped_when_unsafe(extra: str) -> None:
+    source = HOME + extra
+    assert rewrite_source(source, "a.b.X", "a.b.Z", module="a.b", rename_uses=True) == source
+
+
 def test_new_home_does_not_import_itself() -> None:
     source = "from a.b import W, X\nimport a.b\n\nv = a.b.X + W\n"
     out = rewrite_source(source, "a.b.X", "c.d.X", module="c.d")

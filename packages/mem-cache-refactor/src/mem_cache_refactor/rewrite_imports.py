@@ -30,7 +30,11 @@ so the code below still works; with ``--rename-uses`` it becomes ``from c.d impo
 file's uses of ``X`` are renamed (scope-checked through libcst; the ``as`` stays where that is
 not safe: ``X`` bound by anything else, ``Z`` already bound or used or a builtin, ``X`` spelled
 in a string such as ``__all__``). This works for a renamed module as well
-(``from a import b`` + ``b.X`` -> ``from a import d`` + ``d.X``).
+(``from a import b`` + ``b.X`` -> ``from a import d`` + ``d.X``). With ``--rename-uses``, the
+new home's own definition of the old name (``def``, ``class`` or a module-level assignment) is
+renamed as well, with its uses in that file and its ``__all__`` entry, so
+``rewrite-imports a.b.X a.b.Z --rename-uses`` is a whole rename (prose such as docstrings
+excepted).
 Not handled: string references (``"a.b.X"``, ``importlib.import_module``), imports inside
 one-line compound statements (``if x: import y``), and ``import a.b`` whose head ``a`` is also
 used for other attributes after a top-level rename. Run ``ruff check --fix`` (isort) afterwards
@@ -46,7 +50,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import libcst as cst
-from libcst.metadata import ImportAssignment, ScopeProvider
+from libcst.metadata import Assignment, GlobalScope, ImportAssignment, ScopeProvider
 
 from mem_cache_refactor.modpath import SKIP_DIRS, SourceRoots, resolve_relative
 
@@ -437,6 +441,87 @@ def _rename_locals(module: cst.Module, renames: dict[str, str]) -> cst.Module:
     return wrapper.module.visit(_RenameLocals(safe, names))
 
 
+def _all_strings(module: cst.Module) -> set[int]:
+    """Ids of the string items of the module-level ``__all__`` list or tuple."""
+    ids: set[int] = set()
+    for stmt in module.body:
+        if not isinstance(stmt, cst.SimpleStatementLine):
+            continue
+        for small in stmt.body:
+            if isinstance(small, cst.Assign):
+                targets = [t.target for t in small.targets]
+            elif isinstance(small, (cst.AnnAssign, cst.AugAssign)):
+                targets = [small.target]
+            else:
+                continue
+            value = small.value
+            if not any(isinstance(t, cst.Name) and t.value == "__all__" for t in targets):
+                continue
+            if isinstance(value, (cst.List, cst.Tuple)):
+                ids.update(id(e.value) for e in value.elements
+                           if isinstance(e.value, cst.SimpleString))
+    return ids
+
+
+def _rename_definition(module: cst.Module, old: str, new: str) -> cst.Module | None:
+    """Rename the module-level definition ``old`` (``def``, ``class`` or assignment) of the new
+    home to ``new``: its binding, every use of it in the file and its ``__all__`` entry. None
+    (nothing renamed) when that is not safe: ``new`` already bound or used (or a builtin),
+    ``old`` also imported, declared ``global``/``nonlocal`` or spelled in another string."""
+    wrapper = cst.MetadataWrapper(module)
+    scopes = {s for s in wrapper.resolve(ScopeProvider).values() if s is not None}
+    top = wrapper.module
+    glob = next((s for s in scopes if isinstance(s, GlobalScope)), None)
+    if glob is None or old not in glob.assignments:
+        return None
+    if any(new in s.assignments or new in s.accesses or new in s for s in scopes):
+        return None
+    in_all = _all_strings(top)
+    strings: set[int] = set()
+    for node in _walk(top):
+        if isinstance(node, (cst.Global, cst.Nonlocal)):
+            if any(item.name.value in (old, new) for item in node.names):
+                return None
+        elif isinstance(node, cst.SimpleString) and node.evaluated_value == old:
+            if id(node) not in in_all:
+                return None
+            strings.add(id(node))
+    names: set[int] = set()
+    for assignment in glob.assignments[old]:
+        if not isinstance(assignment, Assignment) or isinstance(assignment, ImportAssignment):
+            return None
+        bound = assignment.node
+        if isinstance(bound, (cst.FunctionDef, cst.ClassDef)):
+            names.add(id(bound.name))
+        elif isinstance(bound, cst.Name):
+            names.add(id(bound))
+        else:
+            return None
+        for ref in assignment.references:
+            if not isinstance(ref.node, cst.Name):
+                return None
+            names.add(id(ref.node))
+    return top.visit(_RenameDefinition(old, new, names, strings))
+
+
+class _RenameDefinition(cst.CSTTransformer):
+    def __init__(self, old: str, new: str, names: set[int], strings: set[int]) -> None:
+        super().__init__()
+        self.old, self.new, self.names, self.strings = old, new, names, strings
+
+    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.Name:
+        if id(original_node) in self.names:
+            return updated_node.with_changes(value=self.new)
+        return updated_node
+
+    def leave_SimpleString(
+        self, original_node: cst.SimpleString, updated_node: cst.SimpleString
+    ) -> cst.SimpleString:
+        if id(original_node) in self.strings:
+            return updated_node.with_changes(value=updated_node.value.replace(self.old, self.new))
+        return updated_node
+
+
 def _check_path(label: str, dotted: str) -> None:
     parts = dotted.split(".")
     if len(parts) < 2 or not all(p.isidentifier() for p in parts):
@@ -461,7 +546,9 @@ def rewrite_source(
     bound the old name without ``as`` imports the new name and the file's uses of the old name
     are renamed (``from a import old`` + ``old.X`` -> ``from a import new`` + ``new.X``), where
     that is safe (see :func:`_safe_local_renames`); elsewhere the ``as`` stays. Returns
-    ``source`` itself when nothing refers to ``old``.
+    ``source`` itself when nothing refers to ``old``. With ``rename_uses``, in the new home
+    itself (``module`` is the new parent) a module-level definition still named like ``old``
+    is renamed too, with its uses and its ``__all__`` entry (see :func:`_rename_definition`).
     """
     _check_path("old", old)
     _check_path("new", new)
@@ -472,11 +559,15 @@ def rewrite_source(
     tree.visit(scan)
     rewriter = _Rewrite(scan, old, new)
     result = tree.visit(rewriter)
-    if not rewriter.changed:
-        return source
-    if rename_uses and rewriter.local_renames:
+    changed = rewriter.changed
+    if changed and rename_uses and rewriter.local_renames:
         result = _rename_locals(result, rewriter.local_renames)
-    return result.code
+    old_last, new_parent, new_last = old.rpartition(".")[2], *new.rpartition(".")[::2]
+    if rename_uses and module == new_parent and old_last != new_last:
+        renamed = _rename_definition(result, old_last, new_last)
+        if renamed is not None:
+            result, changed = renamed, True
+    return result.code if changed else source
 
 
 def iter_python_files(paths: Iterable[Path]) -> list[Path]:
