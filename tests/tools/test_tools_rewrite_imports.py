@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from mem_cache_refactor.rewrite_imports import rewrite_source
+from mem_cache_refactor.rewrite_imports import rewrite_markdown, rewrite_source
 from tests.tools._synth import run_tool
 
 NAME = ("a.b.X", "c.d.X")
@@ -221,3 +221,50 @@ def test_cli_rewrites_tree_and_resolves_relative_imports(tmp_path: Path) -> None
     bad = run_tool("rewrite_imports", "pkg", "pkg.new")
     assert bad.returncode == 2
     assert "at least two components" in bad.stderr
+
+
+MARKDOWN = """# Title
+
+Prose names `a.b.X` and stays as it is.
+
+```python
+from a import b
+
+v = b.X(1)
+```
+
+```pycon
+>>> from a import b
+```
+
+- item
+
+  ```py
+  from a.b import X
+  print(X)
+  ```
+
+```python
+this is not python (
+from a.b import X
+```
+"""
+
+
+def test_markdown_python_blocks_are_rewritten() -> None:
+    out = rewrite_markdown(MARKDOWN, "a.b.X", "a.b.Z", rename_uses=True)
+    assert out == MARKDOWN.replace("v = b.X(1)", "v = b.Z(1)").replace(
+        "  from a.b import X\n  print(X)\n", "  from a.b import Z\n  print(Z)\n"
+    )  # prose, the pycon block and the block that does not parse are untouched
+    assert rewrite_markdown(out, "a.b.X", "a.b.Z", rename_uses=True) == out
+
+
+def test_cli_rewrites_markdown_files(tmp_path: Path) -> None:
+    (tmp_path / ".git").mkdir()
+    doc = tmp_path / "docs" / "guide.md"
+    doc.parent.mkdir()
+    doc.write_text(MARKDOWN)
+    proc = run_tool("rewrite_imports", "a.b.X", "a.b.Z", str(tmp_path), "--rename-uses")
+    assert proc.returncode == 0, proc.stderr
+    assert "1 file(s) changed" in proc.stdout
+    assert "v = b.Z(1)" in doc.read_text() and "`a.b.X`" in doc.read_text()

@@ -9,8 +9,9 @@ its repository (:class:`mem_cache_refactor.modpath.SourceRoots`: ``pyproject.tom
 
 ``OLD`` is a module (``mem_cache_pool.old_mod``) or a name in a module
 (``mem_cache_pool.old_mod.Helper``); so is ``NEW``. Both need at least two components. Paths are
-files or directories (searched for ``*.py``, skipping hidden and virtual-environment folders);
-default: the current directory. Handled forms:
+files or directories (searched for ``*.py`` and ``*.md``, skipping hidden and
+virtual-environment folders); default: the current directory. In a Markdown file only the fenced
+``python`` code blocks are rewritten, each on its own (prose is not). Handled forms:
 
 * ``from a.b import X`` / ``from a.b import X as Y`` -> ``from c.d import X [as Y]``; a
   multi-name import where only some names moved is split (the rest stay where they were);
@@ -44,6 +45,7 @@ to re-sort the import blocks.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -54,7 +56,7 @@ from libcst.metadata import Assignment, GlobalScope, ImportAssignment, ScopeProv
 
 from mem_cache_refactor.modpath import SKIP_DIRS, SourceRoots, resolve_relative
 
-__all__ = ["iter_python_files", "main", "rewrite_file", "rewrite_source"]
+__all__ = ["iter_python_files", "main", "rewrite_file", "rewrite_markdown", "rewrite_source"]
 
 
 
@@ -570,14 +572,47 @@ def rewrite_source(
     return result.code if changed else source
 
 
-def iter_python_files(paths: Iterable[Path]) -> list[Path]:
-    """``.py`` files under ``paths`` (files kept as given), skipping hidden/venv/build dirs."""
+_FENCE = re.compile(
+    r"^(?P<open>(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?:python3?|py)\b[^\n]*\n)"
+    r"(?P<body>.*?)"
+    r"^(?P<close>(?P=indent)(?P=fence)[ \t]*)$",
+    re.MULTILINE | re.DOTALL,
+)
+
+
+def rewrite_markdown(text: str, old: str, new: str, *, rename_uses: bool = False) -> str:
+    """Return Markdown ``text`` with :func:`rewrite_source` applied to each fenced ``python``
+    (``py``, ``python3``) code block on its own; a block that does not parse (a ``>>>``
+    session, ``...`` placeholders) and all prose stay as they are."""
+
+    def block(match: re.Match[str]) -> str:
+        indent, body = match.group("indent"), match.group("body")
+        lines = body.splitlines(keepends=True)
+        if indent and not all(ln.startswith(indent) or not ln.strip() for ln in lines):
+            return match.group(0)
+        code = "".join(ln[len(indent):] if ln.startswith(indent) else ln for ln in lines)
+        try:
+            out = rewrite_source(code, old, new, rename_uses=rename_uses)
+        except cst.ParserSyntaxError:
+            return match.group(0)
+        if out == code:
+            return match.group(0)
+        body = "".join(indent + ln if ln.strip() else ln for ln in out.splitlines(keepends=True))
+        return match.group("open") + body + match.group("close")
+
+    return _FENCE.sub(block, text)
+
+
+def iter_python_files(paths: Iterable[Path], *, markdown: bool = False) -> list[Path]:
+    """``.py`` files (and ``.md`` files when ``markdown``) under ``paths`` (files kept as
+    given), skipping hidden/venv/build dirs."""
     found: list[Path] = []
+    patterns = ("*.py", "*.md") if markdown else ("*.py",)
     for path in paths:
         if path.is_file():
             found.append(path)
             continue
-        for file in sorted(path.rglob("*.py")):
+        for file in sorted(f for pattern in patterns for f in path.rglob(pattern)):
             rel = file.relative_to(path).parts[:-1]
             if any(p in SKIP_DIRS or p.startswith(".") for p in rel):
                 continue
@@ -621,6 +656,11 @@ def rewrite_file(
     ``rename_uses``: see :func:`rewrite_source`.
     """
     source = file.read_text(encoding="utf-8")
+    if file.suffix.lower() in (".md", ".markdown"):
+        result = rewrite_markdown(source, old, new, rename_uses=rename_uses)
+        if result != source and write:
+            file.write_text(result, encoding="utf-8")
+        return result != source
     try:
         result = rewrite_source(
             source, old, new, module=_module_of(file, src_roots),
@@ -658,7 +698,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _check_path("NEW", args.new)
     except ValueError as exc:
         parser.error(str(exc))
-    files = iter_python_files(args.paths or [Path(".")])
+    files = iter_python_files(args.paths or [Path(".")], markdown=True)
     changed = [f for f in files if rewrite_file(f, args.old, args.new, write=not args.check,
                                       src_roots=args.src_root, rename_uses=args.rename_uses)]
     verb = "would rewrite" if args.check else "rewrote"
