@@ -191,3 +191,25 @@ def test_find_moves_pairs_renamed_definitions_by_source_then_name(tmp_path: Path
         "OLD_BYTES -> BYTES", "old_size -> size")
     edited = replace(by_name["old_size"][1], source="def size(n):\n    return n * BYTES + 1\n")
     assert same_after_renames(by_name["old_size"][0], edited, renames) is None
+
+
+def test_blame_of_a_definition_with_no_unedited_line_is_not_applicable() -> None:
+    """A one-line definition that was renamed, or edited with --allow-edit, has no unedited
+    line for blame to trace: the blame check does not apply (it used to fail at 0 %); an
+    undeclared edit still fails on its body."""
+    from mem_cache_refactor.move_check._probe import OldPath
+    from mem_cache_refactor.move_check._report import MoveReport
+
+    base = MoveReport(
+        name="_A", kind="constant", old_module="p.m", new_module="p.m", old_file="p/m.py",
+        old_lines=(1, 1), new_file="p/m.py", new_lines=(1, 1), body_identical=False,
+        edit_allowed=True, changed_members=None, diff="-_A = 1\n+_B = 2\n", stale_sites=(),
+        old_path=OldPath("gone", "", None, None), blame_lines=0, blame_before_move=0,
+        blame_sources={}, removal_allowed=True, new_name="_B",
+    )
+    assert base.failures == []
+    undeclared = replace(base, edit_allowed=False)
+    assert [f for f in undeclared.failures if "blame" in f] != []
+    assert [f for f in undeclared.failures if "body changed" in f] != []
+    renamed = replace(base, body_identical=True, edit_allowed=True, renames=("_A -> _B",))
+    assert renamed.failures == []

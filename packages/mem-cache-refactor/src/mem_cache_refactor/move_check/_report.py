@@ -88,8 +88,8 @@ class MoveReport:
 
     @property
     def blame_ok(self) -> bool:
-        if self.blame_lines == 0 and self.renamed:
-            return True  # every line carries a renamed name: nothing unedited to trace
+        if self.blame_lines == 0 and (self.renamed or self.edit_allowed):
+            return True  # every line renamed or (declared) edited: nothing unedited to trace
         return 100.0 * self.blame_share + 1e-9 >= self.min_blame
 
     @property
@@ -223,6 +223,8 @@ def render_text(report: Report) -> str:
             out.append(
                 "  git blame -C -C -C: no line left unedited by the renames (not applicable)"
             )
+        elif m.blame_lines == 0 and m.edit_allowed:
+            out.append("  git blame -C -C -C: no line left unedited (not applicable)")
         else:
             out.append(
                 f"  git blame -C -C -C: {m.blame_before_move}/{m.blame_lines}{scope} lines "
