@@ -94,6 +94,9 @@ CASES: list[tuple[str, tuple[str, str], str, str]] = [
      "import a.b as m\nv = m.X(m.X)\n", "import a.b as m\nv = m.Z(m.Z)\n"),
     ("rename in place: from-imported module kept", ("a.b.X", "a.b.Z"),
      "from a import b\nv = b.X\n", "from a import b\nv = b.Z\n"),
+    ("rename in place inside a multi-name import: the statement keeps its order",
+     ("a.b.X", "a.b.Z"), "from a.b import W, X, Y as V\nv = X\n",
+     "from a.b import W, Z as X, Y as V\nv = X\n"),
 ]
 
 # rename_uses=True: the new name is imported itself and the old local name's uses renamed.
@@ -103,6 +106,9 @@ RENAME_CASES: list[tuple[str, tuple[str, str], str, str]] = [
      "from c.d import Z\n\n\ndef f(x: Z) -> Z:\n    return Z(X=x)\n"),
     ("module renamed: from-imported module and its chains", ("a.b", "a.d"),
      "from a import b\n\nv = b.X(b.Y)\n", "from a import d\n\nv = d.X(d.Y)\n"),
+    ("module renamed inside a multi-name import", ("a.b", "a.d"),
+     "from a import (\n    A,\n    b,\n)\n\nv = b.X(A)\n",
+     "from a import (\n    A,\n    d,\n)\n\nv = d.X(A)\n"),
     ("user alias stays", ("a.b.X", "c.d.Z"), "from a.b import X as Y\nv = Y\n",
      "from c.d import Z as Y\nv = Y\n"),
     ("new name already used: alias kept", ("a.b.X", "c.d.Z"),

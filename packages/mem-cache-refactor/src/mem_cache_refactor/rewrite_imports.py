@@ -281,6 +281,11 @@ class _Rewrite(cst.CSTTransformer):
                     self.local_renames[name] = new_name
                 if new_mod == self.scan.module and bind in (None, new_name):
                     continue  # this file is the new home: the name is defined right here
+                if new_mod == base:  # renamed in place: stays in this statement
+                    asname = alias.asname if local else (
+                        cst.AsName(name=cst.Name(bind)) if bind else None)
+                    kept.append(alias.with_changes(name=cst.Name(new_name), asname=asname))
+                    continue
                 spec = f"{new_name} as {bind}" if bind else new_name
                 moved.setdefault(new_mod, []).append(spec)
                 continue
