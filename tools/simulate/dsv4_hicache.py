@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from mem_cache_kernels import dsv4 as dsv4_kernels
+from mem_cache_kernels import deepseek_v4 as dsv4_kernels
 from mem_cache_pool_host import LayerLoadAbortedError
 from tools.simulate.dsv4_stack import ROLE, DSv4Stack
 from tools.simulate.faults import Fault, FaultInjector, InjectedTransferError
@@ -61,7 +61,7 @@ class DSv4HostTransfers:
                 dev = stack.device_slots(kind, full)
                 tokens = host_tokens(host[kind.name], kind.pool.page_size)
                 kind.host.backup_tokens_from_device_all_layer(kind.pool, tokens, dev)
-                moved += dev.numel() * len(kind.layers) * dsv4_kernels.DSV4_TOKEN_BYTES
+                moved += dev.numel() * len(kind.layers) * dsv4_kernels.TOKEN_BYTES
         except InjectedTransferError:
             stat.record_failure(fault is not None and fault.kind == "abort")
             return False
@@ -114,13 +114,13 @@ class DSv4HostTransfers:
         try:
             for i, layer_id in enumerate(stack.layers):
                 rows = stack.pool.get_swa_key_buffer(layer_id)
-                got = dsv4_kernels.read_dsv4_records(rows, device["swa"], ps)
+                got = dsv4_kernels.read_records(rows, device["swa"], ps)
                 bad += stack.mismatches(got, h[i, ROLE["swa"]], "swa")
                 ratio = stack.pool.get_compress_ratio(layer_id)
                 if ratio:
                     kind = stack.kind(f"c{ratio}")
                     rows = stack.pool.get_compressed_key_buffer(layer_id)
-                    got = dsv4_kernels.read_dsv4_records(
+                    got = dsv4_kernels.read_records(
                         rows, device[kind.name], kind.pool.page_size
                     )
                     m = stack.entry_mask(full, ratio)
