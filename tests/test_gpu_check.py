@@ -106,8 +106,8 @@ def test_every_discovered_op_has_cases() -> None:
     ops = _ops.discover_ops()
     # every catalogued op with a backend choice; the quantisation arithmetic has none
     missing = {info.qualname for info in mk.list_ops()} - set(ops)
-    assert missing == {"dsv4.quantize_dsv4_nope", "dsv4.dequantize_dsv4_nope"}
-    assert {"dsv4.pack_dsv4_records", "dsv4.read_dsv4_records"} <= set(ops)
+    assert missing == {"deepseek_v4.quantize_nope", "deepseek_v4.dequantize_nope"}
+    assert {"deepseek_v4.pack_records", "deepseek_v4.read_records"} <= set(ops)
     assert "resolve_backend" not in ops  # takes backend positionally: not an op
     assert set(ops) == set(CASES)
 
@@ -117,10 +117,10 @@ def test_catalogue_alone_finds_the_deepseek_v4_ops(monkeypatch: pytest.MonkeyPat
     ops = _ops.discover_ops()
     family = {info.qualname for info in mk.list_ops() if info.family == "deepseek_v4"}
     assert family & set(ops) == {
-        "dsv4.pack_dsv4_records",
-        "dsv4.unpack_dsv4_records",
-        "dsv4.write_dsv4_records",
-        "dsv4.read_dsv4_records",
+        "deepseek_v4.pack_records",
+        "deepseek_v4.unpack_records",
+        "deepseek_v4.write_records",
+        "deepseek_v4.read_records",
     }
 
 

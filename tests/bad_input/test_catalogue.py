@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import mem_cache_kernels as mk
-from mem_cache_kernels import dsv4
+from mem_cache_kernels import deepseek_v4
 from tests.bad_input._catalogue import VARIANTS
 from tests.bad_input._subjects import OWNERS, same_state, snapshot
 from tests.bad_input._xfail import XFAIL
@@ -201,8 +201,9 @@ def _last_loc() -> Call:
 def _dsv4_write() -> Call:
     ps = 4
     return Call(
-        dsv4.write_dsv4_records,
-        {"buffer": torch.zeros(2, dsv4.dsv4_page_bytes(ps), dtype=torch.uint8), "loc": _i(1, 6),
+        deepseek_v4.write_records,
+        {"buffer": torch.zeros(2, deepseek_v4.page_row_bytes(ps), dtype=torch.uint8),
+         "loc": _i(1, 6),
          "records": torch.ones(2, 584, dtype=torch.uint8), "page_size": ps},
         {"loc": "idx", "page_size": "page_size"},
         backends=True,
@@ -212,8 +213,9 @@ def _dsv4_write() -> Call:
 def _dsv4_read() -> Call:
     ps = 4
     return Call(
-        dsv4.read_dsv4_records,
-        {"buffer": torch.ones(2, dsv4.dsv4_page_bytes(ps), dtype=torch.uint8), "loc": _i(1, 6),
+        deepseek_v4.read_records,
+        {"buffer": torch.ones(2, deepseek_v4.page_row_bytes(ps), dtype=torch.uint8),
+         "loc": _i(1, 6),
          "page_size": ps},
         {"loc": "idx", "page_size": "page_size"},
         backends=True,
@@ -382,8 +384,8 @@ BUILDERS: dict[str, Callable[[], Call]] = {
     "mem_cache_kernels:alloc_decode": _alloc_decode,
     "mem_cache_kernels:write_req_to_token": _write_req,
     "mem_cache_kernels:get_last_loc": _last_loc,
-    "mem_cache_kernels.dsv4:write_dsv4_records": _dsv4_write,
-    "mem_cache_kernels.dsv4:read_dsv4_records": _dsv4_read,
+    "mem_cache_kernels.deepseek_v4:write_records": _dsv4_write,
+    "mem_cache_kernels.deepseek_v4:read_records": _dsv4_read,
     f"{TOKEN}.alloc": _alloc_call(TOKEN, 4),
     f"{PAGED}.alloc": _alloc_call(PAGED, 4),
     f"{SWA}.alloc": _alloc_call(SWA, 4),

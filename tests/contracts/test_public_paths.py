@@ -8,7 +8,8 @@ mem_cache packages into a pristine ``sys.modules`` with a pristine warnings regi
   <name>`` works for each name, emits no ``DeprecationWarning``, and where the package root also
   exports the name it is the same object.
 * ``MOVED``: ``(old_module, name, new_module)`` for every definition moved with a shim
-  (``mem_cache_kernels.shims.moved_names``). The old path gives the very same object as the new
+  (``mem_cache_kernels.shims.moved_names``); ``new_module:NewName`` when it was also
+  renamed. The old path gives the very same object as the new
   one with exactly one ``DeprecationWarning`` that names the new path; the new path warns not at
   all. Add a row in the same commit as the move (``tools/REFACTORING.md``); delete it together
   with the shim.
@@ -70,8 +71,28 @@ DOCUMENTED: list[tuple[str, tuple[str, ...]]] = [
 # Modules that are documented as import targets themselves.
 DOCUMENTED_MODULES: list[str] = ["mem_cache_allocator.testing", "mem_cache_pool.deepseek_v4"]
 
-# (old_module, name, new_module): definitions moved with a shim left at the old path.
-MOVED: list[tuple[str, str, str]] = []
+# (old_module, name, new_module[:new_name]): definitions moved with a shim left at the old path.
+MOVED: list[tuple[str, str, str]] = [
+    ("mem_cache_kernels.dsv4", "DSV4_NOPE_DIM", "mem_cache_kernels.deepseek_v4:NOPE_DIM"),
+    ("mem_cache_kernels.dsv4", "DSV4_PAGE_ALIGN", "mem_cache_kernels.deepseek_v4:PAGE_ALIGN"),
+    ("mem_cache_kernels.dsv4", "DSV4_QUANT_GROUP", "mem_cache_kernels.deepseek_v4:QUANT_GROUP"),
+    ("mem_cache_kernels.dsv4", "DSV4_ROPE_DIM", "mem_cache_kernels.deepseek_v4:ROPE_DIM"),
+    ("mem_cache_kernels.dsv4", "DSV4_SCALE_BYTES", "mem_cache_kernels.deepseek_v4:SCALE_BYTES"),
+    ("mem_cache_kernels.dsv4", "DSV4_SCALE_PART_BYTES",
+     "mem_cache_kernels.deepseek_v4:SCALE_PART_BYTES"),
+    ("mem_cache_kernels.dsv4", "DSV4_TOKEN_BYTES", "mem_cache_kernels.deepseek_v4:TOKEN_BYTES"),
+    ("mem_cache_kernels.dsv4", "DSV4_UE8M0_BIAS", "mem_cache_kernels.deepseek_v4:UE8M0_BIAS"),
+    ("mem_cache_kernels.dsv4", "DSV4_VALUE_BYTES", "mem_cache_kernels.deepseek_v4:VALUE_BYTES"),
+    ("mem_cache_kernels.dsv4", "dequantize_dsv4_nope",
+     "mem_cache_kernels.deepseek_v4:dequantize_nope"),
+    ("mem_cache_kernels.dsv4", "dsv4_page_bytes", "mem_cache_kernels.deepseek_v4:page_row_bytes"),
+    ("mem_cache_kernels.dsv4", "pack_dsv4_records", "mem_cache_kernels.deepseek_v4:pack_records"),
+    ("mem_cache_kernels.dsv4", "quantize_dsv4_nope", "mem_cache_kernels.deepseek_v4:quantize_nope"),
+    ("mem_cache_kernels.dsv4", "read_dsv4_records", "mem_cache_kernels.deepseek_v4:read_records"),
+    ("mem_cache_kernels.dsv4", "unpack_dsv4_records",
+     "mem_cache_kernels.deepseek_v4:unpack_records"),
+    ("mem_cache_kernels.dsv4", "write_dsv4_records", "mem_cache_kernels.deepseek_v4:write_records"),
+]
 
 _RUNNER = textwrap.dedent(
     r"""
@@ -111,19 +132,21 @@ _RUNNER = textwrap.dedent(
             assert not problems, "; ".join(problems)
             return
         _, old, name, new = case
+        new, _, new_name = new.partition(":")  # "module:NewName" for a renamed definition
+        new_name = new_name or name
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            new_obj = getattr(importlib.import_module(new), name)
+            new_obj = getattr(importlib.import_module(new), new_name)
             old_mod = importlib.import_module(old)
         dep = [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)]
-        assert not dep, f"importing {new}.{name} / {old} warned: {dep}"
+        assert not dep, f"importing {new}.{new_name} / {old} warned: {dep}"
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             old_obj = getattr(old_mod, name)  # what `from old import name` does
         dep = [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)]
-        assert old_obj is new_obj, f"{old}.{name} is not {new}.{name}"
+        assert old_obj is new_obj, f"{old}.{name} is not {new}.{new_name}"
         assert len(dep) == 1, f"expected exactly one DeprecationWarning, got {dep}"
-        assert f"{new}.{name}" in dep[0], f"warning does not name {new}.{name}: {dep[0]}"
+        assert f"{new}.{new_name}" in dep[0], f"warning does not name {new}.{new_name}: {dep[0]}"
 
     results = []
     for case in json.loads(sys.argv[1]):

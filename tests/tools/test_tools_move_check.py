@@ -269,3 +269,92 @@ def test_removal_of_a_private_old_path_needs_no_shim(synth: tuple[SynthRepo, str
     [move] = result.to_json()["moves"]
     assert move["old_path"]["status"] == "gone"
     assert "[removal accepted: private path]" in text
+
+
+OLD_CORE = '''
+    """Old helpers."""
+
+    OLD_LIMIT = 4
+    OLD_TWICE = OLD_LIMIT * 2
+
+
+    def old_scale(x: int) -> int:
+        """Scale ``x`` by twice the limit, after checking it."""
+        if x < 0:
+            raise ValueError(f"x must be >= 0, got {x}")
+        y = x + 0
+        return y * OLD_TWICE
+'''
+
+NEW_CORE = '''
+    """New helpers."""
+
+    LIMIT = 4
+    TWICE = LIMIT * 2
+
+
+    def scale_twice(x: int) -> int:
+        """Scale ``x`` by twice the limit, after checking it."""
+        if x < 0:
+            raise ValueError(f"x must be >= 0, got {x}")
+        y = x + 0
+        return y * TWICE
+'''
+
+OLD_CORE_SHIM = '''
+    """Old helpers (moved to lowpkg.new_core)."""
+
+    from mem_cache_kernels.shims import moved_names
+
+    __getattr__ = moved_names(__name__, {
+        "OLD_LIMIT": "lowpkg.new_core:LIMIT",
+        "OLD_TWICE": "lowpkg.new_core:TWICE",
+        "old_scale": "lowpkg.new_core:scale_twice",
+    })
+'''
+
+
+def test_renamed_move_is_checked_like_any_move(synth: tuple[SynthRepo, str]) -> None:
+    """A move that also renames (functions and constants) is paired, its body compared after
+    the renames, its old path probed against the new name, its stale sites listed; the
+    rewriter with --rename-uses then fixes the sites."""
+    repo, _ = synth
+    repo.write({"lowpkg/old_core.py": OLD_CORE, "highpkg/calc.py": '''
+        from lowpkg import old_core
+        from lowpkg.old_core import old_scale
+
+
+        def run() -> int:
+            return old_scale(old_core.OLD_LIMIT)
+    '''})
+    before = repo.commit("old helpers")
+    repo.write({"lowpkg/new_core.py": NEW_CORE, "lowpkg/old_core.py": OLD_CORE_SHIM})
+    moved = repo.commit("rename the helpers into lowpkg.new_core")
+    result = check(repo.root, before, moved)
+    text = render_text(result)
+    moves = {m["name"]: m for m in result.to_json()["moves"]}
+    assert set(moves) == {"OLD_LIMIT", "OLD_TWICE", "old_scale"}, text
+    scale = moves["old_scale"]
+    assert (scale["new_name"], scale["kind"], scale["body_identical"]) == (
+        "scale_twice", "function", True)
+    assert scale["renames"] == ["OLD_TWICE -> TWICE", "old_scale -> scale_twice"]
+    assert scale["old_path"]["status"] == "shim"
+    assert "lowpkg.new_core.scale_twice" in scale["old_path"]["warning"]
+    assert "[FAIL] constant OLD_LIMIT: lowpkg.old_core -> lowpkg.new_core (renamed LIMIT)" in text
+    assert "no line left unedited by the renames (not applicable)" in text
+    assert "identical after renames (ast.dump; OLD_TWICE -> TWICE, old_scale -> scale_twice)" \
+        in text
+    assert not result.ok
+    assert {(s["path"], s["target"]) for m in moves.values() for s in m["stale_sites"]} == {
+        ("highpkg/calc.py", "lowpkg.old_core.old_scale"),
+        ("highpkg/calc.py", "lowpkg.old_core.OLD_LIMIT"),
+    }
+    for old, new in (("OLD_LIMIT", "LIMIT"), ("old_scale", "scale_twice")):
+        proc = run_tool("rewrite_imports", f"lowpkg.old_core.{old}", f"lowpkg.new_core.{new}",
+                        str(repo.root / "highpkg"), "--rename-uses")
+        assert proc.returncode == 0, proc.stderr
+    calc = (repo.root / "highpkg/calc.py").read_text()
+    assert "return scale_twice(lowpkg.new_core.LIMIT)" in calc
+    fixed = repo.commit("callers use the new names")
+    final = check(repo.root, before, fixed)
+    assert final.ok, render_text(final)

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from mem_cache_refactor.modpath import SourceRoots, module_name_for_path, resolve_relative
-from mem_cache_refactor.move_check._defs import collect_definitions, find_moves
+from mem_cache_refactor.move_check._defs import (
+    collect_definitions,
+    find_moves,
+    same_after_renames,
+)
 from mem_cache_refactor.move_check._probe import probe_env, static_old_path
 from mem_cache_refactor.move_check._sites import find_import_sites
 
@@ -153,3 +158,58 @@ def test_static_old_path(tmp_path: Path) -> None:
     assert gone is False and "no longer defines or imports Thing" in detail
     gone, detail = static_old_path([root], "p.removed", "Thing")
     assert gone is False and "module p.removed no longer exists" in detail
+
+
+def test_find_moves_pairs_renamed_definitions_by_source_then_name(tmp_path: Path) -> None:
+    """Renamed moves: a definition that left under one name pairs with one that appeared under
+    another when their sources match once the names (and the renames found so far) are aligned;
+    equal sources (two ``= 64`` constants) go to the closer name; an unrelated one stays out."""
+    old = (
+        "OLD_DIM = 64\nOLD_GROUP = 64\nOLD_BYTES = OLD_DIM // OLD_GROUP\n\n\n"
+        "def old_size(n):\n    \"\"\"Bytes of n rows.\"\"\"\n    return n * OLD_BYTES\n\n\n"
+        "def dropped(x):\n    return [x] * 3\n"
+    )
+    new = (
+        "DIM = 64\nGROUP = 64\nBYTES = DIM // GROUP\n\n\n"
+        "def size(n):\n    \"\"\"Bytes of n rows.\"\"\"\n    return n * BYTES\n\n\n"
+        "def added(y, z):\n    return {y: z for _ in range(9)}\n"
+    )
+    a = _tree(tmp_path / "a", {"p/old.py": old})
+    b = _tree(tmp_path / "b", {"p/new.py": new})
+    top = SourceRoots(("",))
+    changed = ["p/old.py", "p/new.py"]
+    pairs = find_moves(collect_definitions(a, changed, top), collect_definitions(b, changed, top))
+    assert [(o.name, n.name, o.kind) for o, n in pairs] == [
+        ("OLD_BYTES", "BYTES", "constant"),
+        ("OLD_DIM", "DIM", "constant"),
+        ("OLD_GROUP", "GROUP", "constant"),
+        ("old_size", "size", "function"),
+    ]
+    renames = {o.name: n.name for o, n in pairs}
+    by_name = {o.name: (o, n) for o, n in pairs}
+    assert same_after_renames(*by_name["old_size"], renames) == (
+        "OLD_BYTES -> BYTES", "old_size -> size")
+    edited = replace(by_name["old_size"][1], source="def size(n):\n    return n * BYTES + 1\n")
+    assert same_after_renames(by_name["old_size"][0], edited, renames) is None
+
+
+def test_blame_of_a_definition_with_no_unedited_line_is_not_applicable() -> None:
+    """A one-line definition that was renamed, or edited with --allow-edit, has no unedited
+    line for blame to trace: the blame check does not apply (it used to fail at 0 %); an
+    undeclared edit still fails on its body."""
+    from mem_cache_refactor.move_check._probe import OldPath
+    from mem_cache_refactor.move_check._report import MoveReport
+
+    base = MoveReport(
+        name="_A", kind="constant", old_module="p.m", new_module="p.m", old_file="p/m.py",
+        old_lines=(1, 1), new_file="p/m.py", new_lines=(1, 1), body_identical=False,
+        edit_allowed=True, changed_members=None, diff="-_A = 1\n+_B = 2\n", stale_sites=(),
+        old_path=OldPath("gone", "", None, None), blame_lines=0, blame_before_move=0,
+        blame_sources={}, removal_allowed=True, new_name="_B",
+    )
+    assert base.failures == []
+    undeclared = replace(base, edit_allowed=False)
+    assert [f for f in undeclared.failures if "blame" in f] != []
+    assert [f for f in undeclared.failures if "body changed" in f] != []
+    renamed = replace(base, body_identical=True, edit_allowed=True, renames=("_A -> _B",))
+    assert renamed.failures == []

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from mem_cache_refactor.rewrite_imports import rewrite_source
+from mem_cache_refactor.rewrite_imports import rewrite_markdown, rewrite_source
 from tests.tools._synth import run_tool
 
 NAME = ("a.b.X", "c.d.X")
@@ -86,6 +86,40 @@ CASES: list[tuple[str, tuple[str, str], str, str]] = [
     ),
     ("multi-module import line", NAME, "import os, a.b\nprint(a.b.X, os)\n",
      "import os\nimport c.d\nprint(c.d.X, os)\n"),
+    # A rename inside one module: the binding of the module keeps serving the chains (it used
+    # to be dropped, leaving `a.b.Z` with no import, or replaced by a full `import a.b`).
+    ("rename in place: plain module import kept", ("a.b.X", "a.b.Z"),
+     "import a.b\nv = a.b.X\n", "import a.b\nv = a.b.Z\n"),
+    ("rename in place: module alias kept", ("a.b.X", "a.b.Z"),
+     "import a.b as m\nv = m.X(m.X)\n", "import a.b as m\nv = m.Z(m.Z)\n"),
+    ("rename in place: from-imported module kept", ("a.b.X", "a.b.Z"),
+     "from a import b\nv = b.X\n", "from a import b\nv = b.Z\n"),
+    ("rename in place inside a multi-name import: the statement keeps its order",
+     ("a.b.X", "a.b.Z"), "from a.b import W, X, Y as V\nv = X\n",
+     "from a.b import W, Z as X, Y as V\nv = X\n"),
+]
+
+# rename_uses=True: the new name is imported itself and the old local name's uses renamed.
+RENAME_CASES: list[tuple[str, tuple[str, str], str, str]] = [
+    ("from-import of a renamed name", ("a.b.X", "c.d.Z"),
+     "from a.b import X\n\n\ndef f(x: X) -> X:\n    return X(X=x)\n",
+     "from c.d import Z\n\n\ndef f(x: Z) -> Z:\n    return Z(X=x)\n"),
+    ("module renamed: from-imported module and its chains", ("a.b", "a.d"),
+     "from a import b\n\nv = b.X(b.Y)\n", "from a import d\n\nv = d.X(d.Y)\n"),
+    ("module renamed inside a multi-name import", ("a.b", "a.d"),
+     "from a import (\n    A,\n    b,\n)\n\nv = b.X(A)\n",
+     "from a import (\n    A,\n    d,\n)\n\nv = d.X(A)\n"),
+    ("user alias stays", ("a.b.X", "c.d.Z"), "from a.b import X as Y\nv = Y\n",
+     "from c.d import Z as Y\nv = Y\n"),
+    ("new name already used: alias kept", ("a.b.X", "c.d.Z"),
+     "from a.b import X\nZ = 1\nv = X\n", "from c.d import Z as X\nZ = 1\nv = X\n"),
+    ("new name is a builtin: alias kept", ("a.b.X", "c.d.open"),
+     "from a.b import X\nv = X\n", "from c.d import open as X\nv = X\n"),
+    ("old name also bound elsewhere: alias kept", ("a.b", "a.d"),
+     "from a import b\nv = b.X\n\n\ndef f(b=1):\n    return b\n",
+     "from a import d as b\nv = b.X\n\n\ndef f(b=1):\n    return b\n"),
+    ("old name spelled in a string (__all__): alias kept", ("a.b.X", "c.d.Z"),
+     "from a.b import X\n__all__ = ['X']\n", "from c.d import Z as X\n__all__ = ['X']\n"),
 ]
 
 
@@ -95,6 +129,43 @@ def test_rewrite(old_new: tuple[str, str], source: str, expected: str) -> None:
     old, new = old_new
     assert rewrite_source(source, old, new, module="a.x") == expected
     assert rewrite_source(expected, old, new, module="a.x") == expected  # idempotent
+
+
+@pytest.mark.parametrize(("old_new", "source", "expected"),
+                         [c[1:] for c in RENAME_CASES], ids=[c[0] for c in RENAME_CASES])
+def test_rewrite_rename_uses(old_new: tuple[str, str], source: str, expected: str) -> None:
+    old, new = old_new
+    assert rewrite_source(source, old, new, module="x.y", rename_uses=True) == expected
+    assert rewrite_source(expected, old, new, module="x.y", rename_uses=True) == expected
+
+
+HOME = (
+    "\"\"\"Doc mentions X.\"\"\"\n\n__all__ = [\"W\", \"X\", \"Y\"]\n\nY = 2\n\n\n"
+    "def X(v: int = Y) -> int:\n    return v\n\n\nclass W:\n    f = X\n\n\n"
+    "def g(X: int) -> int:\n    return X\n\n\ndef h() -> int:\n    return X(1) + Y\n"
+)
+
+
+def test_rename_in_the_new_home_renames_the_definition() -> None:
+    out = rewrite_source(HOME, "a.b.X", "a.b.Z", module="a.b", rename_uses=True)
+    assert out == (
+        "\"\"\"Doc mentions X.\"\"\"\n\n__all__ = [\"W\", \"Z\", \"Y\"]\n\nY = 2\n\n\n"
+        "def Z(v: int = Y) -> int:\n    return v\n\n\nclass W:\n    f = Z\n\n\n"
+        "def g(X: int) -> int:\n    return X\n\n\ndef h() -> int:\n    return Z(1) + Y\n"
+    )  # the parameter X of g is another binding: untouched; prose is not rewritten
+    assert rewrite_source(out, "a.b.X", "a.b.Z", module="a.b", rename_uses=True) == out
+    const = rewrite_source(out, "a.b.Y", "a.b.V", module="a.b", rename_uses=True)
+    assert "V = 2" in const and "v: int = V" in const and '"V"]' in const
+    # without rename_uses, or outside the new home, the definition stays
+    assert rewrite_source(HOME, "a.b.X", "a.b.Z", module="a.b") == HOME
+    assert rewrite_source(HOME, "a.b.X", "a.b.Z", module="a.c", rename_uses=True) == HOME
+
+
+@pytest.mark.parametrize("extra", ["Z = 0\n", "print(getattr(W, 'X'))\n",
+                                   "def k():\n    global X\n"])
+def test_rename_in_the_new_home_is_skipped_when_unsafe(extra: str) -> None:
+    source = HOME + extra
+    assert rewrite_source(source, "a.b.X", "a.b.Z", module="a.b", rename_uses=True) == source
 
 
 def test_new_home_does_not_import_itself() -> None:
@@ -156,3 +227,50 @@ def test_cli_rewrites_tree_and_resolves_relative_imports(tmp_path: Path) -> None
     bad = run_tool("rewrite_imports", "pkg", "pkg.new")
     assert bad.returncode == 2
     assert "at least two components" in bad.stderr
+
+
+MARKDOWN = """# Title
+
+Prose names `a.b.X` and stays as it is.
+
+```python
+from a import b
+
+v = b.X(1)
+```
+
+```pycon
+>>> from a import b
+```
+
+- item
+
+  ```py
+  from a.b import X
+  print(X)
+  ```
+
+```python
+this is not python (
+from a.b import X
+```
+"""
+
+
+def test_markdown_python_blocks_are_rewritten() -> None:
+    out = rewrite_markdown(MARKDOWN, "a.b.X", "a.b.Z", rename_uses=True)
+    assert out == MARKDOWN.replace("v = b.X(1)", "v = b.Z(1)").replace(
+        "  from a.b import X\n  print(X)\n", "  from a.b import Z\n  print(Z)\n"
+    )  # prose, the pycon block and the block that does not parse are untouched
+    assert rewrite_markdown(out, "a.b.X", "a.b.Z", rename_uses=True) == out
+
+
+def test_cli_rewrites_markdown_files(tmp_path: Path) -> None:
+    (tmp_path / ".git").mkdir()
+    doc = tmp_path / "docs" / "guide.md"
+    doc.parent.mkdir()
+    doc.write_text(MARKDOWN)
+    proc = run_tool("rewrite_imports", "a.b.X", "a.b.Z", str(tmp_path), "--rename-uses")
+    assert proc.returncode == 0, proc.stderr
+    assert "1 file(s) changed" in proc.stdout
+    assert "v = b.Z(1)" in doc.read_text() and "`a.b.X`" in doc.read_text()

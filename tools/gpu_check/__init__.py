@@ -18,7 +18,7 @@ survive; ``--no-isolate`` runs them in-process):
 
 ``ops`` (:mod:`._ops`, :mod:`._op_cases`)
     every public op of ``mem_cache_kernels`` (discovered: ``list_ops()`` plus every public
-    function with a ``backend`` keyword, ``dsv4`` included) with ``backend="triton"`` on CUDA
+    function with a ``backend`` keyword, ``deepseek_v4`` included) with ``backend="triton"`` on CUDA
     tensors, bit-exact against ``backend="torch"`` on the same device: page sizes 1/16/64,
     bf16/fp16/fp8 storage, int32/int64 indices, host<->device and device<->device, rows past
     2**31 bytes from the buffer start. A mismatch prints op, case and first differing index.

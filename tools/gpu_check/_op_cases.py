@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 import mem_cache_kernels as mk
-from mem_cache_kernels import Backend, dsv4
+from mem_cache_kernels import Backend, deepseek_v4
 from tools.gpu_check._core import Context
 
 __all__ = ["CASES", "Case", "Outputs"]
@@ -536,24 +536,24 @@ def _one_way_cases(op: str, run: RunFn) -> CaseFn:
 
 def _dsv4_pack_run(sp: Spec, g: Gen, backend: Backend) -> Outputs:
     n = sp.ctx.sizes.tokens
-    nope = g.bits((n, dsv4.DSV4_NOPE_DIM), torch.uint8)
-    scales = g.bits((n, dsv4.DSV4_SCALE_BYTES), torch.uint8)
-    rope = g.bits((n, dsv4.DSV4_ROPE_DIM), torch.bfloat16)
+    nope = g.bits((n, deepseek_v4.NOPE_DIM), torch.uint8)
+    scales = g.bits((n, deepseek_v4.SCALE_BYTES), torch.uint8)
+    rope = g.bits((n, deepseek_v4.ROPE_DIM), torch.bfloat16)
     if sp.fp8_view:
         nope = nope.view(torch.float8_e4m3fn)
-    return {"records": dsv4.pack_dsv4_records(nope, scales, rope, backend=backend)}
+    return {"records": deepseek_v4.pack_records(nope, scales, rope, backend=backend)}
 
 
 def _dsv4_unpack_run(sp: Spec, g: Gen, backend: Backend) -> Outputs:
-    records = g.bits((sp.ctx.sizes.tokens, dsv4.DSV4_TOKEN_BYTES), torch.uint8)
-    nope, scales, rope = dsv4.unpack_dsv4_records(records, backend=backend)
+    records = g.bits((sp.ctx.sizes.tokens, deepseek_v4.TOKEN_BYTES), torch.uint8)
+    nope, scales, rope = deepseek_v4.unpack_records(records, backend=backend)
     return {"nope": nope, "scales": scales, "rope": rope}
 
 
 def _dsv4_buffer(sp: Spec, g: Gen) -> tuple[torch.Tensor, int, torch.Tensor]:
     """(page buffer, first compared page, token slots)."""
     n, ps = sp.ctx.sizes.tokens, sp.ps
-    page_bytes = dsv4.dsv4_page_bytes(ps)
+    page_bytes = deepseek_v4.page_row_bytes(ps)
     pages = -(-max(64, _window(n) // ps) // 64) * 64
     if sp.far:
         buf, lo = g.far((page_bytes,), torch.uint8, pages)
@@ -565,14 +565,14 @@ def _dsv4_buffer(sp: Spec, g: Gen) -> tuple[torch.Tensor, int, torch.Tensor]:
 
 def _dsv4_write_run(sp: Spec, g: Gen, backend: Backend) -> Outputs:
     buf, lo, loc = _dsv4_buffer(sp, g)
-    records = g.bits((sp.ctx.sizes.tokens, dsv4.DSV4_TOKEN_BYTES), torch.uint8)
-    dsv4.write_dsv4_records(buf, loc.to(sp.idx), records, sp.ps, backend=backend)
+    records = g.bits((sp.ctx.sizes.tokens, deepseek_v4.TOKEN_BYTES), torch.uint8)
+    deepseek_v4.write_records(buf, loc.to(sp.idx), records, sp.ps, backend=backend)
     return {"buffer": buf[lo:]}
 
 
 def _dsv4_read_run(sp: Spec, g: Gen, backend: Backend) -> Outputs:
     buf, _, loc = _dsv4_buffer(sp, g)
-    return {"records": dsv4.read_dsv4_records(buf, loc.to(sp.idx), sp.ps, backend=backend)}
+    return {"records": deepseek_v4.read_records(buf, loc.to(sp.idx), sp.ps, backend=backend)}
 
 
 def _dsv4_page_cases(op: str, run: RunFn) -> CaseFn:
@@ -588,14 +588,14 @@ def _dsv4_page_cases(op: str, run: RunFn) -> CaseFn:
 
 
 def _dsv4_pack_cases(ctx: Context) -> Iterator[Case]:
-    op = "dsv4.pack_dsv4_records"
+    op = "deepseek_v4.pack_records"
     for view in (False, True):
         name = "nope as float8_e4m3fn" if view else "nope as uint8"
         yield _case(op, name, _dsv4_pack_run, Spec(ctx, fp8_view=view))
 
 
 def _dsv4_unpack_cases(ctx: Context) -> Iterator[Case]:
-    yield _case("dsv4.unpack_dsv4_records", "records", _dsv4_unpack_run, Spec(ctx))
+    yield _case("deepseek_v4.unpack_records", "records", _dsv4_unpack_run, Spec(ctx))
 
 
 CASES: dict[str, CaseFn] = {
@@ -624,9 +624,9 @@ CASES: dict[str, CaseFn] = {
     "direct_backup_all_layers_to_page_first_direct": _one_way_cases(
         "direct_backup_all_layers_to_page_first_direct", _direct_backup_run
     ),
-    "dsv4.pack_dsv4_records": _dsv4_pack_cases,
-    "dsv4.unpack_dsv4_records": _dsv4_unpack_cases,
-    "dsv4.write_dsv4_records": _dsv4_page_cases("dsv4.write_dsv4_records", _dsv4_write_run),
-    "dsv4.read_dsv4_records": _dsv4_page_cases("dsv4.read_dsv4_records", _dsv4_read_run),
+    "deepseek_v4.pack_records": _dsv4_pack_cases,
+    "deepseek_v4.unpack_records": _dsv4_unpack_cases,
+    "deepseek_v4.write_records": _dsv4_page_cases("deepseek_v4.write_records", _dsv4_write_run),
+    "deepseek_v4.read_records": _dsv4_page_cases("deepseek_v4.read_records", _dsv4_read_run),
 }
 """Qualified op name -> its case generator."""

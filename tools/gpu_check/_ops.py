@@ -3,7 +3,7 @@
 
 Ops are discovered, not listed here: every op of ``mem_cache_kernels.list_ops()`` that takes a
 keyword-only ``backend`` (the ``deepseek_v4`` family's record ops included, under their
-qualified names such as ``dsv4.pack_dsv4_records``), plus every public function with such a
+qualified names such as ``deepseek_v4.pack_records``), plus every public function with such a
 parameter in ``mem_cache_kernels`` and its public submodules that the catalogue missed. An op
 without cases in :mod:`tools.gpu_check._op_cases` is a failure ("no gpu-check case"), so a new
 op cannot slip past the check.

@@ -11,7 +11,7 @@ differences:
   can be verified (the coordinator's ``alloc_decode`` + ``alloc_device_buffer`` protocol is
   covered by the allocator package's equivalence tests and conformance kit, not here);
 * every token writes a window record per layer and every entry-completing token a c4 / c128
-  record per compressed layer (packed with ``mem_cache_kernels.dsv4``);
+  record per compressed layer (packed with ``mem_cache_kernels.deepseek_v4``);
 * a running request's reservation also covers the c4 device pages its entries will complete,
   and a finished request's partial last page is freed as a whole page;
 * an eviction backs up the window, c4 and c128 records of the prefix to their

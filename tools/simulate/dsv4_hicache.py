@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from mem_cache_kernels import dsv4 as dsv4_kernels
+from mem_cache_kernels import deepseek_v4 as dsv4_kernels
 from tools.simulate.dsv4_stack import ROLE, DSv4Stack
 from tools.simulate.faults import Fault, FaultInjector, InjectedTransferError
 from tools.simulate.hicache import D2H, layer_wise_load
@@ -60,7 +60,7 @@ class DSv4HostTransfers:
                 dev = stack.device_slots(kind, full)
                 tokens = host_tokens(host[kind.name], kind.pool.page_size)
                 kind.host.backup_tokens_from_device_all_layer(kind.pool, tokens, dev)
-                moved += dev.numel() * len(kind.layers) * dsv4_kernels.DSV4_TOKEN_BYTES
+                moved += dev.numel() * len(kind.layers) * dsv4_kernels.TOKEN_BYTES
         except InjectedTransferError:
             stat.record_failure(fault is not None and fault.kind == "abort")
             return False
@@ -104,13 +104,13 @@ class DSv4HostTransfers:
         def verify(layer_index: int) -> int:
             layer_id = stack.pool.start_layer + layer_index
             rows = stack.pool.get_swa_key_buffer(layer_id)
-            got = dsv4_kernels.read_dsv4_records(rows, device["swa"], stack.page_size)
+            got = dsv4_kernels.read_records(rows, device["swa"], stack.page_size)
             bad = stack.mismatches(got, h[layer_index, ROLE["swa"]], "swa")
             ratio = stack.pool.get_compress_ratio(layer_id)
             if ratio:
                 kind = stack.kind(f"c{ratio}")
                 rows = stack.pool.get_compressed_key_buffer(layer_id)
-                got = dsv4_kernels.read_dsv4_records(rows, device[kind.name], kind.pool.page_size)
+                got = dsv4_kernels.read_records(rows, device[kind.name], kind.pool.page_size)
                 m = stack.entry_mask(full, ratio)
                 bad += stack.mismatches(got, h[layer_index, ROLE[kind.name]][m], kind.name)
             return bad

@@ -21,8 +21,8 @@ window slots early (``free_swa``), so a cached prefix keeps its window records u
 
 Content: every record is a pure function of (session, position, layer, kind) built from the
 seeded :class:`~tools.simulate.content.ContentModel` bytes and packed with
-:func:`mem_cache_kernels.dsv4.pack_dsv4_records`; checks unpack what the pools return
-(:func:`~mem_cache_kernels.dsv4.unpack_dsv4_records`) and compare every part bit-exact.
+:func:`mem_cache_kernels.deepseek_v4.pack_records`; checks unpack what the pools return
+(:func:`~mem_cache_kernels.deepseek_v4.unpack_records`) and compare every part bit-exact.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import torch
 
 from mem_cache_allocator import SWATokenToKVPoolAllocator
 from mem_cache_allocator.deepseek_v4_hisparse import DeepSeekV4HiSparseTokenToKVPoolAllocator
-from mem_cache_kernels import dsv4
+from mem_cache_kernels import deepseek_v4
 from mem_cache_pool import ReqToTokenPool
 from mem_cache_pool.deepseek_v4 import (
     DeepSeekV4SingleKVPool,
@@ -47,8 +47,8 @@ from tools.simulate.content import ContentModel
 __all__ = ["ROLE", "DSv4Stack", "RecordKind", "build_dsv4_stack", "dsv4_ratios"]
 
 _FP8 = torch.float8_e4m3fn
-_NOPE, _ROPE = dsv4.DSV4_NOPE_DIM, dsv4.DSV4_ROPE_DIM
-_VALUES = dsv4.DSV4_VALUE_BYTES  # 576: nope bytes + rope bytes
+_NOPE, _ROPE = deepseek_v4.NOPE_DIM, deepseek_v4.ROPE_DIM
+_VALUES = deepseek_v4.VALUE_BYTES  # 576: nope bytes + rope bytes
 ROLE = {"swa": 0, "c4": 1, "c128": 2}  # content role of each record kind
 
 
@@ -132,18 +132,18 @@ class DSv4Stack:
         raw = self.content.rows_int_from(h, ROLE[kind])  # uint8 [n, 584]
         nope = raw[:, :_NOPE].contiguous().view(_FP8)
         rope = raw[:, _NOPE:_VALUES].contiguous().view(torch.bfloat16)
-        scales = raw[:, _VALUES : _VALUES + dsv4.DSV4_SCALE_BYTES].contiguous()
+        scales = raw[:, _VALUES : _VALUES + deepseek_v4.SCALE_BYTES].contiguous()
         return nope, scales, rope
 
     def records(self, h: torch.Tensor, kind: str) -> torch.Tensor:
-        """Expected packed records uint8 ``[n, 584]`` (``pack_dsv4_records`` of :meth:`parts`)."""
-        return dsv4.pack_dsv4_records(*self.parts(h, kind))
+        """Expected packed records uint8 ``[n, 584]`` (``pack_records`` of :meth:`parts`)."""
+        return deepseek_v4.pack_records(*self.parts(h, kind))
 
     def mismatches(self, got: torch.Tensor, h: torch.Tensor, kind: str) -> int:
         """Records among ``got`` (uint8 ``[n, 584]``) whose unpacked parts differ bit-exact from
         the expected ones (seed words ``h`` ``[n]``)."""
         want = self.parts(h, kind)
-        have = dsv4.unpack_dsv4_records(got.to(self.device))
+        have = deepseek_v4.unpack_records(got.to(self.device))
         bad = torch.zeros(got.shape[0], dtype=torch.bool, device=self.device)
         for w, g in zip(want, have):
             wi = w.reshape(w.shape[0], -1).view(torch.uint8)
@@ -226,8 +226,8 @@ def build_dsv4_stack(cfg: SimConfig, max_context_len: int) -> DSv4Stack:
         layers = [lid for lid in range(pool.start_layer, pool.start_layer + cfg.layers)
                   if ratio == 1 or pool.get_compress_ratio(lid) == ratio]  # fmt: skip
         kinds.append(RecordKind(name, ratio, sub, host, layers, host.available_size()))
-    content = ContentModel([(dsv4.DSV4_TOKEN_BYTES,)] * 3, torch.uint8, device, cfg.seed)
-    record_bytes = dsv4.DSV4_TOKEN_BYTES
+    content = ContentModel([(deepseek_v4.TOKEN_BYTES,)] * 3, torch.uint8, device, cfg.seed)
+    record_bytes = deepseek_v4.TOKEN_BYTES
     per_token = sum(len(k.layers) * record_bytes / k.ratio for k in kinds)
     return DSv4Stack(
         cfg=cfg,

@@ -67,13 +67,13 @@ VARIANTS: dict[str, list[Variant]] = {
     "req_table._get_last_loc_kernel": [
         ("i32", {"table_ptr": "*i32", "pre_ptr": "*i32"}, {"BLOCK": 128}, None)
     ],
-    "dsv4._pack_kernel": [("u8", _DSV4_BYTES, {"BLOCK": 1024}, None)],
-    "dsv4._unpack_kernel": [("u8", _DSV4_BYTES, {"BLOCK": 1024}, None)],
-    "dsv4._write_kernel": [("i32", _DSV4_WORDS, {"BLOCK": 256}, None)],
-    "dsv4._read_kernel": [("i32", _DSV4_WORDS, {"BLOCK": 256}, None)],
+    "deepseek_v4._pack_kernel": [("u8", _DSV4_BYTES, {"BLOCK": 1024}, None)],
+    "deepseek_v4._unpack_kernel": [("u8", _DSV4_BYTES, {"BLOCK": 1024}, None)],
+    "deepseek_v4._write_kernel": [("i32", _DSV4_WORDS, {"BLOCK": 256}, None)],
+    "deepseek_v4._read_kernel": [("i32", _DSV4_WORDS, {"BLOCK": 256}, None)],
 }
 # device helpers (called from kernels, inlined; not launchable on their own)
-HELPERS = frozenset({"dsv4._row_words"})
+HELPERS = frozenset({"deepseek_v4._row_words"})
 
 
 def discover() -> dict[str, Any]:

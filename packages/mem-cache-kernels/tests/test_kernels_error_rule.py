@@ -27,7 +27,7 @@ import torch
 
 import mem_cache_kernels as mk
 from mem_cache_kernels import _dispatch
-from mem_cache_kernels import dsv4 as d4
+from mem_cache_kernels import deepseek_v4 as d4
 
 I32, I64 = torch.int32, torch.int64
 U8 = torch.uint8
@@ -63,7 +63,7 @@ def _layers(rows: int = 8, layers: int = 2) -> list[list[torch.Tensor]]:
 
 
 def _page_buffer() -> torch.Tensor:
-    return torch.zeros(4, d4.dsv4_page_bytes(2), dtype=U8)
+    return torch.zeros(4, d4.page_row_bytes(2), dtype=U8)
 
 
 CASES: dict[str, Case] = {
@@ -229,13 +229,13 @@ CASES: dict[str, Case] = {
         dtype=("host_indices", torch.tensor([2.0, 3.0])),
         value=("page_size", 3),
     ),
-    "dsv4.quantize_dsv4_nope": Case(
+    "deepseek_v4.quantize_nope": Case(
         lambda: {"nope": torch.randn(2, 448)},
         kind=("nope", [[0.0] * 448]),
         dtype=("nope", torch.zeros(2, 448, dtype=I32)),
         value=("nope", torch.randn(2, 447)),
     ),
-    "dsv4.dequantize_dsv4_nope": Case(
+    "deepseek_v4.dequantize_nope": Case(
         lambda: {
             "nope_fp8": torch.zeros(2, 448, dtype=U8),
             "scales": torch.full((2, 7), 127, dtype=U8),
@@ -244,7 +244,7 @@ CASES: dict[str, Case] = {
         dtype=("scales", torch.zeros(2, 7)),
         value=("nope_fp8", torch.zeros(2, 64, dtype=U8)),
     ),
-    "dsv4.pack_dsv4_records": Case(
+    "deepseek_v4.pack_records": Case(
         lambda: {
             "nope_fp8": torch.zeros(2, 448, dtype=U8),
             "scales": torch.zeros(2, 7, dtype=U8),
@@ -254,13 +254,13 @@ CASES: dict[str, Case] = {
         dtype=("rope", torch.zeros(2, 64)),
         value=("scales", torch.zeros(1, 7, dtype=U8)),
     ),
-    "dsv4.unpack_dsv4_records": Case(
+    "deepseek_v4.unpack_records": Case(
         lambda: {"records": torch.zeros(2, 584, dtype=U8)},
         kind=("records", b"\x00" * 584),
         dtype=("records", torch.zeros(2, 584, dtype=I32)),
         value=("records", torch.zeros(2, 583, dtype=U8)),
     ),
-    "dsv4.write_dsv4_records": Case(
+    "deepseek_v4.write_records": Case(
         lambda: {
             "buffer": _page_buffer(),
             "loc": _i(1, 6),
@@ -271,10 +271,10 @@ CASES: dict[str, Case] = {
         dtype=("loc", torch.tensor([1.0, 6.0])),
         value=("records", torch.ones(1, 584, dtype=U8)),
     ),
-    "dsv4.read_dsv4_records": Case(
+    "deepseek_v4.read_records": Case(
         lambda: {"buffer": _page_buffer(), "loc": _i(1, 6), "page_size": 2},
         kind=("buffer", [0] * 8),
-        dtype=("buffer", torch.zeros(4, d4.dsv4_page_bytes(2))),
+        dtype=("buffer", torch.zeros(4, d4.page_row_bytes(2))),
         value=("page_size", 0),
     ),
 }

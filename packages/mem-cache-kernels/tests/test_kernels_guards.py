@@ -266,16 +266,16 @@ def test_write_req_to_token_duplicate_rows_raise(
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_dsv4_records_loc_out_of_range_raises(backend: str, request: pytest.FixtureRequest) -> None:
-    from mem_cache_kernels import dsv4
+    from mem_cache_kernels import deepseek_v4
 
     b = _backend(backend, request)
     ps = 4
-    buffer = torch.zeros(2, dsv4.dsv4_page_bytes(ps), dtype=torch.uint8)
+    buffer = torch.zeros(2, deepseek_v4.page_row_bytes(ps), dtype=torch.uint8)
     records = torch.ones(1, 584, dtype=torch.uint8)
     with pytest.raises(ValueError, match=r"loc must index rows of buffer .* got index 8"):
-        dsv4.write_dsv4_records(buffer, _t(8), records, ps, backend=b)
+        deepseek_v4.write_records(buffer, _t(8), records, ps, backend=b)
     with pytest.raises(ValueError, match=r"loc must index rows of buffer .* got index 8"):
-        dsv4.read_dsv4_records(buffer, _t(8), ps, backend=b)
+        deepseek_v4.read_records(buffer, _t(8), ps, backend=b)
     assert not bool(buffer.any())
 
 

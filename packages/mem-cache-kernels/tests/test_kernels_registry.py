@@ -112,15 +112,14 @@ def test_every_public_op_is_catalogued() -> None:
     assert mk.list_ops() is OPS
     public = _public_ops()
     # the package's ops and the DeepSeek-V4 record ops are found (so the check is not vacuous)
-    assert {"store_kv", "alloc_extend", "dsv4.pack_dsv4_records", "dsv4.read_dsv4_records"} <= set(
-        public
-    )
+    found = {"store_kv", "alloc_extend", "deepseek_v4.pack_records", "deepseek_v4.read_records"}
+    assert found <= set(public)
     assert "resolve_backend" not in public  # takes backend positionally: not an op
 
 
 def test_a_missing_entry_is_caught() -> None:
-    without = tuple(op for op in OPS if op.name != "write_dsv4_records")
-    assert _uncatalogued(without) == ["dsv4.write_dsv4_records"]
+    without = tuple(op for op in OPS if op.name != "write_records")
+    assert _uncatalogued(without) == ["deepseek_v4.write_records"]
     without = tuple(op for op in OPS if op.name != "get_last_loc")
     assert _uncatalogued(without) == ["get_last_loc"]
 
@@ -128,12 +127,12 @@ def test_a_missing_entry_is_caught() -> None:
 def test_deepseek_v4_is_one_family() -> None:
     family = {op.qualname for op in OPS if op.family == "deepseek_v4"}
     assert family == {
-        "dsv4.quantize_dsv4_nope",
-        "dsv4.dequantize_dsv4_nope",
-        "dsv4.pack_dsv4_records",
-        "dsv4.unpack_dsv4_records",
-        "dsv4.write_dsv4_records",
-        "dsv4.read_dsv4_records",
+        "deepseek_v4.quantize_nope",
+        "deepseek_v4.dequantize_nope",
+        "deepseek_v4.pack_records",
+        "deepseek_v4.unpack_records",
+        "deepseek_v4.write_records",
+        "deepseek_v4.read_records",
     }
     assert not {op.family for op in OPS} & {"dsv4", "deepseek-v4", "DeepSeekV4"}
     assert mk.list_ops()[0].name == "alloc_extend"  # documentation order kept
@@ -161,7 +160,7 @@ def _broken() -> list[tuple[OpInfo, str]]:
     extend, store, pack = (
         _registry.op("alloc_extend"),
         _registry.op("store_kv"),
-        _registry.op("pack_dsv4_records"),
+        _registry.op("pack_records"),
     )
     return [
         (dataclasses.replace(extend, torch="mem_cache_kernels._torch.alloc:no_such"), "no_such"),

@@ -51,10 +51,10 @@ def test_every_kernel_compiles(report: dict[str, dict[str, Any]]) -> None:
         "alloc._alloc_decode_kernel",
         "req_table._write_req_to_token_kernel",
         "req_table._get_last_loc_kernel",
-        "dsv4._pack_kernel",
-        "dsv4._unpack_kernel",
-        "dsv4._write_kernel",
-        "dsv4._read_kernel",
+        "deepseek_v4._pack_kernel",
+        "deepseek_v4._unpack_kernel",
+        "deepseek_v4._write_kernel",
+        "deepseek_v4._read_kernel",
     } <= compiled
 
 

@@ -8,7 +8,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from mem_cache_kernels.dsv4 import dequantize_dsv4_nope, dsv4_page_bytes, pack_dsv4_records
+from mem_cache_kernels.deepseek_v4 import dequantize_nope, pack_records, page_row_bytes
 from mem_cache_pool.deepseek_v4 import (
     CompressStatePool,
     DeepSeekV4IndexerPool,
@@ -27,7 +27,7 @@ def _records(n: int, seed: int = 0) -> torch.Tensor:
     nope = torch.randint(0, 256, (n, 448), dtype=torch.uint8, generator=g)
     scales = torch.randint(0, 256, (n, 7), dtype=torch.uint8, generator=g)
     rope = torch.randint(-(2**15), 2**15, (n, 64), dtype=torch.int16, generator=g)
-    return pack_dsv4_records(nope, scales, rope.view(torch.bfloat16))
+    return pack_records(nope, scales, rope.view(torch.bfloat16))
 
 
 def _single(size: int = 10, ps: int = 4, layers: int = 2, start: int = 0) -> DeepSeekV4SingleKVPool:
@@ -49,7 +49,7 @@ def test_single_pool_geometry_and_descriptor() -> None:
     pool = _single(size=10, ps=4, layers=2, start=3)
     # ceil(10 / 4) + 1 = 4 pages (page 0 padding); 4 * 584 = 2336 -> 2880 bytes per page
     assert pool.num_pages == 4 and pool.slot_limit == 16
-    assert pool.bytes_per_page_padded == 2880 == dsv4_page_bytes(4)
+    assert pool.bytes_per_page_padded == 2880 == page_row_bytes(4)
     assert [tuple(b.shape) for b in pool.kv_buffer] == [(4, 2880), (4, 2880)]
     assert all(b.dtype == torch.uint8 and int(b.sum()) == 0 for b in pool.kv_buffer)
     assert pool.get_key_buffer(4) is pool.kv_buffer[1]
@@ -104,7 +104,7 @@ def test_set_kv_buffer_quantises_and_parts_round_trip() -> None:
     nope, scales, rope = pool.get_key_parts(0, torch.tensor([4, 5, 13]))
     assert nope.dtype == FP8 and rope.dtype == torch.bfloat16
     assert torch.equal(rope, k[:, 0, 448:])
-    err = (dequantize_dsv4_nope(nope, scales) - k[:, 0, :448].float()).abs()
+    err = (dequantize_nope(nope, scales) - k[:, 0, :448].float()).abs()
     assert float(err.max()) <= float(k.float().abs().max()) * 2.0**-4
     pool.set_key_buffer_parts(1, torch.tensor([7, 8, 12]), nope, scales, rope)
     assert torch.equal(

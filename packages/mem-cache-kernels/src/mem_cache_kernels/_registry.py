@@ -79,7 +79,7 @@ class OpInfo:
     @property
     def qualname(self) -> str:
         """``name`` for an op of the package itself, ``submodule.name`` for one of a public
-        submodule (e.g. ``dsv4.pack_dsv4_records``)."""
+        submodule (e.g. ``deepseek_v4.pack_records``)."""
         if self.module == _PACKAGE:
             return self.name
         return f"{self.module.removeprefix(_PACKAGE + '.')}.{self.name}"
@@ -123,7 +123,7 @@ def _row_op(name: str, family: str, summary: str) -> OpInfo:
     )
 
 
-_DSV4 = f"{_PACKAGE}.dsv4"
+_DEEPSEEK_V4 = f"{_PACKAGE}.deepseek_v4"
 
 
 OPS: tuple[OpInfo, ...] = (
@@ -200,51 +200,51 @@ OPS: tuple[OpInfo, ...] = (
         summary="host-driven every device layer -> page-first-direct, runs of pages",
     ),
     OpInfo(
-        name="quantize_dsv4_nope",
+        name="quantize_nope",
         family="deepseek_v4",
-        module=_DSV4,
+        module=_DEEPSEEK_V4,
         torch=None,
         triton=None,
         summary="DeepSeek-V4 nope to fp8 e4m3 with per-64 ue8m0 scales (torch arithmetic)",
     ),
     OpInfo(
-        name="dequantize_dsv4_nope",
+        name="dequantize_nope",
         family="deepseek_v4",
-        module=_DSV4,
+        module=_DEEPSEEK_V4,
         torch=None,
         triton=None,
         summary="DeepSeek-V4 fp8 nope and ue8m0 scales back to float32 (torch arithmetic)",
     ),
     OpInfo(
-        name="pack_dsv4_records",
+        name="pack_records",
         family="deepseek_v4",
-        module=_DSV4,
-        torch=_torch("dsv4", "pack_records"),
-        triton=_triton("dsv4", "pack_records"),
+        module=_DEEPSEEK_V4,
+        torch=_torch("deepseek_v4", "pack_records"),
+        triton=_triton("deepseek_v4", "pack_records"),
         summary="quantised nope, scales and rope into 584-byte DeepSeek-V4 records",
     ),
     OpInfo(
-        name="unpack_dsv4_records",
+        name="unpack_records",
         family="deepseek_v4",
-        module=_DSV4,
-        torch=_torch("dsv4", "unpack_records"),
-        triton=_triton("dsv4", "unpack_records"),
+        module=_DEEPSEEK_V4,
+        torch=_torch("deepseek_v4", "unpack_records"),
+        triton=_triton("deepseek_v4", "unpack_records"),
         summary="DeepSeek-V4 records back into nope, scales and rope",
     ),
     OpInfo(
-        name="write_dsv4_records",
+        name="write_records",
         family="deepseek_v4",
-        module=_DSV4,
-        torch=_torch("dsv4", "write_records"),
-        triton=_triton("dsv4", "write_records"),
+        module=_DEEPSEEK_V4,
+        torch=_torch("deepseek_v4", "write_records"),
+        triton=_triton("deepseek_v4", "write_records"),
         summary="records into token slots of page rows (split value / scale layout)",
     ),
     OpInfo(
-        name="read_dsv4_records",
+        name="read_records",
         family="deepseek_v4",
-        module=_DSV4,
-        torch=_torch("dsv4", "read_records"),
-        triton=_triton("dsv4", "read_records"),
+        module=_DEEPSEEK_V4,
+        torch=_torch("deepseek_v4", "read_records"),
+        triton=_triton("deepseek_v4", "read_records"),
         summary="records of token slots gathered from page rows",
     ),
 )

@@ -1,269 +1,92 @@
-"""DeepSeek-V4 compressed KV records: quantisation, pack/unpack and page-row addressing.
+"""Deprecated: :mod:`mem_cache_kernels.deepseek_v4` (the family has one name, ``deepseek_v4``).
 
-The DeepSeek-V4 compressed KV cache stores one *record* of 584 bytes per token.
-
-Record layout (``DSV4_TOKEN_BYTES = 584`` bytes, uint8)::
-
-    [0, 448)    nope: 448 float8_e4m3fn values (one byte each)
-    [448, 576)  rope: 64 bfloat16 values (2 bytes each, native byte order)
-    [576, 583)  scales: 7 ue8m0 bytes, byte g is the scale of nope[64 g : 64 g + 64]
-    [583]       pad: always written as 0
-
-A ue8m0 scale byte ``b`` stands for the power of two ``2 ** (b - 127)``; the dequantised nope value
-is ``float(nope_fp8) * 2 ** (b - 127)``. The record's first 576 bytes are the *value* part, the
-last 8 bytes the *scale* part.
-
-Page rows (split layout). A page-major buffer holds one row of ``dsv4_page_bytes(page_size)``
-bytes per page: ``page_size * 584`` rounded up to a multiple of 576. Token slot ``t`` lives in page
-``t // page_size`` at offset ``o = t % page_size``::
-
-    [o * 576, o * 576 + 576)                            value part of the token's record
-    [page_size * 576 + o * 8, page_size * 576 + o * 8 + 8)  scale part of the token's record
-    [page_size * 584, page_bytes)                       tail padding, never written
-
-so a page row is ``[value_0 .. value_{ps-1}][scale_0 .. scale_{ps-1}][pad]`` and a token is *not*
-contiguous inside its row (its 584 bytes are two runs). Whole-row (page-aligned) copies move
-tokens intact; token-granular copies go through :func:`read_dsv4_records` /
-:func:`write_dsv4_records`.
-
-Who does what:
-
-* :func:`quantize_dsv4_nope` / :func:`dequantize_dsv4_nope` are plain torch arithmetic shared by
-  every backend, so quantisation is identical whichever backend moves the bytes.
-* :func:`pack_dsv4_records`, :func:`unpack_dsv4_records`, :func:`write_dsv4_records` and
-  :func:`read_dsv4_records` are pure byte movement with a torch reference and a Triton
-  implementation (``backend=``), bit-exact with each other.
+Every name of this module moved there and lost its redundant ``dsv4`` prefix:
+``DSV4_NOPE_DIM`` -> ``NOPE_DIM``,
+``DSV4_PAGE_ALIGN`` -> ``PAGE_ALIGN``,
+``DSV4_QUANT_GROUP`` -> ``QUANT_GROUP``,
+``DSV4_ROPE_DIM`` -> ``ROPE_DIM``,
+``DSV4_SCALE_BYTES`` -> ``SCALE_BYTES``,
+``DSV4_SCALE_PART_BYTES`` -> ``SCALE_PART_BYTES``,
+``DSV4_TOKEN_BYTES`` -> ``TOKEN_BYTES``,
+``DSV4_UE8M0_BIAS`` -> ``UE8M0_BIAS``,
+``DSV4_VALUE_BYTES`` -> ``VALUE_BYTES``,
+``dequantize_dsv4_nope`` -> ``dequantize_nope``,
+``dsv4_page_bytes`` -> ``page_row_bytes``,
+``pack_dsv4_records`` -> ``pack_records``,
+``quantize_dsv4_nope`` -> ``quantize_nope``,
+``read_dsv4_records`` -> ``read_records``,
+``unpack_dsv4_records`` -> ``unpack_records``,
+``write_dsv4_records`` -> ``write_records``.
+The old names keep working for one release: each access returns the very object of
+:mod:`mem_cache_kernels.deepseek_v4` and emits one ``DeprecationWarning`` naming the new path.
+Importing this module imports nothing but :mod:`mem_cache_kernels.shims` (no torch, no Triton).
 """
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
-from mem_cache_kernels import checks as v
-from mem_cache_kernels._arg_checks import check_tensor_of
-from mem_cache_kernels._dispatch import Backend, implementation
-from mem_cache_kernels._registry import op
+from mem_cache_kernels.shims import moved_names
 
-__all__ = [
-    "DSV4_NOPE_DIM",
-    "DSV4_PAGE_ALIGN",
-    "DSV4_QUANT_GROUP",
-    "DSV4_ROPE_DIM",
-    "DSV4_SCALE_BYTES",
-    "DSV4_SCALE_PART_BYTES",
-    "DSV4_TOKEN_BYTES",
-    "DSV4_UE8M0_BIAS",
-    "DSV4_VALUE_BYTES",
-    "dequantize_dsv4_nope",
-    "dsv4_page_bytes",
-    "pack_dsv4_records",
-    "quantize_dsv4_nope",
-    "read_dsv4_records",
-    "unpack_dsv4_records",
-    "write_dsv4_records",
-]
+__all__: list[str] = []
 
-DSV4_NOPE_DIM = 448
-DSV4_ROPE_DIM = 64
-DSV4_QUANT_GROUP = 64
-DSV4_SCALE_BYTES = DSV4_NOPE_DIM // DSV4_QUANT_GROUP  # 7
-DSV4_VALUE_BYTES = DSV4_NOPE_DIM + 2 * DSV4_ROPE_DIM  # 576
-DSV4_SCALE_PART_BYTES = DSV4_SCALE_BYTES + 1  # 7 scale bytes + 1 pad byte
-DSV4_TOKEN_BYTES = DSV4_VALUE_BYTES + DSV4_SCALE_PART_BYTES  # 584
-DSV4_PAGE_ALIGN = 576
-DSV4_UE8M0_BIAS = 127
-_FP8 = torch.float8_e4m3fn
-_FP8_MAX = 448.0
-_PACK, _UNPACK = op("pack_dsv4_records"), op("unpack_dsv4_records")
-_WRITE, _READ = op("write_dsv4_records"), op("read_dsv4_records")
+if TYPE_CHECKING:  # the static view: mypy, IDEs and import-linter see the real definitions
+    from mem_cache_kernels.deepseek_v4 import NOPE_DIM as DSV4_NOPE_DIM
+    from mem_cache_kernels.deepseek_v4 import PAGE_ALIGN as DSV4_PAGE_ALIGN
+    from mem_cache_kernels.deepseek_v4 import QUANT_GROUP as DSV4_QUANT_GROUP
+    from mem_cache_kernels.deepseek_v4 import ROPE_DIM as DSV4_ROPE_DIM
+    from mem_cache_kernels.deepseek_v4 import SCALE_BYTES as DSV4_SCALE_BYTES
+    from mem_cache_kernels.deepseek_v4 import SCALE_PART_BYTES as DSV4_SCALE_PART_BYTES
+    from mem_cache_kernels.deepseek_v4 import TOKEN_BYTES as DSV4_TOKEN_BYTES
+    from mem_cache_kernels.deepseek_v4 import UE8M0_BIAS as DSV4_UE8M0_BIAS
+    from mem_cache_kernels.deepseek_v4 import VALUE_BYTES as DSV4_VALUE_BYTES
+    from mem_cache_kernels.deepseek_v4 import dequantize_nope as dequantize_dsv4_nope
+    from mem_cache_kernels.deepseek_v4 import pack_records as pack_dsv4_records
+    from mem_cache_kernels.deepseek_v4 import page_row_bytes as dsv4_page_bytes
+    from mem_cache_kernels.deepseek_v4 import quantize_nope as quantize_dsv4_nope
+    from mem_cache_kernels.deepseek_v4 import read_records as read_dsv4_records
+    from mem_cache_kernels.deepseek_v4 import unpack_records as unpack_dsv4_records
+    from mem_cache_kernels.deepseek_v4 import write_records as write_dsv4_records
 
-
-def dsv4_page_bytes(page_size: int) -> int:
-    """Bytes of one page row: ``page_size * 584`` rounded up to a multiple of 576."""
-    raw = v.check_int("page_size", page_size, minimum=1) * DSV4_TOKEN_BYTES
-    return -(-raw // DSV4_PAGE_ALIGN) * DSV4_PAGE_ALIGN
-
-
-# ----------------------------------------------------------------------------- validation
-
-
-def _check_2d(name: str, t: torch.Tensor, cols: int, dtypes: tuple[torch.dtype, ...]) -> None:
-    check_tensor_of(name, t, dtypes=dtypes)
-    if t.dim() != 2 or t.shape[1] != cols:
-        raise ValueError(f"{name} must have shape [n, {cols}], got {list(t.shape)}")
-
-
-def _check_page_buffer(buffer: torch.Tensor, page_size: int) -> None:
-    page_bytes = dsv4_page_bytes(page_size)
-    check_tensor_of("buffer", buffer, dtypes=(torch.uint8,))
-    if buffer.dim() != 2 or buffer.shape[1] != page_bytes:
-        raise ValueError(
-            f"buffer must be uint8 [pages, {page_bytes}] for page_size={page_size}, "
-            f"got {buffer.dtype} {list(buffer.shape)}"
-        )
-    if buffer.stride(1) != 1 or buffer.stride(0) % 4 or buffer.storage_offset() % 4:
-        raise ValueError(
-            "buffer rows must be contiguous with a row stride and offset that are multiples "
-            f"of 4 bytes, got strides {buffer.stride()} and offset {buffer.storage_offset()}"
-        )
-
-
-def _as_bytes(t: torch.Tensor) -> torch.Tensor:
-    """Contiguous uint8 view of a 2-D tensor (``[n, cols * itemsize]``)."""
-    return t.contiguous().view(torch.uint8)
-
-
-# ----------------------------------------------------------------------------- quantisation
-
-
-def quantize_dsv4_nope(nope: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Quantise ``nope`` (float ``[n, 448]``) to fp8 e4m3 values with per-64 ue8m0 scales.
-
-    For each group of 64 values, the scale is the smallest power of two ``2 ** e`` with
-    ``amax / 2 ** e <= 448`` (``e`` clamped to ``[-127, 127]``; an all-zero group gets ``e = 0``),
-    the values become ``(x * 2 ** -e).clamp(-448, 448).to(float8_e4m3fn)`` and the scale byte is
-    ``e + 127``. Only finite values set the scale; NaN stays NaN and +-inf saturate to +-448.
-    Returns ``(nope_fp8 [n, 448] float8_e4m3fn, scales [n, 7] uint8)``
-    on ``nope``'s device. Plain torch arithmetic: identical for every backend.
-    """
-    _check_2d("nope", nope, DSV4_NOPE_DIM, (torch.float32, torch.bfloat16, torch.float16))
-    x = nope.float().view(nope.shape[0], DSV4_SCALE_BYTES, DSV4_QUANT_GROUP)
-    amax = torch.nan_to_num(x.abs(), nan=0.0, posinf=0.0).amax(dim=-1)  # finite values only
-    mant, expo = torch.frexp(amax / _FP8_MAX)  # amax / 448 = mant * 2 ** expo, mant in [0.5, 1)
-    e = torch.where(mant > 0.5, expo, expo - 1)
-    e = torch.where(amax == 0, torch.zeros_like(e), e).clamp(-DSV4_UE8M0_BIAS, DSV4_UE8M0_BIAS)
-    scaled = torch.ldexp(x, (-e).unsqueeze(-1).to(torch.float32))
-    q = scaled.clamp(-_FP8_MAX, _FP8_MAX).to(_FP8).view(nope.shape[0], DSV4_NOPE_DIM)
-    return q, (e + DSV4_UE8M0_BIAS).to(torch.uint8)
-
-
-def dequantize_dsv4_nope(nope_fp8: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """Inverse of :func:`quantize_dsv4_nope`: float32 ``[n, 448]`` = ``fp8 * 2 ** (scale - 127)``.
-
-    ``nope_fp8`` is float8_e4m3fn or its uint8 bytes ``[n, 448]``; ``scales`` uint8 ``[n, 7]``.
-    """
-    _check_2d("nope_fp8", nope_fp8, DSV4_NOPE_DIM, (_FP8, torch.uint8))
-    _check_2d("scales", scales, DSV4_SCALE_BYTES, (torch.uint8,))
-    q = nope_fp8.view(_FP8) if nope_fp8.dtype == torch.uint8 else nope_fp8
-    x = q.float().view(q.shape[0], DSV4_SCALE_BYTES, DSV4_QUANT_GROUP)
-    e = scales.to(torch.int32) - DSV4_UE8M0_BIAS
-    return torch.ldexp(x, e.unsqueeze(-1).to(torch.float32)).view(q.shape[0], DSV4_NOPE_DIM)
-
-
-# ----------------------------------------------------------------------------- pack / unpack
-
-
-def pack_dsv4_records(
-    nope_fp8: torch.Tensor,
-    scales: torch.Tensor,
-    rope: torch.Tensor,
-    *,
-    backend: Backend = "auto",
-) -> torch.Tensor:
-    """Pack already-quantised parts into records: uint8 ``[n, 584]`` (layout in the module doc).
-
-    ``nope_fp8``: float8_e4m3fn or uint8 ``[n, 448]``; ``scales``: uint8 ``[n, 7]`` (ue8m0 bytes,
-    copied verbatim); ``rope``: bfloat16 ``[n, 64]``. All on one device. Pure byte copy: every fp8
-    bit pattern (NaN, -0, subnormals) and every bf16 bit pattern survives. The pad byte is 0.
-    """
-    _check_2d("nope_fp8", nope_fp8, DSV4_NOPE_DIM, (_FP8, torch.uint8))
-    _check_2d("scales", scales, DSV4_SCALE_BYTES, (torch.uint8,))
-    _check_2d("rope", rope, DSV4_ROPE_DIM, (torch.bfloat16,))
-    n = nope_fp8.shape[0]
-    if scales.shape[0] != n or rope.shape[0] != n:
-        raise ValueError(
-            f"nope_fp8, scales and rope must have the same number of rows, got "
-            f"{n}, {scales.shape[0]} and {rope.shape[0]}"
-        )
-    v.check_same_device(nope_fp8.device, scales=scales, rope=rope)
-    nope_b, scales_b, rope_b = _as_bytes(nope_fp8), scales.contiguous(), _as_bytes(rope)
-    out = torch.empty((n, DSV4_TOKEN_BYTES), dtype=torch.uint8, device=nope_fp8.device)
-    if n == 0:
-        return out
-    implementation(_PACK, backend, nope_b, scales_b, rope_b)(nope_b, scales_b, rope_b, out)
-    return out
-
-
-def unpack_dsv4_records(
-    records: torch.Tensor, *, backend: Backend = "auto"
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Split records uint8 ``[n, 584]`` into ``(nope_fp8, scales, rope)``.
-
-    Returns new tensors: float8_e4m3fn ``[n, 448]``, uint8 ``[n, 7]``, bfloat16 ``[n, 64]``
-    (the pad byte is dropped). Bit-exact inverse of :func:`pack_dsv4_records`.
-    """
-    _check_2d("records", records, DSV4_TOKEN_BYTES, (torch.uint8,))
-    rec = records.contiguous()
-    n, dev = rec.shape[0], rec.device
-    nope = torch.empty((n, DSV4_NOPE_DIM), dtype=torch.uint8, device=dev)
-    scales = torch.empty((n, DSV4_SCALE_BYTES), dtype=torch.uint8, device=dev)
-    rope = torch.empty((n, 2 * DSV4_ROPE_DIM), dtype=torch.uint8, device=dev)
-    if n > 0:
-        implementation(_UNPACK, backend, rec)(rec, nope, scales, rope)
-    return nope.view(_FP8), scales, rope.view(torch.bfloat16)
-
-
-# ----------------------------------------------------------------------------- page rows
-
-
-def _check_loc_range(loc: torch.Tensor, buffer: torch.Tensor, page_size: int) -> None:
-    """``loc < pages * page_size`` where reading ``loc`` is free (CPU; any device in debug mode)."""
-    host = v.host_values(loc)
-    if host is not None:
-        v.check_index_range("loc", host, buffer.shape[0] * page_size, "buffer (pages * page_size)")
-
-
-def write_dsv4_records(
-    buffer: torch.Tensor,
-    loc: torch.Tensor,
-    records: torch.Tensor,
-    page_size: int,
-    *,
-    backend: Backend = "auto",
-) -> None:
-    """Scatter ``records[i]`` into token slot ``loc[i]`` of a page-major buffer (split layout).
-
-    ``buffer``: uint8 ``[pages, dsv4_page_bytes(page_size)]`` (mutated in place) whose rows are
-    contiguous; the row stride may exceed a row (e.g. one layer of a ``[pages, layers, bytes]``
-    host buffer) but must be a multiple of 4 bytes, as must the storage offset;
-    ``loc``: int32/int64 ``[n]`` token slots, ``loc[i] < pages * page_size`` (checked on CPU
-    tensors and in debug mode; on a GPU the caller's guarantee), no repeats; negative slots are
-    skipped; ``records``: uint8 ``[n, 584]``. The record's value part goes to the token's value
-    run and its scale part to the scale run; the row's tail padding is never touched.
-    """
-    _check_page_buffer(buffer, page_size)
-    v.check_index("loc", loc)
-    _check_2d("records", records, DSV4_TOKEN_BYTES, (torch.uint8,))
-    if records.shape[0] != loc.shape[0]:
-        raise ValueError(
-            f"records must have one row per loc entry ({loc.shape[0]}), got {records.shape[0]}"
-        )
-    v.check_same_device(buffer.device, loc=loc, records=records)
-    if loc.numel() == 0:
-        return
-    _check_loc_range(loc, buffer, page_size)
-    rec = records.contiguous()
-    implementation(_WRITE, backend, buffer, loc, rec)(buffer, loc, rec, page_size)
-
-
-def read_dsv4_records(
-    buffer: torch.Tensor,
-    loc: torch.Tensor,
-    page_size: int,
-    *,
-    backend: Backend = "auto",
-) -> torch.Tensor:
-    """Gather the records of token slots ``loc`` from a page-major buffer: uint8 ``[n, 584]``.
-
-    Same buffer/``loc`` contract as :func:`write_dsv4_records`; a negative slot yields a zero
-    record. Reads only; returns a new tensor on the buffer's device.
-    """
-    _check_page_buffer(buffer, page_size)
-    v.check_index("loc", loc)
-    v.check_same_device(buffer.device, loc=loc)
-    out = torch.zeros((loc.shape[0], DSV4_TOKEN_BYTES), dtype=torch.uint8, device=buffer.device)
-    if loc.numel() == 0:
-        return out
-    _check_loc_range(loc, buffer, page_size)
-    implementation(_READ, backend, buffer, loc)(buffer, loc, out, page_size)
-    return out
+    # A renamed import is re-exported (mypy --strict, ruff) only through __all__: the old
+    # names are exported for the type checkers alone, the runtime __all__ stays empty.
+    __all__ += [
+        "DSV4_NOPE_DIM",
+        "DSV4_PAGE_ALIGN",
+        "DSV4_QUANT_GROUP",
+        "DSV4_ROPE_DIM",
+        "DSV4_SCALE_BYTES",
+        "DSV4_SCALE_PART_BYTES",
+        "DSV4_TOKEN_BYTES",
+        "DSV4_UE8M0_BIAS",
+        "DSV4_VALUE_BYTES",
+        "dequantize_dsv4_nope",
+        "dsv4_page_bytes",
+        "pack_dsv4_records",
+        "quantize_dsv4_nope",
+        "read_dsv4_records",
+        "unpack_dsv4_records",
+        "write_dsv4_records",
+    ]
+else:  # the runtime view: PEP 562 forwarding with a DeprecationWarning
+    __getattr__ = moved_names(
+        __name__,
+        {
+            "DSV4_NOPE_DIM": "mem_cache_kernels.deepseek_v4:NOPE_DIM",
+            "DSV4_PAGE_ALIGN": "mem_cache_kernels.deepseek_v4:PAGE_ALIGN",
+            "DSV4_QUANT_GROUP": "mem_cache_kernels.deepseek_v4:QUANT_GROUP",
+            "DSV4_ROPE_DIM": "mem_cache_kernels.deepseek_v4:ROPE_DIM",
+            "DSV4_SCALE_BYTES": "mem_cache_kernels.deepseek_v4:SCALE_BYTES",
+            "DSV4_SCALE_PART_BYTES": "mem_cache_kernels.deepseek_v4:SCALE_PART_BYTES",
+            "DSV4_TOKEN_BYTES": "mem_cache_kernels.deepseek_v4:TOKEN_BYTES",
+            "DSV4_UE8M0_BIAS": "mem_cache_kernels.deepseek_v4:UE8M0_BIAS",
+            "DSV4_VALUE_BYTES": "mem_cache_kernels.deepseek_v4:VALUE_BYTES",
+            "dequantize_dsv4_nope": "mem_cache_kernels.deepseek_v4:dequantize_nope",
+            "dsv4_page_bytes": "mem_cache_kernels.deepseek_v4:page_row_bytes",
+            "pack_dsv4_records": "mem_cache_kernels.deepseek_v4:pack_records",
+            "quantize_dsv4_nope": "mem_cache_kernels.deepseek_v4:quantize_nope",
+            "read_dsv4_records": "mem_cache_kernels.deepseek_v4:read_records",
+            "unpack_dsv4_records": "mem_cache_kernels.deepseek_v4:unpack_records",
+            "write_dsv4_records": "mem_cache_kernels.deepseek_v4:write_records",
+        },
+    )

@@ -1,11 +1,11 @@
 """``DeepSeekV4SingleKVPoolHost``: the host mirror of a ``DeepSeekV4SingleKVPool``.
 
 The device pool stores one uint8 *page row* per page and layer (584-byte token records in the
-split layout ``[values][scales][pad]`` of :mod:`mem_cache_kernels.dsv4`) and describes itself in
-page-row units (one descriptor row per page, ``page_size = 1``). This host pool mirrors those
-rows: its *host slots are page rows* (``alloc(n)`` returns ``n`` host page rows; ``size`` counts
-page rows; every layout of :mod:`mem_cache_pool_host.layout` works, a row being one page of one
-layer).
+split layout ``[values][scales][pad]`` of :mod:`mem_cache_kernels.deepseek_v4`) and describes
+itself in page-row units (one descriptor row per page, ``page_size = 1``). This host pool
+mirrors those rows: its *host slots are page rows* (``alloc(n)`` returns ``n`` host page rows;
+``size`` counts page rows; every layout of :mod:`mem_cache_pool_host.layout` works, a row being
+one page of one layer).
 
 Two kinds of transfer:
 
@@ -15,7 +15,7 @@ Two kinds of transfer:
 * Token-granular (:meth:`backup_tokens_from_device_all_layer`,
   :meth:`load_tokens_to_device_per_layer`): a token's record is two runs inside its page row, so
   these gather the records of the given token slots and scatter them into the other side's page
-  rows (``mem_cache_kernels.dsv4.read_dsv4_records`` / ``write_dsv4_records``). Host token slot
+  rows (``mem_cache_kernels.deepseek_v4.read_records`` / ``write_records``). Host token slot
   ``h`` lives in host page row ``h // tokens_per_page`` at offset ``h % tokens_per_page``.
 
 Token-granular loads mark the layer done on ``layer_done_counter`` like page loads.
@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from mem_cache_kernels import dsv4
+from mem_cache_kernels import deepseek_v4
 from mem_cache_kernels.checks import (
     check_index,
     check_index_values,
@@ -161,8 +161,8 @@ class DeepSeekV4SingleKVPoolHost(HostKVCache):
             return
         ps = self.tokens_per_page
         for layer, device_layer in enumerate(desc.buffers[0]):
-            records = dsv4.read_dsv4_records(device_layer, dev, ps).cpu()
-            dsv4.write_dsv4_records(self._host_layer(layer), host, records, ps)
+            records = deepseek_v4.read_records(device_layer, dev, ps).cpu()
+            deepseek_v4.write_records(self._host_layer(layer), host, records, ps)
 
     def load_tokens_to_device_per_layer(
         self,
@@ -180,8 +180,10 @@ class DeepSeekV4SingleKVPoolHost(HostKVCache):
             event: Any = None
             if host.numel():
                 ps = self.tokens_per_page
-                records = dsv4.read_dsv4_records(self._host_layer(layer_id), host, ps)
-                dsv4.write_dsv4_records(desc.buffers[0][layer_id], dev, records.to(desc.device), ps)
+                records = deepseek_v4.read_records(self._host_layer(layer_id), host, ps)
+                deepseek_v4.write_records(
+                    desc.buffers[0][layer_id], dev, records.to(desc.device), ps
+                )
                 if desc.device.type == "cuda":
                     event = torch.cuda.Event()  # type: ignore[no-untyped-call]
                     event.record(torch.cuda.current_stream(desc.device))

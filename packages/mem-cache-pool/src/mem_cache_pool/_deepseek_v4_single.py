@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from mem_cache_kernels import checks, dsv4
+from mem_cache_kernels import checks, deepseek_v4
 from mem_cache_pool._checks import (
     check_copy_layers,
     check_copy_roles,
@@ -55,10 +55,10 @@ def compressed_last_loc(last_loc: torch.Tensor, compress_ratio: int = 4) -> torc
 
 
 class DeepSeekV4SingleKVPool(PageRowPool):
-    """DeepSeek-V4 compressed-KV pool: per layer uint8 ``[num_pages, dsv4_page_bytes(ps)]``.
+    """DeepSeek-V4 compressed-KV pool: per layer uint8 ``[num_pages, page_row_bytes(ps)]``.
 
     One 584-byte record per token (448 fp8 e4m3 nope bytes, 64 bf16 rope values, 7 ue8m0 scale
-    bytes, 1 pad byte) in the split page layout of :mod:`mem_cache_kernels.dsv4`:
+    bytes, 1 pad byte) in the split page layout of :mod:`mem_cache_kernels.deepseek_v4`:
     ``[values (576 B each)][scales (8 B each)][pad to a multiple of 576 B]``.
 
     Args (SGLang order): ``size``, ``page_size``, ``dtype`` (must be ``torch.float8_e4m3fn``, the
@@ -72,7 +72,7 @@ class DeepSeekV4SingleKVPool(PageRowPool):
     ``load_cpu_copy`` are token-granular (records).
     """
 
-    bytes_per_token = dsv4.DSV4_TOKEN_BYTES
+    bytes_per_token = deepseek_v4.TOKEN_BYTES
 
     def __init__(  # noqa: PLR0917 (SGLang-compatible positional signature)
         self,
@@ -95,7 +95,7 @@ class DeepSeekV4SingleKVPool(PageRowPool):
             checks.check_int("qk_nope_head_dim", qk_nope_head_dim),
             checks.check_int("qk_rope_head_dim", qk_rope_head_dim),
         )
-        if dims != (dsv4.DSV4_NOPE_DIM, dsv4.DSV4_ROPE_DIM):
+        if dims != (deepseek_v4.NOPE_DIM, deepseek_v4.ROPE_DIM):
             raise ValueError(
                 "qk_nope_head_dim and qk_rope_head_dim must be 448 and 64 (a 584-byte record: "
                 f"448 fp8 + 64 x 2 bf16 + 7 scales + 1 pad), got {qk_nope_head_dim} and "
@@ -103,7 +103,7 @@ class DeepSeekV4SingleKVPool(PageRowPool):
             )
         self.qk_nope_head_dim = qk_nope_head_dim
         self.qk_rope_head_dim = qk_rope_head_dim
-        self.bytes_per_page_padded = dsv4.dsv4_page_bytes(
+        self.bytes_per_page_padded = deepseek_v4.page_row_bytes(
             checks.check_int("page_size", page_size, minimum=1)
         )
         super().__init__(
@@ -137,9 +137,9 @@ class DeepSeekV4SingleKVPool(PageRowPool):
         """:meth:`set_key_buffer` with the slot argument called ``name`` (composite pools)."""
         index = self.layer_index(layer_id)
         slots = self._device_loc(name, _write_slots(name, loc))
-        shape = (slots.numel(), dsv4.DSV4_TOKEN_BYTES)
+        shape = (slots.numel(), deepseek_v4.TOKEN_BYTES)
         check_rows("records", records, shape, self.device, dtypes=(torch.uint8,))
-        dsv4.write_dsv4_records(self.kv_buffer[index], slots, records, self.page_size)
+        deepseek_v4.write_records(self.kv_buffer[index], slots, records, self.page_size)
 
     def set_key_buffer_parts(
         self,
@@ -158,10 +158,12 @@ class DeepSeekV4SingleKVPool(PageRowPool):
         check_rows(
             "nope_fp8", nope_fp8, (n, self.qk_nope_head_dim), self.device, dtypes=nope_dtypes
         )
-        check_rows("scales", scales, (n, dsv4.DSV4_SCALE_BYTES), self.device, dtypes=(torch.uint8,))
+        check_rows(
+            "scales", scales, (n, deepseek_v4.SCALE_BYTES), self.device, dtypes=(torch.uint8,)
+        )
         check_rows("rope", rope, (n, self.qk_rope_head_dim), self.device, dtypes=(torch.bfloat16,))
-        records = dsv4.pack_dsv4_records(nope_fp8, scales, rope)
-        dsv4.write_dsv4_records(self.kv_buffer[index], slots, records, self.page_size)
+        records = deepseek_v4.pack_records(nope_fp8, scales, rope)
+        deepseek_v4.write_records(self.kv_buffer[index], slots, records, self.page_size)
 
     def set_kv_buffer(
         self,
@@ -172,7 +174,7 @@ class DeepSeekV4SingleKVPool(PageRowPool):
     ) -> None:
         """Quantise float rows ``cache_k`` ``[n, 512]`` or ``[n, 1, 512]`` (nope | rope) and
         write them at ``loc``. ``cache_v`` is ignored (no value buffer). The nope part is
-        quantised with :func:`mem_cache_kernels.dsv4.quantize_dsv4_nope`, rope cast to bf16."""
+        quantised with :func:`mem_cache_kernels.deepseek_v4.quantize_nope`, rope cast to bf16."""
         index = self.layer_index(layer_id)
         slots = self._device_loc("loc", unwrap_write_loc(loc))
         n, width = slots.numel(), self.qk_nope_head_dim + self.qk_rope_head_dim
@@ -185,23 +187,23 @@ class DeepSeekV4SingleKVPool(PageRowPool):
             )
         checks.check_on_device("cache_k", t, self.device)
         k = t.reshape(n, width)
-        nope, scales = dsv4.quantize_dsv4_nope(k[:, : self.qk_nope_head_dim].float())
+        nope, scales = deepseek_v4.quantize_nope(k[:, : self.qk_nope_head_dim].float())
         rope = k[:, self.qk_nope_head_dim :].to(torch.bfloat16)
-        records = dsv4.pack_dsv4_records(nope, scales, rope)
-        dsv4.write_dsv4_records(self.kv_buffer[index], slots, records, self.page_size)
+        records = deepseek_v4.pack_records(nope, scales, rope)
+        deepseek_v4.write_records(self.kv_buffer[index], slots, records, self.page_size)
 
     # ---------------------------------------------------------------- reads
     def get_key_records(self, layer_id: int, loc: torch.Tensor) -> torch.Tensor:
         """Records uint8 ``[n, 584]`` of slots ``loc`` (a copy). Waits once for the layer."""
         index = self._wait_layer(layer_id)
         slots = self._device_loc("loc", loc)
-        return dsv4.read_dsv4_records(self.kv_buffer[index], slots, self.page_size)
+        return deepseek_v4.read_records(self.kv_buffer[index], slots, self.page_size)
 
     def get_key_parts(
         self, layer_id: int, loc: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(nope fp8 [n, 448], scales uint8 [n, 7], rope bf16 [n, 64])`` of slots ``loc``."""
-        return dsv4.unpack_dsv4_records(self.get_key_records(layer_id, loc))
+        return deepseek_v4.unpack_records(self.get_key_records(layer_id, loc))
 
     # ---------------------------------------------------------------- token-granular bulk ops
     def move_kv_cache(self, tgt_loc: torch.Tensor, src_loc: torch.Tensor) -> None:
@@ -218,8 +220,8 @@ class DeepSeekV4SingleKVPool(PageRowPool):
         if not tgt.numel():
             return
         for buf in self.kv_buffer:
-            records = dsv4.read_dsv4_records(buf, src, self.page_size)
-            dsv4.write_dsv4_records(buf, tgt, records, self.page_size)
+            records = deepseek_v4.read_records(buf, src, self.page_size)
+            deepseek_v4.write_records(buf, tgt, records, self.page_size)
 
     def get_cpu_copy(
         self,
@@ -230,13 +232,13 @@ class DeepSeekV4SingleKVPool(PageRowPool):
         """``{"kv": [per-layer CPU records uint8 [n, 584]]}`` of device slots ``indices``."""
         idx = self._check_slots("indices", indices)
         return {
-            "kv": [dsv4.read_dsv4_records(b, idx, self.page_size).cpu() for b in self.kv_buffer]
+            "kv": [deepseek_v4.read_records(b, idx, self.page_size).cpu() for b in self.kv_buffer]
         }
 
     def _check_cpu_copy(self, kv_cache_cpu: CpuKVCopy, idx: torch.Tensor) -> None:
         """Check that ``kv_cache_cpu`` is ``{"kv": layer_num x uint8 [n, 584]}``."""
         copy = check_copy_roles(kv_cache_cpu, ["kv"])
-        want = (idx.numel(), dsv4.DSV4_TOKEN_BYTES)
+        want = (idx.numel(), deepseek_v4.TOKEN_BYTES)
         check_copy_layers("kv_cache_cpu['kv']", copy["kv"], self.layer_num, torch.uint8, want)
 
     def load_cpu_copy(
@@ -252,7 +254,7 @@ class DeepSeekV4SingleKVPool(PageRowPool):
         checks.check_distinct("indices", idx, full=self.debug)
         self._check_cpu_copy(kv_cache_cpu, idx)
         for buf, t in zip(self.kv_buffer, kv_cache_cpu["kv"]):
-            dsv4.write_dsv4_records(buf, idx, t.to(self.device), self.page_size)
+            deepseek_v4.write_records(buf, idx, t.to(self.device), self.page_size)
 
 
 class HiSparseC4DevicePool(DeepSeekV4SingleKVPool):

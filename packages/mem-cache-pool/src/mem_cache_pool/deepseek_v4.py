@@ -1,7 +1,7 @@
 """DeepSeek-V4 device pools (mirrors SGLang's ``deepseek_v4_memory_pool``).
 
 * :class:`DeepSeekV4SingleKVPool`: page-major uint8 rows of 584-byte compressed records (split
-  layout ``[values][scales][pad]``, see :mod:`mem_cache_kernels.dsv4`).
+  layout ``[values][scales][pad]``, see :mod:`mem_cache_kernels.deepseek_v4`).
 * :class:`HiSparseC4DevicePool`: the device c4 pool of HiSparse (logical -> device mapping;
   :func:`translate_full_to_compressed`: full slot ``f`` has compressed slot ``f // 4`` iff
   ``(f + 1) % 4 == 0``).

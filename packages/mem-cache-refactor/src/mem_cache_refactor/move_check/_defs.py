@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import copy
 import difflib
+import re
 import textwrap
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ __all__ = [
     "changed_members",
     "collect_definitions",
     "find_moves",
+    "same_after_renames",
     "source_diff",
     "unchanged_new_lines",
 ]
@@ -24,12 +26,14 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class Definition:
-    """A top-level ``class`` or ``def`` (methods travel with their class)."""
+    """A top-level ``class``, ``def`` (methods travel with their class) or ``constant`` (a
+    module-level ``NAME = value`` / ``NAME: T = value`` with one plain target, dunders excepted).
+    """
 
     module: str
     path: str
     name: str
-    kind: str  # "class" | "function"
+    kind: str  # "class" | "function" | "constant"
     start: int  # first line, decorators included (1-based)
     end: int  # last line (inclusive)
     dump: str  # ast.dump of the node: formatting-insensitive, docstrings included
@@ -44,6 +48,20 @@ class Definition:
         return f"{self.module}.{self.name}"
 
 
+def _constant_name(node: ast.stmt) -> str | None:
+    """The name a module-level ``NAME = value`` / ``NAME: T = value`` binds (one plain target,
+    not a dunder such as ``__all__``), else None."""
+    if isinstance(node, ast.Assign) and len(node.targets) == 1:
+        target: ast.expr = node.targets[0]
+    elif isinstance(node, ast.AnnAssign) and node.value is not None:
+        target = node.target
+    else:
+        return None
+    if not isinstance(target, ast.Name) or target.id.startswith("__"):
+        return None
+    return target.id
+
+
 def _definitions_in(source: str, module: str, path: str) -> dict[str, Definition]:
     try:
         tree = ast.parse(source)
@@ -52,6 +70,14 @@ def _definitions_in(source: str, module: str, path: str) -> dict[str, Definition
     lines = source.splitlines()
     found: dict[str, Definition] = {}
     for node in tree.body:
+        constant = _constant_name(node)
+        if constant is not None:
+            end = node.end_lineno or node.lineno
+            text = textwrap.dedent("\n".join(lines[node.lineno - 1 : end])) + "\n"
+            found[constant] = Definition(
+                module, path, constant, "constant", node.lineno, end, ast.dump(node), text
+            )
+            continue
         if not isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
         start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
@@ -95,13 +121,105 @@ def _similarity(a: Definition, b: Definition) -> float:
     return difflib.SequenceMatcher(None, a.source, b.source, autojunk=False).ratio()
 
 
+#: least source similarity (after the renames found so far) for a renamed move
+RENAME_MIN_SIMILARITY = 0.75
+
+
+def _renamed_source(d: Definition, renames: dict[str, str], own: str) -> str:
+    """``d``'s source with its own name replaced by a placeholder and every identifier of
+    ``renames`` replaced by its new name."""
+    words = {**renames, d.name: own}
+    pattern = re.compile(r"\b(" + "|".join(re.escape(w) for w in sorted(words, key=len,
+                                                                        reverse=True)) + r")\b")
+    return pattern.sub(lambda m: words[m.group(1)], d.source)
+
+
+def _rename_moves(
+    left: list[Definition], appeared: list[Definition], used_old: set[int], used_new: set[int],
+    pairs: list[tuple[Definition, Definition]],
+) -> None:
+    """Pair what is left over by renamed moves: a definition that left a module and one of the
+    same kind that appeared under another name whose source matches once both names (and the
+    renames already found) are aligned. Exact matches pair first, round after round (each
+    found rename can align the next ones, e.g. constants built from renamed constants), then
+    the most similar ones above :data:`RENAME_MIN_SIMILARITY`; the closer name breaks ties."""
+    exact_only = True
+    while True:
+        renames = {o.name: n.name for o, n in pairs if o.name != n.name}
+        found: list[tuple[float, float, int, int]] = []
+        for i, old in enumerate(left):
+            if i in used_old:
+                continue
+            a = _renamed_source(old, renames, "\0")
+            for j, new in enumerate(appeared):
+                if j in used_new or new.kind != old.kind or new.name == old.name:
+                    continue
+                b = _renamed_source(new, {}, "\0")
+                same = 1.0 if a == b else (0.0 if exact_only else difflib.SequenceMatcher(
+                    None, a, b, autojunk=False).ratio())
+                if same == 1.0 or (not exact_only and same >= RENAME_MIN_SIMILARITY):
+                    name = difflib.SequenceMatcher(
+                        None, old.name.lower(), new.name.lower(), autojunk=False).ratio()
+                    found.append((same, name, i, j))
+        if not found:
+            if exact_only:
+                exact_only = False
+                continue
+            return
+        found.sort(key=lambda c: (-c[0], -c[1], c[2], c[3]))
+        for _, _, i, j in found:
+            if i in used_old or j in used_new:
+                continue
+            used_old.add(i)
+            used_new.add(j)
+            pairs.append((left[i], appeared[j]))
+        exact_only = True
+
+
+def same_after_renames(
+    old: Definition, new: Definition, renames: dict[str, str]
+) -> tuple[str, ...] | None:
+    """When ``old`` becomes ``new`` by renaming identifiers alone (``renames``: old -> new
+    name, the moved definitions' own renames included), the renames it used (``"a -> b"``);
+    else None. Names (``ast.Name``), definition names and import aliases are renamed;
+    attributes, strings and docstrings must match as they are."""
+    try:
+        a, b = ast.parse(old.source), ast.parse(new.source)
+    except SyntaxError:
+        return None
+    used: set[str] = set()
+
+    class _Rename(ast.NodeTransformer):
+        def _sub(self, name: str) -> str:
+            if name in renames:
+                used.add(name)
+                return renames[name]
+            return name
+
+        def visit_Name(self, node: ast.Name) -> ast.Name:
+            node.id = self._sub(node.id)
+            return node
+
+        def generic_visit(self, node: ast.AST) -> ast.AST:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                node.name = self._sub(node.name)
+            return super().generic_visit(node)
+
+    a = _Rename().visit(a)
+    if ast.dump(a) != ast.dump(b) or not used:
+        return None
+    return tuple(f"{n} -> {renames[n]}" for n in sorted(used))
+
+
 def find_moves(
     before: dict[str, dict[str, Definition]], after: dict[str, dict[str, Definition]]
 ) -> list[tuple[Definition, Definition]]:
-    """Pair each definition that left a module with one of the same name that appeared elsewhere.
+    """Pair each definition that left a module with one of the same name that appeared elsewhere,
+    then the rest by renamed moves (see :func:`_rename_moves`).
 
     ``before``/``after`` hold the definitions of the changed files at each ref. When a name left
     or appeared in several modules, identical bodies pair first, then the most similar sources.
+    A definition renamed in place (same module, new name) counts as a move too.
     """
     left = [
         d for mod, defs in before.items() for n, d in defs.items() if n not in after.get(mod, {})
@@ -125,6 +243,7 @@ def find_moves(
         used_old.add(i)
         used_new.add(j)
         pairs.append((left[i], appeared[j]))
+    _rename_moves(left, appeared, used_old, used_new, pairs)
     pairs.sort(key=lambda p: (p[0].module, p[0].name))
     return pairs
 

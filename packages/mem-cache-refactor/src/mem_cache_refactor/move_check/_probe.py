@@ -23,17 +23,18 @@ __all__ = [
     "static_old_path",
 ]
 
-# Runs in the child: for each (old module, name, new module), import both and compare identity.
+# Runs in the child: for each (old module, name, new module, new name), import both and compare
+# identity.
 _PROBE = r"""
 import importlib, json, sys, warnings
 out = []
-for old_mod, name, new_mod in json.loads(sys.argv[1]):
+for old_mod, name, new_mod, new_name in json.loads(sys.argv[1]):
     r = {"status": "error", "detail": "", "warning": None, "mechanism": None}
     out.append(r)
     try:
-        new_obj = getattr(importlib.import_module(new_mod), name)
+        new_obj = getattr(importlib.import_module(new_mod), new_name)
     except Exception as exc:
-        r["detail"] = f"new path {new_mod}.{name} does not import: {type(exc).__name__}: {exc}"
+        r["detail"] = f"new path {new_mod}.{new_name} does not import: {type(exc).__name__}: {exc}"
         continue
     try:
         mod = importlib.import_module(old_mod)
@@ -62,7 +63,7 @@ for old_mod, name, new_mod in json.loads(sys.argv[1]):
     r["warning"] = dep[0] if dep else None
     r["warnings"] = len(dep)
     if old_obj is not new_obj:
-        r["status"], r["detail"] = "different", f"{old_mod}.{name} is not {new_mod}.{name}"
+        r["status"], r["detail"] = "different", f"{old_mod}.{name} is not {new_mod}.{new_name}"
     elif dep:
         r["status"], r["detail"] = "shim", f"same object, {len(dep)} DeprecationWarning"
     else:
@@ -102,17 +103,18 @@ def probe_env(roots: list[Path]) -> dict[str, str]:
 def probe_old_paths(
     roots: list[Path],
     cwd: Path,
-    cases: list[tuple[str, str, str]],
+    cases: list[tuple[str, str, str]] | list[tuple[str, str, str, str]],
     timeout: float = 300.0,
     python: str | None = None,
 ) -> list[OldPath]:
-    """Resolve each ``(old_module, name, new_module)`` in one fresh interpreter (``python``,
-    default: this one) whose ``sys.path`` starts with ``roots`` (the exported tree), run from
-    ``cwd``."""
+    """Resolve each ``(old_module, name, new_module[, new_name])`` in one fresh interpreter
+    (``python``, default: this one) whose ``sys.path`` starts with ``roots`` (the exported
+    tree), run from ``cwd``. ``new_name`` (default ``name``) is the name at the new home."""
     if not cases:
         return []
+    full = [c if len(c) == 4 else (*c, c[1]) for c in cases]
     proc = subprocess.run(
-        [python or sys.executable, "-c", _PROBE, json.dumps(cases)],
+        [python or sys.executable, "-c", _PROBE, json.dumps(full)],
         cwd=cwd,
         env=probe_env(roots),
         capture_output=True,

@@ -67,13 +67,29 @@ class MoveReport:
     removal_allowed: bool = False
     probe_error_allowed: bool = False
     min_blame: float = DEFAULT_MIN_BLAME
+    #: the name at the new home ("" or ``name``: not renamed)
+    new_name: str = ""
+    #: identifier renames ("old -> new") that make the bodies identical (a renamed move)
+    renames: tuple[str, ...] = ()
+
+    @property
+    def target(self) -> str:
+        """The name at the new home."""
+        return self.new_name or self.name
 
     @property
     def blame_share(self) -> float:
         return self.blame_before_move / self.blame_lines if self.blame_lines else 0.0
 
     @property
+    def renamed(self) -> bool:
+        """A renamed move whose body is identical once the renames are applied."""
+        return self.body_identical and bool(self.renames)
+
+    @property
     def blame_ok(self) -> bool:
+        if self.blame_lines == 0 and (self.renamed or self.edit_allowed):
+            return True  # every line renamed or (declared) edited: nothing unedited to trace
         return 100.0 * self.blame_share + 1e-9 >= self.min_blame
 
     @property
@@ -84,7 +100,7 @@ class MoveReport:
     @property
     def failures(self) -> list[str]:
         out: list[str] = []
-        where = f"{self.old_module}.{self.name} -> {self.new_module}.{self.name}"
+        where = f"{self.old_module}.{self.name} -> {self.new_module}.{self.target}"
         if not self.body_identical and not self.edit_allowed:
             hint = ", ".join(f"{self.name}.{m}" for m in self.changed_members or ()) or self.name
             out.append(f"{where}: body changed (declare with --allow-edit {hint})")
@@ -176,10 +192,13 @@ def render_text(report: Report) -> str:
     for m in report.moves:
         verdict = "FAIL" if m.failures else "ok"
         out.append("")
-        out.append(f"[{verdict}] {m.kind} {m.name}: {m.old_module} -> {m.new_module}")
+        renamed = f" (renamed {m.target})" if m.target != m.name else ""
+        out.append(f"[{verdict}] {m.kind} {m.name}: {m.old_module} -> {m.new_module}{renamed}")
         out.append(f"  from: {m.old_file}:{m.old_lines[0]}-{m.old_lines[1]}")
         out.append(f"  to:   {m.new_file}:{m.new_lines[0]}-{m.new_lines[1]}")
-        if m.body_identical:
+        if m.body_identical and m.renames:
+            out.append(f"  body: identical after renames (ast.dump; {', '.join(m.renames)})")
+        elif m.body_identical:
             out.append("  body: identical (ast.dump)")
         else:
             tag = "allowed by --allow-edit (move + edit)" if m.edit_allowed else "NOT allowed"
@@ -199,12 +218,19 @@ def render_text(report: Report) -> str:
         out[-1] = line
         if p.warning:
             out.append(f"    warning: {p.warning}")
-        scope = "" if m.body_identical else " unedited"
-        out.append(
-            f"  git blame -C -C -C: {m.blame_before_move}/{m.blame_lines}{scope} lines "
-            f"({100.0 * m.blame_share:.1f}%) from commits before the move "
-            f"({'ok' if m.blame_ok else 'UNDER'} --min-blame {m.min_blame:g})"
-        )
+        scope = "" if m.body_identical and not m.renames else " unedited"
+        if m.blame_lines == 0 and m.renamed:
+            out.append(
+                "  git blame -C -C -C: no line left unedited by the renames (not applicable)"
+            )
+        elif m.blame_lines == 0 and m.edit_allowed:
+            out.append("  git blame -C -C -C: no line left unedited (not applicable)")
+        else:
+            out.append(
+                f"  git blame -C -C -C: {m.blame_before_move}/{m.blame_lines}{scope} lines "
+                f"({100.0 * m.blame_share:.1f}%) from commits before the move "
+                f"({'ok' if m.blame_ok else 'UNDER'} --min-blame {m.min_blame:g})"
+            )
         for src, n in m.blame_sources.items():
             out.append(f"    {n:4d} line(s) from {src}")
         if m.stale_sites:

@@ -1,10 +1,14 @@
 """move_check: verify that definitions moved between two git refs moved safely.
 
-For every top-level class or function that left one module and appeared in another between
-``REF_A`` and ``REF_B`` it reports:
+For every top-level class, function or module-level constant (``NAME = value``) that left one
+module and appeared in another between ``REF_A`` and ``REF_B`` it reports the following. A
+definition that left under one name and appeared under another (in another module or the same
+one) is a *renamed* move when their sources match once the names are aligned (exactly, or at
+least 75 % similar; see :func:`~mem_cache_refactor.move_check._defs.find_moves`).
 
-* whether the body is identical (``ast.dump``; formatting-insensitive, docstrings count) and a
-  unified diff numbered with the files' lines when it is not;
+* whether the body is identical (``ast.dump``; formatting-insensitive, docstrings count), or
+  identical once the renamed moves of the range are applied to its identifiers (listed), and a
+  unified diff numbered with the files' lines when it is neither;
 * the import sites in the tree at ``REF_B`` that still use the old path (``file:line``), at
   module level or inside functions, in every file of the tree;
 * whether the old path still resolves at ``REF_B`` and to the same object (shim / re-export) or
@@ -45,6 +49,7 @@ from mem_cache_refactor.move_check._defs import (
     changed_members,
     collect_definitions,
     find_moves,
+    same_after_renames,
     source_diff,
     unchanged_new_lines,
 )
@@ -138,7 +143,7 @@ def _blame(
 
 
 def _names(old: Definition, new: Definition) -> set[str]:
-    return {old.name, old.qualname, new.qualname}
+    return {old.name, old.qualname, new.name, new.qualname}
 
 
 def _edit_allowed(
@@ -201,24 +206,31 @@ def check(
         targets = {old.qualname for old, _ in pairs}
         sites = find_import_sites(tree_b, files_b, targets, src_b)
         probes = probe_old_paths(
-            roots_b, Path(tmp), [(old.module, old.name, new.module) for old, new in pairs],
+            roots_b, Path(tmp),
+            [(old.module, old.name, new.module, new.name) for old, new in pairs],
             python=opts.python,
         )
+        renames = {old.name: new.name for old, new in pairs if old.name != new.name}
         change_commits = rev_list(root, commit_a, commit_b)
         moves: list[MoveReport] = []
         for (old, new), probe in zip(pairs, probes):
             identical = old.dump == new.dump
+            applied = None if identical else same_after_renames(old, new, renames)
+            identical = identical or applied is not None
             members = None if identical else changed_members(old, new)
             mine = tuple(
                 s for s in sites if s.target in (old.qualname, f"{old.module}.*")
             )
-            only = set(range(new.start, new.end + 1)) if identical else unchanged_new_lines(
-                old, new
+            # a renamed or edited definition: only the lines whose text is unchanged can trace
+            only = set(range(new.start, new.end + 1)) if old.dump == new.dump else (
+                unchanged_new_lines(old, new)
             )
             total, before, sources = _blame(root, commit_b, new, change_commits, only)
             moves.append(
                 MoveReport(
                     name=old.name,
+                    new_name=new.name,
+                    renames=applied or (),
                     kind=old.kind,
                     old_module=old.module,
                     new_module=new.module,
@@ -322,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"move-check: {exc}", file=sys.stderr)
         return 2
     edits = {n for m in report.moves for n in (
-        m.name, f"{m.old_module}.{m.name}", f"{m.new_module}.{m.name}")}
+        m.name, m.new_name, f"{m.old_module}.{m.name}", f"{m.new_module}.{m.new_name}")}
     for name in args.allow_edit:
         if name not in edits and name.rpartition(".")[0] not in edits:
             print(f"move-check: --allow-edit {name} matches no moved definition",

@@ -1,4 +1,4 @@
-"""Triton implementations of :mod:`mem_cache_kernels.dsv4` (pure byte movement).
+"""Triton implementations of :mod:`mem_cache_kernels.deepseek_v4` (pure byte movement).
 
 Launchers receive validated, contiguous tensors from the public ops. Pack/unpack move bytes; the
 page-row scatter/gather moves 4-byte words (a record is 146 words: 144 value words + 2 scale

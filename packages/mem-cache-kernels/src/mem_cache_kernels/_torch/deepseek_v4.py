@@ -1,8 +1,8 @@
-"""Torch references of the DeepSeek-V4 record ops (:mod:`mem_cache_kernels.dsv4`).
+"""Torch references of the DeepSeek-V4 record ops (:mod:`mem_cache_kernels.deepseek_v4`).
 
-Same names and signatures as the Triton launchers in :mod:`mem_cache_kernels._triton.dsv4`;
-arguments arrive validated and contiguous from the public ops (layout in :mod:`~.dsv4`). Pure byte
-movement, so both backends give identical bytes.
+Same names and signatures as the Triton launchers in :mod:`mem_cache_kernels._triton.deepseek_v4`;
+arguments arrive validated and contiguous from the public ops (layout in
+:mod:`~.deepseek_v4`). Pure byte movement, so both backends give identical bytes.
 """
 
 from __future__ import annotations

@@ -11,16 +11,16 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mem_cache_kernels import dsv4
-from mem_cache_kernels.dsv4 import (
-    DSV4_TOKEN_BYTES,
-    dequantize_dsv4_nope,
-    dsv4_page_bytes,
-    pack_dsv4_records,
-    quantize_dsv4_nope,
-    read_dsv4_records,
-    unpack_dsv4_records,
-    write_dsv4_records,
+from mem_cache_kernels import deepseek_v4
+from mem_cache_kernels.deepseek_v4 import (
+    TOKEN_BYTES,
+    dequantize_nope,
+    pack_records,
+    page_row_bytes,
+    quantize_nope,
+    read_records,
+    unpack_records,
+    write_records,
 )
 
 FP8 = torch.float8_e4m3fn
@@ -43,8 +43,8 @@ def _parts(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
 )
 def test_page_bytes_hand_worked(page_size: int, expected: int) -> None:
     # ps * 584 rounded up to a multiple of 576, e.g. 64 * 584 = 37376 -> 65 * 576 = 37440
-    assert dsv4_page_bytes(page_size) == expected
-    assert expected % 576 == 0 and expected >= page_size * DSV4_TOKEN_BYTES
+    assert page_row_bytes(page_size) == expected
+    assert expected % 576 == 0 and expected >= page_size * TOKEN_BYTES
 
 
 @pytest.mark.parametrize(
@@ -52,7 +52,7 @@ def test_page_bytes_hand_worked(page_size: int, expected: int) -> None:
 )
 def test_page_bytes_rejects_bad_page_size(bad: object, error: type[Exception]) -> None:
     with pytest.raises(error, match="page_size"):
-        dsv4_page_bytes(bad)  # type: ignore[arg-type]
+        page_row_bytes(bad)  # type: ignore[arg-type]
 
 
 def test_pack_puts_each_part_at_its_offset() -> None:
@@ -60,7 +60,7 @@ def test_pack_puts_each_part_at_its_offset() -> None:
     nope[0, 447] = 0x12
     scales = torch.tensor([[1, 2, 3, 4, 5, 6, 7]], dtype=torch.uint8)
     rope = torch.full((1, 64), 0x3344, dtype=torch.int16).view(torch.bfloat16)
-    rec = pack_dsv4_records(nope, scales, rope, backend="torch")[0]
+    rec = pack_records(nope, scales, rope, backend="torch")[0]
     assert rec.shape == (584,)
     assert torch.all(rec[:447] == 0x11) and rec[447] == 0x12
     # bf16 0x3344 in little-endian byte order: 0x44, 0x33
@@ -77,7 +77,7 @@ def test_round_trip_covers_every_fp8_bit_pattern() -> None:
     rope.view(torch.int16)[0, :6] = rope_bits  # NaN payload, -NaN, +0, -0, subnormal, +inf
     for as_fp8 in (False, True):
         arg = nope.view(FP8) if as_fp8 else nope
-        n2, s2, r2 = unpack_dsv4_records(pack_dsv4_records(arg, scales, rope, backend="torch"))
+        n2, s2, r2 = unpack_records(pack_records(arg, scales, rope, backend="torch"))
         assert n2.dtype == FP8 and s2.dtype == torch.uint8 and r2.dtype == torch.bfloat16
         assert torch.equal(n2.view(torch.uint8), nope)
         assert torch.equal(s2, scales)
@@ -91,22 +91,22 @@ def test_round_trip_covers_every_fp8_bit_pattern() -> None:
 
 def test_pack_accepts_non_contiguous_inputs() -> None:
     nope, scales, rope = _parts(6)
-    rec = pack_dsv4_records(nope[::2], scales[::2], rope[::2], backend="torch")
-    assert torch.equal(rec, pack_dsv4_records(nope, scales, rope, backend="torch")[::2])
+    rec = pack_records(nope[::2], scales[::2], rope[::2], backend="torch")
+    assert torch.equal(rec, pack_records(nope, scales, rope, backend="torch")[::2])
 
 
 def test_pack_validates_arguments() -> None:
     nope, scales, rope = _parts(2)
     with pytest.raises(TypeError, match=r"nope_fp8 must be float8_e4m3fn or uint8"):
-        pack_dsv4_records(nope.float(), scales, rope)
+        pack_records(nope.float(), scales, rope)
     with pytest.raises(ValueError, match=r"scales must have shape \[n, 7\]"):
-        pack_dsv4_records(nope, scales[:, :6], rope)
+        pack_records(nope, scales[:, :6], rope)
     with pytest.raises(TypeError, match=r"rope must be bfloat16, got torch\.float32"):
-        pack_dsv4_records(nope, scales, rope.float())
+        pack_records(nope, scales, rope.float())
     with pytest.raises(ValueError, match="same number of rows"):
-        pack_dsv4_records(nope, scales[:1], rope)
+        pack_records(nope, scales[:1], rope)
     with pytest.raises(ValueError, match=r"records must have shape \[n, 584\]"):
-        unpack_dsv4_records(torch.zeros(2, 583, dtype=torch.uint8))
+        unpack_records(torch.zeros(2, 583, dtype=torch.uint8))
 
 
 # ----------------------------------------------------------------------------- quantisation
@@ -119,14 +119,14 @@ def test_quantize_hand_worked_groups() -> None:
     x[0, 128] = 896.0  # group 2: e = 1, byte 128, 896 -> 448
     x[0, 192] = -0.0  # group 3: all zero -> byte 127, -0 kept
     x[0, 256], x[0, 257] = 448.0, 2.0**-9  # group 4: 2^-9 is the smallest fp8 subnormal
-    q, s = quantize_dsv4_nope(x)
+    q, s = quantize_nope(x)
     assert s.tolist() == [[127, 119, 128, 127, 127, 127, 127]]
     qb = q.view(torch.uint8)[0]
     assert qb[0] == 0x7E and qb[1] == 0xFE and qb[128] == 0x7E
     assert q[0, 64].float().item() == 256.0
     assert qb[192] == 0x80 and qb[193] == 0x00
     assert qb[257] == 0x01
-    back = dequantize_dsv4_nope(q, s)
+    back = dequantize_nope(q, s)
     assert torch.equal(back, x)  # every value above is exactly representable
 
 
@@ -135,8 +135,8 @@ def test_quantize_keeps_nan_and_bounds_error() -> None:
     x = torch.randn(4, 448, generator=g) * torch.logspace(-6, 6, 4).unsqueeze(1)
     x[2, 5] = float("nan")
     x[1, 70] = float("inf")
-    q, s = quantize_dsv4_nope(x)
-    back = dequantize_dsv4_nope(q.view(torch.uint8), s)
+    q, s = quantize_nope(x)
+    back = dequantize_nope(q.view(torch.uint8), s)
     assert torch.isnan(back[2, 5])
     assert q[1, 70].float().item() == 448.0  # saturates; the scale ignores non-finite values
     ok = torch.isfinite(x)
@@ -154,8 +154,8 @@ def test_write_addresses_split_layout_hand_worked() -> None:
     ps = 4  # page bytes 2880: values [0, 2304), scales [2304, 2336), tail [2336, 2880)
     buf = torch.full((3, 2880), 0xAB, dtype=torch.uint8)
     nope, scales, rope = _parts(1)
-    rec = pack_dsv4_records(nope, scales, rope)
-    write_dsv4_records(buf, torch.tensor([6]), rec, ps, backend="torch")  # page 1, offset 2
+    rec = pack_records(nope, scales, rope)
+    write_records(buf, torch.tensor([6]), rec, ps, backend="torch")  # page 1, offset 2
     assert torch.equal(buf[1, 1152:1728], rec[0, :576])
     assert torch.equal(buf[1, 2304 + 16 : 2304 + 24], rec[0, 576:])
     untouched = torch.ones(3, 2880, dtype=torch.bool)
@@ -176,31 +176,31 @@ def test_write_read_matches_a_slot_model(page_size: int, slots: list[int]) -> No
             loc_list.append(s)
     loc = torch.tensor(loc_list, dtype=torch.int32)
     pages = 32 // page_size + 1
-    buf = torch.zeros(pages, dsv4_page_bytes(page_size), dtype=torch.uint8)
+    buf = torch.zeros(pages, page_row_bytes(page_size), dtype=torch.uint8)
     rec = torch.randint(0, 256, (len(loc_list), 584), dtype=torch.uint8)
-    write_dsv4_records(buf, loc, rec, page_size, backend="torch")
-    back = read_dsv4_records(buf, loc, page_size, backend="torch")
+    write_records(buf, loc, rec, page_size, backend="torch")
+    back = read_records(buf, loc, page_size, backend="torch")
     for i, s in enumerate(loc_list):
         assert torch.equal(back[i], rec[i] if s >= 0 else torch.zeros(584, dtype=torch.uint8))
     written = {s for s in loc_list if s >= 0}
     others = torch.tensor([s for s in range(32) if s not in written], dtype=torch.int64)
-    assert int(read_dsv4_records(buf, others, page_size).sum()) == 0
+    assert int(read_records(buf, others, page_size).sum()) == 0
     assert int(buf[:, page_size * 584 :].sum()) == 0  # tail padding never written
 
 
 def test_page_ops_validate_arguments() -> None:
-    buf = torch.zeros(2, dsv4_page_bytes(2), dtype=torch.uint8)
+    buf = torch.zeros(2, page_row_bytes(2), dtype=torch.uint8)
     rec = torch.zeros(1, 584, dtype=torch.uint8)
     with pytest.raises(ValueError, match=r"buffer must be uint8 \[pages, 2880\] for page_size=4"):
-        write_dsv4_records(buf, torch.tensor([1]), rec, 4)
+        write_records(buf, torch.tensor([1]), rec, 4)
     with pytest.raises(TypeError, match=r"loc must be int32 or int64, got torch\.float32"):
-        write_dsv4_records(buf, torch.tensor([1.0]), rec, 2)
+        write_records(buf, torch.tensor([1.0]), rec, 2)
     with pytest.raises(ValueError, match="one row per loc entry"):
-        write_dsv4_records(buf, torch.tensor([1, 2]), rec, 2)
+        write_records(buf, torch.tensor([1, 2]), rec, 2)
     with pytest.raises(ValueError, match="rows must be contiguous"):
-        read_dsv4_records(torch.zeros(1728, 2, dtype=torch.uint8).t(), torch.tensor([1]), 2)
+        read_records(torch.zeros(1728, 2, dtype=torch.uint8).t(), torch.tensor([1]), 2)
     with pytest.raises(ValueError, match="multiples of 4 bytes"):
-        read_dsv4_records(torch.zeros(2, 1729, dtype=torch.uint8)[:, :1728], torch.tensor([1]), 2)
+        read_records(torch.zeros(2, 1729, dtype=torch.uint8)[:, :1728], torch.tensor([1]), 2)
 
 
 # ----------------------------------------------------------------------------- Triton
@@ -220,14 +220,14 @@ def interpreted(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 def test_triton_pack_matches_torch(interpreted: None) -> None:
     nope, scales, rope = _parts(3, seed=7)
     nope[0] = torch.arange(448) % 256
-    ref = pack_dsv4_records(nope, scales, rope, backend="torch")
-    assert torch.equal(pack_dsv4_records(nope, scales, rope, backend="triton"), ref)
+    ref = pack_records(nope, scales, rope, backend="torch")
+    assert torch.equal(pack_records(nope, scales, rope, backend="triton"), ref)
 
 
 @pytest.mark.triton
 def test_triton_unpack_matches_torch(interpreted: None) -> None:
     rec = torch.randint(0, 256, (3, 584), dtype=torch.uint8)
-    for a, b in zip(unpack_dsv4_records(rec, backend="triton"), unpack_dsv4_records(rec)):
+    for a, b in zip(unpack_records(rec, backend="triton"), unpack_records(rec)):
         assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
 
 
@@ -237,10 +237,10 @@ def test_triton_write_matches_torch(interpreted: None, page_size: int) -> None:
     pages = 12 // page_size + 1
     loc = torch.tensor([5, -1, 11, 4, 2], dtype=torch.int64)
     rec = torch.randint(0, 256, (5, 584), dtype=torch.uint8)
-    ref = torch.full((pages, 2, dsv4_page_bytes(page_size)), 0xCD, dtype=torch.uint8)
+    ref = torch.full((pages, 2, page_row_bytes(page_size)), 0xCD, dtype=torch.uint8)
     out = ref.clone()
-    write_dsv4_records(ref[:, 1], loc, rec, page_size, backend="torch")
-    write_dsv4_records(out[:, 1], loc, rec, page_size, backend="triton")
+    write_records(ref[:, 1], loc, rec, page_size, backend="torch")
+    write_records(out[:, 1], loc, rec, page_size, backend="triton")
     assert torch.equal(out, ref)
     assert torch.all(out[:, 0] == 0xCD)
 
@@ -248,13 +248,16 @@ def test_triton_write_matches_torch(interpreted: None, page_size: int) -> None:
 @pytest.mark.triton
 def test_triton_read_matches_torch(interpreted: None) -> None:
     # one layer of a page_first host buffer [pages, layers, bytes]: strided rows
-    buf = torch.randint(0, 256, (4, 2, dsv4_page_bytes(4)), dtype=torch.uint8)[:, 1]
+    buf = torch.randint(0, 256, (4, 2, page_row_bytes(4)), dtype=torch.uint8)[:, 1]
     loc = torch.tensor([15, -3, 0, 9, 6], dtype=torch.int32)
-    ref = read_dsv4_records(buf, loc, 4, backend="torch")
-    assert torch.equal(read_dsv4_records(buf, loc, 4, backend="triton"), ref)
+    ref = read_records(buf, loc, 4, backend="torch")
+    assert torch.equal(read_records(buf, loc, 4, backend="triton"), ref)
     assert int(ref[1].sum()) == 0
 
 
 def test_module_exports_are_curated() -> None:
-    assert set(dsv4.__all__) <= set(dir(dsv4))
-    assert "triton" not in sys.modules or "mem_cache_kernels._triton.dsv4" not in dsv4.__all__
+    assert set(deepseek_v4.__all__) <= set(dir(deepseek_v4))
+    assert (
+        "triton" not in sys.modules
+        or "mem_cache_kernels._triton.deepseek_v4" not in deepseek_v4.__all__
+    )
