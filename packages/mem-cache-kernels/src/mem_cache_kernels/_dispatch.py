@@ -33,8 +33,8 @@ from typing import Any, Literal, cast, get_args
 
 import torch
 
-from mem_cache_kernels._arg_checks import check_choice
 from mem_cache_kernels._registry import OpInfo, split_target
+from mem_cache_kernels.checks import check_choice
 
 __all__ = [
     "BACKEND_ENV_VAR",

@@ -9,7 +9,6 @@ from __future__ import annotations
 import torch
 
 from mem_cache_kernels import checks as v
-from mem_cache_kernels._arg_checks import check_tensor_of
 from mem_cache_kernels._dispatch import Backend, implementation
 from mem_cache_kernels._registry import op
 
@@ -19,7 +18,7 @@ _WRITE, _LAST_LOC = op("write_req_to_token"), op("get_last_loc")
 
 
 def _check_table(req_to_token: object) -> torch.Tensor:
-    table = check_tensor_of(
+    table = v.check_tensor_of(
         "req_to_token", req_to_token, dtypes=v.INDEX_DTYPES, dim=2, shape="[rows, max_len]"
     )
     if table.stride(1) != 1:

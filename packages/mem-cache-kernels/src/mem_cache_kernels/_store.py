@@ -11,7 +11,6 @@ from __future__ import annotations
 import torch
 
 from mem_cache_kernels import checks as val
-from mem_cache_kernels._arg_checks import check_tensor_of
 from mem_cache_kernels._dispatch import Backend, implementation
 from mem_cache_kernels._layout import as_byte_rows
 from mem_cache_kernels._registry import op
@@ -22,7 +21,7 @@ _STORE_KV, _SET_MLA, _GET_MLA = op("store_kv"), op("set_mla_kv_buffer"), op("get
 
 
 def _check_cache(name: str, cache: object) -> torch.Tensor:
-    t = check_tensor_of(name, cache, min_dim=2, shape="[rows, *row]")
+    t = val.check_tensor_of(name, cache, min_dim=2, shape="[rows, *row]")
     as_byte_rows(name, t)  # raises if rows are not contiguous
     return t
 

@@ -20,7 +20,6 @@ from collections.abc import Sequence
 import torch
 
 from mem_cache_kernels import checks as v
-from mem_cache_kernels._arg_checks import check_tensor_of
 from mem_cache_kernels._dispatch import Backend, implementation
 from mem_cache_kernels._layout import as_byte_rows, row_bytes
 from mem_cache_kernels._registry import op
@@ -71,7 +70,7 @@ def check_page_first(
     """Per-role host buffers with a ``[slots, L, ...]`` layout."""
     host = v.check_tensor_list(name, value, length=roles)
     for r, h in enumerate(host):
-        check_tensor_of(f"{name}[{r}]", h, min_dim=min_dim)
+        v.check_tensor_of(f"{name}[{r}]", h, min_dim=min_dim)
     return host
 
 

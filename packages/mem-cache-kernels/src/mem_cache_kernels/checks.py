@@ -29,8 +29,10 @@ __all__ = [
     "SMALL_BATCH",
     "IndexBound",
     "check_bool",
+    "check_choice",
     "check_device_arg",
     "check_distinct",
+    "check_dtype",
     "check_dtype_arg",
     "check_fits_dtype",
     "check_index",
@@ -38,6 +40,7 @@ __all__ = [
     "check_index_values",
     "check_int",
     "check_nonnegative",
+    "check_number",
     "check_on_device",
     "check_optional_int",
     "check_page_size",
@@ -45,6 +48,7 @@ __all__ = [
     "check_same_length",
     "check_tensor",
     "check_tensor_list",
+    "check_tensor_of",
     "debug_enabled",
     "describe",
     "extend_counts",
@@ -127,6 +131,26 @@ def check_bool(name: str, value: object) -> bool:
     return value
 
 
+def check_number(name: str, value: object) -> float:
+    """``value`` (an ``int`` or a ``float``, never a ``bool``) as a float, else ``TypeError``."""
+    if isinstance(value, float):
+        return value
+    try:
+        return float(check_int(name, value))
+    except TypeError:
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}") from None
+
+
+def check_choice(name: str, value: object, choices: Sequence[str]) -> str:
+    """``value`` if it is one of the strings ``choices``: ``TypeError`` for a non-``str``,
+    ``ValueError`` for another string."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be one of {tuple(choices)}, got {type(value).__name__}")
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
+    return value
+
+
 def is_power_of_two(n: int) -> bool:
     """True for 1, 2, 4, ..."""
     return n > 0 and n & (n - 1) == 0
@@ -144,6 +168,13 @@ def check_dtype_arg(name: str, value: object) -> torch.dtype | None:
     """Check an optional ``torch.dtype`` keyword."""
     if value is not None and not isinstance(value, torch.dtype):
         raise TypeError(f"{name} must be a torch.dtype or None, got {type(value).__name__}")
+    return value
+
+
+def check_dtype(name: str, value: object) -> torch.dtype:
+    """``value`` if it is a ``torch.dtype`` (``TypeError`` otherwise, ``None`` included)."""
+    if not isinstance(value, torch.dtype):
+        raise TypeError(f"{name} must be a torch.dtype, got {type(value).__name__}")
     return value
 
 
@@ -177,6 +208,35 @@ def check_tensor(name: str, value: object) -> torch.Tensor:
     return value
 
 
+def _dtype_names(dtypes: Sequence[torch.dtype]) -> str:
+    return " or ".join(str(d).removeprefix("torch.") for d in dtypes)
+
+
+def check_tensor_of(
+    name: str,
+    value: object,
+    *,
+    dtypes: Sequence[torch.dtype] | None = None,
+    dim: int | None = None,
+    min_dim: int | None = None,
+    shape: str = "",
+) -> torch.Tensor:
+    """:func:`check_tensor`, then the dtype (one of ``dtypes``: ``TypeError``) and the rank
+    (exactly ``dim`` or at least ``min_dim``: ``ValueError``).
+
+    ``shape`` (e.g. ``"[rows, max_len]"``) describes the expected layout in the rank message.
+    """
+    t = check_tensor(name, value)
+    if dtypes is not None and t.dtype not in dtypes:
+        raise TypeError(f"{name} must be {_dtype_names(dtypes)}, got {t.dtype}")
+    layout = f" {shape}" if shape else ""
+    if dim is not None and t.dim() != dim:
+        raise ValueError(f"{name} must be {dim}-D{layout}, got shape {tuple(t.shape)}")
+    if min_dim is not None and t.dim() < min_dim:
+        raise ValueError(f"{name} must be >= {min_dim}-D{layout}, got shape {tuple(t.shape)}")
+    return t
+
+
 def check_index(
     name: str,
     value: object,
@@ -194,8 +254,7 @@ def check_index(
     if not allow_meta:
         check_tensor(name, value)
     if value.dtype not in dtypes:
-        expected = " or ".join(str(d).removeprefix("torch.") for d in dtypes)
-        raise TypeError(f"{name} must be {expected}, got {value.dtype}")
+        raise TypeError(f"{name} must be {_dtype_names(dtypes)}, got {value.dtype}")
     if value.dim() != 1:
         raise ValueError(f"{name} must be 1-D, got shape {tuple(value.shape)}")
     if length is not None and value.shape[0] != length:

@@ -40,7 +40,6 @@ from __future__ import annotations
 import torch
 
 from mem_cache_kernels import checks as v
-from mem_cache_kernels._arg_checks import check_tensor_of
 from mem_cache_kernels._dispatch import Backend, implementation
 from mem_cache_kernels._registry import op
 
@@ -88,14 +87,14 @@ def page_row_bytes(page_size: int) -> int:
 
 
 def _check_2d(name: str, t: torch.Tensor, cols: int, dtypes: tuple[torch.dtype, ...]) -> None:
-    check_tensor_of(name, t, dtypes=dtypes)
+    v.check_tensor_of(name, t, dtypes=dtypes)
     if t.dim() != 2 or t.shape[1] != cols:
         raise ValueError(f"{name} must have shape [n, {cols}], got {list(t.shape)}")
 
 
 def _check_page_buffer(buffer: torch.Tensor, page_size: int) -> None:
     page_bytes = page_row_bytes(page_size)
-    check_tensor_of("buffer", buffer, dtypes=(torch.uint8,))
+    v.check_tensor_of("buffer", buffer, dtypes=(torch.uint8,))
     if buffer.dim() != 2 or buffer.shape[1] != page_bytes:
         raise ValueError(
             f"buffer must be uint8 [pages, {page_bytes}] for page_size={page_size}, "

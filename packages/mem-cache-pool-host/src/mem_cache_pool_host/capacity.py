@@ -5,8 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from mem_cache_kernels.checks import check_int, check_optional_int
-from mem_cache_pool_host._checks import check_number
+from mem_cache_kernels.checks import check_int, check_number, check_optional_int
 
 __all__ = [
     "DEFAULT_HOST_TO_DEVICE_RATIO",

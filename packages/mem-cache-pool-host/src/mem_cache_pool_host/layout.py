@@ -24,8 +24,7 @@ from __future__ import annotations
 import logging
 from typing import Literal, get_args
 
-from mem_cache_kernels.checks import check_int
-from mem_cache_pool_host._checks import check_choice
+from mem_cache_kernels.checks import check_choice, check_int
 
 __all__ = [
     "IOBackend",

@@ -36,8 +36,7 @@ from typing import Literal, get_args
 
 import torch
 
-from mem_cache_kernels.checks import check_int
-from mem_cache_pool_host._checks import check_choice
+from mem_cache_kernels.checks import check_choice, check_int
 
 __all__ = [
     "PAGE_FORMAT_NAME",

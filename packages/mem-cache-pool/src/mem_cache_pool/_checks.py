@@ -23,7 +23,6 @@ from mem_cache_kernels import checks
 __all__ = [
     "check_copy_layers",
     "check_copy_roles",
-    "check_dtype",
     "check_layer",
     "check_mapping",
     "check_rows",
@@ -56,13 +55,6 @@ def check_layer(name: str, value: object, start: int, stop: int) -> int:
     if not start <= layer < stop:
         raise ValueError(f"{name} must lie in [{start}, {stop}), got {layer}")
     return layer
-
-
-def check_dtype(name: str, value: object) -> torch.dtype:
-    """``value`` if it is a ``torch.dtype`` (``TypeError`` otherwise; ``None`` included)."""
-    if not isinstance(value, torch.dtype):
-        raise TypeError(f"{name} must be a torch.dtype, got {type(value).__name__}")
-    return value
 
 
 def check_scale(name: str, value: object) -> float | torch.Tensor | None:

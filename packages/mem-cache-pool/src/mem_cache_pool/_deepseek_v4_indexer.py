@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 
 from mem_cache_kernels import checks
-from mem_cache_pool._checks import check_copy_layers, check_copy_roles, check_dtype, check_rows
+from mem_cache_kernels.checks import check_dtype
+from mem_cache_pool._checks import check_copy_layers, check_copy_roles, check_rows
 from mem_cache_pool._page_row_pool import PageRowPool
 from mem_cache_pool.base import CpuKVCopy, KVWriteLoc, _write_slots
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import torch
 
 from mem_cache_kernels import checks, deepseek_v4
+from mem_cache_kernels.checks import check_dtype
 from mem_cache_pool._checks import (
     check_copy_layers,
     check_copy_roles,
-    check_dtype,
     check_mapping,
     check_rows,
     check_slots,

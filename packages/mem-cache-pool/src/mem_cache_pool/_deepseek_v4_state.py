@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 
 from mem_cache_kernels import checks
-from mem_cache_pool._checks import check_dtype, check_layer, check_rows, check_slots
+from mem_cache_kernels.checks import check_dtype
+from mem_cache_pool._checks import check_layer, check_rows, check_slots
 from mem_cache_pool.base import KVBufferDesc
 
 __all__ = ["CompressStatePool"]

@@ -34,10 +34,10 @@ import torch
 
 import mem_cache_kernels as kernels
 from mem_cache_kernels import checks
+from mem_cache_kernels.checks import check_dtype
 from mem_cache_pool._checks import (
     check_copy_layers,
     check_copy_roles,
-    check_dtype,
     check_layer,
     check_slots,
 )

@@ -21,7 +21,8 @@ from collections.abc import Iterable, Sequence
 import torch
 
 from mem_cache_kernels import checks
-from mem_cache_pool._checks import check_dtype, check_mapping, check_slots
+from mem_cache_kernels.checks import check_dtype
+from mem_cache_pool._checks import check_mapping, check_slots
 from mem_cache_pool._deepseek_v4_indexer import DeepSeekV4IndexerPool, check_index_head_dim
 from mem_cache_pool._deepseek_v4_single import (
     DeepSeekV4SingleKVPool,

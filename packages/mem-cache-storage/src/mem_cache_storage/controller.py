@@ -36,7 +36,7 @@ from typing import Any, Literal
 
 import torch
 
-from mem_cache_kernels.checks import check_index, check_int, check_optional_int
+from mem_cache_kernels.checks import check_choice, check_index, check_int, check_optional_int
 from mem_cache_storage.config import STORAGE_BATCH_SIZE
 from mem_cache_storage.stats import LatencyRecorder, LatencySummary
 
@@ -221,15 +221,7 @@ class StorageController:
                     f"{name} must have {', '.join(needs)}; {type(obj).__name__} lacks "
                     f"{', '.join(missing)}"
                 )
-        if not isinstance(write_policy, str):
-            raise TypeError(
-                "write_policy must be 'write_back' or 'write_through', got "
-                f"{type(write_policy).__name__}"
-            )
-        if write_policy not in ("write_back", "write_through"):
-            raise ValueError(
-                f"write_policy must be 'write_back' or 'write_through', got {write_policy!r}"
-            )
+        check_choice("write_policy", write_policy, ("write_back", "write_through"))
         check_int("batch_pages", batch_pages, minimum=1)
         check_optional_int("prefetch_budget_pages", prefetch_budget_pages, minimum=0)
         check_int("io_threads", io_threads, minimum=1)
