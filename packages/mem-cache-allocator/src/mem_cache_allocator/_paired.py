@@ -28,18 +28,9 @@ from typing import Any, TypeVar
 import torch
 
 from mem_cache_allocator._composite import check_need_size
-from mem_cache_allocator._host_checks import (
-    check_decode_inputs,
-    check_extend_device_inputs,
-    check_extend_lengths,
-    check_extend_num_tokens,
-)
+from mem_cache_allocator._host_checks import check_decode_inputs, check_extend_inputs
 from mem_cache_allocator._page_allocator import PageAllocatorCore, PageAllocatorState
-from mem_cache_allocator._pages import (
-    check_cpu_lengths,
-    num_new_pages_decode,
-    num_new_pages_extend,
-)
+from mem_cache_allocator._pages import check_cpu_lengths, num_new_pages_decode
 from mem_cache_allocator.base import BaseTokenToKVPoolAllocator
 
 __all__ = ["ExtendLens", "PairedAllocators", "check_own_state", "free_page_count"]
@@ -152,23 +143,9 @@ class PairedAllocators:
         self, lens: ExtendLens, last_loc: torch.Tensor, extend_num_tokens: int
     ) -> torch.Tensor | None:
         """The same extend on both sides; the secondary gets ``translate(last_loc)``."""
-        prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu = lens
-        check_cpu_lengths("seq_lens_cpu", seq_lens_cpu)
-        check_cpu_lengths("prefix_lens_cpu", prefix_lens_cpu, seq_lens_cpu.shape[0])
         # the host-side input checks run before the capacity pre-check, so that out of room
         # answers None only for valid input (the primary repeats them: cheap, no device sync)
-        check_extend_lengths(prefix_lens_cpu, seq_lens_cpu)
-        pages, tokens = num_new_pages_extend(prefix_lens_cpu, seq_lens_cpu, self.primary.page_size)
-        check_extend_num_tokens(tokens, extend_num_tokens)
-        bs = seq_lens_cpu.shape[0]
-        if all(
-            isinstance(t, torch.Tensor) and t.dim() == 1 and t.shape[0] == bs
-            for t in (prefix_lens, seq_lens, last_loc)
-        ):  # malformed tensors are left to the primary's own checks, which name them
-            check_extend_device_inputs(
-                prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc,
-                self.primary.page_size,
-            )
+        pages, _ = check_extend_inputs(*lens, last_loc, extend_num_tokens, self.primary.page_size)
         if not self.fits(pages, pages):
             return None
         second_last_loc = self.translate(last_loc)

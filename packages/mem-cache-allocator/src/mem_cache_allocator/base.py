@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from mem_cache_allocator._pages import check_start_pos, trim_segments
+from mem_cache_kernels.checks import check_device_arg, check_int, check_page_size
 
 if TYPE_CHECKING:
     from mem_cache_pool.base import KVCache
@@ -76,19 +77,10 @@ class BaseTokenToKVPoolAllocator(abc.ABC):
         kvcache: KVCache | None,
         need_sort: bool,
     ) -> None:
-        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-            raise ValueError(f"size must be a non-negative int, got {size!r}")
-        if (
-            isinstance(page_size, bool)
-            or not isinstance(page_size, int)
-            or page_size < 1
-            or page_size & (page_size - 1)
-        ):
-            raise ValueError(f"page_size must be a power of two >= 1, got {page_size!r}")
-        self.size = size
-        self.page_size = page_size
+        self.size = check_int("size", size, minimum=0)
+        self.page_size = check_page_size(page_size)
         self.dtype = dtype
-        self.device = torch.device(device)
+        self.device = check_device_arg("device", device)
         self.need_sort = bool(need_sort)
         self._kvcache = kvcache
         self._free_group: list[Any] | None = None

@@ -59,6 +59,7 @@ from mem_cache_allocator._paired import PairedAllocators, check_own_state
 from mem_cache_allocator._scheduler_hooks import capacity_pair
 from mem_cache_allocator.base import BaseTokenToKVPoolAllocator
 from mem_cache_allocator.paged import PagedTokenToKVPoolAllocator
+from mem_cache_kernels.checks import check_int
 from mem_cache_pool.deepseek_v4 import (
     DeepSeekV4TokenToKVPool,
     HiSparseC4DevicePool,
@@ -312,8 +313,7 @@ class DeepSeekV4HiSparseTokenToKVPoolAllocator(HiSparseAllocatorCommon):
         follows the newest entry (``[4, 5, 6, 7, 9, 8, 10, 11]``).
         """
         cps = self.hisparse_page_size
-        if isinstance(need_size, bool) or not isinstance(need_size, int) or need_size <= 0:
-            raise ValueError(f"need_size must be a positive int, got {need_size!r}")
+        check_int("need_size", need_size, minimum=1)
         if need_size % cps:
             raise ValueError(
                 f"need_size must be a multiple of the c4 page size {cps}, got {need_size}"

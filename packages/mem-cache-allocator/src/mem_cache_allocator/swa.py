@@ -23,14 +23,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from mem_cache_allocator._composite import make_inner, new_mapping
+from mem_cache_allocator._host_checks import check_extend_inputs
 from mem_cache_allocator._page_allocator import PageAllocatorState
-from mem_cache_allocator._pages import (
-    check_cpu_lengths,
-    check_index_tensor,
-    num_new_pages_extend,
-)
+from mem_cache_allocator._pages import check_cpu_lengths, check_index_tensor
 from mem_cache_allocator._paired import PairedAllocators, check_own_state
 from mem_cache_allocator.base import BaseTokenToKVPoolAllocator
+from mem_cache_kernels.checks import check_int, check_optional_int
 
 if TYPE_CHECKING:
     from mem_cache_pool.swa import BaseSWAKVPool
@@ -65,8 +63,7 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         debug: bool = False,
     ) -> None:
         super().__init__(size, page_size, dtype, device, kvcache, need_sort)
-        if isinstance(size_swa, bool) or not isinstance(size_swa, int) or size_swa < 0:
-            raise ValueError(f"size_swa must be a non-negative int, got {size_swa!r}")
+        check_int("size_swa", size_swa, minimum=0)
         self._size_full = size
         self._size_swa = size_swa
         self.size = min(size, size_swa)
@@ -175,21 +172,23 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         if bs != 1:
             raise ValueError(f"alloc_extend_swa_tail supports one request, got {bs}")
         check_cpu_lengths("prefix_lens_cpu", prefix_lens_cpu, 1)
-        if isinstance(swa_tail_len, bool) or not isinstance(swa_tail_len, int):
-            raise TypeError(f"swa_tail_len must be an int, got {type(swa_tail_len).__name__}")
+        check_int("swa_tail_len", swa_tail_len)
+        check_optional_int("swa_tail_end", swa_tail_end)
+        ps = self.page_size
+        lens = (prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu)
+        # every input check before the capacity pre-check (out of room answers None only for
+        # valid input); the full side's alloc_extend repeats them (cheap, no device sync)
+        full_pages, _ = check_extend_inputs(*lens, last_loc, extend_num_tokens, ps)
         end = extend_num_tokens if swa_tail_end is None else swa_tail_end
-        if isinstance(end, bool) or not isinstance(end, int) or not 0 <= end <= extend_num_tokens:
+        if not 0 <= end <= extend_num_tokens:
             raise ValueError(
                 f"swa_tail_end must be an int in [0, extend_num_tokens={extend_num_tokens}], "
                 f"got {swa_tail_end!r}"
             )
         if not 0 <= swa_tail_len <= end:
             raise ValueError(f"swa_tail_len must be in [0, swa_tail_end={end}], got {swa_tail_len}")
-        ps = self.page_size
-        full_pages, _ = num_new_pages_extend(prefix_lens_cpu, seq_lens_cpu, ps)
         if not self._pair.fits(full_pages, -(-swa_tail_len // ps)):
             return None
-        lens = (prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu)
         if swa_tail_len == 0:
             full_only = self.full_attn_allocator.alloc_extend(*lens, last_loc, extend_num_tokens)
             if full_only is not None:
