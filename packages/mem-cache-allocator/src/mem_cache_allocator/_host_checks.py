@@ -29,6 +29,7 @@ from mem_cache_kernels.checks import (
 __all__ = [
     "CPU_LENGTH_NAMES",
     "check_decode_inputs",
+    "check_decode_structure",
     "check_extend_device_inputs",
     "check_extend_inputs",
     "check_extend_num_tokens",
@@ -67,6 +68,21 @@ def lengths_ok(bs: int, cpu: object, *tensors: object) -> bool:
         if t.shape[0] != bs:
             return False
     return True
+
+
+def check_decode_structure(
+    seq_lens: torch.Tensor, seq_lens_cpu: torch.Tensor, last_loc: torch.Tensor
+) -> int:
+    """The batch size of an ``alloc_decode`` call: ``seq_lens_cpu`` a 1-D CPU integer tensor,
+    ``seq_lens`` / ``last_loc`` 1-D int32/int64 tensors of as many entries (meta allowed: the
+    sync-free tests run allocators there). ``TypeError`` / ``ValueError`` naming the argument."""
+    ok = isinstance(seq_lens_cpu, torch.Tensor) and seq_lens_cpu.dim() == 1
+    bs = int(seq_lens_cpu.shape[0]) if ok else -1
+    if not lengths_ok(bs, seq_lens_cpu, seq_lens, last_loc):
+        bs = check_cpu_lengths("seq_lens_cpu", seq_lens_cpu)
+        for name, t in (("seq_lens", seq_lens), ("last_loc", last_loc)):
+            check_index(name, t, length=bs, allow_meta=True)
+    return bs
 
 
 def check_extend_num_tokens(tokens: int, extend_num_tokens: object) -> None:

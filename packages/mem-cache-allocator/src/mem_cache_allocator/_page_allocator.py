@@ -35,11 +35,10 @@ from mem_cache_allocator._debug import DebugTracker
 from mem_cache_allocator._free_list import ChunkedFreeList, FreeListSnapshot
 from mem_cache_allocator._host_checks import (
     check_decode_inputs,
+    check_decode_structure,
     check_extend_inputs,
-    lengths_ok,
 )
 from mem_cache_allocator._pages import (
-    check_cpu_lengths,
     check_start_pos,
     decode_page_count,
     num_new_pages_decode,
@@ -297,12 +296,7 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
     def alloc_decode(
         self, seq_lens: torch.Tensor, seq_lens_cpu: torch.Tensor, last_loc: torch.Tensor
     ) -> torch.Tensor | None:
-        ok = isinstance(seq_lens_cpu, torch.Tensor) and seq_lens_cpu.dim() == 1
-        bs = seq_lens_cpu.shape[0] if ok else -1
-        if not lengths_ok(bs, seq_lens_cpu, seq_lens, last_loc):
-            bs = check_cpu_lengths("seq_lens_cpu", seq_lens_cpu)
-            for name, t in (("seq_lens", seq_lens), ("last_loc", last_loc)):
-                check_index(name, t, length=bs, allow_meta=True)
+        bs = check_decode_structure(seq_lens, seq_lens_cpu, last_loc)
         ps = self.page_size
         plan = decode_page_count(seq_lens, seq_lens_cpu, ps)
         need = None

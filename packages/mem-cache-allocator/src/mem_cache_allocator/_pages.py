@@ -145,15 +145,8 @@ def trim_segments(
             raise TypeError(f"segments[{k}] must be a (free_index, start_pos) pair, got {seg!r}")
         free_index, start_pos = seg
         check_start_pos(start_pos, f"segments[{k}] start_pos")
-        if not isinstance(free_index, torch.Tensor):
-            raise TypeError(
-                f"segments[{k}] free_index must be a torch.Tensor, got {type(free_index).__name__}"
-            )
-        n = int(free_index.shape[0]) if free_index.dim() == 1 else -1
-        if n < 0:
-            raise ValueError(
-                f"segments[{k}] free_index must be 1-D, got shape {tuple(free_index.shape)}"
-            )
+        # meta tensors: refused by the allocator's free path unless it runs on meta
+        n = int(check_index(f"segments[{k}] free_index", free_index, allow_meta=True).shape[0])
         if n == 0:
             continue
         if prev_end is not None and start_pos < prev_end:

@@ -160,9 +160,10 @@ class BaseTokenToKVPoolAllocator(abc.ABC):
 
         A page two consecutive segments share is released once (the later segment's slots in it
         are dropped before its :meth:`free_segment`). ``ValueError`` for overlapping or
-        descending segments, ``TypeError`` for malformed pairs.
+        descending segments, ``TypeError`` for malformed pairs (every segment is checked before
+        the first is freed).
         """
-        for free_index, start_pos in trim_segments(segments, self.page_size):
+        for free_index, start_pos in list(trim_segments(segments, self.page_size)):
             self.free_segment(free_index, start_pos=start_pos)
 
     def free_group_begin(self) -> None:
@@ -175,14 +176,20 @@ class BaseTokenToKVPoolAllocator(abc.ABC):
 
     def free_group_end(self) -> None:
         """Apply every free queued since :meth:`free_group_begin` (one batched free)."""
+        group = self._open_free_group()
+        self._free_group = None
+        if group:
+            self._flush_free_group(group)
+
+    def _open_free_group(self) -> list[Any]:
+        """The open free group's queue; ``RuntimeError`` when no group is open (the check of
+        every ``free_group_end``)."""
         group = self._free_group
         if group is None:
             raise RuntimeError(
                 f"{type(self).__name__}.free_group_end() called without free_group_begin()"
             )
-        self._free_group = None
-        if group:
-            self._flush_free_group(group)
+        return group
 
     def _flush_free_group(self, group: list[Any]) -> None:
         """Apply the queued entries of a closed group (subclasses that queue must override)."""

@@ -239,7 +239,7 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         full = self.full_attn_allocator
         full_pages = full.prepare_free(idx, free_index)
         keys, window = self._window_of(idx)
-        window_pages = self._prepare_window(window)
+        window_pages = self._pair.prepare_secondary_free(window)
         self.full_to_swa_index_mapping.index_fill_(0, keys, 0)
         if window_pages is not None:
             self.swa_attn_allocator.commit_free(window_pages)
@@ -259,7 +259,7 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             self._queue_swa(idx)
             return
         keys, window = self._window_of(idx)
-        window_pages = self._prepare_window(window)
+        window_pages = self._pair.prepare_secondary_free(window)
         self.full_to_swa_index_mapping.index_fill_(0, keys, 0)
         if window_pages is not None:
             self.swa_attn_allocator.commit_free(window_pages)
@@ -281,12 +281,6 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             keys = (base[:, None] + self._page_offsets).reshape(-1)
         return keys, self.full_to_swa_index_mapping[keys]
 
-    def _prepare_window(self, window: torch.Tensor) -> torch.Tensor | None:
-        live = window[window > 0]
-        if live.numel() == 0:
-            return None
-        return self.swa_attn_allocator.prepare_free(live)
-
     def _queue_swa(self, idx: torch.Tensor) -> None:
         keys, window = self._window_of(idx)
         self._swa_group.append(window)  # a new tensor (advanced indexing): the queue owns it
@@ -298,25 +292,22 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         self._swa_group = []
 
     def free_group_end(self) -> None:
-        """Release the group: the window slots of every queued window free in one free
-        (deduplicated, ascending pages), the full side's queue as its own ``free_group_end``.
-        On an error nothing is released and the group stays open."""
-        group = self._free_group
-        if group is None:
-            raise RuntimeError(
-                "SWATokenToKVPoolAllocator.free_group_end() called without free_group_begin()"
-            )
-        swa_group = self._swa_group
-        window_pages = None
-        if swa_group:
-            window_pages = self._prepare_window(
-                torch.cat(swa_group) if len(swa_group) > 1 else swa_group[0]
-            )
-        self.full_attn_allocator.free_group_end()  # raises with its group still open
+        """Release the group: the full side's queue by its own ``free_group_end``, the window
+        slots of every queued window free in one free (deduplicated, ascending pages), both by
+        :meth:`PairedAllocators.end_free_group`. On an error nothing is released and the group
+        stays open on both sides.
+
+        What stays here is SWA-specific: the window queue. It cannot be the window allocator's
+        own free group: window slots are found through the mapping at queue time (the mapping is
+        cleared then, a later allocation in the group may reuse the full slots) and only their
+        mapped entries (``> 0``, a data-dependent filter) are freed, once per group instead of
+        once per call; and the window release must wait until the full side's group end has
+        succeeded, where the window allocator's ``free_group_end`` validates and releases in
+        one step."""
+        self._open_free_group()  # RuntimeError without free_group_begin()
+        self._pair.end_free_group(self._swa_group)  # raises with both groups still open
         self._free_group = None
         self._swa_group = []
-        if window_pages is not None:
-            self.swa_attn_allocator.commit_free(window_pages)
 
     @property
     def free_group(self) -> list[torch.Tensor] | None:
