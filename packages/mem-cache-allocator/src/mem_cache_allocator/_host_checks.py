@@ -49,19 +49,28 @@ def extend_page_counts(
     return extend_counts(prefix_lens_cpu, seq_lens_cpu, page_size, names=CPU_LENGTH_NAMES)
 
 
-def lengths_ok(bs: int, cpu: object, *tensors: object) -> bool:
-    """Fast path of the structural checks (all fine): ``cpu`` a 1-D CPU int32/int64 tensor of
+def _batch_size(seq_lens_cpu: torch.Tensor) -> int:
+    """``len(seq_lens_cpu)`` when it is a 1-D tensor, else -1 (:func:`lengths_ok` then fails and
+    the detailed checks name the argument)."""
+    if isinstance(seq_lens_cpu, torch.Tensor) and seq_lens_cpu.dim() == 1:
+        return int(seq_lens_cpu.shape[0])
+    return -1
+
+
+def lengths_ok(bs: int, cpus: tuple[object, ...], tensors: tuple[object, ...]) -> bool:
+    """Fast path of the structural checks (all fine): ``cpus`` 1-D CPU int32/int64 tensors of
     ``bs`` entries, ``tensors`` 1-D int32/int64 tensors of ``bs`` entries. ``False``: run the
     detailed checks (:func:`check_cpu_lengths`, :func:`mem_cache_kernels.checks.check_index`),
     which raise naming the argument."""
-    if not (
-        isinstance(cpu, torch.Tensor)
-        and cpu.dtype in INDEX_DTYPES
-        and cpu.dim() == 1
-        and cpu.shape[0] == bs
-        and cpu.is_cpu
-    ):
-        return False
+    for cpu in cpus:
+        if not (
+            isinstance(cpu, torch.Tensor)
+            and cpu.dtype in INDEX_DTYPES
+            and cpu.dim() == 1
+            and cpu.shape[0] == bs
+            and cpu.is_cpu
+        ):
+            return False
     for t in tensors:
         if not (isinstance(t, torch.Tensor) and t.dtype in INDEX_DTYPES and t.dim() == 1):
             return False
@@ -76,9 +85,8 @@ def check_decode_structure(
     """The batch size of an ``alloc_decode`` call: ``seq_lens_cpu`` a 1-D CPU integer tensor,
     ``seq_lens`` / ``last_loc`` 1-D int32/int64 tensors of as many entries (meta allowed: the
     sync-free tests run allocators there). ``TypeError`` / ``ValueError`` naming the argument."""
-    ok = isinstance(seq_lens_cpu, torch.Tensor) and seq_lens_cpu.dim() == 1
-    bs = int(seq_lens_cpu.shape[0]) if ok else -1
-    if not lengths_ok(bs, seq_lens_cpu, seq_lens, last_loc):
+    bs = _batch_size(seq_lens_cpu)
+    if not lengths_ok(bs, (seq_lens_cpu,), (seq_lens, last_loc)):
         bs = check_cpu_lengths("seq_lens_cpu", seq_lens_cpu)
         for name, t in (("seq_lens", seq_lens), ("last_loc", last_loc)):
             check_index(name, t, length=bs, allow_meta=True)
@@ -121,10 +129,11 @@ def check_extend_inputs(  # noqa: PLR0917 - mirrors alloc_extend
 
     ``TypeError`` / ``ValueError`` naming the argument; reads no device memory.
     """
-    bs = check_cpu_lengths("seq_lens_cpu", seq_lens_cpu)
-    if not lengths_ok(bs, prefix_lens_cpu, prefix_lens, seq_lens, last_loc) or (
+    bs = _batch_size(seq_lens_cpu)
+    if not lengths_ok(bs, (seq_lens_cpu, prefix_lens_cpu), (prefix_lens, seq_lens, last_loc)) or (
         not allow_meta and (prefix_lens.is_meta or seq_lens.is_meta or last_loc.is_meta)
     ):
+        bs = check_cpu_lengths("seq_lens_cpu", seq_lens_cpu)
         check_cpu_lengths("prefix_lens_cpu", prefix_lens_cpu, bs)
         for name, t in (
             ("prefix_lens", prefix_lens),

@@ -45,7 +45,7 @@ from mem_cache_allocator._pages import (
     trim_segments,
 )
 from mem_cache_allocator.base import BaseTokenToKVPoolAllocator
-from mem_cache_kernels.checks import check_index, check_int, debug_enabled, describe
+from mem_cache_kernels.checks import INDEX_DTYPES, check_index, check_int, debug_enabled, describe
 
 if TYPE_CHECKING:
     from mem_cache_pool.base import KVCache
@@ -506,7 +506,13 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
     def _check_validated(self, name: str, t: object) -> None:
         """Host-only type check of an already validated index tensor (int64, 1-D, this device:
         what :meth:`check_free_input` returns)."""
-        check_index(name, t, dtypes=_INT64, device=self.device, allow_meta=True)
+        if not (
+            isinstance(t, torch.Tensor)
+            and t.dtype is torch.int64
+            and t.dim() == 1
+            and t.device == self.device
+        ):  # the fast path above; the generic check names what is wrong
+            check_index(name, t, dtypes=_INT64, device=self.device, allow_meta=True)
 
     def _free_input(self, name: str, t: object) -> torch.Tensor | None:
         """``t`` as int64 on the allocator's device (``None`` when empty), validated."""
@@ -532,8 +538,12 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
     def _index_input(
         self, name: str, t: object, *, page_ids: bool, check_range: bool = True
     ) -> torch.Tensor | None:
-        # meta tensors pass the structural check; refused below unless the allocator's device
-        idx = check_index(name, t, allow_meta=True)
+        # the structural check: a fast path, else the generic check, which raises naming what
+        # is wrong (meta tensors pass it; they are refused below unless the allocator is on meta)
+        if isinstance(t, torch.Tensor) and t.dim() == 1 and t.dtype in INDEX_DTYPES:
+            idx = t
+        else:
+            idx = check_index(name, t, allow_meta=True)
         if idx.shape[0] == 0:
             return None
         if check_range and idx.device.type == "cpu":

@@ -325,8 +325,7 @@ class DeepSeekV4HiSparseTokenToKVPoolAllocator(HiSparseAllocatorCommon):
         """Free logical slots (the logical allocator's ``free``) and the device slots of their
         compressed entries (``free_hisparse``), as SGLang 0.5.23 does. Inside a free group the
         call is queued (copied) and applied at ``free_group_end`` as one free."""
-        if not isinstance(free_index, torch.Tensor):
-            raise TypeError(f"free_index must be a torch.Tensor, got {type(free_index).__name__}")
+        check_index_tensor("free_index", free_index, self.device)
         if free_index.numel() == 0:
             return
         check_slots(free_index, "free_index", self._full_slots, check=self.debug)
@@ -339,8 +338,7 @@ class DeepSeekV4HiSparseTokenToKVPoolAllocator(HiSparseAllocatorCommon):
     def free_full(self, free_index: torch.Tensor) -> None:
         """The logical allocator's ``free_full`` (full side of a request whose window slots
         ``free_swa`` released); queued inside a free group."""
-        if not isinstance(free_index, torch.Tensor):
-            raise TypeError(f"free_index must be a torch.Tensor, got {type(free_index).__name__}")
+        check_index_tensor("free_index", free_index, self.device)
         if free_index.numel() == 0:
             return
         if self._free_group is not None:

@@ -200,8 +200,7 @@ class HiSparseTokenToKVPoolAllocator(HiSparseAllocatorCommon):
         with SGLang 0.5.23's set semantics on both sides (the pages of the given slots: any
         order, several requests concatenated, partial pages). Syncs once (the device side is
         data-dependent anyway). Never deferred: free groups only check nesting."""
-        if not isinstance(free_index, torch.Tensor):
-            raise TypeError(f"free_index must be a torch.Tensor, got {type(free_index).__name__}")
+        check_index_tensor("free_index", free_index, self.device)
         if free_index.numel() == 0:
             return
         dev_pages = self._device_pages_of(free_index, "free_index")
