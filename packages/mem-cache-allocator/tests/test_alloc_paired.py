@@ -138,3 +138,44 @@ def test_alloc_paired_capacity_of_a_composite_primary() -> None:
     check_need_size(0)
     with pytest.raises(TypeError, match="need_size must be an int, got bool"):
         check_need_size(True)
+
+
+def _swa_sizes(a: SWATokenToKVPoolAllocator) -> tuple[int, int]:
+    return a.full_available_size(), a.swa_available_size()
+
+
+def test_alloc_paired_swa_group_end_full_side_failure_releases_nothing() -> None:
+    """The full side's group end fails (a double free its count sees): the window slots queued
+    beside it stay allocated and both groups stay open (PairedAllocators.end_free_group)."""
+    a = SWATokenToKVPoolAllocator(8, 8, 1, F16, "cpu", None)
+    x = a.alloc(8)
+    assert x is not None
+    before, mapping = _swa_sizes(a), a.full_to_swa_index_mapping.clone()
+    a.free_group_begin()
+    a.free(x)
+    a.free(x)  # the token allocator appends without dedup: 16 slots > capacity 8
+    with pytest.raises(ValueError, match="double free"):
+        a.free_group_end()
+    assert _swa_sizes(a) == before
+    assert not a.is_not_in_free_group and a.full_attn_allocator.free_group is not None
+    assert a.free_group is not None and len(a.free_group) == 2  # the window queue is kept
+    assert int(a.full_to_swa_index_mapping[x].abs().sum()) == 0  # cleared at queue time
+    assert mapping[x].tolist() == list(range(1, 9))
+
+
+def test_alloc_paired_swa_group_end_window_side_failure_releases_nothing() -> None:
+    """The window side fails validation (its pages are free already): the full side's group is
+    not ended, nothing is released, both groups stay open."""
+    a = SWATokenToKVPoolAllocator(16, 8, 4, F16, "cpu", None)
+    x = a.alloc(8)
+    assert x is not None
+    window = a.translate_loc_from_full_to_swa(x).clone()
+    a.free_swa(x)  # the window pages go back; the full slots stay allocated
+    a.set_full_to_swa_mapping(x, window)  # a stale mapping: those window pages are free
+    before = _swa_sizes(a)
+    a.free_group_begin()
+    a.free(x)
+    with pytest.raises(ValueError, match="double free"):
+        a.free_group_end()
+    assert _swa_sizes(a) == before
+    assert not a.is_not_in_free_group and a.full_attn_allocator.free_group is not None
