@@ -186,10 +186,10 @@ def _device_inputs_ok(  # noqa: PLR0917 - mirrors alloc_extend
     if not last_loc.is_cpu:
         return True
     m = page_size - 1
-    return all(
-        (x == -1) if p == 0 else (x >= 0 and (x + 1) & m == p & m)
-        for x, p in zip(last_loc.tolist(), pre, strict=True)
-    )
+    for x, p in zip(last_loc.tolist(), pre, strict=True):  # a plain loop: no generator frames
+        if (x != -1) if p == 0 else (x < 0 or (x + 1) & m != p & m):
+            return False
+    return True
 
 
 def check_extend_device_inputs(  # noqa: PLR0917 - mirrors alloc_extend
