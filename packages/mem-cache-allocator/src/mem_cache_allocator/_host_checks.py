@@ -96,7 +96,8 @@ def check_decode_structure(
 def check_extend_num_tokens(tokens: int, extend_num_tokens: object) -> None:
     """``extend_num_tokens`` is an int equal to ``sum(seq_lens_cpu - prefix_lens_cpu)``
     (``tokens``)."""
-    check_int("extend_num_tokens", extend_num_tokens)
+    if type(extend_num_tokens) is not int:  # the hot path skips the call
+        check_int("extend_num_tokens", extend_num_tokens)  # raises (an int subclass passes)
     if tokens != extend_num_tokens:
         raise ValueError(
             f"extend_num_tokens must equal sum(seq_lens_cpu - prefix_lens_cpu) = {tokens}, "

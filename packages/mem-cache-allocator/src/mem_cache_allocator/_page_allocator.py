@@ -235,7 +235,8 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
         return (pages[:, None] * self.page_size + self._page_offsets).reshape(-1)
 
     def alloc(self, need_size: int) -> torch.Tensor | None:
-        check_int("need_size", need_size, minimum=0)
+        if type(need_size) is not int or need_size < 0:  # the hot path skips the call
+            check_int("need_size", need_size, minimum=0)  # raises (an int subclass passes)
         ps = self.page_size
         if need_size % ps:
             raise ValueError(
