@@ -49,14 +49,6 @@ def extend_page_counts(
     return extend_counts(prefix_lens_cpu, seq_lens_cpu, page_size, names=CPU_LENGTH_NAMES)
 
 
-def _batch_size(seq_lens_cpu: torch.Tensor) -> int:
-    """``len(seq_lens_cpu)`` when it is a 1-D tensor, else -1 (:func:`lengths_ok` then fails and
-    the detailed checks name the argument)."""
-    if isinstance(seq_lens_cpu, torch.Tensor) and seq_lens_cpu.dim() == 1:
-        return int(seq_lens_cpu.shape[0])
-    return -1
-
-
 def lengths_ok(bs: int, cpus: tuple[object, ...], tensors: tuple[object, ...]) -> bool:
     """Fast path of the structural checks (all fine): ``cpus`` 1-D CPU int32/int64 tensors of
     ``bs`` entries, ``tensors`` 1-D int32/int64 tensors of ``bs`` entries. ``False``: run the
@@ -85,7 +77,13 @@ def check_decode_structure(
     """The batch size of an ``alloc_decode`` call: ``seq_lens_cpu`` a 1-D CPU integer tensor,
     ``seq_lens`` / ``last_loc`` 1-D int32/int64 tensors of as many entries (meta allowed: the
     sync-free tests run allocators there). ``TypeError`` / ``ValueError`` naming the argument."""
-    bs = _batch_size(seq_lens_cpu)
+    # the batch size when seq_lens_cpu is 1-D, else -1: lengths_ok fails and the detailed
+    # checks name the argument (inline: this runs on every call)
+    bs = (
+        seq_lens_cpu.shape[0]
+        if isinstance(seq_lens_cpu, torch.Tensor) and seq_lens_cpu.dim() == 1
+        else -1
+    )
     if not lengths_ok(bs, (seq_lens_cpu,), (seq_lens, last_loc)):
         bs = check_cpu_lengths("seq_lens_cpu", seq_lens_cpu)
         for name, t in (("seq_lens", seq_lens), ("last_loc", last_loc)):
@@ -123,14 +121,21 @@ def check_extend_inputs(  # noqa: PLR0917 - mirrors alloc_extend
     1. ``seq_lens_cpu`` / ``prefix_lens_cpu``: 1-D CPU integer tensors of one length ``bs``;
        ``prefix_lens`` / ``seq_lens`` / ``last_loc``: 1-D int32/int64 tensors of ``bs`` entries
        (on the meta device only with ``allow_meta``);
-    2. ``0 <= prefix_lens_cpu <= seq_lens_cpu`` (:func:`extend_page_counts`);
+    2. ``0 <= prefix_lens_cpu <= seq_lens_cpu`` (:func:`mem_cache_kernels.checks.extend_counts`,
+       which also counts the new pages and tokens);
     3. ``extend_num_tokens`` an int equal to the new tokens; ``num_new_pages`` (when given)
        equal to the new pages;
     4. :func:`check_extend_device_inputs` (CPU "device" tensors against their host copies).
 
     ``TypeError`` / ``ValueError`` naming the argument; reads no device memory.
     """
-    bs = _batch_size(seq_lens_cpu)
+    # the batch size when seq_lens_cpu is 1-D, else -1: lengths_ok fails and the detailed
+    # checks name the argument (inline: this runs on every call)
+    bs = (
+        seq_lens_cpu.shape[0]
+        if isinstance(seq_lens_cpu, torch.Tensor) and seq_lens_cpu.dim() == 1
+        else -1
+    )
     if not lengths_ok(bs, (seq_lens_cpu, prefix_lens_cpu), (prefix_lens, seq_lens, last_loc)) or (
         not allow_meta and (prefix_lens.is_meta or seq_lens.is_meta or last_loc.is_meta)
     ):
@@ -142,7 +147,7 @@ def check_extend_inputs(  # noqa: PLR0917 - mirrors alloc_extend
             ("last_loc", last_loc),
         ):
             check_index(name, t, length=bs, allow_meta=allow_meta)
-    pages, tokens = extend_page_counts(prefix_lens_cpu, seq_lens_cpu, page_size)
+    pages, tokens = extend_counts(prefix_lens_cpu, seq_lens_cpu, page_size, names=CPU_LENGTH_NAMES)
     check_extend_num_tokens(tokens, extend_num_tokens)
     if num_new_pages is not None and num_new_pages != pages:
         raise ValueError(f"num_new_pages must be {pages} for these lengths, got {num_new_pages}")
