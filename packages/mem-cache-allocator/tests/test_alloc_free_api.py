@@ -158,7 +158,7 @@ def test_alloc_free_rejects_bad_slots_without_state_change(kind: str, grouped: b
     before = a.available_size()
     with pytest.raises(TypeError, match="free_index"):
         a.free([1, 2])
-    with pytest.raises(ValueError, match="free_index"):
+    with pytest.raises(TypeError, match="free_index"):  # a wrong dtype is a type mistake
         a.free(x.to(torch.float32))
     limit = (64 + 1) * ps
     for bad, what in (

@@ -243,7 +243,7 @@ def test_alloc_extend_rejects_wrong_extend_num_tokens_and_device_lengths() -> No
     a = paged()
     with pytest.raises(ValueError, match="extend_num_tokens"):
         a.alloc_extend(t(0), t(0), t(8), t(8), t(-1), 7)
-    with pytest.raises(ValueError, match=r"entries"):
+    with pytest.raises(ValueError, match=r"seq_lens must have 1 elements, got 2"):
         a.alloc_extend(t(0), t(0), t(8, 8), t(8), t(-1), 8)
     with pytest.raises(ValueError, match="need_size must be a multiple"):
         a.alloc(3)

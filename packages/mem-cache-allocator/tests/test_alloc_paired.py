@@ -39,7 +39,7 @@ def test_alloc_paired_alloc_maps_in_step_and_checks_both_sides() -> None:
     assert counts(p) == (24, 8)
     assert p.alloc(12) is None  # the secondary has 2 pages left: nothing changes
     assert counts(p) == (24, 8)
-    with pytest.raises(ValueError, match="need_size must be a non-negative int, got -1"):
+    with pytest.raises(ValueError, match="need_size must be >= 0, got -1"):
         p.alloc(-1)
 
 
@@ -94,7 +94,7 @@ def test_alloc_paired_extend_and_decode_translate_last_loc_through_the_hook() ->
     dec = p.alloc_decode(t(4), t(4), first[-1:])
     assert dec is not None and dec.tolist() == [7] and int(mapping[7]) == 11
     assert seen == [[-1], [6]]
-    with pytest.raises(ValueError, match="prefix_lens_cpu must have 1 entries"):
+    with pytest.raises(ValueError, match="prefix_lens_cpu must have 1 elements"):
         p.alloc_extend((t(0, 0), t(0, 0), t(3), t(3)), t(-1), 3)
 
 
@@ -136,5 +136,46 @@ def test_alloc_paired_capacity_of_a_composite_primary() -> None:
     assert p.fits(2, 16) and not p.fits(3, 1) and not p.fits(1, 17)
     assert p.available_size(4) == 8 and p.available_size() == 8
     check_need_size(0)
-    with pytest.raises(ValueError, match="got True"):
+    with pytest.raises(TypeError, match="need_size must be an int, got bool"):
         check_need_size(True)
+
+
+def _swa_sizes(a: SWATokenToKVPoolAllocator) -> tuple[int, int]:
+    return a.full_available_size(), a.swa_available_size()
+
+
+def test_alloc_paired_swa_group_end_full_side_failure_releases_nothing() -> None:
+    """The full side's group end fails (a double free its count sees): the window slots queued
+    beside it stay allocated and both groups stay open (PairedAllocators.end_free_group)."""
+    a = SWATokenToKVPoolAllocator(8, 8, 1, F16, "cpu", None)
+    x = a.alloc(8)
+    assert x is not None
+    before, mapping = _swa_sizes(a), a.full_to_swa_index_mapping.clone()
+    a.free_group_begin()
+    a.free(x)
+    a.free(x)  # the token allocator appends without dedup: 16 slots > capacity 8
+    with pytest.raises(ValueError, match="double free"):
+        a.free_group_end()
+    assert _swa_sizes(a) == before
+    assert not a.is_not_in_free_group and a.full_attn_allocator.free_group is not None
+    assert a.free_group is not None and len(a.free_group) == 2  # the window queue is kept
+    assert int(a.full_to_swa_index_mapping[x].abs().sum()) == 0  # cleared at queue time
+    assert mapping[x].tolist() == list(range(1, 9))
+
+
+def test_alloc_paired_swa_group_end_window_side_failure_releases_nothing() -> None:
+    """The window side fails validation (its pages are free already): the full side's group is
+    not ended, nothing is released, both groups stay open."""
+    a = SWATokenToKVPoolAllocator(16, 8, 4, F16, "cpu", None)
+    x = a.alloc(8)
+    assert x is not None
+    window = a.translate_loc_from_full_to_swa(x).clone()
+    a.free_swa(x)  # the window pages go back; the full slots stay allocated
+    a.set_full_to_swa_mapping(x, window)  # a stale mapping: those window pages are free
+    before = _swa_sizes(a)
+    a.free_group_begin()
+    a.free(x)
+    with pytest.raises(ValueError, match="double free"):
+        a.free_group_end()
+    assert _swa_sizes(a) == before
+    assert not a.is_not_in_free_group and a.full_attn_allocator.free_group is not None

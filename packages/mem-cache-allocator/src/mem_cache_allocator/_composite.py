@@ -10,14 +10,15 @@ import torch
 from mem_cache_allocator._page_allocator import PageAllocatorCore
 from mem_cache_allocator.paged import PagedTokenToKVPoolAllocator
 from mem_cache_allocator.token import TokenToKVPoolAllocator
+from mem_cache_kernels.checks import check_int
 
 __all__ = ["check_need_size", "make_inner", "new_mapping", "slots_of_pages_touched"]
 
 
-def check_need_size(need_size: object) -> None:
-    """``ValueError`` unless ``need_size`` is a non-negative int (``bool`` rejected)."""
-    if isinstance(need_size, bool) or not isinstance(need_size, int) or need_size < 0:
-        raise ValueError(f"need_size must be a non-negative int, got {need_size!r}")
+def check_need_size(need_size: object) -> int:
+    """``need_size`` as a non-negative int (``TypeError`` for a non-int, ``bool`` included;
+    ``ValueError`` below 0)."""
+    return check_int("need_size", need_size, minimum=0)
 
 
 def make_inner(  # noqa: PLR0917 - mirrors the allocator constructors

@@ -1,7 +1,9 @@
 """Debug-mode ownership tracking for page allocators (host-side bitmaps; syncs freely).
 
 Enabled per allocator by ``debug=True`` or for every allocator by the environment variable
-``MEM_CACHE_DEBUG=1``. The tracker mirrors who owns what:
+``MEM_CACHE_DEBUG=1`` (read by :func:`mem_cache_kernels.checks.debug_enabled`, the one reader of
+that switch; messages list slots with :func:`mem_cache_kernels.checks.describe`). The tracker
+mirrors who owns what:
 
 * a page is *owned* from the moment it leaves the free list until it is freed;
 * a slot is *live* from the moment it is handed out (``alloc*`` returned it) until its page is
@@ -9,25 +11,16 @@ Enabled per allocator by ``debug=True`` or for every allocator by the environmen
 
 Every check raises :class:`AllocatorDebugError` (a ``ValueError`` and an ``AssertionError``:
 SGLang's debug mode asserts, engines' tests expect ``AssertionError``) naming the offending slots
-or pages (at most ``_SHOW`` of them) before any allocator state changes.
+or pages (at most 16 of them) before any allocator state changes.
 """
 
 from __future__ import annotations
 
-import os
-
 import torch
 
-__all__ = [
-    "DEBUG_ENV_VAR",
-    "AllocatorDebugError",
-    "DebugTracker",
-    "debug_enabled",
-    "describe",
-]
+from mem_cache_kernels.checks import describe
 
-DEBUG_ENV_VAR = "MEM_CACHE_DEBUG"
-_SHOW = 16
+__all__ = ["AllocatorDebugError", "DebugTracker"]
 
 
 class AllocatorDebugError(ValueError, AssertionError):
@@ -36,19 +29,6 @@ class AllocatorDebugError(ValueError, AssertionError):
     Both a ``ValueError`` (mem-cache's caller-mistake convention) and an ``AssertionError``
     (what SGLang's ``SGLANG_DEBUG_MEMORY_POOL`` asserts raise, and what engines' tests expect).
     """
-
-
-def debug_enabled(flag: bool) -> bool:
-    """``flag`` or the environment variable ``MEM_CACHE_DEBUG`` set to a non-empty, non-0 value."""
-    return flag or os.environ.get(DEBUG_ENV_VAR, "0") not in ("", "0")
-
-
-def describe(values: torch.Tensor) -> str:
-    """``[a, b, c, ...] (n total)`` for an error message."""
-    flat = values.reshape(-1).tolist()
-    shown = ", ".join(str(v) for v in flat[:_SHOW])
-    more = ", ..." if len(flat) > _SHOW else ""
-    return f"[{shown}{more}] ({len(flat)} total)"
 
 
 class DebugTracker:

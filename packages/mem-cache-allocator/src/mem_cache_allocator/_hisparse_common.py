@@ -33,20 +33,13 @@ from mem_cache_allocator._hisparse_device import (
     plan_device_extend,
     surplus_pages,
 )
-from mem_cache_allocator._host_checks import (
-    check_extend_device_inputs,
-    check_extend_lengths,
-    check_extend_num_tokens,
-)
+from mem_cache_allocator._host_checks import check_extend_inputs, extend_page_counts
 from mem_cache_allocator._page_allocator import PageAllocatorCore
-from mem_cache_allocator._pages import (
-    check_cpu_lengths,
-    check_index_tensor,
-    num_new_pages_extend,
-)
+from mem_cache_allocator._pages import check_index_tensor
 from mem_cache_allocator._paired import PairedAllocators
 from mem_cache_allocator._scheduler_hooks import request_slot_reserve
 from mem_cache_allocator.base import BaseTokenToKVPoolAllocator
+from mem_cache_kernels.checks import check_int
 
 __all__ = ["HiSparseAllocatorCommon"]
 
@@ -75,15 +68,7 @@ class HiSparseAllocatorCommon(BaseTokenToKVPoolAllocator):
     def configure_spec_scratch(self, num_draft_tokens: int) -> None:
         """Record the speculative-decoding draft tokens each running request may hold at once
         (``request_slot_reserve`` counts them); 0 turns it off."""
-        if (
-            isinstance(num_draft_tokens, bool)
-            or not isinstance(num_draft_tokens, int)
-            or num_draft_tokens < 0
-        ):
-            raise ValueError(
-                f"num_draft_tokens must be a non-negative int, got {num_draft_tokens!r}"
-            )
-        self.spec_scratch_tokens = num_draft_tokens
+        self.spec_scratch_tokens = check_int("num_draft_tokens", num_draft_tokens, minimum=0)
 
     def request_slot_reserve(self, num_reqs: int = 1) -> int:
         """Tokens the scheduler keeps free per ``num_reqs`` admitted requests: one logical page
@@ -140,32 +125,24 @@ class HiSparseAllocatorCommon(BaseTokenToKVPoolAllocator):
         page on a key without device slot gets a fresh device page (``plan_device_extend``;
         SGLang hands out the padding page there). ``None``: nothing changed.
         """
-        bs = check_cpu_lengths("seq_lens_cpu", seq_lens_cpu)
-        check_cpu_lengths("prefix_lens_cpu", prefix_lens_cpu, bs)
         # host-side input checks before the capacity check (out of room answers None only for
         # valid inputs); the logical allocator repeats them (cheap, no device sync)
-        for name, t in (
-            ("prefix_lens", prefix_lens),
-            ("seq_lens", seq_lens),
-            ("last_loc", last_loc),
-        ):
-            check_index_tensor(name, t, self.device)
-            if t.dim() != 1 or t.shape[0] != bs:
-                raise ValueError(
-                    f"{name} must be 1-D with {bs} entries, got shape {tuple(t.shape)}"
-                )
-        check_extend_lengths(prefix_lens_cpu, seq_lens_cpu)
-        check_extend_device_inputs(
-            prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, self.page_size
+        logical_pages, _ = check_extend_inputs(
+            prefix_lens,
+            prefix_lens_cpu,
+            seq_lens,
+            seq_lens_cpu,
+            last_loc,
+            extend_num_tokens,
+            self.page_size,
+            allow_meta=self.device.type == "meta",
         )
         dps = self._device_page_size
         c_pre_cpu, c_seq_cpu = prefix_lens_cpu, seq_lens_cpu
-        logical_pages, tokens = num_new_pages_extend(prefix_lens_cpu, seq_lens_cpu, self.page_size)
-        check_extend_num_tokens(tokens, extend_num_tokens)
         dev_pages = logical_pages
         if ratio != 1:
             c_pre_cpu, c_seq_cpu = prefix_lens_cpu // ratio, seq_lens_cpu // ratio
-            dev_pages, _ = num_new_pages_extend(c_pre_cpu, c_seq_cpu, dps)
+            dev_pages, _ = extend_page_counts(c_pre_cpu, c_seq_cpu, dps)
         if not self._pair.fits(logical_pages, dev_pages):
             return None
         plan = plan_device_extend(

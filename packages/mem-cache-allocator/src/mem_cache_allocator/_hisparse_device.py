@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mem_cache_allocator._pages import num_new_pages_extend
+from mem_cache_kernels.checks import check_index, check_index_values, extend_counts
 
 __all__ = [
     "DevicePlan",
@@ -29,26 +29,16 @@ __all__ = [
 
 
 def check_slots(indices: torch.Tensor, name: str, upper: int, *, check: bool) -> None:
-    """``indices`` must be an int32/int64 tensor of slots in ``[-1, upper)``.
+    """``indices`` must be an int32/int64 tensor (any shape) of slots in ``[-1, upper)`` (-1:
+    "no slot", reads the mapping's trailing sentinel).
 
     The type checks always run; the range check runs when ``check`` (debug mode) or when
     ``indices`` is on the CPU (no device sync needed); otherwise an out-of-range index is left to
-    torch. ``ValueError`` names ``name`` and the offending values.
+    torch. ``TypeError`` / ``ValueError`` name ``name`` (and the offending range).
     """
-    if not isinstance(indices, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(indices).__name__}")
-    if indices.dtype not in (torch.int64, torch.int32):
-        raise ValueError(f"{name} must be int32 or int64, got {indices.dtype}")
-    if indices.is_meta:
-        raise ValueError(f"{name} must hold data, got a meta tensor")
-    if (check or indices.is_cpu) and indices.numel():
-        host = indices.detach().to("cpu", torch.int64)
-        bad = host[(host < -1) | (host >= upper)]
-        if bad.numel():
-            raise ValueError(
-                f"{name} must hold slots in [-1, {upper}) of this allocator's index space, got "
-                f"{bad[:8].tolist()}"
-            )
+    flat = indices.reshape(-1) if isinstance(indices, torch.Tensor) else indices
+    check_index(name, flat)
+    check_index_values(name, flat, limit=upper, minimum=-1, full=check)
 
 
 def lookup(mapping: torch.Tensor, indices: torch.Tensor, name: str, *, check: bool) -> torch.Tensor:
@@ -110,7 +100,7 @@ def plan_device_extend(
     """
     pre = prefix_cpu.to(torch.int64)
     seq = seq_cpu.to(torch.int64)
-    pages, tokens = num_new_pages_extend(pre, seq, page_size)
+    pages, tokens = extend_counts(pre, seq, page_size)
     # the kernel reads last_loc only to continue a partial page with new tokens; elsewhere it
     # may be unmapped (0): pass the congruent placeholder (sync-free: a host->device copy)
     pre_dev = prefix_lens.to(device=dev_last.device, dtype=torch.int64)
@@ -130,7 +120,7 @@ def plan_device_extend(
     new_pre = torch.where(orphan, pre - pre % page_size, pre)
     placeholder = torch.where(new_pre == 0, -1, page_size - 1)  # congruent, never read
     new_last = torch.where(orphan, placeholder, last_host)
-    new_pages, new_tokens = num_new_pages_extend(new_pre, seq, page_size)
+    new_pages, new_tokens = extend_counts(new_pre, seq, page_size)
     lens = seq - new_pre
     starts = torch.cumsum(lens, 0) - lens
     skip = pre - new_pre

@@ -1,57 +1,160 @@
 """Default-mode input checks of ``alloc_extend`` / ``alloc_decode`` that need no device->host sync.
 
 They read only host data: the ``*_cpu`` length copies always, and the "device" tensors
-(``prefix_lens``, ``seq_lens``, ``last_loc``) only when they are CPU tensors. Each failure is a
-``ValueError`` naming the caller's argument, the offending requests and their values, raised
-before any allocator state changes. What needs device data (GPU tensors) is left to debug mode.
+(``prefix_lens``, ``seq_lens``, ``last_loc``) only when they are CPU tensors. Each failure raises
+(``TypeError`` / ``ValueError`` by the rule of :mod:`mem_cache_kernels.checks`) naming the
+caller's argument, the offending requests and their values, before any allocator state changes.
+What needs device data (GPU tensors) is left to debug mode.
+
+:func:`check_extend_inputs` is the one sequence of host-side extend checks: the page allocators
+run it first thing, and the composites (SWA, HiSparse) run it before their capacity pre-check, so
+that out of room answers ``None`` only for valid input. The page arithmetic is
+:func:`mem_cache_kernels.checks.extend_counts` (one place for every package).
 """
 
 from __future__ import annotations
 
 import torch
 
-from mem_cache_allocator._debug import describe
+from mem_cache_allocator._pages import check_cpu_lengths
+from mem_cache_kernels.checks import (
+    INDEX_DTYPES,
+    SMALL_BATCH,
+    check_index,
+    check_int,
+    describe,
+    extend_counts,
+)
 
 __all__ = [
+    "CPU_LENGTH_NAMES",
     "check_decode_inputs",
-    "check_extend_num_tokens",
+    "check_decode_structure",
     "check_extend_device_inputs",
-    "check_extend_lengths",
-    "extend_counts_fast",
+    "check_extend_inputs",
+    "check_extend_num_tokens",
+    "extend_page_counts",
+    "lengths_ok",
 ]
 
-_SMALL = 64  # up to this many requests, Python lists beat a chain of small tensor ops
+CPU_LENGTH_NAMES = ("prefix_lens_cpu", "seq_lens_cpu")
+"""The argument names :func:`extend_page_counts` reports (the host copies of an extend)."""
 
 
-def check_extend_lengths(prefix_lens_cpu: torch.Tensor, seq_lens_cpu: torch.Tensor) -> None:
-    """``0 <= prefix_lens_cpu[i] <= seq_lens_cpu[i]`` for every request."""
-    if seq_lens_cpu.shape[0] <= _SMALL:
-        pre: list[int] = prefix_lens_cpu.tolist()
-        seq: list[int] = seq_lens_cpu.tolist()
-        if all(0 <= p <= s for p, s in zip(pre, seq, strict=True)):
-            return
-    elif bool(((prefix_lens_cpu >= 0) & (prefix_lens_cpu <= seq_lens_cpu)).all()):
-        return
-    p64, s64 = prefix_lens_cpu.to(torch.int64), seq_lens_cpu.to(torch.int64)
-    bad = torch.nonzero((p64 < 0) | (p64 > s64)).reshape(-1)
-    raise ValueError(
-        f"prefix_lens_cpu must satisfy 0 <= prefix_lens_cpu <= seq_lens_cpu; requests "
-        f"{describe(bad)} have prefix_lens_cpu={describe(p64[bad])}, "
-        f"seq_lens_cpu={describe(s64[bad])}"
+def extend_page_counts(
+    prefix_lens_cpu: torch.Tensor, seq_lens_cpu: torch.Tensor, page_size: int
+) -> tuple[int, int]:
+    """``(new pages, new tokens)`` of an extend; ``ValueError`` naming ``prefix_lens_cpu`` /
+    ``seq_lens_cpu`` unless ``0 <= prefix_lens_cpu[i] <= seq_lens_cpu[i]`` for every request."""
+    return extend_counts(prefix_lens_cpu, seq_lens_cpu, page_size, names=CPU_LENGTH_NAMES)
+
+
+def lengths_ok(bs: int, cpus: tuple[object, ...], tensors: tuple[object, ...]) -> bool:
+    """Fast path of the structural checks (all fine): ``cpus`` 1-D CPU int32/int64 tensors of
+    ``bs`` entries, ``tensors`` 1-D int32/int64 tensors of ``bs`` entries. ``False``: run the
+    detailed checks (:func:`check_cpu_lengths`, :func:`mem_cache_kernels.checks.check_index`),
+    which raise naming the argument."""
+    for cpu in cpus:
+        if not (
+            isinstance(cpu, torch.Tensor)
+            and cpu.dtype in INDEX_DTYPES
+            and cpu.dim() == 1
+            and cpu.shape[0] == bs
+            and cpu.is_cpu
+        ):
+            return False
+    for t in tensors:
+        if not (isinstance(t, torch.Tensor) and t.dtype in INDEX_DTYPES and t.dim() == 1):
+            return False
+        if t.shape[0] != bs:
+            return False
+    return True
+
+
+def check_decode_structure(
+    seq_lens: torch.Tensor, seq_lens_cpu: torch.Tensor, last_loc: torch.Tensor
+) -> int:
+    """The batch size of an ``alloc_decode`` call: ``seq_lens_cpu`` a 1-D CPU integer tensor,
+    ``seq_lens`` / ``last_loc`` 1-D int32/int64 tensors of as many entries (meta allowed: the
+    sync-free tests run allocators there). ``TypeError`` / ``ValueError`` naming the argument."""
+    # the batch size when seq_lens_cpu is 1-D, else -1: lengths_ok fails and the detailed
+    # checks name the argument (inline: this runs on every call)
+    bs = (
+        seq_lens_cpu.shape[0]
+        if isinstance(seq_lens_cpu, torch.Tensor) and seq_lens_cpu.dim() == 1
+        else -1
     )
+    if not lengths_ok(bs, (seq_lens_cpu,), (seq_lens, last_loc)):
+        bs = check_cpu_lengths("seq_lens_cpu", seq_lens_cpu)
+        for name, t in (("seq_lens", seq_lens), ("last_loc", last_loc)):
+            check_index(name, t, length=bs, allow_meta=True)
+    return bs
 
 
 def check_extend_num_tokens(tokens: int, extend_num_tokens: object) -> None:
-    """``extend_num_tokens`` equals ``sum(seq_lens_cpu - prefix_lens_cpu)`` (``tokens``)."""
-    if isinstance(extend_num_tokens, bool) or not isinstance(extend_num_tokens, int):
-        raise TypeError(
-            f"extend_num_tokens must be an int, got {type(extend_num_tokens).__name__}"
-        )
+    """``extend_num_tokens`` is an int equal to ``sum(seq_lens_cpu - prefix_lens_cpu)``
+    (``tokens``)."""
+    if type(extend_num_tokens) is not int:  # the hot path skips the call
+        check_int("extend_num_tokens", extend_num_tokens)  # raises (an int subclass passes)
     if tokens != extend_num_tokens:
         raise ValueError(
             f"extend_num_tokens must equal sum(seq_lens_cpu - prefix_lens_cpu) = {tokens}, "
             f"got {extend_num_tokens}"
         )
+
+
+def check_extend_inputs(  # noqa: PLR0917 - mirrors alloc_extend
+    prefix_lens: torch.Tensor,
+    prefix_lens_cpu: torch.Tensor,
+    seq_lens: torch.Tensor,
+    seq_lens_cpu: torch.Tensor,
+    last_loc: torch.Tensor,
+    extend_num_tokens: int,
+    page_size: int,
+    *,
+    allow_meta: bool = True,
+    num_new_pages: int | None = None,
+) -> tuple[int, int]:
+    """Every host-side check of an ``alloc_extend`` call, in this order; ``(new pages, new
+    tokens)``.
+
+    1. ``seq_lens_cpu`` / ``prefix_lens_cpu``: 1-D CPU integer tensors of one length ``bs``;
+       ``prefix_lens`` / ``seq_lens`` / ``last_loc``: 1-D int32/int64 tensors of ``bs`` entries
+       (on the meta device only with ``allow_meta``);
+    2. ``0 <= prefix_lens_cpu <= seq_lens_cpu`` (:func:`mem_cache_kernels.checks.extend_counts`,
+       which also counts the new pages and tokens);
+    3. ``extend_num_tokens`` an int equal to the new tokens; ``num_new_pages`` (when given)
+       equal to the new pages;
+    4. :func:`check_extend_device_inputs` (CPU "device" tensors against their host copies).
+
+    ``TypeError`` / ``ValueError`` naming the argument; reads no device memory.
+    """
+    # the batch size when seq_lens_cpu is 1-D, else -1: lengths_ok fails and the detailed
+    # checks name the argument (inline: this runs on every call)
+    bs = (
+        seq_lens_cpu.shape[0]
+        if isinstance(seq_lens_cpu, torch.Tensor) and seq_lens_cpu.dim() == 1
+        else -1
+    )
+    if not lengths_ok(bs, (seq_lens_cpu, prefix_lens_cpu), (prefix_lens, seq_lens, last_loc)) or (
+        not allow_meta and (prefix_lens.is_meta or seq_lens.is_meta or last_loc.is_meta)
+    ):
+        bs = check_cpu_lengths("seq_lens_cpu", seq_lens_cpu)
+        check_cpu_lengths("prefix_lens_cpu", prefix_lens_cpu, bs)
+        for name, t in (
+            ("prefix_lens", prefix_lens),
+            ("seq_lens", seq_lens),
+            ("last_loc", last_loc),
+        ):
+            check_index(name, t, length=bs, allow_meta=allow_meta)
+    pages, tokens = extend_counts(prefix_lens_cpu, seq_lens_cpu, page_size, names=CPU_LENGTH_NAMES)
+    check_extend_num_tokens(tokens, extend_num_tokens)
+    if num_new_pages is not None and num_new_pages != pages:
+        raise ValueError(f"num_new_pages must be {pages} for these lengths, got {num_new_pages}")
+    check_extend_device_inputs(
+        prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, page_size
+    )
+    return pages, tokens
 
 
 def _same(name: str, t: torch.Tensor, cpu_name: str, cpu: torch.Tensor) -> None:
@@ -67,6 +170,34 @@ def _same(name: str, t: torch.Tensor, cpu_name: str, cpu: torch.Tensor) -> None:
         )
 
 
+def _device_inputs_ok(  # noqa: PLR0917 - mirrors alloc_extend
+    prefix_lens: torch.Tensor,
+    prefix_lens_cpu: torch.Tensor,
+    seq_lens: torch.Tensor,
+    seq_lens_cpu: torch.Tensor,
+    last_loc: torch.Tensor,
+    page_size: int,
+) -> bool:
+    """Small batches: every check of :func:`check_extend_device_inputs` on Python lists (a few
+    ints beat a chain of small tensor ops); ``False`` when one fails (the caller raises)."""
+    pre: list[int] = prefix_lens_cpu.tolist()
+    if prefix_lens is not prefix_lens_cpu and prefix_lens.is_cpu and prefix_lens.tolist() != pre:
+        return False
+    if (
+        seq_lens is not seq_lens_cpu
+        and seq_lens.is_cpu
+        and seq_lens.tolist() != seq_lens_cpu.tolist()
+    ):
+        return False
+    if not last_loc.is_cpu:
+        return True
+    m = page_size - 1
+    for x, p in zip(last_loc.tolist(), pre, strict=True):  # a plain loop: no generator frames
+        if (x != -1) if p == 0 else (x < 0 or (x + 1) & m != p & m):
+            return False
+    return True
+
+
 def check_extend_device_inputs(  # noqa: PLR0917 - mirrors alloc_extend
     prefix_lens: torch.Tensor,
     prefix_lens_cpu: torch.Tensor,
@@ -77,21 +208,19 @@ def check_extend_device_inputs(  # noqa: PLR0917 - mirrors alloc_extend
 ) -> None:
     """CPU "device" tensors: equal to their ``*_cpu`` copies, and ``last_loc`` consistent with
     ``prefix_lens`` (-1 exactly for an empty prefix, ``(last_loc + 1) % ps == prefix % ps``)."""
-    if prefix_lens.device.type == "cpu":
+    if not (prefix_lens.is_cpu or seq_lens.is_cpu or last_loc.is_cpu):
+        return
+    if seq_lens_cpu.shape[0] <= SMALL_BATCH and _device_inputs_ok(
+        prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, page_size
+    ):
+        return
+    if prefix_lens.is_cpu:
         _same("prefix_lens", prefix_lens, "prefix_lens_cpu", prefix_lens_cpu)
-    if seq_lens.device.type == "cpu":
+    if seq_lens.is_cpu:
         _same("seq_lens", seq_lens, "seq_lens_cpu", seq_lens_cpu)
-    if last_loc.device.type != "cpu":
+    if not last_loc.is_cpu:
         return
     m = page_size - 1
-    if last_loc.shape[0] <= _SMALL:
-        last: list[int] = last_loc.tolist()
-        pre: list[int] = prefix_lens_cpu.tolist()
-        if all(
-            (x == -1) if p == 0 else (x >= 0 and (x + 1) & m == p & m)
-            for x, p in zip(last, pre, strict=True)
-        ):
-            return
     last64, pre64 = last_loc.to(torch.int64), prefix_lens_cpu.to(torch.int64)
     bad_mask = torch.where(
         pre64 == 0, last64 != -1, (last64 < 0) | (((last64 + 1) & m) != (pre64 & m))
@@ -120,44 +249,3 @@ def check_decode_inputs(seq_lens: torch.Tensor, seq_lens_cpu: torch.Tensor) -> N
         )
     if seq_lens.device.type == "cpu":
         _same("seq_lens", seq_lens, "seq_lens_cpu", seq_lens_cpu)
-
-
-def extend_counts_fast(  # noqa: PLR0917 - mirrors alloc_extend
-    prefix_lens: torch.Tensor,
-    prefix_lens_cpu: torch.Tensor,
-    seq_lens: torch.Tensor,
-    seq_lens_cpu: torch.Tensor,
-    last_loc: torch.Tensor,
-    page_size: int,
-) -> tuple[int, int] | None:
-    """Fast path of a small extend batch (at most 64 requests): every check of
-    :func:`check_extend_lengths` and :func:`check_extend_device_inputs` on one list per tensor,
-    plus ``(new pages, new tokens)``; ``None`` when a check fails or the batch is larger (the
-    caller then runs the detailed checks, which raise naming the requests)."""
-    if seq_lens_cpu.shape[0] > _SMALL:
-        return None
-    pre: list[int] = prefix_lens_cpu.tolist()
-    seq: list[int] = seq_lens_cpu.tolist()
-    cpu_pre = prefix_lens is not prefix_lens_cpu and prefix_lens.device.type == "cpu"
-    if cpu_pre and prefix_lens.tolist() != pre:
-        return None
-    cpu_seq = seq_lens is not seq_lens_cpu and seq_lens.device.type == "cpu"
-    if cpu_seq and seq_lens.tolist() != seq:
-        return None
-    m = page_size - 1
-    shift = page_size.bit_length() - 1
-    pages = 0
-    tokens = 0
-    if last_loc.device.type == "cpu":
-        for p, q, x in zip(pre, seq, last_loc.tolist(), strict=True):
-            if not (0 <= p <= q) or ((x != -1) if p == 0 else (x < 0 or (x + 1) & m != p & m)):
-                return None
-            tokens += q - p
-            pages += ((q + m) >> shift) - ((p + m) >> shift)
-        return pages, tokens
-    for p, q in zip(pre, seq, strict=True):
-        if not 0 <= p <= q:
-            return None
-        tokens += q - p
-        pages += ((q + m) >> shift) - ((p + m) >> shift)
-    return pages, tokens

@@ -1,8 +1,9 @@
-"""Lazy access to the allocation kernels of :mod:`mem_cache_kernels`.
+"""Access to the allocation kernels of :mod:`mem_cache_kernels`.
 
-``import mem_cache_allocator`` must not import kernel code: the kernels package is imported on
-the first allocation that needs it (backend ``"auto"``: Triton for GPU tensors, the torch
-reference for CPU tensors; ``MEM_CACHE_KERNELS_BACKEND`` overrides).
+The kernel functions are looked up on the first allocation that needs them (backend ``"auto"``:
+Triton for GPU tensors, the torch reference for CPU tensors; ``MEM_CACHE_KERNELS_BACKEND``
+overrides). ``import mem_cache_allocator`` loads the kernels package only as far as
+:mod:`mem_cache_kernels.checks` does, and never triton.
 
 The allocators compute every batch's page and token counts on the host (from the ``*_cpu``
 lengths) before calling, and pass them as the kernels' ``num_new_pages`` / ``num_tokens`` hints:

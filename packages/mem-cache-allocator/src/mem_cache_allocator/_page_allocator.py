@@ -31,23 +31,21 @@ except ImportError:  # pragma: no cover - numpy ships with every torch wheel we 
     _np = None  # type: ignore[assignment]
 
 from mem_cache_allocator import _kernels
-from mem_cache_allocator._debug import DebugTracker, debug_enabled, describe
+from mem_cache_allocator._debug import DebugTracker
 from mem_cache_allocator._free_list import ChunkedFreeList, FreeListSnapshot
 from mem_cache_allocator._host_checks import (
     check_decode_inputs,
-    check_extend_device_inputs,
-    check_extend_lengths,
-    extend_counts_fast,
+    check_decode_structure,
+    check_extend_inputs,
 )
 from mem_cache_allocator._pages import (
-    check_cpu_lengths,
     check_start_pos,
     decode_page_count,
     num_new_pages_decode,
-    num_new_pages_extend,
     trim_segments,
 )
 from mem_cache_allocator.base import BaseTokenToKVPoolAllocator
+from mem_cache_kernels.checks import INDEX_DTYPES, check_index, check_int, debug_enabled, describe
 
 if TYPE_CHECKING:
     from mem_cache_pool.base import KVCache
@@ -64,19 +62,6 @@ class PageAllocatorState:
     release: tuple[torch.Tensor, ...]
     num_release: int
     debug: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None
-
-
-def _check_index(name: str, t: object) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in (torch.int64, torch.int32):
-        raise ValueError(f"{name} must be int32 or int64, got {t.dtype}")
-    if t.dim() != 1:
-        raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
-    return t
-
-
-_INDEX = (torch.int64, torch.int32)
 
 
 def unique_sorted(t: torch.Tensor) -> torch.Tensor:
@@ -110,28 +95,9 @@ def host_unique_pages(parts: list[torch.Tensor], shift: int, num_pages: int) -> 
     return torch.from_numpy(a)
 
 
+_INT64 = (torch.int64,)
 _SLOTS = "slots"  # free-group entry kinds: slot ids (``free``; page ids for paged) ...
 _PAGES = "pages"  # ... or exact page ids (``free_segment(s)`` / ``free_page_ids``)
-
-
-def _lengths_ok(bs: int, cpu: object, *tensors: object) -> bool:
-    """Fast path of the argument checks (all fine): ``cpu`` a 1-D CPU integer tensor of ``bs``
-    entries, ``tensors`` 1-D int32/int64 tensors of ``bs`` entries. ``False``: run the detailed
-    checks (they raise with messages naming the argument)."""
-    if not (
-        isinstance(cpu, torch.Tensor)
-        and cpu.dtype in _INDEX
-        and cpu.dim() == 1
-        and cpu.shape[0] == bs
-        and cpu.is_cpu
-    ):
-        return False
-    for t in tensors:
-        if not (isinstance(t, torch.Tensor) and t.dtype in _INDEX and t.dim() == 1):
-            return False
-        if t.shape[0] != bs:
-            return False
-    return True
 
 
 class PageAllocatorCore(BaseTokenToKVPoolAllocator):
@@ -258,8 +224,7 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
     def merge_for_decode(self, bs: int) -> None:
         """SGLang's ``alloc_decode`` merge trigger (``need_sort`` and ``bs > len(free)``); the
         paired allocators run it on both sides before their capacity pre-check."""
-        if isinstance(bs, bool) or not isinstance(bs, int):
-            raise TypeError(f"bs must be an int, got {type(bs).__name__}")
+        check_int("bs", bs)
         if self.need_sort and bs > len(self._free):
             self.merge_and_sort_free()
 
@@ -270,8 +235,8 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
         return (pages[:, None] * self.page_size + self._page_offsets).reshape(-1)
 
     def alloc(self, need_size: int) -> torch.Tensor | None:
-        if isinstance(need_size, bool) or not isinstance(need_size, int) or need_size < 0:
-            raise ValueError(f"need_size must be a non-negative int, got {need_size!r}")
+        if type(need_size) is not int or need_size < 0:  # the hot path skips the call
+            check_int("need_size", need_size, minimum=0)  # raises (an int subclass passes)
         ps = self.page_size
         if need_size % ps:
             raise ValueError(
@@ -299,35 +264,18 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
         extend_num_tokens: int,
         num_new_pages: int | None = None,
     ) -> torch.Tensor | None:
-        bs = check_cpu_lengths("seq_lens_cpu", seq_lens_cpu)
-        if not _lengths_ok(bs, prefix_lens_cpu, prefix_lens, seq_lens, last_loc):
-            check_cpu_lengths("prefix_lens_cpu", prefix_lens_cpu, bs)
-            named = (("prefix_lens", prefix_lens), ("seq_lens", seq_lens), ("last_loc", last_loc))
-            for name, t in named:
-                if _check_index(name, t).shape[0] != bs:
-                    raise ValueError(f"{name} must have {bs} entries, got {t.shape[0]}")
         ps = self.page_size
-        counts = extend_counts_fast(
-            prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, ps
+        pages, tokens = check_extend_inputs(
+            prefix_lens,
+            prefix_lens_cpu,
+            seq_lens,
+            seq_lens_cpu,
+            last_loc,
+            extend_num_tokens,
+            ps,
+            num_new_pages=num_new_pages,
         )
-        if counts is None:
-            check_extend_lengths(prefix_lens_cpu, seq_lens_cpu)
-            pages, tokens = num_new_pages_extend(prefix_lens_cpu, seq_lens_cpu, ps)
-        else:
-            pages, tokens = counts
-        if tokens != extend_num_tokens:
-            raise ValueError(
-                f"extend_num_tokens must equal sum(seq_lens_cpu - prefix_lens_cpu) = {tokens}, "
-                f"got {extend_num_tokens}"
-            )
-        if num_new_pages is not None and num_new_pages != pages:
-            raise ValueError(
-                f"num_new_pages must be {pages} for these lengths, got {num_new_pages}"
-            )
-        if counts is None:
-            check_extend_device_inputs(
-                prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, ps
-            )
+        bs = seq_lens_cpu.shape[0]
         if self.need_sort and extend_num_tokens // ps + bs + 1 > len(self._free):
             self.merge_and_sort_free()
         if pages > len(self._free):
@@ -349,13 +297,7 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
     def alloc_decode(
         self, seq_lens: torch.Tensor, seq_lens_cpu: torch.Tensor, last_loc: torch.Tensor
     ) -> torch.Tensor | None:
-        ok = isinstance(seq_lens_cpu, torch.Tensor) and seq_lens_cpu.dim() == 1
-        bs = seq_lens_cpu.shape[0] if ok else -1
-        if not _lengths_ok(bs, seq_lens_cpu, seq_lens, last_loc):
-            bs = check_cpu_lengths("seq_lens_cpu", seq_lens_cpu)
-            for name, t in (("seq_lens", seq_lens), ("last_loc", last_loc)):
-                if _check_index(name, t).shape[0] != bs:
-                    raise ValueError(f"{name} must have {bs} entries, got {t.shape[0]}")
+        bs = check_decode_structure(seq_lens, seq_lens_cpu, last_loc)
         ps = self.page_size
         plan = decode_page_count(seq_lens, seq_lens_cpu, ps)
         need = None
@@ -563,14 +505,15 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
 
     # ------------------------------------------------------------------ free helpers
     def _check_validated(self, name: str, t: object) -> None:
-        """Host-only type check of an already validated index tensor (int64, 1-D, this device)."""
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dtype is not torch.int64 or t.dim() != 1 or t.device != self.device:
-            raise ValueError(
-                f"{name} must be a 1-D int64 tensor on {self.device} (validated by "
-                f"check_free_input), got {t.dtype} of shape {tuple(t.shape)} on {t.device}"
-            )
+        """Host-only type check of an already validated index tensor (int64, 1-D, this device:
+        what :meth:`check_free_input` returns)."""
+        if not (
+            isinstance(t, torch.Tensor)
+            and t.dtype is torch.int64
+            and t.dim() == 1
+            and t.device == self.device
+        ):  # the fast path above; the generic check names what is wrong
+            check_index(name, t, dtypes=_INT64, device=self.device, allow_meta=True)
 
     def _free_input(self, name: str, t: object) -> torch.Tensor | None:
         """``t`` as int64 on the allocator's device (``None`` when empty), validated."""
@@ -596,21 +539,21 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
     def _index_input(
         self, name: str, t: object, *, page_ids: bool, check_range: bool = True
     ) -> torch.Tensor | None:
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dtype is not torch.int64 and t.dtype is not torch.int32:
-            raise ValueError(f"{name} must be int32 or int64, got {t.dtype}")
-        if t.dim() != 1:
-            raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
-        if t.shape[0] == 0:
+        # the structural check: a fast path, else the generic check, which raises naming what
+        # is wrong (meta tensors pass it; they are refused below unless the allocator is on meta)
+        if isinstance(t, torch.Tensor) and t.dim() == 1 and t.dtype in INDEX_DTYPES:
+            idx = t
+        else:
+            idx = check_index(name, t, allow_meta=True)
+        if idx.shape[0] == 0:
             return None
-        if check_range and t.device.type == "cpu":
-            self._check_cpu_range(name, t, page_ids=page_ids)
-        if t.dtype is torch.int64 and t.device == self.device:
-            return t
-        if t.is_meta:
+        if check_range and idx.device.type == "cpu":
+            self._check_cpu_range(name, idx, page_ids=page_ids)
+        if idx.dtype is torch.int64 and idx.device == self.device:
+            return idx
+        if idx.is_meta:
             raise ValueError(f"{name} must hold data (on {self.device}), got a meta tensor")
-        return t.to(device=self.device, dtype=torch.int64)
+        return idx.to(device=self.device, dtype=torch.int64)
 
     def _check_cpu_range(self, name: str, t: torch.Tensor, *, page_ids: bool) -> None:
         """Host-side checks on CPU inputs (no device sync): padding page 0 and out-of-range."""

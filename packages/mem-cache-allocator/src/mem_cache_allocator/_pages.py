@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from mem_cache_kernels.checks import check_index, check_int
+
 try:  # optional: reductions on a CPU tensor's buffer cost ~1 us in numpy, a few us in torch
     import numpy as _np
 except ImportError:  # pragma: no cover - numpy ships with every torch wheel we test
@@ -23,50 +25,32 @@ __all__ = [
     "check_segments_iterable",
     "check_start_pos",
     "num_new_pages_decode",
-    "num_new_pages_extend",
     "trim_segments",
 ]
 
 
+_INT_DTYPES = (
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
+    torch.uint16,
+    torch.uint32,
+    torch.uint64,
+)
+
+
 def check_cpu_lengths(name: str, t: torch.Tensor, bs: int | None = None) -> int:
-    """Validate a 1-D CPU integer length tensor; return its length."""
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.device.type != "cpu":
+    """Validate a 1-D CPU integer length tensor (``bs`` entries when given); return its length.
+
+    The allocator-specific part is the device: the page counts are host-side, so the tensor must
+    be a CPU tensor (``ValueError``); the rest is :func:`mem_cache_kernels.checks.check_index`.
+    """
+    if isinstance(t, torch.Tensor) and t.device.type != "cpu":
         raise ValueError(f"{name} must be a CPU tensor (host-side page count), got {t.device}")
-    if t.dim() != 1:
-        raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
-    if t.dtype.is_floating_point or t.dtype == torch.bool:
-        raise ValueError(f"{name} must be an integer tensor, got {t.dtype}")
-    n = t.shape[0]
-    if bs is not None and n != bs:
-        raise ValueError(f"{name} must have {bs} entries (one per request), got {n}")
-    return int(n)
-
-
-_SMALL_BATCH = 64  # below this many requests, Python ints beat a chain of small torch ops
-
-
-def num_new_pages_extend(
-    prefix_lens_cpu: torch.Tensor, seq_lens_cpu: torch.Tensor, page_size: int
-) -> tuple[int, int]:
-    """``(new pages, new tokens)`` for an extend: ``sum(ceil(seq/ps) - ceil(prefix/ps))``."""
-    m = page_size - 1
-    shift = page_size.bit_length() - 1
-    if seq_lens_cpu.shape[0] <= _SMALL_BATCH:
-        seq_l: list[int] = seq_lens_cpu.tolist()
-        pre_l: list[int] = prefix_lens_cpu.tolist()
-        tokens = sum(seq_l) - sum(pre_l)
-        if page_size == 1:
-            return tokens, tokens
-        pages = sum((x + m) >> shift for x in seq_l) - sum((x + m) >> shift for x in pre_l)
-        return pages, tokens
-    seq = seq_lens_cpu.to(torch.int64)
-    pre = prefix_lens_cpu.to(torch.int64)
-    tokens = int(seq.sum()) - int(pre.sum())
-    if page_size == 1:
-        return tokens, tokens
-    return int(((seq + m) >> shift).sum()) - int(((pre + m) >> shift).sum()), tokens
+    check_index(name, t, dtypes=_INT_DTYPES, length=bs)
+    return int(t.shape[0])
 
 
 _LIST_DECODE = 512  # decode batches up to this size are counted by ``list.count``
@@ -120,22 +104,17 @@ def decode_page_count(
 
 
 def check_start_pos(start_pos: object, name: str = "start_pos") -> int:
-    """``start_pos`` as an int; ``ValueError`` unless it is a non-negative int (``bool`` no)."""
-    if isinstance(start_pos, bool) or not isinstance(start_pos, int) or start_pos < 0:
-        raise ValueError(f"{name} must be a non-negative int, got {start_pos!r}")
-    return start_pos
+    """``start_pos`` as a non-negative int (``TypeError`` for a non-int, ``bool`` included;
+    ``ValueError`` below 0)."""
+    return check_int(name, start_pos, minimum=0)
 
 
 def check_index_tensor(name: str, t: object, device: torch.device) -> None:
-    """``TypeError``/``ValueError`` naming ``name`` unless ``t`` is an int32/int64 tensor with
-    data (not on the meta device, unless the allocator's ``device`` is meta: the sync-free
-    tests run allocators there). Host-only: reads no tensor data."""
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype is not torch.int64 and t.dtype is not torch.int32:
-        raise ValueError(f"{name} must be int32 or int64, got {t.dtype}")
-    if t.is_meta and device.type != "meta":
-        raise ValueError(f"{name} must hold data (on {device}), got a meta tensor")
+    """``TypeError``/``ValueError`` naming ``name`` unless ``t`` is an int32/int64 tensor (any
+    shape) with data (not on the meta device, unless the allocator's ``device`` is meta: the
+    sync-free tests run allocators there). Host-only: reads no tensor data."""
+    flat = t.reshape(-1) if isinstance(t, torch.Tensor) and t.dim() != 1 else t
+    check_index(name, flat, allow_meta=device.type == "meta")
 
 
 def check_segments_iterable(segments: object) -> None:
@@ -165,17 +144,9 @@ def trim_segments(
         if not isinstance(seg, (tuple, list)) or len(seg) != 2:
             raise TypeError(f"segments[{k}] must be a (free_index, start_pos) pair, got {seg!r}")
         free_index, start_pos = seg
-        if type(start_pos) is not int or start_pos < 0:
-            check_start_pos(start_pos, f"segments[{k}] start_pos")
-        if not isinstance(free_index, torch.Tensor):
-            raise TypeError(
-                f"segments[{k}] free_index must be a torch.Tensor, got {type(free_index).__name__}"
-            )
-        n = int(free_index.shape[0]) if free_index.dim() == 1 else -1
-        if n < 0:
-            raise ValueError(
-                f"segments[{k}] free_index must be 1-D, got shape {tuple(free_index.shape)}"
-            )
+        check_start_pos(start_pos, f"segments[{k}] start_pos")
+        # meta tensors: refused by the allocator's free path unless it runs on meta
+        n = int(check_index(f"segments[{k}] free_index", free_index, allow_meta=True).shape[0])
         if n == 0:
             continue
         if prev_end is not None and start_pos < prev_end:

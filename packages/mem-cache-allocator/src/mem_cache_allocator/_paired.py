@@ -30,16 +30,11 @@ import torch
 from mem_cache_allocator._composite import check_need_size
 from mem_cache_allocator._host_checks import (
     check_decode_inputs,
-    check_extend_device_inputs,
-    check_extend_lengths,
-    check_extend_num_tokens,
+    check_decode_structure,
+    check_extend_inputs,
 )
 from mem_cache_allocator._page_allocator import PageAllocatorCore, PageAllocatorState
-from mem_cache_allocator._pages import (
-    check_cpu_lengths,
-    num_new_pages_decode,
-    num_new_pages_extend,
-)
+from mem_cache_allocator._pages import num_new_pages_decode
 from mem_cache_allocator.base import BaseTokenToKVPoolAllocator
 
 __all__ = ["ExtendLens", "PairedAllocators", "check_own_state", "free_page_count"]
@@ -65,6 +60,12 @@ def check_own_state(state: object, state_type: type[_S], owner: object) -> _S:
             f"state must come from this allocator's backup_state(), got {type(state).__name__}"
         )
     return state
+
+
+def _live(slots: torch.Tensor) -> torch.Tensor:
+    """The mapped entries of secondary ``slots`` (0 = unmapped, -1 = the sentinel): a new
+    tensor (boolean indexing; a data-dependent shape, so it syncs on a GPU)."""
+    return slots[slots > 0]
 
 
 class PairedAllocators:
@@ -152,23 +153,9 @@ class PairedAllocators:
         self, lens: ExtendLens, last_loc: torch.Tensor, extend_num_tokens: int
     ) -> torch.Tensor | None:
         """The same extend on both sides; the secondary gets ``translate(last_loc)``."""
-        prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu = lens
-        check_cpu_lengths("seq_lens_cpu", seq_lens_cpu)
-        check_cpu_lengths("prefix_lens_cpu", prefix_lens_cpu, seq_lens_cpu.shape[0])
         # the host-side input checks run before the capacity pre-check, so that out of room
         # answers None only for valid input (the primary repeats them: cheap, no device sync)
-        check_extend_lengths(prefix_lens_cpu, seq_lens_cpu)
-        pages, tokens = num_new_pages_extend(prefix_lens_cpu, seq_lens_cpu, self.primary.page_size)
-        check_extend_num_tokens(tokens, extend_num_tokens)
-        bs = seq_lens_cpu.shape[0]
-        if all(
-            isinstance(t, torch.Tensor) and t.dim() == 1 and t.shape[0] == bs
-            for t in (prefix_lens, seq_lens, last_loc)
-        ):  # malformed tensors are left to the primary's own checks, which name them
-            check_extend_device_inputs(
-                prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc,
-                self.primary.page_size,
-            )
+        pages, _ = check_extend_inputs(*lens, last_loc, extend_num_tokens, self.primary.page_size)
         if not self.fits(pages, pages):
             return None
         second_last_loc = self.translate(last_loc)
@@ -187,9 +174,9 @@ class PairedAllocators:
         Each side's ``need_sort`` merge trigger runs first, as SGLang's inner ``alloc_decode``
         calls run it before they give up, so a ``None`` here leaves the same merged state.
         """
-        bs = check_cpu_lengths("seq_lens_cpu", seq_lens_cpu)
-        if isinstance(seq_lens, torch.Tensor) and seq_lens.shape == seq_lens_cpu.shape:
-            check_decode_inputs(seq_lens, seq_lens_cpu)  # before the pre-check can answer None
+        # every host-side input check before the pre-check can answer None
+        bs = check_decode_structure(seq_lens, seq_lens_cpu, last_loc)
+        check_decode_inputs(seq_lens, seq_lens_cpu)
         for side in (self.primary, self.secondary):
             if isinstance(side, PageAllocatorCore):
                 side.merge_for_decode(bs)
@@ -212,9 +199,34 @@ class PairedAllocators:
 
     def free_secondary(self, slots: torch.Tensor) -> None:
         """Free secondary ``slots`` (entries <= 0 ignored) with set semantics (syncs)."""
-        live = slots[slots > 0]
+        live = _live(slots)
         if live.numel():
             self.secondary.free(live)
+
+    def prepare_secondary_free(self, slots: torch.Tensor) -> torch.Tensor | None:
+        """The validating half of :meth:`free_secondary` (outside a secondary free group): the
+        secondary pages it would release, checked (range, capacity count, debug ownership) but
+        not released (``secondary.commit_free`` does); ``None`` when no slot is live. Syncs."""
+        live = _live(slots)
+        if live.numel() == 0:
+            return None
+        return self.secondary.prepare_free(live)
+
+    def end_free_group(self, secondary_queue: list[torch.Tensor]) -> None:
+        """Close the primary's free group together with secondary slots queued beside it.
+
+        Failure atomic: the secondary free is validated first (:meth:`prepare_secondary_free`
+        of the concatenated queue: one dedup, one sync), then the primary's own
+        ``free_group_end`` runs (on an error it raises with its group still open), and only then
+        are the secondary pages released. On an error nothing is released on either side.
+        """
+        pages = None
+        if secondary_queue:
+            queued = torch.cat(secondary_queue) if len(secondary_queue) > 1 else secondary_queue[0]
+            pages = self.prepare_secondary_free(queued)
+        self.primary.free_group_end()
+        if pages is not None:
+            self.secondary.commit_free(pages)
 
     # ------------------------------------------------------------------ state
     def merge_and_sort_free(self) -> None:

@@ -6,13 +6,13 @@ per request and what each side's capacity is. The functions here are pure host-s
 
 from __future__ import annotations
 
+from mem_cache_kernels.checks import check_int
+
 __all__ = ["capacity_pair", "request_slot_reserve"]
 
 
 def _non_negative(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name} must be a non-negative int, got {value!r}")
-    return value
+    return check_int(name, value, minimum=0)
 
 
 def request_slot_reserve(num_reqs: int, page_size: int, spec_scratch_tokens: int) -> int:

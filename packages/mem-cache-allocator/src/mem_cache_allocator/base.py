@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from mem_cache_allocator._pages import check_start_pos, trim_segments
+from mem_cache_kernels.checks import check_device_arg, check_int, check_page_size
 
 if TYPE_CHECKING:
     from mem_cache_pool.base import KVCache
@@ -76,19 +77,10 @@ class BaseTokenToKVPoolAllocator(abc.ABC):
         kvcache: KVCache | None,
         need_sort: bool,
     ) -> None:
-        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-            raise ValueError(f"size must be a non-negative int, got {size!r}")
-        if (
-            isinstance(page_size, bool)
-            or not isinstance(page_size, int)
-            or page_size < 1
-            or page_size & (page_size - 1)
-        ):
-            raise ValueError(f"page_size must be a power of two >= 1, got {page_size!r}")
-        self.size = size
-        self.page_size = page_size
+        self.size = check_int("size", size, minimum=0)
+        self.page_size = check_page_size(page_size)
         self.dtype = dtype
-        self.device = torch.device(device)
+        self.device = check_device_arg("device", device)
         self.need_sort = bool(need_sort)
         self._kvcache = kvcache
         self._free_group: list[Any] | None = None
@@ -168,9 +160,10 @@ class BaseTokenToKVPoolAllocator(abc.ABC):
 
         A page two consecutive segments share is released once (the later segment's slots in it
         are dropped before its :meth:`free_segment`). ``ValueError`` for overlapping or
-        descending segments, ``TypeError`` for malformed pairs.
+        descending segments, ``TypeError`` for malformed pairs (every segment is checked before
+        the first is freed).
         """
-        for free_index, start_pos in trim_segments(segments, self.page_size):
+        for free_index, start_pos in list(trim_segments(segments, self.page_size)):
             self.free_segment(free_index, start_pos=start_pos)
 
     def free_group_begin(self) -> None:
@@ -183,14 +176,20 @@ class BaseTokenToKVPoolAllocator(abc.ABC):
 
     def free_group_end(self) -> None:
         """Apply every free queued since :meth:`free_group_begin` (one batched free)."""
+        group = self._open_free_group()
+        self._free_group = None
+        if group:
+            self._flush_free_group(group)
+
+    def _open_free_group(self) -> list[Any]:
+        """The open free group's queue; ``RuntimeError`` when no group is open (the check of
+        every ``free_group_end``)."""
         group = self._free_group
         if group is None:
             raise RuntimeError(
                 f"{type(self).__name__}.free_group_end() called without free_group_begin()"
             )
-        self._free_group = None
-        if group:
-            self._flush_free_group(group)
+        return group
 
     def _flush_free_group(self, group: list[Any]) -> None:
         """Apply the queued entries of a closed group (subclasses that queue must override)."""

@@ -59,6 +59,7 @@ from mem_cache_allocator._paired import PairedAllocators, check_own_state
 from mem_cache_allocator._scheduler_hooks import capacity_pair
 from mem_cache_allocator.base import BaseTokenToKVPoolAllocator
 from mem_cache_allocator.paged import PagedTokenToKVPoolAllocator
+from mem_cache_kernels.checks import check_int
 from mem_cache_pool.deepseek_v4 import (
     DeepSeekV4TokenToKVPool,
     HiSparseC4DevicePool,
@@ -312,8 +313,7 @@ class DeepSeekV4HiSparseTokenToKVPoolAllocator(HiSparseAllocatorCommon):
         follows the newest entry (``[4, 5, 6, 7, 9, 8, 10, 11]``).
         """
         cps = self.hisparse_page_size
-        if isinstance(need_size, bool) or not isinstance(need_size, int) or need_size <= 0:
-            raise ValueError(f"need_size must be a positive int, got {need_size!r}")
+        check_int("need_size", need_size, minimum=1)
         if need_size % cps:
             raise ValueError(
                 f"need_size must be a multiple of the c4 page size {cps}, got {need_size}"
@@ -325,8 +325,7 @@ class DeepSeekV4HiSparseTokenToKVPoolAllocator(HiSparseAllocatorCommon):
         """Free logical slots (the logical allocator's ``free``) and the device slots of their
         compressed entries (``free_hisparse``), as SGLang 0.5.23 does. Inside a free group the
         call is queued (copied) and applied at ``free_group_end`` as one free."""
-        if not isinstance(free_index, torch.Tensor):
-            raise TypeError(f"free_index must be a torch.Tensor, got {type(free_index).__name__}")
+        check_index_tensor("free_index", free_index, self.device)
         if free_index.numel() == 0:
             return
         check_slots(free_index, "free_index", self._full_slots, check=self.debug)
@@ -339,8 +338,7 @@ class DeepSeekV4HiSparseTokenToKVPoolAllocator(HiSparseAllocatorCommon):
     def free_full(self, free_index: torch.Tensor) -> None:
         """The logical allocator's ``free_full`` (full side of a request whose window slots
         ``free_swa`` released); queued inside a free group."""
-        if not isinstance(free_index, torch.Tensor):
-            raise TypeError(f"free_index must be a torch.Tensor, got {type(free_index).__name__}")
+        check_index_tensor("free_index", free_index, self.device)
         if free_index.numel() == 0:
             return
         if self._free_group is not None:

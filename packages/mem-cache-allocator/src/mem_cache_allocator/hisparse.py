@@ -41,6 +41,7 @@ from mem_cache_allocator._pages import (
     trim_segments,
 )
 from mem_cache_allocator._paired import PairedAllocators, check_own_state
+from mem_cache_kernels.checks import check_int
 
 __all__ = ["HiSparseAllocatorState", "HiSparseTokenToKVPoolAllocator"]
 
@@ -77,14 +78,7 @@ class HiSparseTokenToKVPoolAllocator(HiSparseAllocatorCommon):
         *,
         debug: bool = False,
     ) -> None:
-        if (
-            isinstance(host_to_device_ratio, bool)
-            or not isinstance(host_to_device_ratio, int)
-            or host_to_device_ratio < 1
-        ):
-            raise ValueError(
-                f"host_to_device_ratio must be a positive int, got {host_to_device_ratio!r}"
-            )
+        check_int("host_to_device_ratio", host_to_device_ratio, minimum=1)
         super().__init__(size * host_to_device_ratio, page_size, dtype, device, kvcache, need_sort)
         self._size_hisparse = size
         self.host_to_device_ratio = host_to_device_ratio
@@ -206,8 +200,7 @@ class HiSparseTokenToKVPoolAllocator(HiSparseAllocatorCommon):
         with SGLang 0.5.23's set semantics on both sides (the pages of the given slots: any
         order, several requests concatenated, partial pages). Syncs once (the device side is
         data-dependent anyway). Never deferred: free groups only check nesting."""
-        if not isinstance(free_index, torch.Tensor):
-            raise TypeError(f"free_index must be a torch.Tensor, got {type(free_index).__name__}")
+        check_index_tensor("free_index", free_index, self.device)
         if free_index.numel() == 0:
             return
         dev_pages = self._device_pages_of(free_index, "free_index")

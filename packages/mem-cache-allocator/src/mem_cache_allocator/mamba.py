@@ -18,8 +18,14 @@ from typing import Any
 
 import torch
 
-from mem_cache_allocator._debug import debug_enabled, describe
 from mem_cache_allocator._free_list import ChunkedFreeList, FreeListSnapshot
+from mem_cache_kernels.checks import (
+    check_device_arg,
+    check_index,
+    check_int,
+    debug_enabled,
+    describe,
+)
 
 __all__ = ["MambaSlotAllocator", "MambaSlotAllocatorState"]
 
@@ -38,10 +44,8 @@ class MambaSlotAllocator:
     """Free list of request-level state slots ``1..size`` on ``device``."""
 
     def __init__(self, size: int, device: str | torch.device, *, debug: bool = False) -> None:
-        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-            raise ValueError(f"size must be a non-negative int, got {size!r}")
-        self.size = size
-        self.device = torch.device(device)
+        self.size = check_int("size", size, minimum=0)
+        self.device = check_device_arg("device", device)
         self._free = ChunkedFreeList(self.device)
         self._group: torch.Tensor | None = None
         self._group_pos = 0
@@ -80,8 +84,7 @@ class MambaSlotAllocator:
     # ------------------------------------------------------------------ allocation
     def alloc(self, need_size: int) -> torch.Tensor | None:
         """``need_size`` slots (int64 on ``device``) or ``None`` when fewer are free."""
-        if isinstance(need_size, bool) or not isinstance(need_size, int) or need_size < 0:
-            raise ValueError(f"need_size must be a non-negative int, got {need_size!r}")
+        check_int("need_size", need_size, minimum=0)
         group = self._group
         if group is not None and need_size == 1 and self._group_pos < group.shape[0]:
             out = group[self._group_pos : self._group_pos + 1]
@@ -103,8 +106,7 @@ class MambaSlotAllocator:
         """Pre-allocate ``num_reqs`` slots for the next ``alloc(1)`` calls (nesting: error)."""
         if self._group is not None:
             raise RuntimeError("alloc_group_begin() called while an alloc group is open")
-        if isinstance(num_reqs, bool) or not isinstance(num_reqs, int) or num_reqs < 0:
-            raise ValueError(f"num_reqs must be a non-negative int, got {num_reqs!r}")
+        check_int("num_reqs", num_reqs, minimum=0)
         self._group_pos = 0
         got = self._do_alloc(num_reqs) if num_reqs > 0 else None
         self._group = got if got is not None else torch.empty(0, dtype=torch.int64)
@@ -120,14 +122,12 @@ class MambaSlotAllocator:
     # ------------------------------------------------------------------ free
     def free(self, free_index: torch.Tensor) -> None:
         """Append ``free_index`` (int32/int64 slots) to the free list (copied)."""
-        if not isinstance(free_index, torch.Tensor):
-            raise TypeError(f"free_index must be a torch.Tensor, got {type(free_index).__name__}")
-        if free_index.dtype not in (torch.int32, torch.int64):
-            raise ValueError(f"free_index must be int32 or int64, got {free_index.dtype}")
-        if free_index.is_meta and self.device.type != "meta":
-            raise ValueError("free_index must hold data, got a meta tensor")
-        if free_index.dim() > 1:
-            raise ValueError(f"free_index must be 1-D, got shape {tuple(free_index.shape)}")
+        one = isinstance(free_index, torch.Tensor) and free_index.dim() == 0
+        check_index(  # a 0-d tensor is one slot
+            "free_index",
+            free_index.reshape(1) if one else free_index,
+            allow_meta=self.device.type == "meta",
+        )
         if free_index.numel() == 0:
             return
         if self._live is None and free_index.is_cpu:  # host-side range check: no device sync

@@ -23,14 +23,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from mem_cache_allocator._composite import make_inner, new_mapping
+from mem_cache_allocator._host_checks import check_extend_inputs
 from mem_cache_allocator._page_allocator import PageAllocatorState
-from mem_cache_allocator._pages import (
-    check_cpu_lengths,
-    check_index_tensor,
-    num_new_pages_extend,
-)
+from mem_cache_allocator._pages import check_cpu_lengths, check_index_tensor
 from mem_cache_allocator._paired import PairedAllocators, check_own_state
 from mem_cache_allocator.base import BaseTokenToKVPoolAllocator
+from mem_cache_kernels.checks import check_int, check_optional_int
 
 if TYPE_CHECKING:
     from mem_cache_pool.swa import BaseSWAKVPool
@@ -65,8 +63,7 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         debug: bool = False,
     ) -> None:
         super().__init__(size, page_size, dtype, device, kvcache, need_sort)
-        if isinstance(size_swa, bool) or not isinstance(size_swa, int) or size_swa < 0:
-            raise ValueError(f"size_swa must be a non-negative int, got {size_swa!r}")
+        check_int("size_swa", size_swa, minimum=0)
         self._size_full = size
         self._size_swa = size_swa
         self.size = min(size, size_swa)
@@ -175,21 +172,23 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         if bs != 1:
             raise ValueError(f"alloc_extend_swa_tail supports one request, got {bs}")
         check_cpu_lengths("prefix_lens_cpu", prefix_lens_cpu, 1)
-        if isinstance(swa_tail_len, bool) or not isinstance(swa_tail_len, int):
-            raise TypeError(f"swa_tail_len must be an int, got {type(swa_tail_len).__name__}")
+        check_int("swa_tail_len", swa_tail_len)
+        check_optional_int("swa_tail_end", swa_tail_end)
+        ps = self.page_size
+        lens = (prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu)
+        # every input check before the capacity pre-check (out of room answers None only for
+        # valid input); the full side's alloc_extend repeats them (cheap, no device sync)
+        full_pages, _ = check_extend_inputs(*lens, last_loc, extend_num_tokens, ps)
         end = extend_num_tokens if swa_tail_end is None else swa_tail_end
-        if isinstance(end, bool) or not isinstance(end, int) or not 0 <= end <= extend_num_tokens:
+        if not 0 <= end <= extend_num_tokens:
             raise ValueError(
                 f"swa_tail_end must be an int in [0, extend_num_tokens={extend_num_tokens}], "
                 f"got {swa_tail_end!r}"
             )
         if not 0 <= swa_tail_len <= end:
             raise ValueError(f"swa_tail_len must be in [0, swa_tail_end={end}], got {swa_tail_len}")
-        ps = self.page_size
-        full_pages, _ = num_new_pages_extend(prefix_lens_cpu, seq_lens_cpu, ps)
         if not self._pair.fits(full_pages, -(-swa_tail_len // ps)):
             return None
-        lens = (prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu)
         if swa_tail_len == 0:
             full_only = self.full_attn_allocator.alloc_extend(*lens, last_loc, extend_num_tokens)
             if full_only is not None:
@@ -240,7 +239,7 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         full = self.full_attn_allocator
         full_pages = full.prepare_free(idx, free_index)
         keys, window = self._window_of(idx)
-        window_pages = self._prepare_window(window)
+        window_pages = self._pair.prepare_secondary_free(window)
         self.full_to_swa_index_mapping.index_fill_(0, keys, 0)
         if window_pages is not None:
             self.swa_attn_allocator.commit_free(window_pages)
@@ -260,7 +259,7 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             self._queue_swa(idx)
             return
         keys, window = self._window_of(idx)
-        window_pages = self._prepare_window(window)
+        window_pages = self._pair.prepare_secondary_free(window)
         self.full_to_swa_index_mapping.index_fill_(0, keys, 0)
         if window_pages is not None:
             self.swa_attn_allocator.commit_free(window_pages)
@@ -282,12 +281,6 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             keys = (base[:, None] + self._page_offsets).reshape(-1)
         return keys, self.full_to_swa_index_mapping[keys]
 
-    def _prepare_window(self, window: torch.Tensor) -> torch.Tensor | None:
-        live = window[window > 0]
-        if live.numel() == 0:
-            return None
-        return self.swa_attn_allocator.prepare_free(live)
-
     def _queue_swa(self, idx: torch.Tensor) -> None:
         keys, window = self._window_of(idx)
         self._swa_group.append(window)  # a new tensor (advanced indexing): the queue owns it
@@ -299,25 +292,22 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         self._swa_group = []
 
     def free_group_end(self) -> None:
-        """Release the group: the window slots of every queued window free in one free
-        (deduplicated, ascending pages), the full side's queue as its own ``free_group_end``.
-        On an error nothing is released and the group stays open."""
-        group = self._free_group
-        if group is None:
-            raise RuntimeError(
-                "SWATokenToKVPoolAllocator.free_group_end() called without free_group_begin()"
-            )
-        swa_group = self._swa_group
-        window_pages = None
-        if swa_group:
-            window_pages = self._prepare_window(
-                torch.cat(swa_group) if len(swa_group) > 1 else swa_group[0]
-            )
-        self.full_attn_allocator.free_group_end()  # raises with its group still open
+        """Release the group: the full side's queue by its own ``free_group_end``, the window
+        slots of every queued window free in one free (deduplicated, ascending pages), both by
+        :meth:`PairedAllocators.end_free_group`. On an error nothing is released and the group
+        stays open on both sides.
+
+        What stays here is SWA-specific: the window queue. It cannot be the window allocator's
+        own free group: window slots are found through the mapping at queue time (the mapping is
+        cleared then, a later allocation in the group may reuse the full slots) and only their
+        mapped entries (``> 0``, a data-dependent filter) are freed, once per group instead of
+        once per call; and the window release must wait until the full side's group end has
+        succeeded, where the window allocator's ``free_group_end`` validates and releases in
+        one step."""
+        self._open_free_group()  # RuntimeError without free_group_begin()
+        self._pair.end_free_group(self._swa_group)  # raises with both groups still open
         self._free_group = None
         self._swa_group = []
-        if window_pages is not None:
-            self.swa_attn_allocator.commit_free(window_pages)
 
     @property
     def free_group(self) -> list[torch.Tensor] | None:
