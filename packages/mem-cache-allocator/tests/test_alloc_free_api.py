@@ -255,3 +255,14 @@ def test_alloc_swa_tail_end_maps_only_the_tail_before_padding() -> None:
     assert (window[:7] == 0).all() and (window[7:10] > 0).all() and (window[10:] == 0).all()
     with pytest.raises(ValueError, match="swa_tail_end"):
         a.alloc_extend_swa_tail(t(0), t(0), t(4), t(4), t(-1), 4, 1, swa_tail_end=5)
+
+
+def test_alloc_free_unaligned_is_a_deprecated_alias_of_free() -> None:
+    a, b = paged(), paged()
+    slots_a, slots_b = a.alloc(12), b.alloc(12)
+    assert slots_a is not None and slots_b is not None
+    freed = torch.cat([slots_a[5:7], slots_a[:1]])
+    with pytest.warns(DeprecationWarning, match="free_unaligned is deprecated"):
+        a.free_unaligned(freed)
+    b.free(torch.cat([slots_b[5:7], slots_b[:1]]))
+    assert _state(a) == _state(b)

@@ -19,6 +19,7 @@ path validates first (``prepare_free`` / checks) and changes state only after (`
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -404,7 +405,14 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
         return self._free_input(name, t)
 
     def free_unaligned(self, free_index: torch.Tensor) -> None:
-        """Same as :meth:`free` (kept for callers of the earlier API)."""
+        """Deprecated alias of :meth:`free` (``free`` accepts unaligned slots since SGLang's
+        contract became ours); warns once per call and is removed after one release."""
+        warnings.warn(
+            "free_unaligned is deprecated: free accepts the same input (SGLang's contract); "
+            "call free",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         self.free(free_index)
 
     def free_page_ids(self, page_ids: torch.Tensor) -> None:

@@ -6,10 +6,11 @@ order, see :mod:`mem_cache_kernels` for the exact per-request layout); a free pu
 ascending, in front of the free list (with ``need_sort``: staged, then merged and sorted when an
 allocation finds the free list short).
 
-Differences (all documented in the package README): the capacity check runs before any kernel;
-``free`` derives page ids by stride instead of ``torch.unique`` (no sync; the input must be
-page-aligned runs, see :meth:`PageAllocatorCore.free`, or use ``free_unaligned``); frees and
-allocations are O(pages touched), never O(free list); a debug mode checks ownership.
+``free`` releases ``unique(free_index // page_size)`` exactly as SGLang does (any order, int32,
+partial pages, duplicates, concatenated requests); ``free_segment`` / ``free_segments`` are the
+explicit sync-free release of known segments. Differences (all documented in the package README):
+the capacity check runs before any kernel; frees and allocations are O(pages touched), never
+O(free list); a debug mode checks ownership.
 """
 
 from __future__ import annotations
