@@ -35,7 +35,7 @@ from mem_cache_allocator._hisparse_device import (
 )
 from mem_cache_allocator._host_checks import check_extend_inputs, extend_page_counts
 from mem_cache_allocator._page_allocator import PageAllocatorCore
-from mem_cache_allocator._pages import check_index_tensor
+from mem_cache_allocator._page_arithmetic import check_index_tensor
 from mem_cache_allocator._paired import PairedAllocators
 from mem_cache_allocator._scheduler_hooks import request_slot_reserve
 from mem_cache_allocator.base import BaseTokenToKVPoolAllocator

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from mem_cache_allocator._pages import check_cpu_lengths
+from mem_cache_allocator._page_arithmetic import check_cpu_lengths
 from mem_cache_kernels.checks import (
     INDEX_DTYPES,
     SMALL_BATCH,

@@ -39,7 +39,7 @@ from mem_cache_allocator._host_checks import (
     check_decode_structure,
     check_extend_inputs,
 )
-from mem_cache_allocator._pages import (
+from mem_cache_allocator._page_arithmetic import (
     check_start_pos,
     decode_page_count,
     num_new_pages_decode,

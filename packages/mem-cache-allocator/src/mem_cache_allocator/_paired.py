@@ -34,7 +34,7 @@ from mem_cache_allocator._host_checks import (
     check_extend_inputs,
 )
 from mem_cache_allocator._page_allocator import PageAllocatorCore, PageAllocatorState
-from mem_cache_allocator._pages import num_new_pages_decode
+from mem_cache_allocator._page_arithmetic import num_new_pages_decode
 from mem_cache_allocator.base import BaseTokenToKVPoolAllocator
 
 __all__ = ["ExtendLens", "PairedAllocators", "check_own_state", "free_page_count"]

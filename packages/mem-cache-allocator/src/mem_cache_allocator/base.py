@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from mem_cache_allocator._pages import check_start_pos, trim_segments
+from mem_cache_allocator._page_arithmetic import check_start_pos, trim_segments
 from mem_cache_kernels.checks import check_device_arg, check_int, check_page_size
 
 if TYPE_CHECKING:

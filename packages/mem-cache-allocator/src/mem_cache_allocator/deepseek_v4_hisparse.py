@@ -50,7 +50,7 @@ from mem_cache_allocator._composite import check_need_size, new_mapping
 from mem_cache_allocator._deepseek_v4_slots import device_last_loc
 from mem_cache_allocator._hisparse_common import HiSparseAllocatorCommon
 from mem_cache_allocator._hisparse_device import check_slots
-from mem_cache_allocator._pages import (
+from mem_cache_allocator._page_arithmetic import (
     check_index_tensor,
     check_segments_iterable,
     trim_segments,

@@ -35,7 +35,7 @@ from mem_cache_allocator._composite import check_need_size, make_inner, new_mapp
 from mem_cache_allocator._hisparse_common import HiSparseAllocatorCommon
 from mem_cache_allocator._hisparse_device import check_slots, lookup
 from mem_cache_allocator._page_allocator import PageAllocatorCore, PageAllocatorState
-from mem_cache_allocator._pages import (
+from mem_cache_allocator._page_arithmetic import (
     check_index_tensor,
     check_segments_iterable,
     trim_segments,

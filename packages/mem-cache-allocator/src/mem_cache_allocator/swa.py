@@ -25,7 +25,7 @@ import torch
 from mem_cache_allocator._composite import make_inner, new_mapping
 from mem_cache_allocator._host_checks import check_extend_inputs
 from mem_cache_allocator._page_allocator import PageAllocatorState
-from mem_cache_allocator._pages import check_cpu_lengths, check_index_tensor
+from mem_cache_allocator._page_arithmetic import check_cpu_lengths, check_index_tensor
 from mem_cache_allocator._paired import PairedAllocators, check_own_state
 from mem_cache_allocator.base import BaseTokenToKVPoolAllocator
 from mem_cache_kernels.checks import check_int, check_optional_int

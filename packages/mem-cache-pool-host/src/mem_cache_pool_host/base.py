@@ -54,7 +54,7 @@ from mem_cache_kernels.checks import (
     check_tensor,
 )
 from mem_cache_pool.base import KVBufferDesc
-from mem_cache_pool_host import _pages, _transfer
+from mem_cache_pool_host import _flat_pages, _transfer
 from mem_cache_pool_host._checks import check_index_device
 from mem_cache_pool_host.capacity import (
     DEFAULT_HOST_TO_DEVICE_RATIO,
@@ -515,7 +515,8 @@ class HostKVCache:
         shapes).
         """
         self._check_open()
-        parts = _pages.read_page(self.layout, self.buffers, self._page_of(index), self.page_size)
+        page = self._page_of(index)
+        parts = _flat_pages.read_page(self.layout, self.buffers, page, self.page_size)
         if flat:
             return torch.cat([p.reshape(-1) for p in parts])
         if len(set(self.row_shapes)) != 1:
@@ -542,7 +543,7 @@ class HostKVCache:
             flat = flat.view(self.store_dtype)
         if flat.numel() != self.page_numel:
             raise ValueError(f"data_page must have {self.page_numel} elements, got {flat.numel()}")
-        _pages.write_page(self.layout, self.buffers, page, self.page_size, flat.cpu())
+        _flat_pages.write_page(self.layout, self.buffers, page, self.page_size, flat.cpu())
 
     def get_page_buffer_meta(
         self, indices: torch.Tensor | Sequence[int]
@@ -567,12 +568,12 @@ class HostKVCache:
                 check_int(f"indices[{k}]", i)
             idx = torch.tensor(list(indices), dtype=torch.int64)
         pages = self._slots.pages_of(idx).tolist()
-        return _pages.page_buffer_meta(self.layout, self.buffers, pages, self.page_size)
+        return _flat_pages.page_buffer_meta(self.layout, self.buffers, pages, self.page_size)
 
     def is_stride_page_aligned(self, page_size_bytes: int = 4096) -> bool:
         """Whether every zero-copy range starts at a multiple of ``page_size_bytes``."""
         self._check_open()
         check_int("page_size_bytes", page_size_bytes, minimum=1)
-        return _pages.stride_page_aligned(
+        return _flat_pages.stride_page_aligned(
             self.layout, self.buffers, self.page_size, page_size_bytes
         )
