@@ -59,3 +59,19 @@ def test_env_forces_interpreted_triton(monkeypatch: pytest.MonkeyPatch) -> None:
     assert torch.equal(dst[:2], src[[2, 0]])
     rows = importlib.import_module("mem_cache_kernels._triton.rows")
     assert type(rows._copy_rows_kernel).__name__ == "InterpretedFunction"
+
+
+def test_triton_without_triton_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CPU tensors without the interpreter are the caller's mistake (``ValueError``) whether or
+    not triton is installed; with the interpreter on, a missing triton is a ``RuntimeError``."""
+    from mem_cache_kernels import _dispatch
+
+    monkeypatch.setattr(_dispatch, "triton_available", lambda: False)
+    cpu = torch.zeros(1)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="needs GPU tensors or TRITON_INTERPRET=1"):
+        mk.resolve_backend("triton", cpu)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(RuntimeError, match="triton cannot be imported"):
+        mk.resolve_backend("triton", cpu)
+    assert mk.resolve_backend("auto", cpu) == "torch"

@@ -101,15 +101,15 @@ def resolve_backend(backend: str, *tensors: torch.Tensor) -> ResolvedBackend:
         return "triton" if on_gpu and triton_available() else "torch"
     if backend == "torch":
         return "torch"
+    if not on_gpu and not _interpreter_enabled():  # the caller's mistake, with or without triton
+        devices = sorted({str(t.device) for t in tensors})
+        raise ValueError(
+            f"backend='triton' needs GPU tensors or TRITON_INTERPRET=1, got tensors on {devices}"
+        )
     if not triton_available():
         raise RuntimeError(
             "backend='triton' was requested but triton cannot be imported; install the "
             "'triton' extra (pip install 'mem-cache-kernels[triton]') or use backend='torch'"
-        )
-    if not on_gpu and not _interpreter_enabled():
-        devices = sorted({str(t.device) for t in tensors})
-        raise ValueError(
-            f"backend='triton' needs GPU tensors or TRITON_INTERPRET=1, got tensors on {devices}"
         )
     return "triton"
 
