@@ -121,3 +121,20 @@ def test_extend_counts_both_paths_agree_with_the_formula(ps: int, bs: int) -> No
         c.extend_counts(pre, seq, ps)
     with pytest.raises(ValueError, match="p_cpu must satisfy 0 <= p_cpu <= s_cpu"):
         c.extend_counts(pre, seq, ps, names=("p_cpu", "s_cpu"))
+
+
+@pytest.mark.parametrize("numpy", [True, False])
+@pytest.mark.parametrize("ps", [1, 2, 16])
+@pytest.mark.parametrize("bs", [3, c.SMALL_BATCH + 5])  # list path and vectorised path
+def test_decode_counts_every_path_agrees_with_the_formula(
+    bs: int, ps: int, numpy: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not numpy:
+        monkeypatch.setattr(c, "_np", None)
+    seq = torch.randint(1, 200, (bs,), generator=torch.Generator().manual_seed(bs + ps))
+    expect = sum(1 for q in seq.tolist() if (q - 1) % ps == 0)
+    assert c.decode_counts(seq.to(I32), ps) == c.decode_counts(seq, ps) == expect
+    seq[bs - 2] = 0
+    with pytest.raises(ValueError, match=rf"^lens must be >= 1 .* requests \[{bs - 2}\] "):
+        c.decode_counts(seq, ps, name="lens")
+    assert c.decode_counts(seq[:0], ps) == 0

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from mem_cache_kernels.checks import check_index, check_int
+from mem_cache_kernels.checks import check_index, check_int, decode_counts
 
 try:  # optional: reductions on a CPU tensor's buffer cost ~1 us in numpy, a few us in torch
     import numpy as _np
@@ -53,25 +53,10 @@ def check_cpu_lengths(name: str, t: torch.Tensor, bs: int | None = None) -> int:
     return int(t.shape[0])
 
 
-_LIST_DECODE = 512  # decode batches up to this size are counted by ``list.count``
-
-
 def num_new_pages_decode(seq_lens_cpu: torch.Tensor, page_size: int) -> int:
-    """New pages for one decode token per request: requests whose new position starts a page.
-
-    ``(seq & (ps - 1)).tolist().count(1)`` for batches up to ``_LIST_DECODE`` (one tensor op and a
-    C-level count: cheaper than a chain of tensor ops, above all with cold caches, as between
-    scheduler steps).
-    """
-    bs = int(seq_lens_cpu.shape[0])
-    if page_size == 1:
-        return bs
-    m = page_size - 1
-    # (seq - 1) % ps == 0  <=>  seq & (ps - 1) == 1  (ps >= 2)
-    if bs <= _LIST_DECODE:
-        counts: list[int] = (seq_lens_cpu & m).tolist()
-        return counts.count(1)
-    return bs - int(torch.count_nonzero((seq_lens_cpu - 1).bitwise_and_(m)))
+    """New pages for one decode token per request (requests whose new position starts a page):
+    :func:`mem_cache_kernels.checks.decode_counts` on the host lengths."""
+    return decode_counts(seq_lens_cpu, page_size, name="seq_lens_cpu")
 
 
 def decode_page_count(

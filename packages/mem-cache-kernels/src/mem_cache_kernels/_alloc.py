@@ -125,20 +125,7 @@ def _check_pages(free: torch.Tensor, n: int) -> None:
 
 def _decode_pages(seq: torch.Tensor, ps: int) -> int:
     """CPU value check of a decode batch (``seq_lens >= 1``); returns its page count."""
-    if seq.shape[0] <= v.SMALL_BATCH:
-        values = seq.tolist()
-        lo = min(values)
-        pages = len(values) if ps == 1 else sum(1 for q in values if q & (ps - 1) == 1)
-    else:
-        a = _host_array(seq)
-        lo = int(a.min())
-        pages = seq.shape[0] if ps == 1 else int(((a & (ps - 1)) == 1).sum())
-    if lo < 1:
-        at = int(torch.nonzero(seq < 1)[0, 0])
-        raise ValueError(
-            f"seq_lens must be >= 1 (they include the new token), got {lo} at position {at}"
-        )
-    return pages
+    return v.decode_counts(seq, ps)
 
 
 def _extend_pages(pre: torch.Tensor, seq: torch.Tensor, free: int, out: int, ps: int) -> int:

@@ -18,10 +18,15 @@ flag of :func:`check_index_values`. :func:`debug_enabled` is the one reader of t
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Sequence
+from typing import Any
 
 import torch
+
+# numpy reductions on a CPU tensor's buffer cost ~1 us; torch ops cost a few us each
+_np: Any = importlib.import_module("numpy") if importlib.util.find_spec("numpy") else None
 
 __all__ = [
     "DEBUG_ENV_VAR",
@@ -50,6 +55,7 @@ __all__ = [
     "check_tensor_list",
     "check_tensor_of",
     "debug_enabled",
+    "decode_counts",
     "describe",
     "extend_counts",
     "host_values",
@@ -423,3 +429,33 @@ def extend_counts(
     mask = ps - 1
     pages = int(((s64 + mask) & ~mask).sum() - ((p64 + mask) & ~mask).sum()) // ps
     return pages, int((s64 - p64).sum())
+
+
+def decode_counts(seq_lens: torch.Tensor, page_size: int, *, name: str = "seq_lens") -> int:
+    """New pages of a decode batch from host-readable lengths (``seq_lens`` count the new token).
+
+    A request takes a new page when its new token starts one: ``(seq - 1) % ps == 0``, i.e.
+    ``seq & (ps - 1) == 1`` for ``ps >= 2`` and every request for ``ps == 1``. ``ValueError``
+    (naming ``name`` and the requests) unless every length is ``>= 1`` (0 would hand out slot 0).
+    The one place of the decode page arithmetic (kernels and allocators both call it).
+    """
+    bs = int(seq_lens.shape[0])
+    if not bs:
+        return 0
+    m = page_size - 1
+    if bs <= SMALL_BATCH:
+        values: list[int] = seq_lens.tolist()
+        if min(values) >= 1:
+            return bs if m == 0 else sum(1 for q in values if q & m == 1)
+    elif _np is not None:
+        a = seq_lens.numpy()
+        if int(a.min()) >= 1:
+            return bs if m == 0 else int(_np.count_nonzero((a & m) == 1))
+    elif int(seq_lens.min()) >= 1:
+        return bs if m == 0 else int(torch.count_nonzero((seq_lens & m) == 1))
+    s64 = seq_lens.to(torch.int64)
+    bad = torch.nonzero(s64 < 1).reshape(-1)
+    raise ValueError(
+        f"{name} must be >= 1 (they include the new token); requests {describe(bad)} have "
+        f"{name}={describe(s64[bad])}"
+    )
