@@ -188,7 +188,8 @@ def test_decode_seq_len_zero_rejected(
 ) -> None:
     b = _backend(backend, request)
     out = torch.full((2,), -3, dtype=I64)
-    with pytest.raises(ValueError, match=r"seq_lens must be >= 1 .* requests \[1\] .* seq_lens=\[0\]"):
+    zero_at_1 = r"seq_lens must be >= 1 .* requests \[1\] .* seq_lens=\[0\]"
+    with pytest.raises(ValueError, match=zero_at_1):
         mk.alloc_decode(
             _t(6, 0),
             _t(20, -1),
