@@ -42,11 +42,17 @@ from mem_cache_allocator._host_checks import (
 from mem_cache_allocator._page_arithmetic import (
     check_start_pos,
     decode_page_count,
-    num_new_pages_decode,
     trim_segments,
 )
 from mem_cache_allocator.base import BaseTokenToKVPoolAllocator
-from mem_cache_kernels.checks import INDEX_DTYPES, check_index, check_int, debug_enabled, describe
+from mem_cache_kernels.checks import (
+    INDEX_DTYPES,
+    check_index,
+    check_int,
+    debug_enabled,
+    decode_counts,
+    describe,
+)
 
 if TYPE_CHECKING:
     from mem_cache_pool.base import KVCache
@@ -304,7 +310,7 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
         need = None
         if plan is None:
             check_decode_inputs(seq_lens, seq_lens_cpu)
-            pages = num_new_pages_decode(seq_lens_cpu, ps)
+            pages = decode_counts(seq_lens_cpu, ps, name="seq_lens_cpu")
         else:
             pages, need = plan
         if self.need_sort and bs > len(self._free):

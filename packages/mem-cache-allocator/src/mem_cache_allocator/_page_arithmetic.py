@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from mem_cache_kernels.checks import check_index, check_int, decode_counts
+from mem_cache_kernels.checks import check_index, check_int
 
 try:  # optional: reductions on a CPU tensor's buffer cost ~1 us in numpy, a few us in torch
     import numpy as _np
@@ -24,7 +24,6 @@ __all__ = [
     "check_index_tensor",
     "check_segments_iterable",
     "check_start_pos",
-    "num_new_pages_decode",
     "trim_segments",
 ]
 
@@ -51,12 +50,6 @@ def check_cpu_lengths(name: str, t: torch.Tensor, bs: int | None = None) -> int:
         raise ValueError(f"{name} must be a CPU tensor (host-side page count), got {t.device}")
     check_index(name, t, dtypes=_INT_DTYPES, length=bs)
     return int(t.shape[0])
-
-
-def num_new_pages_decode(seq_lens_cpu: torch.Tensor, page_size: int) -> int:
-    """New pages for one decode token per request (requests whose new position starts a page):
-    :func:`mem_cache_kernels.checks.decode_counts` on the host lengths."""
-    return decode_counts(seq_lens_cpu, page_size, name="seq_lens_cpu")
 
 
 def decode_page_count(

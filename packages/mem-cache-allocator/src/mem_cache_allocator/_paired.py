@@ -34,8 +34,8 @@ from mem_cache_allocator._host_checks import (
     check_extend_inputs,
 )
 from mem_cache_allocator._page_allocator import PageAllocatorCore, PageAllocatorState
-from mem_cache_allocator._page_arithmetic import num_new_pages_decode
 from mem_cache_allocator.base import BaseTokenToKVPoolAllocator
+from mem_cache_kernels.checks import decode_counts
 
 __all__ = ["ExtendLens", "PairedAllocators", "check_own_state", "free_page_count"]
 
@@ -180,7 +180,7 @@ class PairedAllocators:
         for side in (self.primary, self.secondary):
             if isinstance(side, PageAllocatorCore):
                 side.merge_for_decode(bs)
-        pages = num_new_pages_decode(seq_lens_cpu, self.primary.page_size)
+        pages = decode_counts(seq_lens_cpu, self.primary.page_size, name="seq_lens_cpu")
         if not self.fits(pages, pages):
             return None
         second_last_loc = self.translate(last_loc)

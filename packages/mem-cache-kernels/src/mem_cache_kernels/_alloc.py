@@ -123,11 +123,6 @@ def _check_pages(free: torch.Tensor, n: int) -> None:
         )
 
 
-def _decode_pages(seq: torch.Tensor, ps: int) -> int:
-    """CPU value check of a decode batch (``seq_lens >= 1``); returns its page count."""
-    return v.decode_counts(seq, ps)
-
-
 def _extend_pages(pre: torch.Tensor, seq: torch.Tensor, free: int, out: int, ps: int) -> int:
     """CPU value checks of an extend batch; returns its page count."""
     pages, total = v.extend_counts(pre, seq, ps)
@@ -262,7 +257,7 @@ def alloc_decode(
         _check_free_pages(free.shape[0], pages)
     host_seq = v.host_values(seq) if bs else None
     if host_seq is not None:  # CPU tensors (or debug mode): free to check, hint or not
-        pages = _decode_pages(host_seq, ps)
+        pages = v.decode_counts(host_seq, ps)
         if num_new_pages is not None and num_new_pages != pages:
             raise ValueError(
                 f"num_new_pages must be {pages} for these seq_lens (requests whose new token "
