@@ -8,7 +8,7 @@ import importlib.util
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 
 import pytest
 
@@ -25,13 +25,14 @@ def _dev() -> ModuleType:
 
 
 DEV = _dev()
+_X86_64 = SimpleNamespace(machine="x86_64")
 
 
 def test_no_apt_skips_the_system_packages(monkeypatch: pytest.MonkeyPatch,
                                           capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(DEV, "_has_lib", lambda soname: False)
     monkeypatch.setattr(DEV.sys, "platform", "linux")
-    monkeypatch.setattr(DEV.os, "uname", lambda: type("U", (), {"machine": "x86_64"})())
+    monkeypatch.setattr(DEV.os, "uname", lambda: _X86_64)
     monkeypatch.setenv("MEM_CACHE_NO_APT", "1")
 
     def refuse(*args: object, **kwargs: object) -> None:
