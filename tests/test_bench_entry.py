@@ -195,3 +195,55 @@ def test_no_plots_without_matplotlib(tmp_path: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(importlib, "import_module", no_matplotlib)
     assert bench.plot_results(tmp_path) == []
     assert not list(tmp_path.glob("*.png"))
+
+
+def test_allocator_ratio_and_prefetch_are_plotted(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from tools import bench_plots
+
+    results = [{"page_size": ps, "total_ratio": 0.4, "median_total_ratio": 0.6,
+                "ops": {op: {"ours": {"mean_us": 2.0}, "baseline": {"mean_us": 4.0 + i}}
+                        for i, op in enumerate(("alloc_extend", "alloc_decode", "free"))}}
+               for ps in (1, 16, 64)]
+    (tmp_path / "allocator.json").write_text(json.dumps({"results": results}))
+    prefetch = [{"backend": be, "page_size": ps, "pages": 32, "gbps": 0.1 * ps,
+                 "memcpy_gbps": 20.0} for be in ("file", "memory", "mooncake") for ps in (16, 64)]
+    (tmp_path / "storage.json").write_text(json.dumps({"rows": [], "prefetch": prefetch}))
+    figs = dict(bench_plots.figures(tmp_path))
+    try:
+        assert list(figs) == ["storage_prefetch_gbps.png", "allocator_vs_baseline.png"]
+        _check_panels(figs["storage_prefetch_gbps.png"], 1, 3, reference=True)
+        alloc = figs["allocator_vs_baseline.png"]
+        whole, per_op = alloc.get_axes()[:2]
+        assert whole.get_title().startswith("whole trace")
+        [target] = [ln for ln in whole.get_lines() if ln.get_gid() == bench_plots.MEMCPY_GID]
+        assert set(target.get_ydata()) == {0.5}
+        assert sorted(str(ln.get_label()) for ln in per_op.get_lines()) == \
+            ["alloc_decode", "alloc_extend", "free"]
+        free = next(ln for ln in per_op.get_lines() if ln.get_label() == "free")
+        assert list(free.get_ydata()) == [2.0 / 6.0] * 3  # ours mean / baseline mean
+        alloc.canvas.draw()
+        for ax in alloc.get_axes()[:2]:  # plain tick labels, no mathtext like 2x10^1
+            labels = [t.get_text() for t in ax.get_yticklabels() + ax.get_xticklabels()]
+            assert labels and not [t for t in labels if "$" in t or "times" in t], labels
+    finally:
+        for fig in figs.values():
+            plt.close(fig)
+
+
+def test_many_series_keep_distinct_styles() -> None:
+    mpl = pytest.importorskip("matplotlib")
+    from matplotlib.colors import to_hex
+
+    from tools import bench_plots
+
+    styles = bench_plots._styles(mpl, 24)
+    keys = [(to_hex(c), ls, m) for c, ls, m in styles]
+    assert len(set(keys)) == 24
+    assert len({to_hex(c) for c, _, _ in styles}) == 10  # tab10 only: no light/dark pairs
+    for i in range(24):  # a repeated colour never repeats its line style
+        for j in range(i + 1, 24):
+            if keys[i][0] == keys[j][0]:
+                assert keys[i][1] != keys[j][1]

@@ -194,15 +194,15 @@ def test_cli_writes_json(tmp_path: Path) -> None:
 
 def test_cli_rejects_bad_option(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--page-size", "12", "--no-progress"]) == 2
-    assert "page_size must be a power of two, got 12" in capsys.readouterr().err
+    assert "--page-size must be a power of two, got 12" in capsys.readouterr().err
     assert main(["--storage-fault-rate", "2", "--no-progress"]) == 2
-    assert "storage_fault_rate must be a probability" in capsys.readouterr().err
+    assert "--storage-fault-rate must be a probability" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_cli_rejects_cuda_without_cuda(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--device", "cuda", "--no-progress"]) == 2
-    assert "device 'cuda' requested" in capsys.readouterr().err
+    assert "--device 'cuda' requested" in capsys.readouterr().err
 
 
 def test_workload_is_seeded_and_exact() -> None:

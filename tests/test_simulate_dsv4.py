@@ -17,8 +17,9 @@ from mem_cache_pool.deepseek_v4 import DeepSeekV4TokenToKVPool, HiSparseC4Device
 from mem_cache_pool_host.deepseek_v4 import DeepSeekV4SingleKVPoolHost
 from tools.simulate import SimConfig, run_simulation
 from tools.simulate.cli import main
-from tools.simulate.config import build_parser, config_from_args
+from tools.simulate.config import config_from_args
 from tools.simulate.dsv4_stack import build_dsv4_stack, dsv4_ratios
+from tools.simulate.options import build_parser
 from tools.simulate.report import report_dict
 
 TINY = SimConfig(

@@ -127,8 +127,8 @@ def test_host_tokens_below_one_page_is_an_error(
     tokens: int, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with pytest.raises(
-        ValueError, match=rf"host_tokens must hold at least one page .* got {tokens}"
+        ValueError, match=rf"--host-tokens must hold at least one page .* got {tokens}"
     ):
         dataclasses.replace(TINY, host_tokens=tokens).validate()
     assert main(["--host-tokens", str(tokens), "--no-progress"]) == 2
-    assert "host_tokens must hold at least one page" in capsys.readouterr().err
+    assert "--host-tokens must hold at least one page" in capsys.readouterr().err

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from tools.bench_plots import plot_results
+from tools.simulate.logs import filtered_stderr, quiet_third_party_logs
 
 __all__ = ["BENCHMARKS", "Benchmark", "main", "plot_results"]
 
@@ -81,6 +82,27 @@ def _load(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def _run_all(selected: list[Benchmark], out: Path, quick: bool
+             ) -> tuple[dict[str, Any], list[str]]:
+    """Run every selected tool; the summary (per tool) and the names of the failed ones."""
+    summary: dict[str, Any] = {"quick": quick, "benchmarks": {}}
+    failed: list[str] = []
+    for b in selected:
+        path = out / f"{b.name}.json"
+        print(f"\n=== {b.name}: {b.module} ({b.what})", flush=True)
+        t0 = time.perf_counter()
+        rc = _run_one(b, [*(["--quick"] if quick else []), "--json", str(path)])
+        seconds = time.perf_counter() - t0
+        ok = rc == 0 and _load(path) is not None
+        summary["benchmarks"][b.name] = {
+            "module": b.module, "exit_status": rc, "seconds": round(seconds, 3),
+            "json": str(path), "ok": ok,
+        }
+        if not ok:
+            failed.append(b.name)
+    return summary, failed
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tools.bench", description=__doc__.split("\n")[0]
@@ -92,6 +114,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help=f"result folder (default {DEFAULT_OUT}/)")
     parser.add_argument("--list", action="store_true", help="print what would run, run nothing")
     parser.add_argument("--no-plots", action="store_true", help="skip the matplotlib plots")
+    parser.add_argument("--verbose", action="store_true",
+                        help="show third-party logs (the Mooncake client's glog lines)")
     args = parser.parse_args(None if argv is None else list(argv))
     try:
         selected = _select(args.only)
@@ -105,21 +129,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{b.name:<10} {' '.join(cmd):<70} {b.what}")
         return 0
     out.mkdir(parents=True, exist_ok=True)
-    summary: dict[str, Any] = {"quick": args.quick, "benchmarks": {}}
-    failed: list[str] = []
-    for b in selected:
-        path = out / f"{b.name}.json"
-        print(f"\n=== {b.name}: {b.module} ({b.what})", flush=True)
-        t0 = time.perf_counter()
-        rc = _run_one(b, [*(["--quick"] if args.quick else []), "--json", str(path)])
-        seconds = time.perf_counter() - t0
-        ok = rc == 0 and _load(path) is not None
-        summary["benchmarks"][b.name] = {
-            "module": b.module, "exit_status": rc, "seconds": round(seconds, 3),
-            "json": str(path), "ok": ok,
-        }
-        if not ok:
-            failed.append(b.name)
+    quiet_third_party_logs(args.verbose)
+    with filtered_stderr(args.verbose) as hidden:
+        summary, failed = _run_all(selected, out, args.quick)
+    summary["third_party_log_lines_hidden"] = hidden.dropped
+    if hidden.dropped:
+        print(f"{hidden.dropped} third-party log lines hidden (--verbose shows them)")
     plots = [] if args.no_plots else plot_results(out)
     summary["plots"] = [str(p) for p in plots]
     with (out / "summary.json").open("w", encoding="utf-8") as fh:

@@ -323,6 +323,8 @@ TOTAL_RATIO_TARGET = 0.5  # total allocator time, ours / baseline, at most
 def _print_totals(results: list[dict[str, Any]]) -> None:
     """Total allocator time (every op of the trace), ours / baseline: the sum of all calls, and
     the sum of per-op medians x calls (robust to the preemption spikes of a shared machine)."""
+    print("whole trace, milliseconds: the sum of every call's time; median-based: per-op "
+          "median x calls")
     print(
         f"{'ps':>3} {'total ours ms':>14} {'total base ms':>14} {'ours/base':>10}  "
         f"{'median-based':>12}  target"
@@ -338,9 +340,11 @@ def _print_totals(results: list[dict[str, Any]]) -> None:
 
 def _print_table(results: list[dict[str, Any]]) -> None:
     hdr = (
-        f"{'ps':>3} {'op':<17}{'calls':>7} {'ours us':>9} {'p99':>8} {'base us':>9} "
-        f"{'p99':>8} {'speedup':>8}  target"
+        f"{'ps':>3} {'op':<17}{'calls':>7} {'ours mean':>10} {'p99':>8} {'base mean':>10} "
+        f"{'p99':>8} {'speedup':>8}  target (mean)"
     )
+    print("per call, microseconds (us); speedup = base mean / ours mean; a mean above its p99 "
+          "means a few slow outliers")
     print(hdr)
     print("-" * len(hdr))
     for res in results:
@@ -355,8 +359,8 @@ def _print_table(results: list[dict[str, Any]]) -> None:
                 else (f"<= {target:g} {'ok' if a['mean_us'] <= target else 'MISS'}")
             )
             print(
-                f"{res['page_size']:>3} {op:<17}{a['calls']:>7} {a['mean_us']:>9.1f} "
-                f"{a['p99_us']:>8.1f} {b['mean_us']:>9.1f} {b['p99_us']:>8.1f} "
+                f"{res['page_size']:>3} {op:<17}{a['calls']:>7} {a['mean_us']:>10.1f} "
+                f"{a['p99_us']:>8.1f} {b['mean_us']:>10.1f} {b['p99_us']:>8.1f} "
                 f"{row['speedup']:>7.2f}x  {tgt}"
             )
 

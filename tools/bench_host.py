@@ -176,7 +176,9 @@ def _table(rows: list[BenchRow]) -> str:
         f"{'layout':<18}{'io':<8}{'ps':>4} {'pattern':<11}{'dir':<7}{'MiB':>7}"
         f"{'GB/s':>9}{'memcpy':>9}{'ratio':>7}"
     )
-    lines = [head, "-" * len(head)]
+    legend = ("ps: page size (tokens); MiB: bytes per transfer; GB/s and memcpy GB/s: best of "
+              "the repeats; ratio: GB/s / memcpy GB/s")
+    lines = [legend, head, "-" * len(head)]
     for r in rows:
         lines.append(
             f"{r.layout:<18}{r.io_backend:<8}{r.page_size:>4} {r.pattern:<11}{r.direction:<7}"

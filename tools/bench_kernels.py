@@ -315,7 +315,8 @@ def _print(transfers: list[TransferRow], allocs: list[AllocRow], title: str) -> 
             print(a)
         return
     table = Table(title=title)
-    for col in ("op", "backend", "item", "pattern", "MiB", "GB/s", "memcpy GB/s", "ratio"):
+    for col in ("op", "backend", "item B/row", "pattern", "MiB/call", "GB/s", "memcpy GB/s",
+                "ratio (GB/s / memcpy)"):
         table.add_column(col, justify="left" if col in ("op", "backend", "pattern") else "right")
     for r in transfers:
         table.add_row(
@@ -329,7 +330,7 @@ def _print(transfers: list[TransferRow], allocs: list[AllocRow], title: str) -> 
             f"{r.ratio:.2f}",
         )
     alloc = Table(title="allocation (page size 16)")
-    for col in ("op", "backend", "batch", "ns/call"):
+    for col in ("op", "backend", "batch (requests)", "ns/call (mean)"):
         alloc.add_column(col, justify="left" if col in ("op", "backend") else "right")
     for a in allocs:
         alloc.add_row(a.op, a.backend, str(a.batch), f"{a.ns_per_call:,.0f}")

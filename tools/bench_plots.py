@@ -11,11 +11,20 @@ carries one), so no panel holds more series than a reader can tell apart:
 * ``alloc_ns_vs_batch.png`` (``kernels.json``): allocation kernel ns per call against batch size,
   one panel per op, one series per backend (``+hint`` variants included);
 * ``storage_gbps_vs_batch.png`` (``storage.json``, when that benchmark ran): L3 set/get GB/s
-  against pages per call, one panel per op x page size, one series per storage backend.
+  against pages per call, one panel per op x page size, one series per storage backend;
+* ``storage_prefetch_gbps.png`` (``storage.json``'s ``prefetch`` rows): the controller's
+  prefetch (lookup + reserve + background get + hand-off) GB/s against page size, one series per
+  backend;
+* ``allocator_vs_baseline.png`` (``allocator.json``): the headline, allocator time ours /
+  SGLang-like baseline against page size (lower is better): the whole trace (sum of calls and
+  per-op median x calls) against the 0.5 target, and per op (mean per call).
 
 Each GB/s panel draws the memcpy measured in the same run as a black dashed line labelled
-``memcpy`` (gid ``"memcpy"``). A series keeps its colour in every panel of a figure, taken from a
-qualitative palette (tab10, tab20 beyond ten series) so no two series of a figure share one.
+``memcpy`` (gid ``"memcpy"``; the allocator figure's reference is its target). A series keeps
+its style in every panel of a figure: a colour of the qualitative tab10 palette, and beyond ten
+series the same ten colours again with another line style and marker, so no two series of a
+figure share a style and no two colours are shades of one another (tab20's pairs are not used).
+Axes are logarithmic with plain tick labels (``0.5``, ``16``, ``1024``, never ``2x10^1``).
 Missing or malformed inputs skip their figure; without matplotlib nothing is drawn.
 """
 
@@ -53,6 +62,7 @@ class _Figure:
     ylabel: str
     panels: tuple[Panel, ...]
     ncols: int
+    reference_label: str = "memcpy (same run)"
 
 
 def _load(path: Path) -> dict[str, Any] | None:
@@ -165,18 +175,76 @@ def _storage(data: dict[str, Any] | None) -> _Figure | None:
                    "pages per call", "GB/s", tuple(ordered), ncols) if ordered else None
 
 
+def _storage_prefetch(data: dict[str, Any] | None) -> _Figure | None:
+    rows = _rows(data, "prefetch")
+    panels = _group(rows, lambda r: (f"{r.get('pages', '?')} pages per prefetch",),
+                    lambda r: str(r["backend"]), x="page_size", y="gbps", ref="memcpy_gbps")
+    ordered = _ordered(panels, ())
+    return _Figure("storage_prefetch_gbps.png", "storage tier (L3): controller prefetch GB/s",
+                   "page size (tokens)", "GB/s", tuple(ordered), len(ordered)) \
+        if ordered else None
+
+
+ALLOC_TARGET = 0.5
+"""The allocator's headline target: whole-trace time ours / baseline at most this."""
+
+
+def _allocator(data: dict[str, Any] | None) -> _Figure | None:
+    total = Panel("whole trace (target <= 0.5)")
+    per_op = Panel("per op (mean per call)")
+    for res in _rows(data, "results"):
+        try:
+            ps = float(res["page_size"])
+            total.series.setdefault("sum of calls", []).append((ps, float(res["total_ratio"])))
+            total.series.setdefault("per-op median x calls", []).append(
+                (ps, float(res["median_total_ratio"])))
+            for op, row in res["ops"].items():
+                ratio = float(row["ours"]["mean_us"]) / float(row["baseline"]["mean_us"])
+                per_op.series.setdefault(str(op), []).append((ps, ratio))
+        except (KeyError, TypeError, ValueError, ZeroDivisionError, AttributeError):
+            continue
+        total.reference.append((ps, ALLOC_TARGET))
+    total.reference.sort()
+    panels = tuple(p for p in (total, per_op) if p.series)
+    if not panels:
+        return None
+    return _Figure("allocator_vs_baseline.png", "allocator time, ours / SGLang-like baseline "
+                   "(lower is better)", "page size (tokens)", "ours / baseline", panels,
+                   len(panels), reference_label=f"target {ALLOC_TARGET:g}")
+
+
+_LINESTYLES = ("-", "--", ":", "-.")
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
+
+
 def _palette(mpl: Any, n: int) -> list[Any]:
-    """``n`` distinct colours from a qualitative colormap (tab10, then tab20, then sampled)."""
-    for name, size in (("tab10", 10), ("tab20", 20)):
-        if n <= size:
-            return list(mpl.colormaps[name].colors[:n])
-    cmap = mpl.colormaps["gist_rainbow"]
-    return [cmap(i / n) for i in range(n)]
+    """``n`` colours from tab10, repeating after ten (``_styles`` varies the line then)."""
+    colours = list(mpl.colormaps["tab10"].colors)
+    return [colours[i % len(colours)] for i in range(n)]
+
+
+def _styles(mpl: Any, n: int) -> list[tuple[Any, str, str]]:
+    """``n`` distinct (colour, line style, marker): tab10 colours, a new line style per ten."""
+    colours = _palette(mpl, n)
+    return [(colours[i], _LINESTYLES[(i // 10) % len(_LINESTYLES)],
+             _MARKERS[(i + i // 10) % len(_MARKERS)]) for i in range(n)]
+
+
+def _plain_log_axes(ax: Any) -> None:
+    """Log axes with plain tick labels at 1, 2, 5 x 10^k (no ``2x10^1`` minor labels)."""
+    from matplotlib import ticker
+
+    plain = ticker.FuncFormatter(lambda v, _pos: f"{v:g}")
+    ax.xaxis.set_major_locator(ticker.LogLocator(base=2))
+    ax.yaxis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_formatter(plain)
+        axis.set_minor_formatter(ticker.NullFormatter())
 
 
 def _draw(mpl: Any, plt: Any, spec: _Figure) -> Any:
     labels = sorted({label for p in spec.panels for label in p.series})
-    colours = dict(zip(labels, _palette(mpl, len(labels)), strict=True))
+    styles = dict(zip(labels, _styles(mpl, len(labels)), strict=True))
     nrows = -(-len(spec.panels) // spec.ncols)
     fig, axes = plt.subplots(nrows, spec.ncols, figsize=(4.6 * spec.ncols + 2.4, 3.6 * nrows),
                              sharex=True, sharey=True, squeeze=False)
@@ -186,17 +254,20 @@ def _draw(mpl: Any, plt: Any, spec: _Figure) -> Any:
     for ax, panel in zip(flat, spec.panels, strict=False):
         for label in sorted(panel.series):
             pts = sorted(panel.series[label])
-            (line,) = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
-                              markersize=4, linewidth=1.6, color=colours[label], label=label)
+            colour, linestyle, marker = styles[label]
+            (line,) = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker,
+                              markersize=5, linewidth=1.6, color=colour, linestyle=linestyle,
+                              label=label)
             handles.setdefault(label, line)
         if panel.reference:
             (ref,) = ax.plot([p[0] for p in panel.reference], [p[1] for p in panel.reference],
-                             color="black", linestyle="--", linewidth=2, label="memcpy",
-                             gid=MEMCPY_GID, zorder=1)
+                             color="black", linestyle="--", linewidth=2,
+                             label=spec.reference_label, gid=MEMCPY_GID, zorder=1)
             reference = reference or ref
         ax.set_title(panel.title, fontsize="medium")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
+        _plain_log_axes(ax)
         ax.grid(True, which="both", alpha=0.3)
     for ax in flat[len(spec.panels):]:
         ax.set_visible(False)
@@ -207,7 +278,7 @@ def _draw(mpl: Any, plt: Any, spec: _Figure) -> Any:
     fig.suptitle(spec.title)
     handles = {label: handles[label] for label in labels}  # legend: series sorted, memcpy last
     if reference is not None:
-        handles["memcpy (same run)"] = reference
+        handles[spec.reference_label] = reference
     fig.legend(list(handles.values()), list(handles), loc="center left",
                bbox_to_anchor=(1.0, 0.5), fontsize="small", frameon=False)
     fig.tight_layout()
@@ -233,8 +304,10 @@ def figures(out: Path) -> list[tuple[str, Any]]:
         return []
     mpl, plt = libs
     kernels = _load(out / "kernels.json")
+    storage = _load(out / "storage.json")
     specs = (_kernels_transfers(kernels), _kernels_alloc(kernels),
-             _host(_load(out / "host.json")), _storage(_load(out / "storage.json")))
+             _host(_load(out / "host.json")), _storage(storage), _storage_prefetch(storage),
+             _allocator(_load(out / "allocator.json")))
     return [(spec.filename, _draw(mpl, plt, spec)) for spec in specs if spec is not None]
 
 

@@ -165,8 +165,8 @@ def _waves(cfg: Any, routing: str, n: int, seed: int) -> list[list[list[tuple[in
 
 def run(args: argparse.Namespace, sim_argv: list[str]) -> dict[str, Any]:
     from tools.mooncake_store import LocalMooncakeStore
-    from tools.simulate.config import build_parser as sim_parser
     from tools.simulate.config import config_from_args
+    from tools.simulate.options import build_parser as sim_parser
 
     cfg = config_from_args(sim_parser().parse_args(sim_argv))
     if cfg.model not in ("mha", "mla"):
@@ -292,22 +292,74 @@ def _print(doc: dict[str, Any]) -> None:
           f"(sum over instances); write failures {t['pages_write_failed']}, prefetch timeouts "
           f"{t['timeouts']}; integrity failures {t['integrity_failures']}, leaks {t['leaks']}; "
           f"{t['wall_s']:.1f} s -> {'OK' if doc['ok'] else 'FAILED'}")
+    if cfg["kill_master_at"] >= t["waves"]:
+        print(f"warning: --kill-master-at {cfg['kill_master_at']}: the run had {t['waves']} "
+              "waves, the master was never killed (pick a wave below that)")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="tools/dev run --storage mooncake --instances N",
-                                 description=(__doc__ or "").splitlines()[0])
-    ap.add_argument("--storage", choices=["mooncake"], default="mooncake")
-    ap.add_argument("--instances", type=int, default=4)
-    ap.add_argument("--routing", choices=["round-robin", "random"], default="round-robin")
-    ap.add_argument("--storage-master", default=None, metavar="HOST:PORT")
-    ap.add_argument("--storage-metadata", default=None, metavar="URL")
-    ap.add_argument("--kill-master-at", type=int, default=-1, metavar="WAVE")
-    ap.add_argument("--storage-fault-rate", type=float, default=0.0)
-    ap.add_argument("--segment-mib", type=int, default=1024,
+    """The multi-instance options (the rest of the command line goes to the simulator)."""
+    from tools.simulate.options import _Formatter, _Parser
+
+    ap = _Parser(prog="tools/dev run --storage mooncake --instances N",
+                 formatter_class=_Formatter,
+                 description=(__doc__ or "").splitlines()[0] + " Any other option is a "
+                 "simulator option (`tools/dev run --help`) and applies to every instance.")
+    ap.add_argument("--storage", choices=["mooncake"], default="mooncake",
+                    help="the multi-instance mode needs the Mooncake Store")
+    ap.add_argument("--instances", type=int, default=4, metavar="N",
+                    help="simulator engines (processes) on one store")
+    ap.add_argument("--routing", choices=["round-robin", "random"], default="round-robin",
+                    help="which engine serves a turn: round-robin ((session + turn) %% N) or "
+                    "seeded random")
+    ap.add_argument("--storage-master", default=None, metavar="HOST:PORT",
+                    help="join this Mooncake master (default: a local store started for the "
+                    "run)")
+    ap.add_argument("--storage-metadata", default=None, metavar="URL",
+                    help="with --storage-master: its metadata server (default: "
+                    "http://HOST:8080/metadata)")
+    ap.add_argument("--kill-master-at", type=int, default=-1, metavar="WAVE",
+                    help="SIGKILL the local store's master before this wave and restart it "
+                    "after (-1: never; not with --storage-master)")
+    ap.add_argument("--storage-fault-rate", type=float, default=0.0, metavar="P",
+                    help="probability that a storage call fails, is slow or stops partway")
+    ap.add_argument("--segment-mib", type=int, default=1024, metavar="MIB",
                     help="the local store's holder segment (MiB)")
-    ap.add_argument("--json", default=None, metavar="PATH")
+    ap.add_argument("--json", default=None, metavar="PATH",
+                    help="also write the result as JSON to PATH (its folder must exist)")
+    ap.add_argument("--verbose", action="store_true",
+                    help="show third-party logs (the Mooncake client's)")
     return ap
+
+
+def _check(args: argparse.Namespace, sim_argv: list[str]) -> str | None:
+    """The first problem with the multi-instance options, as an error line (``None``: none)."""
+    from tools.simulate.options import UsageError, check_output_path
+
+    if args.instances < 1:
+        return f"--instances must be >= 1, got {args.instances}"
+    if not 0.0 <= args.storage_fault_rate <= 1.0:
+        return f"--storage-fault-rate must be a probability in [0, 1], " \
+               f"got {args.storage_fault_rate}"
+    if args.segment_mib < 16:
+        return f"--segment-mib must be >= 16, got {args.segment_mib}"
+    if args.kill_master_at < -1:
+        return f"--kill-master-at must be a wave >= 0 (or -1: never), got {args.kill_master_at}"
+    if args.kill_master_at >= 0 and args.storage_master:
+        return "--kill-master-at is ignored with --storage-master (only a local store is " \
+               "killed): drop one of them"
+    if args.storage_metadata and not args.storage_master:
+        return "--storage-metadata is ignored without --storage-master"
+    for option in ("--storage-dir", "--storage-capacity-mb", "--restart-at"):
+        if any(a == option or a.startswith(option + "=") for a in sim_argv):
+            return f"{option} is ignored by the multi-instance mode (each instance's L3 is " \
+                   "the shared Mooncake Store): drop it"
+    if args.json not in (None, "-"):
+        try:
+            check_output_path("--json", args.json)
+        except UsageError as exc:
+            return str(exc)
+    return None
 
 
 # the simulator defaults for a multi-instance run: a smaller workload per run (each instance
@@ -317,17 +369,20 @@ DEFAULT_SIM = ["--requests", "240", "--device-tokens", "8192", "--host-tokens", 
 
 
 def main(argv: list[str] | None = None) -> int:
-    args, sim_argv = build_parser().parse_known_args(argv)
-    if args.instances < 1:
-        print("error: --instances must be >= 1", file=sys.stderr)
+    from tools.simulate.logs import filtered_stderr, quiet_third_party_logs
+
+    parser = build_parser()
+    args, sim_argv = parser.parse_known_args(argv)
+    problem = _check(args, sim_argv)
+    if problem is not None:
+        print(f"{parser.prog}: error: {problem}", file=sys.stderr)
         return 2
-    if not 0.0 <= args.storage_fault_rate <= 1.0:
-        print("error: --storage-fault-rate must be in [0, 1]", file=sys.stderr)
-        return 2
+    quiet_third_party_logs(args.verbose)
     try:
-        doc = run(args, DEFAULT_SIM + sim_argv)
+        with filtered_stderr(args.verbose):
+            doc = run(args, DEFAULT_SIM + sim_argv)
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return 2
     _print(doc)
     if args.json:

@@ -1,10 +1,12 @@
 """"Installed piecemeal": each wheel installs alone, with only its declared dependencies.
 
-For every distribution: build every wheel from the tree, create a clean virtual environment,
-install that one distribution from the fresh wheels (siblings resolved from the same folder, no
-index), import it and run a tiny real use. torch is shared: one "torch base" environment (cached in
-``.cache/piecemeal``) holds torch and nothing of ours, and each clean environment sees it through a
-``.pth`` file, so torch is installed once, not once per wheel. The test then checks that exactly the
+For every distribution: build every wheel from the tree with ``tools/dev wheels`` (the documented
+command), create a clean virtual environment, install that one distribution from the fresh wheels
+(siblings resolved from the same folder, no index), import it and run a tiny real use. torch is
+shared: one "torch base" environment (cached in ``.cache/piecemeal``, keyed by the torch and
+numpy versions of this environment, reused across runs; bases of other versions are removed)
+holds torch and numpy and nothing of ours, and each clean environment sees it through a ``.pth``
+file, so torch is installed once, not once per wheel. The test then checks that exactly the
 declared siblings (and nothing else of ours) were installed.
 """
 
@@ -13,11 +15,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+import numpy
 import pytest
 import tomllib
 import torch
@@ -120,22 +124,32 @@ def _site_packages(venv: Path) -> Path:
 @pytest.fixture(scope="module")
 def wheels(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheels")
-    for dist in DISTS:
-        _run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-             "-q", "-w", out, ROOT / "packages" / dist.name)
+    _run(sys.executable, ROOT / "tools" / "dev", "wheels", "--out", out)
+    built = sorted(p.name.split("-")[0] for p in out.glob("*.whl"))
+    assert built == sorted([*(d.import_name for d in DISTS), "mem_cache_refactor"]), built
     return out
+
+
+def base_key() -> str:
+    """The torch base's dependency set: one cached environment per (torch, numpy) version."""
+    return f"torch-{torch.__version__.split('+')[0]}-numpy-{numpy.__version__}"
 
 
 @pytest.fixture(scope="module")
 def torch_base() -> Path:
-    """A virtual environment holding torch (the version of this env) and nothing of ours."""
-    version = torch.__version__.split("+")[0]
-    base = CACHE / f"torch-{version}"
+    """A virtual environment holding torch and numpy (the versions of this env) and nothing of
+    ours; reused while the versions stay, bases of other versions are removed."""
+    key = base_key()
+    for stale in CACHE.glob("torch-*"):
+        if stale.name != key:
+            shutil.rmtree(stale, ignore_errors=True)
+    base = CACHE / key
     marker = base / ".complete"
     if not marker.exists():
         _run(sys.executable, "-m", "venv", "--clear", base)
-        _run(base / "bin" / "python", "-m", "pip", "install", "-q", f"torch=={version}")
-        marker.write_text(version)
+        _run(base / "bin" / "python", "-m", "pip", "install", "-q",
+             f"torch=={torch.__version__.split('+')[0]}", f"numpy=={numpy.__version__}")
+        marker.write_text(key)
     return _site_packages(base)
 
 
@@ -178,6 +192,29 @@ def test_wheel_installs_alone(dist: Dist, wheels: Path, torch_base: Path,
         """
     )
     assert "smoke ok" in _run(py, "-c", probe, env=env, cwd=tmp_path).stdout
+
+
+def test_allocator_numpy_extra_installs_from_the_wheels(wheels: Path, torch_base: Path,
+                                                        tmp_path: Path) -> None:
+    """The README's install line: ``pip install --find-links dist "mem-cache-allocator[numpy]"``
+    installs the allocator, its two siblings and numpy (here from the torch base), and the CPU
+    hot path then runs in numpy with no "Failed to initialize NumPy" from torch."""
+    venv = tmp_path / "venv"
+    _run(sys.executable, "-m", "venv", "--without-pip", venv)
+    (_site_packages(venv) / "_torch_base.pth").write_text(str(torch_base) + "\n")
+    py = venv / "bin" / "python"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "PIP_NO"))}
+    pip = (sys.executable, "-m", "pip", "--python", py)
+    _run(*pip, "install", "-q", "--no-index", "--find-links", wheels,
+         "mem-cache-allocator[numpy]", env=env)
+    probe = textwrap.dedent(SMOKE["mem_cache_allocator"]) + textwrap.dedent("""
+        from mem_cache_allocator import _page_allocator
+        assert _page_allocator._np is not None
+        print("numpy ok")
+    """)
+    proc = _run(py, "-c", probe, env=env, cwd=tmp_path)
+    assert "numpy ok" in proc.stdout
+    assert "Failed to initialize NumPy" not in proc.stderr, proc.stderr
 
 
 def test_refactor_tools_install_without_torch_and_check_another_repository(

@@ -10,7 +10,7 @@ storage faults (``faults.py``, ``storage_faults.py``), checks slot conservation 
 integrity (``integrity.py``) and reports (``report.py``). What differs per model is a small
 adapter (``model.py``): mha/mla over ``stack.py`` (``engine.py``), and ``--model dsv4``, the same
 workload over the DeepSeek-V4 HiSparse stack (``dsv4_stack.py``, ``dsv4.py``, ``dsv4_hicache.py``;
-device and host tiers, no L3). Run ``python -m tools.simulate --help``.
+device and host tiers, no L3). ``tools/dev run --help`` (``options.py``) is the manual.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from tools.simulate.config import SimConfig
 from tools.simulate.stats import SimStats
-from tools.simulate.storage_report import l3_dict, l3_rows
+from tools.simulate.storage_report import backend_label, l3_dict, l3_rows
 
 __all__ = ["render_report", "report_dict"]
 
@@ -92,6 +92,7 @@ def report_dict(cfg: SimConfig, stats: SimStats) -> dict[str, Any]:
             "integrity_failures": stats.integrity_failures,
             "failures": list(stats.failures),
         },
+        "storage_backend": backend_label(cfg),
         "storage": l3_dict(stats),
         "leaks": {pool: {"available": a, "capacity": c} for pool, (a, c) in stats.leaks.items()},
         "ok": stats.integrity_failures == 0 and not stats.leaked and bool(stats.leaks),
@@ -106,7 +107,7 @@ def render_report(console: Console, cfg: SimConfig, stats: SimStats) -> None:
         shape = "584B-records"
     title = (f"mem-cache simulation: {cfg.model.upper()} {cfg.layers}L {shape} {cfg.dtype}, "
              f"page {cfg.page_size}, host {cfg.host_layout}/{cfg.io_backend}, "
-             f"device {cfg.device}, seed {cfg.seed}")
+             f"device {cfg.device}, L3 {backend_label(cfg)}, seed {cfg.seed}")
     t = Table(title=title, show_header=True, header_style="bold")
     t.add_column("metric")
     t.add_column("value", justify="right")
@@ -141,7 +142,7 @@ def render_report(console: Console, cfg: SimConfig, stats: SimStats) -> None:
                   f"{cfg.shared_prefix_tokens} shared tokens; {stats.shared_prefix_hits:,} "
                   f"admission hits ({stats.shared_prefix_hit_tokens:,} tokens); "
                   f"{stats.shared_prefix_evictions} evictions")
-    for row in l3_rows(stats):
+    for row in l3_rows(stats, cfg):
         t.add_row(*row)
     bpt = stats.bytes_per_token
     t.add_row("peak device memory", _mib(stats.peak_device_tokens * bpt),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tools.simulate.config import MODELS_WITH_L3, SimConfig
 from tools.simulate.stats import SimStats
 from tools.simulate.storage_tier import L3Stats
 
@@ -41,13 +42,28 @@ def l3_dict(stats: SimStats) -> dict[str, Any] | None:
     }
 
 
-def l3_rows(stats: SimStats) -> list[tuple[str, str, str]]:
+def backend_label(cfg: SimConfig) -> str:
+    """The storage backend in words: ``file``, ``mooncake (local store)``, ``off (...)``."""
+    if cfg.model not in MODELS_WITH_L3:
+        return f"off (--model {cfg.model} has no storage tier)"
+    if cfg.storage == "none":
+        return "off (--storage none)"
+    if cfg.storage == "mooncake":
+        return f"mooncake (master {cfg.storage_master})" if cfg.storage_master \
+            else "mooncake (local store)"
+    return "file"
+
+
+def l3_rows(stats: SimStats, cfg: SimConfig) -> list[tuple[str, str, str]]:
     """Rows (metric, value, detail) for the report table."""
     s: L3Stats | None = stats.l3
     if s is None:
-        return [("L3 storage", "off", "--storage none")]
+        return [("L3 storage", "off", backend_label(cfg).removeprefix("off ").strip("()"))]
     faults = ", ".join(f"{k} {v}" for k, v in s.faults.items())
+    where = (f"directory {s.directory}" if s.backend == "file"
+             else f"master {s.directory}")
     return [
+        ("L3 storage", s.backend, f"{backend_label(cfg)}; {where}; {s.write_policy}"),
         ("L3 hit rate", _pct(s.hits, stats.returning_turns),
          f"{s.hits}/{stats.returning_turns} returning turns; "
          f"{_pct(s.hit_tokens, stats.reusable_tokens)} of prefix tokens ({s.hit_tokens:,}, all "

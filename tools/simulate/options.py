@@ -1,0 +1,290 @@
+"""The command line of ``tools/dev run``: the grouped parser, and every check of the user's input
+that can be made before the run starts (values, paths, options the chosen mode ignores).
+
+A bad flag or path is refused here with exit status 2 and one line naming the flag, the value and
+what is expected; nothing the user types reaches the run as a traceback. The model choices come
+from ``config.MODELS`` (one entry per adapter), the options each model ignores from
+``config.MODEL_IGNORES``, so a new model adapter adds its entries there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from tools.simulate.config import (
+    DTYPES,
+    HOST_LAYOUTS,
+    IO_BACKENDS,
+    MODEL_IGNORES,
+    MODELS,
+    MODELS_WITH_L3,
+    STORAGE_BACKENDS,
+    STORAGE_WRITE_POLICIES,
+    SimConfig,
+    flag,
+)
+
+__all__ = [
+    "MULTI_INSTANCE_OPTIONS",
+    "PROG",
+    "UsageError",
+    "build_parser",
+    "check_output_path",
+    "check_storage_dir",
+    "explicit_options",
+    "refuse_ignored",
+]
+
+PROG = "tools/dev run"
+
+#: the options of the multi-instance mode (``--instances N``: ``tools/mooncake_instances.py``)
+MULTI_INSTANCE_OPTIONS = ("instances", "routing", "kill_master_at", "segment_mib")
+
+#: what each storage backend ignores (``--storage none``: every L3 option)
+_L3_OPTIONS = ("storage_dir", "storage_write", "storage_capacity_mb", "storage_fault_rate",
+               "storage_master", "storage_metadata")
+STORAGE_IGNORES: dict[str, tuple[str, ...]] = {
+    "none": _L3_OPTIONS,
+    "file": ("storage_master", "storage_metadata"),
+    "mooncake": ("storage_dir", "storage_capacity_mb"),
+}
+
+
+class UsageError(ValueError):
+    """A user input the run cannot take (printed as one ``error:`` line, exit status 2)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (no usage dump) that points at ``--help``."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: error: {message} (see `{self.prog} --help`)", file=sys.stderr)
+        raise SystemExit(2)
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """Shows ``(default: X)`` after every option that has a default worth showing."""
+
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, max_help_position=32, width=100)
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if ("%(default)" in text or default is None or default is argparse.SUPPRESS
+                or isinstance(action, argparse._StoreTrueAction)):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+_EPILOG = """\
+examples:
+  tools/dev run                                   the default run: MHA, device + host + file L3
+  tools/dev run --model mla --requests 200 --json r.json
+  tools/dev run --storage mooncake                a local Mooncake Store started for the run
+  tools/dev run --storage mooncake --instances 4  four engines sharing one store
+  tools/dev run --storage-fault-rate 0.05 --restart-at 400 --faults 0.02
+
+Exit status: 0 when the run had no integrity failure and no leak, 1 otherwise, 2 for bad input.
+The six distributions it drives: mem-cache-kernels, mem-cache-pool, mem-cache-allocator,
+mem-cache-pool-host, mem-cache-storage (and mem-cache-refactor, the refactor tools, no torch).
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``tools/dev run`` parser (defaults = the embedded default run, ``SimConfig()``)."""
+    d = SimConfig()
+    p = _Parser(
+        prog=PROG, formatter_class=_Formatter, epilog=_EPILOG, usage="%(prog)s [OPTIONS]",
+        description="Serving-workload simulator: one continuous-batching engine loop (no model\n"
+        "weights) driving the mem-cache packages through hierarchical caching, device pool\n"
+        "(L1) <-> host pool (L2) <-> storage tier (L3). Every loaded page is verified\n"
+        "bit-exact, slot conservation is checked every step and leaks at the end; the run\n"
+        "ends with a report table.",
+    )
+    w = p.add_argument_group("workload")
+    w.add_argument("--requests", type=int, default=d.requests, metavar="N",
+                   help="turns to serve in total")
+    w.add_argument("--max-running", type=int, default=d.max_running, metavar="N",
+                   help="most requests in one batch")
+    w.add_argument("--mean-turns", type=float, default=d.mean_turns, metavar="X",
+                   help="mean turns per session (>= 1)")
+    w.add_argument("--arrival-per-step", type=float, default=d.arrival_per_step, metavar="X",
+                   help="new sessions per engine step (Poisson)")
+    w.add_argument("--think-steps", type=int, default=d.think_steps, metavar="N",
+                   help="steps between a turn finishing and the session's next turn arriving")
+    w.add_argument("--shared-prefix-tokens", type=int, default=d.shared_prefix_tokens,
+                   metavar="N",
+                   help="a system preamble of N tokens common to every session: its "
+                   "page-aligned part is cached once and matched at admission (0: off; mha/mla)")
+    w.add_argument("--spec-draft", type=int, default=d.spec_draft, metavar="N",
+                   help="speculative decoding: N draft slots per request and decode step, the "
+                   "rejected ones freed (0: plain decode; mha/mla)")
+    w.add_argument("--retract-after", type=int, default=d.retract_after, metavar="N",
+                   help="retract the running request with the most output left when the queue "
+                   "head has waited N steps for memory (0: never; mha/mla)")
+    w.add_argument("--seed", type=int, default=d.seed, metavar="N",
+                   help="seed of the workload, the KV content and the fault injectors")
+    m = p.add_argument_group("model")
+    m.add_argument("--model", choices=tuple(MODELS), default=d.model,
+                   help="attention family: " + "; ".join(f"{k}: {v}" for k, v in MODELS.items()))
+    m.add_argument("--layers", type=int, default=d.layers, metavar="N", help="layers")
+    m.add_argument("--heads", type=int, default=d.heads, metavar="N", help="KV heads (mha)")
+    m.add_argument("--head-dim", type=int, default=d.head_dim, metavar="N",
+                   help="head dimension (mha)")
+    m.add_argument("--kv-lora-rank", type=int, default=d.kv_lora_rank, metavar="N",
+                   help="latent width (mla)")
+    m.add_argument("--qk-rope-head-dim", type=int, default=d.qk_rope_head_dim, metavar="N",
+                   help="rope part of the latent (mla)")
+    m.add_argument("--dtype", choices=sorted(DTYPES), default=d.dtype,
+                   help="KV dtype (mha/mla; fp8 is stored as uint8)")
+    c = p.add_argument_group("memory")
+    c.add_argument("--page-size", type=int, default=d.page_size, metavar="N",
+                   help="tokens per page (a power of two)")
+    c.add_argument("--device-tokens", type=int, default=d.device_tokens, metavar="N",
+                   help="device KV pool (L1) size in tokens, rounded down to whole pages")
+    c.add_argument("--host-tokens", type=int, default=d.host_tokens, metavar="N",
+                   help="host KV pool (L2) size in tokens, rounded down to whole pages")
+    c.add_argument("--host-layout", choices=HOST_LAYOUTS, default=d.host_layout,
+                   help="host pool layout")
+    c.add_argument("--io-backend", choices=IO_BACKENDS, default=d.io_backend,
+                   help="host<->device copies: 'kernel' (row kernels) or 'direct' (one copy_ "
+                   "per contiguous run)")
+    c.add_argument("--device", default=None, metavar="DEV",
+                   help="torch device of the device pool: cpu, cuda or cuda:N (default: cpu)")
+    c.add_argument("--threads", type=int, default=d.threads, metavar="N",
+                   help="torch intra-op threads (1 is fastest for these small ops)")
+    st = p.add_argument_group("storage tier (L3)")
+    st.add_argument("--storage", choices=STORAGE_BACKENDS, default=d.storage,
+                    help="L3 backend: 'file' (one file per page in --storage-dir), 'mooncake' "
+                    "(a Mooncake Store: --storage-master, or a local one started for the run) "
+                    "or 'none' (mha/mla; dsv4 has no L3)")
+    st.add_argument("--storage-dir", default=d.storage_dir, metavar="DIR",
+                    help="--storage file: the L3 directory, created when missing (default: a "
+                    "temporary directory, removed afterwards)")
+    st.add_argument("--storage-write", choices=STORAGE_WRITE_POLICIES, default=d.storage_write,
+                    help="write pages to L3 when the host evicts them, or when they reach it")
+    st.add_argument("--storage-capacity-mb", type=int, default=d.storage_capacity_mb,
+                    metavar="MIB", help="--storage file: L3 capacity in MiB, LRU eviction "
+                    "(0: unlimited)")
+    st.add_argument("--storage-master", default=d.storage_master, metavar="HOST:PORT",
+                    help="--storage mooncake: join this Mooncake master instead of starting a "
+                    "local store (default: a local store)")
+    st.add_argument("--storage-metadata", default=d.storage_metadata, metavar="URL",
+                    help="--storage mooncake with --storage-master: the metadata server "
+                    "(default: http://HOST:8080/metadata)")
+    f = p.add_argument_group("faults")
+    f.add_argument("--faults", type=float, default=d.faults, metavar="P",
+                   help="probability that a host<->device transfer fails or is aborted midway")
+    f.add_argument("--storage-fault-rate", type=float, default=d.storage_fault_rate,
+                   metavar="P", help="probability that a storage call fails, is slow (prefetch "
+                   "timeout), corrupts a stored page or stops partway")
+    f.add_argument("--restart-at", type=int, default=d.restart_at, metavar="STEP",
+                   help="restart the engine at this step: device and host caches are flushed "
+                   "to L3 and dropped, so the next turns are served by the warm L3 (-1: never; "
+                   "a step past the run's end is reported as a warning; mha/mla)")
+    f.add_argument("--check-every", type=int, default=d.check_every, metavar="N",
+                   help="run the slot-conservation check every N steps")
+    mi = p.add_argument_group(
+        "multi-instance (--storage mooncake --instances N: tools/mooncake_instances.py)",
+        "N simulator engines (processes) on one Mooncake Store, a session's turns on different "
+        "engines; the other options apply to every instance (its own defaults: --requests 240, "
+        "--device-tokens 8192, --host-tokens 8192, --max-running 32)")
+    mi.add_argument("--instances", type=int, default=None, metavar="N",
+                    help="run N engines on one store (default: one engine, this simulator)")
+    mi.add_argument("--routing", choices=("round-robin", "random"), default=None,
+                    help="which engine serves a turn (default: round-robin)")
+    mi.add_argument("--kill-master-at", type=int, default=None, metavar="WAVE",
+                    help="SIGKILL the local store's master before this wave, restart it after "
+                    "(default: never)")
+    mi.add_argument("--segment-mib", type=int, default=None, metavar="MIB",
+                    help="the local store's holder segment in MiB (default: 1024)")
+    o = p.add_argument_group("output")
+    o.add_argument("--json", metavar="PATH", default=None,
+                   help="also write the report as JSON to PATH ('-': stdout, the table goes to "
+                   "stderr); PATH's folder must exist")
+    o.add_argument("--no-progress", action="store_true", help="no progress bar")
+    o.add_argument("--verbose", action="store_true",
+                   help="show third-party logs (the Mooncake client's INFO/WARNING lines, "
+                   "mem_cache_storage warnings); off by default")
+    return p
+
+
+def explicit_options(parser: argparse.ArgumentParser, argv: Sequence[str]) -> set[str]:
+    """The ``dest`` names of the options ``argv`` gives explicitly (defaults not counted)."""
+    saved = [(a, a.default) for a in parser._actions]
+    try:
+        for action, _ in saved:
+            action.default = argparse.SUPPRESS
+        ns, _ = parser.parse_known_args(list(argv))
+    finally:
+        for action, default in saved:
+            action.default = default
+    return set(vars(ns))
+
+
+def refuse_ignored(cfg: SimConfig, given: set[str]) -> None:
+    """``UsageError`` for an explicitly given option that the chosen model or storage backend
+    would ignore, naming the option and the mode."""
+    for name in MODEL_IGNORES.get(cfg.model, ()):
+        if name in given:
+            extra = "" if cfg.model in MODELS_WITH_L3 else " (it has no storage tier)"
+            raise UsageError(f"{flag(name)} {getattr(cfg, name)} is ignored by --model "
+                             f"{cfg.model}{extra}: drop it or pick another --model")
+    if cfg.model in MODELS_WITH_L3:
+        for name in STORAGE_IGNORES[cfg.storage]:
+            if name in given:
+                raise UsageError(f"{flag(name)} {getattr(cfg, name)} is ignored by --storage "
+                                 f"{cfg.storage}: drop it or pick another --storage")
+    if "storage_metadata" in given and not cfg.storage_master:
+        raise UsageError("--storage-metadata is ignored without --storage-master (the local "
+                         "store brings its own metadata server)")
+    for name in MULTI_INSTANCE_OPTIONS[1:]:
+        if name in given:
+            raise UsageError(f"{flag(name)} is an option of the multi-instance mode: add "
+                             "--storage mooncake --instances N")
+
+
+def check_storage_dir(directory: str) -> None:
+    """``UsageError`` unless ``directory`` is (or can be created as) a writable directory; it is
+    created when missing (the run would create it anyway)."""
+    path = Path(directory)
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"--storage-dir {directory}: exists and is not a directory; expected "
+                         "a directory (created when missing)")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=path, prefix=".mem-cache-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise UsageError(f"--storage-dir {directory}: cannot be created or written "
+                         f"({exc.strerror or exc}); expected a directory this user can "
+                         "create and write") from None
+
+
+def check_output_path(option: str, target: str) -> None:
+    """``UsageError`` unless ``target`` can be written (its folder exists, it is not a folder):
+    checked before the run so a finished run never loses its result."""
+    path = Path(target)
+    if path.is_dir():
+        raise UsageError(f"{option} {target}: is a directory; expected a file path")
+    parent = path.parent
+    if not parent.is_dir():
+        raise UsageError(f"{option} {target}: folder {str(parent)!r} does not exist; expected "
+                         "a file in an existing folder")
+    existed = path.exists()
+    try:
+        with open(path, "a", encoding="utf-8"):
+            pass
+    except OSError as exc:
+        raise UsageError(f"{option} {target}: cannot be written ({exc.strerror or exc})") \
+            from None
+    if not existed:
+        path.unlink()
