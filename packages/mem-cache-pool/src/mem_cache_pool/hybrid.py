@@ -645,9 +645,11 @@ class HybridLinearKVPool(KVCache):
         self._wait_for_layer(layer_id)
         return index
 
-    def register_layer_transfer_counter(self, counter: LayerReadyWaiter | None) -> None:
+    def register_layer_transfer_counter(
+        self, layer_transfer_counter: LayerReadyWaiter | None
+    ) -> None:
         """Install the waiter here; the inner pool waits for nothing (SGLang's split)."""
-        super().register_layer_transfer_counter(counter)
+        super().register_layer_transfer_counter(layer_transfer_counter)
         self.full_kv_pool.register_layer_transfer_counter(None)
 
     def get_key_buffer(self, layer_id: int, scale: float | None = None) -> torch.Tensor:
@@ -778,15 +780,175 @@ class HybridLinearKVPool(KVCache):
 
     def load_cpu_copy(  # type: ignore[override]
         self,
-        kv_cache_cpu: tuple[CpuKVCopy, Any],
+        cache_cpu: tuple[CpuKVCopy, Any],
         indices: torch.Tensor,
         mamba_indices: torch.Tensor | None = None,
         req_pool_index: int | None = None,
     ) -> None:
         """Write a :meth:`get_cpu_copy` result back at ``indices`` (and ``mamba_indices``)."""
-        if not isinstance(kv_cache_cpu, tuple) or len(kv_cache_cpu) != 2:
-            raise TypeError("kv_cache_cpu must be the (kv_cpu, mamba_cpu) pair of get_cpu_copy")
-        kv_cpu, mamba_cpu = kv_cache_cpu
+        if not isinstance(cache_cpu, tuple) or len(cache_cpu) != 2:
+            raise TypeError("cache_cpu must be the (kv_cpu, mamba_cpu) pair of get_cpu_copy")
+        kv_cpu, mamba_cpu = cache_cpu
         self.full_kv_pool.load_cpu_copy(kv_cpu, indices)
         if mamba_cpu is not None and mamba_indices is not None:
             self.mamba_pool.load_cpu_copy(mamba_cpu, mamba_indices)
+
+    # ------------------------------------------------------------------ features that are off
+    # SGLang's HybridLinearKVPool forwards these to a DSA / quantised / post-capture full pool;
+    # none of those exist here, so each answers what SGLang answers with the feature off.
+    @property
+    def post_capture_active(self) -> bool:
+        """``False``: no CUDA-graph post-capture backing."""
+        return False
+
+    @property
+    def post_capture_backed_bytes(self) -> int:
+        """``0``: no CUDA-graph post-capture backing."""
+        return 0
+
+    def finalize_backing(self, config: Any) -> None:
+        """Post-capture resize: not supported (the pool is sized at construction)."""
+        raise NotImplementedError("HybridLinearKVPool.finalize_backing: no post-capture backing")
+
+    @property
+    def dsa_kv_cache_store_fp8(self) -> bool:
+        """``False``: no DSA full pool."""
+        return False
+
+    @property
+    def kv_cache_dim(self) -> int | None:
+        """``None``: no DSA full pool."""
+        return getattr(self.full_kv_pool, "kv_cache_dim", None)
+
+    @property
+    def index_head_dim(self) -> int | None:
+        """``None``: no DSA index cache."""
+        return None
+
+    @property
+    def quant_block_size(self) -> int | None:
+        """``None``: no quantised full pool."""
+        return None
+
+    @property
+    def index_kpool(self) -> int:
+        """``1``: no DSA index k-pool."""
+        return 1
+
+    @property
+    def index_kpool_compress(self) -> bool:
+        """``False``: no DSA index k-pool."""
+        return False
+
+    @property
+    def tail_extra_slots(self) -> int:
+        """``0``: no DSA compress tails."""
+        return 0
+
+    @property
+    def index_page_size(self) -> int:
+        """The page size (no separate DSA index paging)."""
+        return self.page_size
+
+    def host_pool_decls(self) -> Any:
+        """The full-attention pool's host-pool declarations (the states are the host tier's
+        :class:`mem_cache_pool_host.MambaPoolHost`'s), ``()`` when it declares none."""
+        decls = getattr(self.full_kv_pool, "host_pool_decls", None)
+        return decls() if callable(decls) else ()
+
+    def get_kv_buffer_shape(self) -> tuple[torch.Size, torch.Size]:
+        """Shapes of one layer's K and V buffers (of the dense full-attention pool)."""
+        index = self.full_kv_pool.start_layer
+        k = self.full_kv_pool._get_key_buffer(index)
+        v = self.full_kv_pool._get_value_buffer(index)
+        return k.shape, v.shape
+
+    def get_contiguous_buf_infos(self) -> tuple[list[int], list[int], list[int]]:
+        """``(data_ptrs, data_lens, item_lens)`` of the full-attention KV buffers."""
+        inner = getattr(self.full_kv_pool, "get_contiguous_buf_infos", None)
+        if callable(inner):
+            return inner()  # type: ignore[no-any-return]
+        bufs = self.full_kv_pool._all_buffers()
+        return (
+            [t.data_ptr() for t in bufs],
+            [t.numel() * t.element_size() for t in bufs],
+            [t[0].numel() * t.element_size() * self.page_size for t in bufs],
+        )
+
+    def get_raw_kv_buffer(
+        self, layer_id: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Quantised raw buffers: not supported (no quantised full pool)."""
+        raise NotImplementedError("HybridLinearKVPool: no quantised (FP4/MXFP8) full pool")
+
+    def get_dequant_workspace(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Quantised workspace: not supported (no quantised full pool)."""
+        raise NotImplementedError("HybridLinearKVPool: no quantised (FP4/MXFP8) full pool")
+
+    def get_flashinfer_dequant_workspace_kv_buffer(
+        self, layer: Any, *args: Any, **kwargs: Any
+    ) -> Any:
+        """Quantised workspace: not supported (no quantised full pool)."""
+        raise NotImplementedError("HybridLinearKVPool: no quantised (FP4/MXFP8) full pool")
+
+    def get_flashinfer_decode_dequant_workspace_kv_buffer(
+        self, layer: Any, *args: Any, **kwargs: Any
+    ) -> Any:
+        """Quantised workspace: not supported (no quantised full pool)."""
+        raise NotImplementedError("HybridLinearKVPool: no quantised (FP4/MXFP8) full pool")
+
+    def get_kv_scale_buffer(self, layer_id: int) -> Any:
+        """MXFP8 scales: not supported (no quantised full pool)."""
+        raise NotImplementedError("HybridLinearKVPool: no quantised (FP4/MXFP8) full pool")
+
+    def _no_dsa(self, name: str) -> RuntimeError:
+        return RuntimeError(f"{name} called when use_dsa is False")
+
+    def set_index_k_scale_buffer(
+        self, layer_id: int, loc: torch.Tensor, index_k: torch.Tensor, index_k_scale: torch.Tensor
+    ) -> None:
+        """DSA only: ``RuntimeError`` (SGLang asserts ``use_dsa``)."""
+        raise self._no_dsa("set_index_k_scale_buffer")
+
+    def get_index_k_with_scale_buffer(self, layer_id: int) -> torch.Tensor:
+        """DSA only: ``RuntimeError`` (SGLang asserts ``use_dsa``)."""
+        raise self._no_dsa("get_index_k_with_scale_buffer")
+
+    def get_broadcastable_index_k_with_scale_buffer(self, layer_id: int) -> torch.Tensor:
+        """DSA only: ``RuntimeError`` (SGLang asserts ``use_dsa``)."""
+        raise self._no_dsa("get_broadcastable_index_k_with_scale_buffer")
+
+    def invalidate_index_buffer_for_layer(self, layer_id: int) -> None:
+        """No-op without DSA (SGLang returns early)."""
+        return None
+
+    def get_index_k_scale_buffer(
+        self,
+        layer_id: int,
+        seq_len_tensor: torch.Tensor,
+        page_indices: torch.Tensor,
+        seq_len_sum: int,
+        max_seq_len: int,
+    ) -> Any:
+        """DSA only: ``RuntimeError`` (SGLang asserts ``use_dsa``)."""
+        raise self._no_dsa("get_index_k_scale_buffer")
+
+    def get_compress_tail_buffers(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """DSA only: ``RuntimeError`` (SGLang asserts ``use_dsa``)."""
+        raise self._no_dsa("get_compress_tail_buffers")
+
+    def kpool_decode_update_index_cache(self, layer_id: int, *args: Any, **kwargs: Any) -> None:
+        """DSA only: ``RuntimeError`` (SGLang asserts ``use_dsa``)."""
+        raise self._no_dsa("kpool_decode_update_index_cache")
+
+    def set_compress_tail_for_request(  # noqa: PLR0917
+        self,
+        layer_id: int,
+        req_pool_idx: torch.Tensor,
+        key_tail: torch.Tensor,
+        score_tail: torch.Tensor,
+        n_remain: int,
+        dst_logical_start: int,
+    ) -> None:
+        """DSA only: ``RuntimeError`` (SGLang asserts ``use_dsa``)."""
+        raise self._no_dsa("set_compress_tail_for_request")
