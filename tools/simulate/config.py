@@ -37,7 +37,7 @@ IO_BACKENDS = ("kernel", "direct")
 STORAGE_BACKENDS = ("none", "file", "mooncake")
 STORAGE_WRITE_POLICIES = ("write_back", "write_through")
 
-Model = Literal["mha", "mla", "dsv4"]
+Model = Literal["mha", "mla", "dsv4", "hybrid"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -125,8 +125,8 @@ class SimConfig:
                 f"host_tokens must hold at least one page ({self.page_size} tokens at page size "
                 f"{self.page_size}), got {self.host_tokens}"
             )
-        if self.model not in ("mha", "mla", "dsv4"):
-            raise ValueError(f"model must be 'mha', 'mla' or 'dsv4', got {self.model!r}")
+        if self.model not in ("mha", "mla", "dsv4", "hybrid"):
+            raise ValueError(f"model must be 'mha', 'mla', 'dsv4' or 'hybrid', got {self.model!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         if self.host_layout not in HOST_LAYOUTS:
@@ -163,8 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
         "hierarchical caching (device pool <-> host pool), with integrity checks and a report.",
     )
     m = p.add_argument_group("model shape")
-    m.add_argument("--model", choices=("mha", "mla", "dsv4"), default=d.model,
-                   help="dsv4: the DeepSeek-V4 HiSparse stack (tools/simulate/dsv4.py)")
+    m.add_argument("--model", choices=("mha", "mla", "dsv4", "hybrid"), default=d.model,
+                   help="dsv4: the DeepSeek-V4 HiSparse stack (tools/simulate/dsv4.py); hybrid: "
+                   "attention every 4th layer, Mamba elsewhere (tools/simulate/hybrid.py)")
     m.add_argument("--layers", type=int, default=d.layers)
     m.add_argument("--heads", type=int, default=d.heads, help="MHA KV heads")
     m.add_argument("--head-dim", type=int, default=d.head_dim, help="MHA head dim")
