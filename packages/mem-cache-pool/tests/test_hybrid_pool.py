@@ -207,7 +207,7 @@ def test_kv_pool_unsupported_features() -> None:
         HybridLinearKVPool(32, torch.bfloat16, 4, 2, 8, FULL, "cpu", req.mamba_pool, use_dsa=True)
     kv = _kv(req)
     assert kv.post_capture_active is False and kv.index_kpool == 1 and kv.tail_extra_slots == 0
-    with pytest.raises(RuntimeError, match="use_dsa"):
+    with pytest.raises(NotImplementedError, match="DSA"):
         kv.get_index_k_with_scale_buffer(2)
     with pytest.raises(TypeError, match="mamba_pool"):
         HybridLinearKVPool(32, torch.bfloat16, 4, 2, 8, FULL, "cpu", object())  # type: ignore[arg-type]

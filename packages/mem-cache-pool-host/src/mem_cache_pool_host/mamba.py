@@ -375,11 +375,15 @@ class MambaPoolHost:
         (temporal dropped when empty), SGLang's order."""
         if isinstance(indices, torch.Tensor):
             slots = check_index("indices", indices).tolist()
-        else:
+        elif isinstance(indices, Sequence) and not isinstance(indices, (str, bytes)):
             slots = [check_int(f"indices[{i}]", x) for i, x in enumerate(indices)]
+        else:
+            raise TypeError(f"indices must be a tensor or a sequence of ints, got {type(indices)}")
         for s in slots:
             if not 0 <= s < self.size:
                 raise ValueError(f"indices must be host slots in [0, {self.size}), got {s}")
+        if slots and not self._slots.is_allocated(torch.tensor(slots, dtype=torch.int64)):
+            raise ValueError("indices must be allocated host slots")
         ptrs: list[int] = []
         sizes: list[int] = []
         parts = [(self.temporal_buffer, self.temporal_state_elem_size, self.temporal_dtype)] + [

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from mem_cache_kernels import checks
+from mem_cache_kernels import caller_names, checks
 from mem_cache_pool._mamba_slots import MambaSlotFreeList
 from mem_cache_pool.base import CpuKVCopy, KVBufferDesc, KVCache, KVWriteLoc, LayerReadyWaiter
 from mem_cache_pool.mamba import MambaPool
@@ -40,7 +40,7 @@ from mem_cache_pool.mha import MHATokenToKVPool
 from mem_cache_pool.mla import MLATokenToKVPool
 from mem_cache_pool.req_to_token import ReqToTokenPool
 
-__all__ = ["HybridLinearKVPool", "HybridReqToTokenPool", "MambaSlotFreeList"]
+__all__ = ["HybridLinearKVPool", "HybridReqToTokenPool"]
 
 
 def _tracking_slots(*, extra_buffer: bool, overlap: bool, lazy: bool = False) -> int:
@@ -160,6 +160,42 @@ class HybridReqToTokenPool(ReqToTokenPool):
         mamba_envelope_layout: bool = False,
         enable_linear_replayssm_spec: bool = False,
     ) -> None:
+        names = caller_names(
+            size="mamba_size",
+            spec_state_size="mamba_spec_state_size",
+            speculative_num_draft_tokens="speculative_num_draft_tokens",
+        )
+        with names:
+            self._build_mamba_pool(
+                mamba_size,
+                mamba_spec_state_size,
+                cache_params,
+                mamba_layer_ids,
+                device,
+                enable_mamba_extra_buffer,
+                speculative_num_draft_tokens,
+                speculative_eagle_topk,
+                enable_linear_replayssm,
+                linear_replayssm_cache_len,
+                mamba_envelope_layout,
+                enable_linear_replayssm_spec,
+            )
+
+    def _build_mamba_pool(  # noqa: PLR0917
+        self,
+        mamba_size: int,
+        mamba_spec_state_size: int,
+        cache_params: Any,
+        mamba_layer_ids: Sequence[int],
+        device: str | torch.device,
+        enable_mamba_extra_buffer: bool,
+        speculative_num_draft_tokens: int | None,
+        speculative_eagle_topk: int | None,
+        enable_linear_replayssm: bool,
+        linear_replayssm_cache_len: int,
+        mamba_envelope_layout: bool,
+        enable_linear_replayssm_spec: bool,
+    ) -> None:
         self.mamba_pool = self.mamba_pool_cls(
             size=mamba_size,
             spec_state_size=mamba_spec_state_size,
@@ -201,6 +237,7 @@ class HybridReqToTokenPool(ReqToTokenPool):
     ) -> HybridReqToTokenPool:
         """A shallow copy sharing the rows and the row -> slot mapping, with a fresh Mamba pool
         of the single layer ``draft_model_idx`` (multi-layer EAGLE draft workers)."""
+        checks.check_int("draft_model_idx", draft_model_idx, minimum=0)
         clone = copy.copy(self)
         clone._init_mamba_pool(
             mamba_size=mamba_size,
@@ -313,7 +350,7 @@ class HybridReqToTokenPool(ReqToTokenPool):
 
     def translate_mamba_indices(self, mamba_indices: torch.Tensor) -> torch.Tensor:
         """Virtual -> physical slot translate: the identity for this static pool."""
-        return mamba_indices
+        return checks.check_index("mamba_indices", mamba_indices)
 
     # ------------------------------------------------------------------ layer access
     def _wait(self, layer_id: int) -> None:
@@ -340,6 +377,7 @@ class HybridReqToTokenPool(ReqToTokenPool):
 
     def short_conv_layer_intermediate_cache(self, layer_id: int) -> torch.Tensor | None:
         """``None``: no PLE short-conv layers (SGLang's answer when the feature is off)."""
+        checks.check_int("layer_id", layer_id)
         return None
 
     def get_ngram_context(self, ngram_indices: torch.Tensor) -> torch.Tensor:
@@ -359,13 +397,15 @@ class HybridReqToTokenPool(ReqToTokenPool):
     def copy_mamba_state(self, src_index: torch.Tensor, dst_index: torch.Tensor) -> None:
         """``mamba_pool.copy_from(src_index, dst_index)`` after the last Mamba layer is loaded
         (radix-cache copy-on-write of a checkpoint into a request's slot)."""
-        if isinstance(src_index, torch.Tensor) and src_index.numel() == 0:
-            self.mamba_pool.copy_from(src_index.reshape(-1), dst_index)
-            return
-        counter = self.layer_transfer_counter
-        if counter is not None and self.mamba_map and getattr(counter, "consumer_index", 0) >= 0:
-            self._wait(max(self.mamba_map))
-        self.mamba_pool.copy_from(src_index, dst_index)
+        with caller_names(src_indices="src_index", dst_indices="dst_index"):
+            if isinstance(src_index, torch.Tensor) and src_index.numel() == 0:
+                self.mamba_pool.copy_from(src_index.reshape(-1), dst_index)
+                return
+            counter = self.layer_transfer_counter
+            waits = counter is not None and getattr(counter, "consumer_index", 0) >= 0
+            if waits and self.mamba_map:
+                self._wait(max(self.mamba_map))
+            self.mamba_pool.copy_from(src_index, dst_index)
 
     def get_speculative_mamba2_params_all_layers(self) -> MambaPool.SpeculativeState:
         """See :meth:`MambaPool.get_speculative_mamba2_params_all_layers`."""
@@ -390,6 +430,7 @@ class HybridReqToTokenPool(ReqToTokenPool):
     # ------------------------------------------------------------------ ping-pong track slots
     def get_mamba_ping_pong_other_idx(self, mamba_next_track_idx: int) -> int:
         """The other ping-pong entry (``1 - i`` with two entries, ``i`` with one)."""
+        checks.check_int("mamba_next_track_idx", mamba_next_track_idx, minimum=0, maximum=1)
         if self.mamba_ping_pong_track_buffer_size == 2:
             return 1 - mamba_next_track_idx
         return mamba_next_track_idx
@@ -649,7 +690,8 @@ class HybridLinearKVPool(KVCache):
         self, layer_transfer_counter: LayerReadyWaiter | None
     ) -> None:
         """Install the waiter here; the inner pool waits for nothing (SGLang's split)."""
-        super().register_layer_transfer_counter(layer_transfer_counter)
+        with caller_names(counter="layer_transfer_counter"):
+            super().register_layer_transfer_counter(layer_transfer_counter)
         self.full_kv_pool.register_layer_transfer_counter(None)
 
     def get_key_buffer(self, layer_id: int, scale: float | None = None) -> torch.Tensor:
@@ -704,18 +746,18 @@ class HybridLinearKVPool(KVCache):
     def set_mla_kv_buffer(
         self, layer: Any, loc_info: Any, cache_k_nope: torch.Tensor, cache_k_rope: torch.Tensor
     ) -> None:
-        """MLA write of the latent parts (``use_mla`` only: ``RuntimeError`` otherwise)."""
+        """MLA write of the latent parts (``use_mla`` only: ``NotImplementedError`` otherwise)."""
         if not self.use_mla:
-            raise RuntimeError("set_mla_kv_buffer called when use_mla is False")
+            raise NotImplementedError("HybridLinearKVPool does not support set_mla_kv_buffer (MHA)")
         index = self._transfer_full_attention_id(getattr(layer, "layer_id", layer))
         self.full_kv_pool.set_mla_kv_buffer(index, loc_info, cache_k_nope, cache_k_rope)
 
     def get_mla_kv_buffer(
         self, layer: Any, loc: torch.Tensor, dst_dtype: torch.dtype | None = None
     ) -> Any:
-        """MLA read of the latent parts (``use_mla`` only: ``RuntimeError`` otherwise)."""
+        """MLA read of the latent parts (``use_mla`` only: ``NotImplementedError`` otherwise)."""
         if not self.use_mla:
-            raise RuntimeError("get_mla_kv_buffer called when use_mla is False")
+            raise NotImplementedError("HybridLinearKVPool does not support get_mla_kv_buffer (MHA)")
         layer_id = getattr(layer, "layer_id", layer)
         self._wait_for_layer(layer_id)
         index = self._transfer_full_attention_id(layer_id)
@@ -901,26 +943,26 @@ class HybridLinearKVPool(KVCache):
         """MXFP8 scales: not supported (no quantised full pool)."""
         raise NotImplementedError("HybridLinearKVPool: no quantised (FP4/MXFP8) full pool")
 
-    def _no_dsa(self, name: str) -> RuntimeError:
-        return RuntimeError(f"{name} called when use_dsa is False")
+    def _no_dsa(self, name: str) -> NotImplementedError:
+        return NotImplementedError(f"HybridLinearKVPool does not support {name} (no DSA pool)")
 
     def set_index_k_scale_buffer(
         self, layer_id: int, loc: torch.Tensor, index_k: torch.Tensor, index_k_scale: torch.Tensor
     ) -> None:
-        """DSA only: ``RuntimeError`` (SGLang asserts ``use_dsa``)."""
+        """DSA only: ``NotImplementedError`` (SGLang asserts ``use_dsa``)."""
         raise self._no_dsa("set_index_k_scale_buffer")
 
     def get_index_k_with_scale_buffer(self, layer_id: int) -> torch.Tensor:
-        """DSA only: ``RuntimeError`` (SGLang asserts ``use_dsa``)."""
+        """DSA only: ``NotImplementedError`` (SGLang asserts ``use_dsa``)."""
         raise self._no_dsa("get_index_k_with_scale_buffer")
 
     def get_broadcastable_index_k_with_scale_buffer(self, layer_id: int) -> torch.Tensor:
-        """DSA only: ``RuntimeError`` (SGLang asserts ``use_dsa``)."""
+        """DSA only: ``NotImplementedError`` (SGLang asserts ``use_dsa``)."""
         raise self._no_dsa("get_broadcastable_index_k_with_scale_buffer")
 
     def invalidate_index_buffer_for_layer(self, layer_id: int) -> None:
         """No-op without DSA (SGLang returns early)."""
-        return None
+        checks.check_int("layer_id", layer_id)
 
     def get_index_k_scale_buffer(
         self,
@@ -930,15 +972,15 @@ class HybridLinearKVPool(KVCache):
         seq_len_sum: int,
         max_seq_len: int,
     ) -> Any:
-        """DSA only: ``RuntimeError`` (SGLang asserts ``use_dsa``)."""
+        """DSA only: ``NotImplementedError`` (SGLang asserts ``use_dsa``)."""
         raise self._no_dsa("get_index_k_scale_buffer")
 
     def get_compress_tail_buffers(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """DSA only: ``RuntimeError`` (SGLang asserts ``use_dsa``)."""
+        """DSA only: ``NotImplementedError`` (SGLang asserts ``use_dsa``)."""
         raise self._no_dsa("get_compress_tail_buffers")
 
     def kpool_decode_update_index_cache(self, layer_id: int, *args: Any, **kwargs: Any) -> None:
-        """DSA only: ``RuntimeError`` (SGLang asserts ``use_dsa``)."""
+        """DSA only: ``NotImplementedError`` (SGLang asserts ``use_dsa``)."""
         raise self._no_dsa("kpool_decode_update_index_cache")
 
     def set_compress_tail_for_request(  # noqa: PLR0917
@@ -950,5 +992,5 @@ class HybridLinearKVPool(KVCache):
         n_remain: int,
         dst_logical_start: int,
     ) -> None:
-        """DSA only: ``RuntimeError`` (SGLang asserts ``use_dsa``)."""
+        """DSA only: ``NotImplementedError`` (SGLang asserts ``use_dsa``)."""
         raise self._no_dsa("set_compress_tail_for_request")

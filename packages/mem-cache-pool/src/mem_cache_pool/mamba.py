@@ -46,19 +46,18 @@ __all__ = [
     "Mamba2StateShape",
     "MambaPool",
     "SlotState",
-    "get_tensor_size_bytes",
 ]
 
 _GB = 1 << 30
 
 
-def get_tensor_size_bytes(t: torch.Tensor | Sequence[torch.Tensor] | None) -> int:
+def _tensor_bytes(t: torch.Tensor | Sequence[torch.Tensor] | None) -> int:
     """Bytes of a tensor or of a list of tensors (``None``: 0), as SGLang's helper."""
     if t is None:
         return 0
     if isinstance(t, torch.Tensor):
         return t.numel() * t.element_size()
-    return sum(get_tensor_size_bytes(x) for x in t)
+    return sum(_tensor_bytes(x) for x in t)
 
 
 # --------------------------------------------------------------------------- cache parameters
@@ -221,10 +220,6 @@ def _slots(name: str, value: object, limit: int, debug: bool) -> torch.Tensor:
     """A slot tensor: 0-d or 1-D int32/int64, values in ``[0, limit)`` (read where free)."""
     if isinstance(value, torch.Tensor) and value.dim() == 0:
         value = value.reshape(1)
-    if isinstance(value, list):
-        for i, x in enumerate(value):
-            checks.check_int(f"{name}[{i}]", x)
-        value = torch.tensor(value, dtype=torch.int64)
     t = checks.check_index(name, value)
     checks.check_index_values(name, t, limit=limit, full=debug)
     return t
@@ -282,7 +277,7 @@ class MambaPool:
         def mem_usage_bytes(self) -> int:
             """Bytes of every buffer held."""
             return sum(
-                get_tensor_size_bytes(getattr(self, f.name))
+                _tensor_bytes(getattr(self, f.name))
                 for f in dataclasses.fields(self)
                 if getattr(self, f.name) is not None
             )
@@ -404,8 +399,8 @@ class MambaPool:
             self.mamba_cache = self.State(conv=conv, temporal=temporal)
         used = self.mamba_cache.mem_usage_bytes()
         if isinstance(self.mamba_cache, self.SpeculativeState):  # charge the physical windows
-            used += get_tensor_size_bytes(self._intermediate_conv_window_phys) - (
-                get_tensor_size_bytes(self.mamba_cache.intermediate_conv_window)
+            used += _tensor_bytes(self._intermediate_conv_window_phys) - (
+                _tensor_bytes(self.mamba_cache.intermediate_conv_window)
             )
         self.mem_usage = used / _GB
         shape = cache_params.shape
