@@ -199,6 +199,14 @@ def test_kv_cpu_copy_carries_the_states() -> None:
     assert torch.equal(cache.conv[0][:, 4], cache.conv[0][:, 2])
     only_kv = kv.get_cpu_copy(torch.tensor([5]))
     assert only_kv[1] is None
+    # a bad state copy is refused before the KV is written
+    keys = kv.get_key_buffer(2).clone()
+    conv_cpu, temporal_cpu = copy[1]
+    with pytest.raises(ValueError, match="shape"):
+        kv.load_cpu_copy(
+            (copy[0], (conv_cpu, temporal_cpu[:, :0])), torch.tensor([20, 21]), torch.tensor([5])
+        )
+    assert torch.equal(kv.get_key_buffer(2), keys)
 
 
 def test_kv_pool_unsupported_features() -> None:

@@ -827,13 +827,17 @@ class HybridLinearKVPool(KVCache):
         mamba_indices: torch.Tensor | None = None,
         req_pool_index: int | None = None,
     ) -> None:
-        """Write a :meth:`get_cpu_copy` result back at ``indices`` (and ``mamba_indices``)."""
+        """Write a :meth:`get_cpu_copy` result back at ``indices`` (and ``mamba_indices``).
+        Both parts are checked before anything is written."""
         if not isinstance(cache_cpu, tuple) or len(cache_cpu) != 2:
             raise TypeError("cache_cpu must be the (kv_cpu, mamba_cpu) pair of get_cpu_copy")
         kv_cpu, mamba_cpu = cache_cpu
+        states = mamba_indices if mamba_cpu is not None else None
+        if states is not None:  # the states are checked before the KV is written
+            self.mamba_pool._check_cpu_copy(mamba_cpu, states)
         self.full_kv_pool.load_cpu_copy(kv_cpu, indices)
-        if mamba_cpu is not None and mamba_indices is not None:
-            self.mamba_pool.load_cpu_copy(mamba_cpu, mamba_indices)
+        if states is not None:
+            self.mamba_pool.load_cpu_copy(mamba_cpu, states)
 
     # ------------------------------------------------------------------ features that are off
     # SGLang's HybridLinearKVPool forwards these to a DSA / quantised / post-capture full pool;

@@ -523,6 +523,20 @@ class MambaPool:
         Shapes and dtypes are checked against the pool and ``indices`` before any write
         (``TypeError`` / ``ValueError``); mutates slots ``indices``.
         """
+        idx, pairs, siblings = self._check_cpu_copy(mamba_cache_cpu, indices)
+        if idx.numel():
+            for dev, host in pairs:
+                if dev.numel():
+                    state_ops.scatter_state_slots([dev], idx, [host.to(dev.device)])
+        if siblings is not None:
+            for sibling, data in zip(self._slot_siblings, siblings):
+                sibling.load_cpu_slots(data, idx)
+
+    def _check_cpu_copy(
+        self, mamba_cache_cpu: Sequence[Any], indices: torch.Tensor
+    ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]], Any]:
+        """The checks of :meth:`load_cpu_copy` (nothing written): ``(slots, (device, cpu)
+        tensor pairs, siblings' data)``."""
         idx = self._check_slots("indices", indices).to(self.device)
         checks.check_distinct("indices", idx, full=self.debug)
         if isinstance(mamba_cache_cpu, (str, bytes)) or not isinstance(mamba_cache_cpu, Sequence):
@@ -560,13 +574,7 @@ class MambaPool:
             want = (dev.shape[0], n, *dev.shape[2:])
             if tuple(host.shape) != want:
                 raise ValueError(f"{name} must have shape {want}, got {tuple(host.shape)}")
-        if n:
-            for dev, host in pairs:
-                if dev.numel():
-                    state_ops.scatter_state_slots([dev], idx, [host.to(dev.device)])
-        if siblings is not None:
-            for sibling, data in zip(self._slot_siblings, siblings):
-                sibling.load_cpu_slots(data, idx)
+        return idx, pairs, siblings
 
     # ------------------------------------------------------------------ transfer descriptors
     def _iter_transfer_state_entries(self) -> Any:
