@@ -145,6 +145,51 @@ def _mamba() -> Any:
     return MambaSlotAllocator(8, "cpu")
 
 
+def _hybrid_rows() -> Any:
+    from mem_cache_pool import HybridReqToTokenPool, Mamba2CacheParams, Mamba2StateShape
+
+    shape = Mamba2StateShape(conv=[(4, 3)], temporal=(2, 2, 2), conv_kernel=4)
+    return HybridReqToTokenPool(
+        size=4,
+        mamba_size=6,
+        mamba_spec_state_size=4,
+        max_context_len=8,
+        device="cpu",
+        enable_memory_saver=False,
+        cache_params=Mamba2CacheParams(shape=shape, layers=[0, 2]),
+        mamba_layer_ids=[0, 2],
+        enable_mamba_extra_buffer=True,
+    )
+
+
+def _mamba_pool() -> Any:
+    return _hybrid_rows().mamba_pool
+
+
+def _hybrid_kv() -> Any:
+    from mem_cache_pool import HybridLinearKVPool
+
+    return HybridLinearKVPool(16, torch.float16, 4, 2, 4, [1], "cpu", _mamba_pool())
+
+
+def _mamba_host() -> Any:
+    from mem_cache_pool_host import MambaPoolHost
+
+    return MambaPoolHost(_mamba_pool(), 1.0, 0, device_capacity=4, pin_memory=False)
+
+
+def _mamba_shape() -> Any:
+    from mem_cache_pool import Mamba2StateShape
+
+    return Mamba2StateShape(conv=[(4, 3)], temporal=(2, 2, 2), conv_kernel=4)
+
+
+def _mamba_info() -> Any:
+    from mem_cache_pool_host import MambaStateBufferInfo
+
+    return MambaStateBufferInfo.from_pool(_mamba_pool())
+
+
 def _mha_host() -> Any:
     from mem_cache_pool_host import MHATokenToKVPoolHost
 
@@ -212,6 +257,12 @@ OWNERS: dict[str, Callable[[], Any]] = {
     "mem_cache_pool._deepseek_v4_indexer:DeepSeekV4IndexerPool": _indexer,
     "mem_cache_pool._deepseek_v4_state:CompressStatePool": _state_pool,
     "mem_cache_pool.req_to_token:ReqToTokenPool": _req,
+    "mem_cache_pool.mamba:MambaPool": _mamba_pool,
+    "mem_cache_pool.hybrid:HybridReqToTokenPool": _hybrid_rows,
+    "mem_cache_pool.hybrid:HybridLinearKVPool": _hybrid_kv,
+    "mem_cache_pool_host.mamba:MambaPoolHost": _mamba_host,
+    "mem_cache_pool.mamba:Mamba2StateShape": _mamba_shape,
+    "mem_cache_pool_host.mamba:MambaStateBufferInfo": _mamba_info,
     "mem_cache_pool.deepseek_v4:DeepSeekV4TokenToKVPool": _v4_mapped,
     "mem_cache_allocator.deepseek_v4_hisparse:DeepSeekV4HiSparseTokenToKVPoolAllocator": _v4_alloc,
     "mem_cache_pool.base:KVBufferDesc": _desc,

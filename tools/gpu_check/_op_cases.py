@@ -630,3 +630,8 @@ CASES: dict[str, CaseFn] = {
     "deepseek_v4.read_records": _dsv4_page_cases("deepseek_v4.read_records", _dsv4_read_run),
 }
 """Qualified op name -> its case generator."""
+
+# the Mamba state-slot ops keep their cases in their own module (imported last: it uses the above)
+from tools.gpu_check._mamba_cases import MAMBA_CASES  # noqa: E402
+
+CASES.update(MAMBA_CASES)

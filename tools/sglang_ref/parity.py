@@ -58,6 +58,10 @@ CLASSES: dict[str, str] = {
     "mem_cache_allocator.deepseek_v4_hisparse:DeepSeekV4HiSparseTokenToKVPoolAllocator":
         f"{_MP}.allocator.hisparse:DeepSeekV4HiSparseTokenToKVPoolAllocator",
     "mem_cache_allocator.mamba:MambaSlotAllocator": f"{_MP}.allocator.mamba:MambaSlotAllocator",
+    "mem_cache_pool:MambaPool": f"{_MP}.memory_pool:MambaPool",
+    "mem_cache_pool:HybridReqToTokenPool": f"{_MP}.memory_pool:HybridReqToTokenPool",
+    "mem_cache_pool:HybridLinearKVPool": f"{_MP}.memory_pool:HybridLinearKVPool",
+    "mem_cache_pool_host:MambaPoolHost": f"{_MP}.pool_host.mamba:MambaPoolHost",
     "mem_cache_pool_host:HostKVCache": f"{_MP}.pool_host.base:HostKVCache",
     "mem_cache_pool_host:MHATokenToKVPoolHost": f"{_MP}.pool_host.mha:MHATokenToKVPoolHost",
     "mem_cache_pool_host:MLATokenToKVPoolHost": f"{_MP}.pool_host.mla:MLATokenToKVPoolHost",

@@ -41,7 +41,7 @@ IO_BACKENDS = ("kernel", "direct")
 STORAGE_BACKENDS = ("none", "file", "mooncake")
 STORAGE_WRITE_POLICIES = ("write_back", "write_through")
 
-Model = Literal["mha", "mla", "dsv4"]
+Model = Literal["mha", "mla", "dsv4", "hybrid"]
 
 #: ``--model`` choices and their one-line help (a new model adapter adds its entry here, in
 #: ``MODEL_IGNORES`` and, when it has a storage tier, in ``MODELS_WITH_L3``)
@@ -50,6 +50,8 @@ MODELS: dict[str, str] = {
     "mla": "multi-head latent attention (one latent row per token)",
     "dsv4": "the DeepSeek-V4 HiSparse stack (tools/simulate/dsv4.py; device and host tiers, "
             "no L3)",
+    "hybrid": "a hybrid linear-attention model (tools/simulate/hybrid.py; attention every 4th "
+              "layer, the rest Mamba conv + temporal state; device and host tiers, no L3)",
 }
 MODELS_WITH_L3 = ("mha", "mla")
 #: options (``SimConfig`` field names) that a model does not use: given explicitly, they are
@@ -61,6 +63,9 @@ MODEL_IGNORES: dict[str, tuple[str, ...]] = {
              "shared_prefix_tokens", "spec_draft", "retract_after", "restart_at", "storage",
              "storage_dir", "storage_write", "storage_capacity_mb", "storage_fault_rate",
              "storage_master", "storage_metadata"),
+    "hybrid": ("kv_lora_rank", "qk_rope_head_dim", "shared_prefix_tokens", "restart_at",
+               "storage", "storage_dir", "storage_write", "storage_capacity_mb",
+               "storage_fault_rate", "storage_master", "storage_metadata"),
 }
 
 

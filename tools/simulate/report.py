@@ -94,6 +94,7 @@ def report_dict(cfg: SimConfig, stats: SimStats) -> dict[str, Any]:
         },
         "storage_backend": backend_label(cfg),
         "storage": l3_dict(stats),
+        "hybrid": dict(stats.hybrid),
         "leaks": {pool: {"available": a, "capacity": c} for pool, (a, c) in stats.leaks.items()},
         "ok": stats.integrity_failures == 0 and not stats.leaked and bool(stats.leaks),
     }
@@ -101,7 +102,7 @@ def report_dict(cfg: SimConfig, stats: SimStats) -> dict[str, Any]:
 
 def render_report(console: Console, cfg: SimConfig, stats: SimStats) -> None:
     """Print the report table (and any integrity failure messages) to ``console``."""
-    shape = (f"{cfg.heads}x{cfg.head_dim}" if cfg.model == "mha"
+    shape = (f"{cfg.heads}x{cfg.head_dim}" if cfg.model in ("mha", "hybrid")
              else f"{cfg.kv_lora_rank}+{cfg.qk_rope_head_dim}")
     if cfg.model == "dsv4":  # fixed 584-byte records (448 fp8 + 64 bf16 + scales); --dtype unused
         shape = "584B-records"
@@ -137,7 +138,7 @@ def render_report(console: Console, cfg: SimConfig, stats: SimStats) -> None:
               f"{stats.host_hits}/{stats.returning_turns} returning turns; "
               f"{_pct(stats.host_hit_tokens, stats.reusable_tokens)} of prefix tokens; "
               f"misses {stats.misses}")
-    if cfg.shared_prefix_tokens and cfg.model != "dsv4":
+    if cfg.shared_prefix_tokens and cfg.model not in ("dsv4", "hybrid"):
         t.add_row("shared prefix", f"{stats.duplicate_pages_freed:,} dup pages freed",
                   f"{cfg.shared_prefix_tokens} shared tokens; {stats.shared_prefix_hits:,} "
                   f"admission hits ({stats.shared_prefix_hit_tokens:,} tokens); "
@@ -159,6 +160,8 @@ def render_report(console: Console, cfg: SimConfig, stats: SimStats) -> None:
               f"({stats.tokens_verified:,} tokens) verified bit-exact; "
               f"{stats.sequences_verified:,} finished sequences checked (1 layer each); "
               f"{stats.layer_waits:,} layer waits")
+    for name, value in stats.hybrid.items():  # --model hybrid
+        t.add_row(f"hybrid {name}", f"{value:,}", "")
     t.add_row("faults injected", f"{stats.faults_injected:,}", f"rate {cfg.faults}")
     t.add_row("integrity failures", str(stats.integrity_failures),
               "OK" if stats.integrity_failures == 0 else "[red]FAILED[/red]")

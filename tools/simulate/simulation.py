@@ -13,6 +13,7 @@ from tools.simulate.dsv4 import DSv4Engine
 from tools.simulate.dsv4_stack import build_dsv4_stack
 from tools.simulate.engine import Engine
 from tools.simulate.faults import FaultInjector
+from tools.simulate.hybrid import HybridEngine, build_hybrid_stack
 from tools.simulate.stack import build_stack
 from tools.simulate.stats import SimStats
 from tools.simulate.storage_tier import StorageTier
@@ -43,7 +44,7 @@ def _run(cfg: SimConfig, progress: ProgressFn | None) -> SimStats:
     t0 = time.perf_counter()
     workload = generate_workload(cfg)
     faults = FaultInjector(cfg.faults, cfg.seed)
-    engine: Engine | DSv4Engine
+    engine: Engine | DSv4Engine | HybridEngine
     l3 = None
     if cfg.model == "dsv4":
         dstack = build_dsv4_stack(cfg, workload.max_context_len + 1)
@@ -53,6 +54,14 @@ def _run(cfg: SimConfig, progress: ProgressFn | None) -> SimStats:
             bytes_per_token=dstack.bytes_per_token,
         )
         engine = DSv4Engine(workload, dstack, stats, faults)
+    elif cfg.model == "hybrid":
+        hstack = build_hybrid_stack(cfg, workload.max_context_len + 1)
+        stats = SimStats(
+            device_capacity=hstack.base.device_capacity,
+            host_capacity=hstack.base.host_capacity,
+            bytes_per_token=hstack.base.bytes_per_token,
+        )
+        engine = HybridEngine(workload, hstack, stats, faults)
     else:
         stack = build_stack(cfg, workload.max_context_len + 1)
         stats = SimStats(

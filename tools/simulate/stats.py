@@ -95,6 +95,7 @@ class SimStats:
     alloc_ops: dict[str, OpTimer] = field(default_factory=dict)
     transfers: dict[str, TransferStat] = field(default_factory=dict)
     leaks: dict[str, tuple[int, int]] = field(default_factory=dict)
+    hybrid: dict[str, int] = field(default_factory=dict)  # --model hybrid: state-slot figures
     failures: list[str] = field(default_factory=list)
     l3: Any = None  # storage_tier.L3Stats when the storage tier (L3) ran
 

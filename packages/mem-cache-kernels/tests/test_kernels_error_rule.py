@@ -62,6 +62,10 @@ def _layers(rows: int = 8, layers: int = 2) -> list[list[torch.Tensor]]:
     return [[torch.arange(rows * 4.0).view(rows, 4) for _ in range(layers)]]
 
 
+def _mamba_states(slots: int = 6) -> list[torch.Tensor]:
+    return [torch.arange(2 * slots * 6.0).view(2, slots, 2, 3), torch.zeros(2, slots, 4, dtype=U8)]
+
+
 def _page_buffer() -> torch.Tensor:
     return torch.zeros(4, d4.page_row_bytes(2), dtype=U8)
 
@@ -270,6 +274,24 @@ CASES: dict[str, Case] = {
         kind=("page_size", "2"),
         dtype=("loc", torch.tensor([1.0, 6.0])),
         value=("records", torch.ones(1, 584, dtype=U8)),
+    ),
+    "mamba.copy_state_slots": Case(
+        lambda: {"states": _mamba_states(), "src_slots": _i(1, 2), "dst_slots": _i(3, 4)},
+        kind=("states", torch.zeros(2, 6, 3)),
+        dtype=("src_slots", torch.tensor([1.0, 2.0])),
+        value=("dst_slots", _i(3, 6)),
+    ),
+    "mamba.gather_state_slots": Case(
+        lambda: {"states": _mamba_states(), "slots": _i(5, 0), "out": _mamba_states(2)},
+        kind=("out", "host"),
+        dtype=("slots", torch.tensor([5.0, 0.0])),
+        value=("slots", _i(6, 0)),
+    ),
+    "mamba.scatter_state_slots": Case(
+        lambda: {"states": _mamba_states(), "slots": _i(1, 2), "src": _mamba_states(2)},
+        kind=("src", None),
+        dtype=("src", [t.double() for t in _mamba_states(2)]),
+        value=("src", _mamba_states(3)[:1]),
     ),
     "deepseek_v4.read_records": Case(
         lambda: {"buffer": _page_buffer(), "loc": _i(1, 6), "page_size": 2},

@@ -41,8 +41,8 @@ class OpInfo:
     name: str
     """Function name in ``module``."""
     family: str
-    """Op family: ``alloc``, ``req_table``, ``store``, ``move``, ``transfer``, ``direct`` or
-    ``deepseek_v4``."""
+    """Op family: ``alloc``, ``req_table``, ``store``, ``move``, ``transfer``, ``direct``,
+    ``deepseek_v4`` or ``mamba``."""
     torch: str | None
     """Torch implementation (a target, see the module doc); ``None``: the public function is the
     only implementation."""
@@ -246,6 +246,35 @@ OPS: tuple[OpInfo, ...] = (
         torch=_torch("deepseek_v4", "read_records"),
         triton=_triton("deepseek_v4", "read_records"),
         summary="records of token slots gathered from page rows",
+    ),
+)
+
+_MAMBA = f"{_PACKAGE}.mamba"
+
+OPS += (
+    OpInfo(
+        name="copy_state_slots",
+        family="mamba",
+        module=_MAMBA,
+        torch=_torch("mamba", "copy_state_slots"),
+        triton=_triton("mamba", "copy_state_slots"),
+        summary="Mamba state entries of every layer: slots src -> dst (overlap-safe)",
+    ),
+    OpInfo(
+        name="gather_state_slots",
+        family="mamba",
+        module=_MAMBA,
+        torch=_torch("mamba", "transfer_state_slots"),
+        triton=_triton("mamba", "transfer_state_slots"),
+        summary="Mamba state entries of slots into another state buffer (e.g. the host)",
+    ),
+    OpInfo(
+        name="scatter_state_slots",
+        family="mamba",
+        module=_MAMBA,
+        torch=_torch("mamba", "transfer_state_slots"),
+        triton=_triton("mamba", "transfer_state_slots"),
+        summary="Mamba state entries from another state buffer into slots",
     ),
 )
 

@@ -17,6 +17,7 @@ from mem_cache_pool_host.capacity import (
 from mem_cache_pool_host.hisparse import HiSparseHostPoolMixin
 from mem_cache_pool_host.layer_counter import LayerDoneCounter, LayerLoadAbortedError
 from mem_cache_pool_host.layout import IO_BACKENDS, LAYOUTS, IOBackend, Layout
+from mem_cache_pool_host.mamba import MambaPoolHost, MambaStateBufferInfo
 from mem_cache_pool_host.memory import (
     HostAllocation,
     HostTensorAllocator,
@@ -56,6 +57,8 @@ __all__ = [
     "Layout",
     "MHATokenToKVPoolHost",
     "MLATokenToKVPoolHost",
+    "MambaPoolHost",
+    "MambaStateBufferInfo",
     "MmapHostAllocation",
     "MmapHostTensorAllocator",
     "PageFormat",

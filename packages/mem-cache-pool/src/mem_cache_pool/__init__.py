@@ -24,6 +24,8 @@ from mem_cache_pool.base import (
 )
 from mem_cache_pool.dsa import DSATokenToKVPool
 from mem_cache_pool.hisparse import HiSparseDSATokenToKVPool
+from mem_cache_pool.hybrid import HybridLinearKVPool, HybridReqToTokenPool
+from mem_cache_pool.mamba import Mamba2CacheParams, Mamba2StateDType, Mamba2StateShape, MambaPool
 from mem_cache_pool.mha import MHATokenToKVPool
 from mem_cache_pool.mla import MLATokenToKVPool
 from mem_cache_pool.req_to_token import ReqToTokenPool
@@ -35,12 +37,18 @@ __all__ = [
     "CpuKVCopy",
     "DSATokenToKVPool",
     "HiSparseDSATokenToKVPool",
+    "HybridLinearKVPool",
+    "HybridReqToTokenPool",
     "KVBufferDesc",
     "KVCache",
     "KVWriteLoc",
     "LayerReadyWaiter",
     "MHATokenToKVPool",
     "MLATokenToKVPool",
+    "Mamba2CacheParams",
+    "Mamba2StateDType",
+    "Mamba2StateShape",
+    "MambaPool",
     "PADDING_SLOT",
     "ReqToTokenPool",
     "SWAKVPool",

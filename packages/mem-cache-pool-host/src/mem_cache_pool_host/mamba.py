@@ -1,0 +1,420 @@
+"""``MambaPoolHost``: the host tier (HiCache L2) of Mamba / linear-attention request states.
+
+Mirrors SGLang 0.5.23's ``pool_host/mamba.py`` ``MambaPoolHost``. A host *slot* holds one
+request's states over every Mamba layer (``page_size`` is 1: a state is not token-granular):
+
+* ``temporal_buffer``: ``[size, num_mamba_layers, 1, *temporal]`` (page-first: one slot's bytes
+  are contiguous per tensor), ``conv_buffer[i]``: ``[size, num_mamba_layers, 1, *conv[i]]``;
+* ``backup_from_device_all_layer(device_pool, host_indices, device_indices)`` copies device
+  slots into host slots (every layer), ``load_to_device_per_layer(..., layer_id)`` one layer
+  back, then marks the layer done on ``layer_done_counter``; both bit-exact through
+  :mod:`mem_cache_kernels.mamba` (``io_backend="kernel"``: Triton on a GPU, torch on the CPU;
+  ``"direct"``: the torch path);
+* storage (L3) pages: ``get_data_page`` / ``set_from_flat_data_page`` move one slot as a flat
+  ``uint8`` page (``temporal`` bytes, then each conv tensor's: SGLang's order), and
+  ``get_page_buffer_meta`` gives the zero-copy ``(ptrs, sizes)`` of slots, SGLang's order
+  (temporal, then conv ``0..n`` per slot), so any page-granular storage backend carries states.
+
+Sizing as SGLang: ``host_size`` (GB) wins when ``> 0`` (``host_size * 1e9 // size_per_token``
+slots), else ``device_capacity * host_to_device_ratio``; one slot more is allocated (SGLang's
+``page_num = size // page_size + 1``). Host slots come from
+:class:`~mem_cache_pool_host.slots.HostSlotAllocator` (double frees raise, nothing changes).
+Out of scope: speculative MTP draft layers (``mtp_draft_buffer_infos``), registered side states
+(``extra_checkpoint_buffers``) and the ``layer_first`` layout, each ``NotImplementedError`` /
+``ValueError`` as SGLang's refusals.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from mem_cache_kernels import caller_names
+from mem_cache_kernels import mamba as state_ops
+from mem_cache_kernels.checks import (
+    check_bool,
+    check_choice,
+    check_index,
+    check_int,
+    check_number,
+    check_tensor,
+)
+from mem_cache_pool_host.capacity import preflight_host_memory
+from mem_cache_pool_host.layer_counter import LayerDoneCounter
+from mem_cache_pool_host.memory import HostAllocation, default_host_tensor_allocator
+from mem_cache_pool_host.slots import HostSlotAllocator
+
+__all__ = ["MambaPoolHost", "MambaStateBufferInfo"]
+
+_LAYOUTS = ("page_first", "page_first_direct")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MambaStateBufferInfo:
+    """The device checkpoint buffers a host pool mirrors (SGLang's fields): ``temporal``
+    ``[L, slots, *t]`` and ``conv`` (each ``[L, slots, *c]``); ``extra_checkpoint_buffers``
+    (side states) are not supported here."""
+
+    temporal: torch.Tensor
+    conv: tuple[torch.Tensor, ...]
+    extra_checkpoint_buffers: tuple[torch.Tensor, ...] = ()
+
+    @classmethod
+    def from_pool(cls, mamba_pool: Any) -> MambaStateBufferInfo:
+        """The checkpoint buffers of a ``MambaPool`` (ours or SGLang's: ``mamba_cache``)."""
+        cache = getattr(mamba_pool, "mamba_cache", None)
+        if cache is None:
+            raise TypeError(
+                f"mamba_pool must have a mamba_cache (a MambaPool), got {type(mamba_pool).__name__}"
+            )
+        return cls(temporal=cache.temporal, conv=tuple(cache.conv))
+
+
+def _buffer_info(value: object) -> Any:
+    if hasattr(value, "mamba_cache"):
+        return MambaStateBufferInfo.from_pool(value)
+    for name in ("temporal", "conv"):
+        if not hasattr(value, name):
+            raise TypeError(
+                "buffer_info must be a MambaStateBufferInfo (temporal, conv) or a MambaPool, "
+                f"got {type(value).__name__}"
+            )
+    return value
+
+
+class MambaPoolHost:
+    """Host slots of request states (see the module doc). SGLang's arguments:
+    ``buffer_info`` (the device checkpoint buffers, or the device ``MambaPool`` itself),
+    ``host_to_device_ratio``, ``host_size`` (GB; ``> 0`` wins), ``device_capacity`` (device
+    state slots), ``pin_memory``, ``device`` (``"cpu"``), ``allocator_type`` (``"default"``),
+    ``layout`` (``"page_first"`` or ``"page_first_direct"``)."""
+
+    mtp_draft_buffer_infos: tuple[Any, ...] = ()
+    slot_state_device_tensors: tuple[torch.Tensor, ...] = ()
+    slot_state_buffers: tuple[torch.Tensor, ...] = ()
+
+    def __init__(
+        self,
+        buffer_info: Any,
+        host_to_device_ratio: float,
+        host_size: float,
+        *,
+        device_capacity: int,
+        pin_memory: bool = True,
+        device: str = "cpu",
+        allocator_type: str = "default",
+        layout: str = "page_first",
+        mtp_draft_buffer_infos: Sequence[Any] = (),
+        reserve_bytes: int | None = None,
+    ) -> None:
+        info = _buffer_info(buffer_info)
+        if mtp_draft_buffer_infos:
+            raise NotImplementedError("MambaPoolHost: MTP draft layers are not supported")
+        if tuple(getattr(info, "extra_checkpoint_buffers", ())):
+            raise NotImplementedError("MambaPoolHost: registered side states are not supported")
+        temporal = check_tensor("buffer_info.temporal", info.temporal)
+        conv = [check_tensor(f"buffer_info.conv[{i}]", c) for i, c in enumerate(info.conv)]
+        if temporal.dim() < 2 or not conv:
+            raise ValueError(
+                "buffer_info must hold temporal [layers, slots, ...] and at least one conv "
+                f"buffer, got temporal shape {tuple(temporal.shape)} and {len(conv)} conv"
+            )
+        for i, c in enumerate(conv):
+            if c.shape[:2] != temporal.shape[:2] or c.device != temporal.device:
+                raise ValueError(
+                    f"buffer_info.conv[{i}] must start with the layer/slot axes "
+                    f"{tuple(temporal.shape[:2])} on {temporal.device}, got {tuple(c.shape)} "
+                    f"on {c.device}"
+                )
+        self.layout = check_choice("layout", layout, _LAYOUTS)
+        check_choice("allocator_type", allocator_type, ("default",))
+        if torch.device(device).type != "cpu":
+            raise ValueError(f"device must be 'cpu' (host memory), got {device!r}")
+        self.pin_memory = check_bool("pin_memory", pin_memory)
+        ratio = check_number("host_to_device_ratio", host_to_device_ratio)
+        gb = check_number("host_size", host_size)
+        capacity = check_int("device_capacity", device_capacity, minimum=0)
+        self.buffer_info = info
+        self.device_pool = None
+        self.device = "cpu"
+        self.page_size = 1
+        self.num_mamba_layers = int(temporal.shape[0])
+        self._buffer_device = temporal.device
+        self.conv_state_shapes = [tuple(c.shape[2:]) for c in conv]
+        self.temporal_state_shape = tuple(temporal.shape[2:])
+        self.temporal_state_elem_size = math.prod(self.temporal_state_shape)
+        self.conv_state_elem_sizes = [math.prod(s) for s in self.conv_state_shapes]
+        self.conv_dtype = conv[0].dtype
+        self.temporal_dtype = temporal.dtype
+        self.dtype = self.conv_dtype
+        self._conv_dtypes = [c.dtype for c in conv]
+        self.size_per_token = self.get_size_per_token()
+        size = int(gb * 1e9 // self.size_per_token) if gb > 0 else int(capacity * ratio)
+        if size < 0:
+            raise ValueError(f"host pool size must be >= 0 slots, got {size}")
+        self.page_num = size // self.page_size + 1
+        self.size = self.page_num * self.page_size
+        preflight_host_memory(self.size * self.size_per_token, reserve_bytes=reserve_bytes)
+        self._allocations: list[HostAllocation] = []
+        self.allocator = default_host_tensor_allocator(self.pin_memory)
+        self.start_layer = 0
+        self.end_layer = self.num_mamba_layers
+        # SGLang's per-layer device views and pointer tables (uint64, on the device)
+        self.temporal_device_layers = list(temporal.unbind(0))
+        self.conv_device_layers = [list(c.unbind(0)) for c in conv]
+        self.temporal_device_ptrs = torch.tensor(
+            [t.data_ptr() for t in self.temporal_device_layers], dtype=torch.uint64
+        ).to(temporal.device)
+        self.conv_device_ptrs = [
+            torch.tensor([t.data_ptr() for t in layers], dtype=torch.uint64).to(temporal.device)
+            for layers in self.conv_device_layers
+        ]
+        self.kv_buffer = self.init_kv_buffer()
+        self.temporal_staging_buffer = None
+        self.conv_staging_buffers: list[torch.Tensor | None] = [None] * len(self.conv_buffer)
+        self.can_use_write_back_jit = True
+        self.layer_done_counter = LayerDoneCounter(max(1, self.num_mamba_layers))
+        self._slots = HostSlotAllocator(self.page_num, self.page_size)
+        self.lock: threading.RLock = self._slots.lock
+
+    def init_kv_buffer(self) -> list[torch.Tensor]:
+        """Allocate the host buffers (page-first ``[size, L, 1, *state]``); returns the
+        non-empty ones (what ``close`` releases). Called once by the constructor."""
+        self.temporal_buffer = self._alloc(self.temporal_state_shape, self.temporal_dtype)
+        self.conv_buffer = [
+            self._alloc(s, d) for s, d in zip(self.conv_state_shapes, self._conv_dtypes)
+        ]
+        return [b for b in (self.temporal_buffer, *self.conv_buffer) if b.numel()]
+
+    def _alloc(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        dims = (self.size, self.num_mamba_layers, 1, *shape)
+        nbytes = math.prod(dims) * dtype.itemsize
+        if nbytes == 0:
+            return torch.empty(dims, dtype=dtype)
+        alloc = self.allocator.allocate(nbytes)
+        self._allocations.append(alloc)
+        return alloc.tensor.view(dtype).view(dims)
+
+    # ------------------------------------------------------------------ sizes and slots
+    def get_size_per_token(self) -> int:
+        """Bytes of one host slot: every layer's conv and temporal state."""
+        conv = sum(n * d.itemsize for n, d in zip(self.conv_state_elem_sizes, self._conv_dtypes))
+        temporal = self.temporal_state_elem_size * self.temporal_dtype.itemsize
+        return (conv + temporal) * self.num_mamba_layers
+
+    def get_ksize_per_token(self) -> int:
+        """Same as :meth:`get_size_per_token` (states have no K/V split)."""
+        return self.get_size_per_token()
+
+    def get_hybrid_pool_buffer(self) -> list[torch.Tensor]:
+        """Every host tensor a storage backend must register (temporal, then conv)."""
+        return [self.temporal_buffer, *self.conv_buffer]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of host memory held."""
+        return sum(a.nbytes for a in self._allocations)
+
+    def available_size(self) -> int:
+        """Free host slots."""
+        return self._slots.available_size()
+
+    def alloc(self, need_size: int) -> torch.Tensor | None:
+        """``need_size`` host slots (CPU int64) or ``None`` with no change when fewer are free."""
+        return self._slots.alloc(need_size)
+
+    def free(self, indices: torch.Tensor) -> int:
+        """Free host slots (``ValueError`` for a double free; nothing freed then)."""
+        return self._slots.free(indices)
+
+    def clear(self) -> None:
+        """Every host slot free."""
+        self._slots.clear()
+
+    def is_allocated(self, indices: torch.Tensor) -> bool:
+        """Whether every slot of ``indices`` is allocated."""
+        return self._slots.is_allocated(indices)
+
+    # ------------------------------------------------------------------ transfers
+    def _host_views(self) -> list[torch.Tensor]:
+        """Host buffers viewed as ``[L, size, *state]`` (state entries contiguous)."""
+        return [b.squeeze(2).transpose(0, 1) for b in (*self.conv_buffer, self.temporal_buffer)]
+
+    def _device_states(self, device_pool: Any) -> list[torch.Tensor]:
+        info = self.buffer_info if device_pool is None else _buffer_info(device_pool)
+        states = [*info.conv, info.temporal]
+        for s, h in zip(states, self._host_views()):
+            if s.shape[0] != h.shape[0] or s.shape[2:] != h.shape[2:] or s.dtype != h.dtype:
+                raise ValueError(
+                    f"device_pool states {tuple(s.shape)} {s.dtype} do not match this host "
+                    f"pool's [{h.shape[0]}, slots, {tuple(h.shape[2:])}] {h.dtype}"
+                )
+        return states
+
+    def _indices(self, host_indices: object, device_indices: object) -> tuple[Any, Any]:
+        with caller_names(slots="device_indices", out_slots="host_indices"):
+            h = check_index("host_indices", host_indices)
+            d = check_index("device_indices", device_indices, length=h.shape[0])
+        if h.numel() and not self._slots.is_allocated(h.cpu()):
+            raise ValueError("host_indices must be allocated host slots")
+        return h, d
+
+    def _backend(self, io_backend: str) -> str:
+        check_choice("io_backend", io_backend, ("kernel", "direct"))
+        return "torch" if io_backend == "direct" else "auto"
+
+    def backup_from_device_all_layer(
+        self,
+        device_pool: Any,
+        host_indices: torch.Tensor,
+        device_indices: torch.Tensor,
+        io_backend: str = "kernel",
+    ) -> None:
+        """Copy device slots ``device_indices`` (every layer, conv and temporal) into host
+        slots ``host_indices`` (allocated). ``device_pool``: the device ``MambaPool`` or its
+        buffer info (``None``: the one given at construction)."""
+        backend = self._backend(io_backend)
+        h, d = self._indices(host_indices, device_indices)
+        states = self._device_states(device_pool)
+        pairs = [(s, v) for s, v in zip(states, self._host_views()) if s.numel()]
+        if not h.numel() or not pairs:
+            return
+        dev = states[0].device
+        with caller_names(slots="device_indices", out_slots="host_indices"):
+            state_ops.gather_state_slots(
+                [s for s, _ in pairs],
+                d.to(dev),
+                [v for _, v in pairs],
+                h.to(dev),
+                backend=backend,  # type: ignore[arg-type]
+            )
+
+    def load_to_device_per_layer(
+        self,
+        device_pool: Any,
+        host_indices: torch.Tensor,
+        device_indices: torch.Tensor,
+        layer_id: int,
+        io_backend: str = "kernel",
+        *,
+        is_draft: bool = False,
+    ) -> None:
+        """Copy host slots ``host_indices`` of pool layer ``layer_id`` into device slots
+        ``device_indices``, then mark the layer done on ``layer_done_counter`` (an error aborts
+        the batch in flight, so readers raise instead of waiting forever)."""
+        try:
+            if is_draft:
+                raise NotImplementedError("MambaPoolHost: MTP draft layers are not supported")
+            check_int("layer_id", layer_id, minimum=0, maximum=self.num_mamba_layers - 1)
+            backend = self._backend(io_backend)
+            h, d = self._indices(host_indices, device_indices)
+            states = self._device_states(device_pool)
+            pairs = [(s, v) for s, v in zip(states, self._host_views()) if s.numel()]
+            event: Any = None
+            if h.numel() and pairs:
+                dev = states[0].device
+                with caller_names(slots="device_indices", src_slots="host_indices"):
+                    state_ops.scatter_state_slots(
+                        [s[layer_id : layer_id + 1] for s, _ in pairs],
+                        d.to(dev),
+                        [v[layer_id : layer_id + 1] for _, v in pairs],
+                        h.to(dev),
+                        backend=backend,  # type: ignore[arg-type]
+                    )
+                if dev.type == "cuda":
+                    event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+                    event.record(torch.cuda.current_stream(dev))
+        except BaseException as exc:
+            self.layer_done_counter.abort(exc)
+            raise
+        self.layer_done_counter.complete(layer_id, event)
+
+    # ------------------------------------------------------------------ storage (L3) pages
+    def _page_tensors(self, index: int) -> list[torch.Tensor]:
+        check_int("index", index)
+        if not 0 <= index < self.size:
+            raise ValueError(f"index must be a host slot in [0, {self.size}), got {index}")
+        return [t[index] for t in (self.temporal_buffer, *self.conv_buffer)]
+
+    def get_data_page(self, index: int, flat: bool = True) -> torch.Tensor:
+        """Host slot ``index`` as one ``uint8`` page (temporal bytes, then each conv's;
+        SGLang's order). Always a copy."""
+        return torch.cat(
+            [t.contiguous().view(torch.uint8).reshape(-1) for t in self._page_tensors(index)]
+        )
+
+    def get_dummy_flat_data_page(self) -> torch.Tensor:
+        """A zeroed page (``page_size * size_per_token`` bytes)."""
+        return torch.zeros(self.page_size * self.size_per_token, dtype=torch.uint8)
+
+    def set_from_flat_data_page(self, index: int, data_page: torch.Tensor) -> None:
+        """Write a page of :meth:`get_data_page` into host slot ``index`` (checked first: a
+        wrong size raises ``ValueError`` and writes nothing)."""
+        tensors = self._page_tensors(index)
+        check_tensor("data_page", data_page)
+        flat = data_page.contiguous().view(torch.uint8).reshape(-1)
+        want = self.page_size * self.size_per_token
+        if flat.numel() != want:
+            raise ValueError(f"data_page must have {want} bytes, got {flat.numel()}")
+        start = 0
+        for t in tensors:
+            n = t.numel() * t.element_size()
+            part = flat[start : start + n].clone()
+            start += n
+            t.copy_(part.view(t.dtype).reshape(t.shape))
+
+    def get_page_buffer_meta(
+        self, indices: torch.Tensor | Sequence[int]
+    ) -> tuple[list[int], list[int]]:
+        """``(ptrs, sizes)`` for zero-copy storage IO: per slot, temporal then conv ``0..n``
+        (temporal dropped when empty), SGLang's order."""
+        if isinstance(indices, torch.Tensor):
+            slots = check_index("indices", indices).tolist()
+        elif isinstance(indices, Sequence) and not isinstance(indices, (str, bytes)):
+            slots = [check_int(f"indices[{i}]", x) for i, x in enumerate(indices)]
+        else:
+            raise TypeError(f"indices must be a tensor or a sequence of ints, got {type(indices)}")
+        for s in slots:
+            if not 0 <= s < self.size:
+                raise ValueError(f"indices must be host slots in [0, {self.size}), got {s}")
+        if slots and not self._slots.is_allocated(torch.tensor(slots, dtype=torch.int64)):
+            raise ValueError("indices must be allocated host slots")
+        ptrs: list[int] = []
+        sizes: list[int] = []
+        parts = [(self.temporal_buffer, self.temporal_state_elem_size, self.temporal_dtype)] + [
+            (b, n, d)
+            for b, n, d in zip(self.conv_buffer, self.conv_state_elem_sizes, self._conv_dtypes)
+        ]
+        for s in slots:
+            for buf, elems, dtype in parts:
+                if elems == 0:
+                    continue
+                stride = self.num_mamba_layers * elems * dtype.itemsize
+                ptrs.append(buf.data_ptr() + s * stride)
+                sizes.append(self.page_size * stride)
+        return ptrs, sizes
+
+    def is_stride_page_aligned(self, page_size_bytes: int = 4096) -> bool:
+        """Whether every zero-copy range starts at a multiple of ``page_size_bytes``."""
+        check_int("page_size_bytes", page_size_bytes, minimum=1)
+        for buf, elems, dtype in [
+            (self.temporal_buffer, self.temporal_state_elem_size, self.temporal_dtype),
+            *zip(self.conv_buffer, self.conv_state_elem_sizes, self._conv_dtypes),
+        ]:
+            stride = self.num_mamba_layers * elems * dtype.itemsize
+            if buf.data_ptr() % page_size_bytes or stride % page_size_bytes:
+                return False
+        return True
+
+    def close(self) -> None:
+        """Release the host memory (idempotent)."""
+        for a in self._allocations:
+            a.close()
+        self._allocations.clear()
+
+    destroy = close
