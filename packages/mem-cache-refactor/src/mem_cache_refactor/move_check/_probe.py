@@ -26,7 +26,22 @@ __all__ = [
 # Runs in the child: for each (old module, name, new module, new name), import both and compare
 # identity.
 _PROBE = r"""
-import importlib, json, sys, warnings
+import importlib, json, os, sys, traceback, warnings
+start = set(sys.modules)
+def purge():
+    # a failed import leaves half-initialised packages behind: the next import would fail with
+    # a secondary error (KeyError: 'pkg') instead of the real one, so start over each time
+    for key in [k for k in sys.modules if k not in start]:
+        del sys.modules[key]
+def why(exc):
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if not f.filename.startswith("<") and "importlib" not in f.filename]
+    where = ""
+    if frames:
+        f = frames[-1]
+        base = os.environ.get("MOVE_CHECK_TREE") or os.getcwd()
+        where = f" (at {os.path.relpath(f.filename, base)}:{f.lineno})"
+    return f"{type(exc).__name__}: {exc}{where}"
 out = []
 for old_mod, name, new_mod, new_name in json.loads(sys.argv[1]):
     r = {"status": "error", "detail": "", "warning": None, "mechanism": None}
@@ -34,7 +49,8 @@ for old_mod, name, new_mod, new_name in json.loads(sys.argv[1]):
     try:
         new_obj = getattr(importlib.import_module(new_mod), new_name)
     except Exception as exc:
-        r["detail"] = f"new path {new_mod}.{new_name} does not import: {type(exc).__name__}: {exc}"
+        r["detail"] = f"new path {new_mod}.{new_name} does not import: {why(exc)}"
+        purge()
         continue
     try:
         mod = importlib.import_module(old_mod)
@@ -42,10 +58,12 @@ for old_mod, name, new_mod, new_name in json.loads(sys.argv[1]):
         if exc.name and (old_mod == exc.name or old_mod.startswith(exc.name + ".")):
             r["status"], r["detail"] = "gone", f"module {old_mod} no longer exists"
         else:
-            r["detail"] = f"import {old_mod}: {type(exc).__name__}: {exc}"
+            r["detail"] = f"import {old_mod}: {why(exc)}"
+        purge()
         continue
     except Exception as exc:
-        r["detail"] = f"import {old_mod}: {type(exc).__name__}: {exc}"
+        r["detail"] = f"import {old_mod}: {why(exc)}"
+        purge()
         continue
     r["mechanism"] = "module __getattr__ (PEP 562)" if "__getattr__" in vars(mod) else (
         "module attribute" if name in vars(mod) else None)
@@ -106,17 +124,26 @@ def probe_old_paths(
     cases: list[tuple[str, str, str]] | list[tuple[str, str, str, str]],
     timeout: float = 300.0,
     python: str | None = None,
+    *,
+    tree: Path | None = None,
 ) -> list[OldPath]:
     """Resolve each ``(old_module, name, new_module[, new_name])`` in one fresh interpreter
     (``python``, default: this one) whose ``sys.path`` starts with ``roots`` (the exported
-    tree), run from ``cwd``. ``new_name`` (default ``name``) is the name at the new home."""
+    tree), run from ``cwd``. ``new_name`` (default ``name``) is the name at the new home.
+
+    A failed import is reported with its own error and the ``file:line`` that raised it (shown
+    relative to ``tree``); the modules it left half-initialised are dropped before the next
+    case, so a later case reports the same real error, not a secondary ``KeyError``."""
     if not cases:
         return []
     full = [c if len(c) == 4 else (*c, c[1]) for c in cases]
+    env = probe_env(roots)
+    if tree is not None:
+        env["MOVE_CHECK_TREE"] = str(tree)
     proc = subprocess.run(
         [python or sys.executable, "-c", _PROBE, json.dumps(full)],
         cwd=cwd,
-        env=probe_env(roots),
+        env=env,
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
+from mem_cache_refactor.move_check._chains import EagerResult
 from mem_cache_refactor.move_check._probe import OldPath
 from mem_cache_refactor.move_check._sites import ImportSite
 
@@ -140,6 +141,8 @@ class ContractReport:
     newly_broken: tuple[str, ...] = ()
     already_broken: tuple[str, ...] = ()
     details: str = ""
+    #: the eager_forbidden contracts, decided by comparing their chains at both refs
+    eager: tuple[EagerResult, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +184,22 @@ class Report:
 
 def _indent(text: str, prefix: str = "      ") -> str:
     return "\n".join(prefix + line if line else line for line in text.rstrip("\n").splitlines())
+
+
+def _render_eager(results: tuple[EagerResult, ...], ref_a: str) -> list[str]:
+    out: list[str] = []
+    for r in results:
+        out.append(f"  eager chains of {r.name!r}: {len(r.new)} new, {len(r.existing)} "
+                   f"existing (already at {ref_a})")
+        out.extend(f"    CANNOT CHECK: {e}" for e in r.errors)
+        for chain in r.new:
+            out.append(f"    NEW: {chain['source']} imports {chain['forbidden']} at import time:")
+            out.append(f"        {chain['summary']}")
+            out.extend(f"      {file}:{line}: {text}" if line else f"      {file}: {text}"
+                       for file, line, text in chain["hops"])
+        for chain in r.existing:
+            out.append(f"    existing: {chain['summary']}")
+    return out
 
 
 def render_text(report: Report) -> str:
@@ -260,6 +279,8 @@ def render_text(report: Report) -> str:
             out.append(f"  already broken before: {name}")
         if c.details:
             out.append(_indent(c.details, "    "))
+    if c.eager:
+        out.extend(_render_eager(c.eager, report.ref_a))
     out.append("")
     if report.failures:
         out.append(f"FAILED ({len(report.failures)}):")

@@ -44,6 +44,7 @@ from collections import Counter
 from pathlib import Path
 
 from mem_cache_refactor.modpath import SourceRoots
+from mem_cache_refactor.move_check._chains import check_eager_contracts
 from mem_cache_refactor.move_check._defs import (
     Definition,
     changed_members,
@@ -109,23 +110,34 @@ def _broken_details(output: str, names: tuple[str, ...]) -> str:
 
 
 def _contracts(
-    tree_a: Path, roots_a: list[Path], tree_b: Path, roots_b: list[Path], python: str | None
+    tree_a: Path, roots_a: list[Path], tree_b: Path, roots_b: list[Path], python: str | None,
+    *, moved_from: dict[str, set[str]],
 ) -> ContractReport:
+    """lint-imports at REF_B (and at REF_A when something is broken); the eager contracts are
+    decided in-process by comparing their chains at both refs (see :mod:`._chains`)."""
+    eager = tuple(check_eager_contracts(tree_a, roots_a, tree_b, roots_b, moved_from))
+    eager_names = {r.name for r in eager}
+    eager_newly = tuple(r.name for r in eager if r.broken_by_change)
+    eager_already = tuple(r.name for r in eager if r.broken and not r.broken_by_change)
+    eager_kept = tuple(r.name for r in eager if not r.broken)
     run_b = run_import_linter(tree_b, roots_b, python=python)
     if not run_b.ran:
         note = run_b.output.strip()[-2000:] or "lint-imports did not run"
-        return ContractReport(False, note, configured=run_b.configured)
-    broken_b = [name for name, kept in run_b.results.items() if not kept]
-    kept_b = tuple(name for name, kept in run_b.results.items() if kept)
+        return ContractReport(False, note, configured=run_b.configured, newly_broken=eager_newly,
+                              eager=eager)
+    results_b = {n: k for n, k in run_b.results.items() if n not in eager_names}
+    broken_b = [name for name, kept in results_b.items() if not kept]
+    kept_b = tuple(name for name, kept in results_b.items() if kept) + eager_kept
     if not broken_b:
-        return ContractReport(True, "lint-imports at REF_B", True, False, kept_b)
+        return ContractReport(True, "lint-imports at REF_B", True, False, kept_b, eager_newly,
+                              eager_already, eager=eager)
     run_a = run_import_linter(tree_a, roots_a, python=python)
     before = run_a.results if run_a.ran else {}
     newly = tuple(n for n in broken_b if before.get(n, True))
     already = tuple(n for n in broken_b if not before.get(n, True))
     return ContractReport(
-        True, "lint-imports at REF_B (and REF_A)", True, False, kept_b, newly, already,
-        _broken_details(run_b.output, newly),
+        True, "lint-imports at REF_B (and REF_A)", True, False, kept_b, newly + eager_newly,
+        already + eager_already, _broken_details(run_b.output, newly), eager=eager,
     )
 
 
@@ -209,6 +221,7 @@ def check(
             roots_b, Path(tmp),
             [(old.module, old.name, new.module, new.name) for old, new in pairs],
             python=opts.python,
+            tree=tree_b,
         )
         renames = {old.name: new.name for old, new in pairs if old.name != new.name}
         change_commits = rev_list(root, commit_a, commit_b)
@@ -255,7 +268,11 @@ def check(
         if not opts.contracts:
             contracts = ContractReport(False, "skipped (--no-contracts)", skipped=True)
         else:
-            contracts = _contracts(tree_a, roots_a, tree_b, roots_b, opts.python)
+            moved_from: dict[str, set[str]] = {}
+            for old, new in pairs:
+                moved_from.setdefault(new.module, set()).add(old.module)
+            contracts = _contracts(tree_a, roots_a, tree_b, roots_b, opts.python,
+                                   moved_from=moved_from)
     failures = [f for m in moves for f in m.failures]
     if contracts.configured and not contracts.ran:
         failures.append(
