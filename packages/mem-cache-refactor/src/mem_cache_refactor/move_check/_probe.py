@@ -28,10 +28,13 @@ __all__ = [
 _PROBE = r"""
 import importlib, json, os, sys, traceback, warnings
 start = set(sys.modules)
+CASES = json.loads(sys.argv[1])
+TOPS = {m.split(".")[0] for case in CASES for m in (case[0], case[2])}
 def purge():
-    # a failed import leaves half-initialised packages behind: the next import would fail with
-    # a secondary error (KeyError: 'pkg') instead of the real one, so start over each time
-    for key in [k for k in sys.modules if k not in start]:
+    # a failed import leaves half-initialised packages of the tree behind: the next import would
+    # fail with a secondary error (KeyError: 'pkg') instead of the real one, so drop the tree's
+    # modules (only those: a compiled third-party module cannot be loaded twice)
+    for key in [k for k in sys.modules if k not in start and k.split(".")[0] in TOPS]:
         del sys.modules[key]
 def why(exc):
     frames = [f for f in traceback.extract_tb(exc.__traceback__)
@@ -43,7 +46,7 @@ def why(exc):
         where = f" (at {os.path.relpath(f.filename, base)}:{f.lineno})"
     return f"{type(exc).__name__}: {exc}{where}"
 out = []
-for old_mod, name, new_mod, new_name in json.loads(sys.argv[1]):
+for old_mod, name, new_mod, new_name in CASES:
     r = {"status": "error", "detail": "", "warning": None, "mechanism": None}
     out.append(r)
     try:

@@ -42,6 +42,9 @@ class Options:
     contracts: bool = True
     src_roots: tuple[str, ...] = ()
     python: str | None = None
+    #: an import-linter configuration used at both refs instead of the trees' own (a contract
+    #: checked on commits that predate it)
+    contracts_config: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -55,8 +55,9 @@ from mem_cache_refactor.move_check._defs import (
     unchanged_new_lines,
 )
 from mem_cache_refactor.move_check._git import (
+    BlameLine,
     GitError,
-    blame,
+    blame_ranges,
     changed_py_files,
     export_tree,
     git,
@@ -141,14 +142,31 @@ def _contracts(
     )
 
 
-def _blame(
-    root: Path, ref_b: str, new: Definition, change_commits: set[str], only: set[int]
-) -> tuple[int, int, dict[str, int]]:
+def _min_chars(new: Definition) -> int:
     # a short definition is one short block: let blame trace it (git's default needs 40 chars)
     alnum = sum(c.isalnum() for c in new.source)
-    min_chars = min(40, max(10, alnum // 2))
-    traced = blame(root, ref_b, new.path, new.start, new.end, min_chars=min_chars)
-    lines = [b for b in traced if b.line in only]
+    return min(40, max(10, alnum // 2))
+
+
+def _blame_all(
+    root: Path, ref_b: str, news: list[Definition]
+) -> dict[tuple[str, int], dict[int, BlameLine]]:
+    """One ``git blame`` per new file (and threshold) for every moved definition in it."""
+    groups: dict[tuple[str, int], list[tuple[int, int]]] = {}
+    for new in news:
+        groups.setdefault((new.path, _min_chars(new)), []).append((new.start, new.end))
+    return {
+        key: {b.line: b for b in blame_ranges(root, ref_b, key[0], ranges, min_chars=key[1])}
+        for key, ranges in groups.items()
+    }
+
+
+def _blame(
+    traced: dict[tuple[str, int], dict[int, BlameLine]], new: Definition,
+    change_commits: set[str], only: set[int],
+) -> tuple[int, int, dict[str, int]]:
+    by_line = traced[(new.path, _min_chars(new))]
+    lines = [by_line[n] for n in range(new.start, new.end + 1) if n in only and n in by_line]
     before = [b for b in lines if b.commit not in change_commits]
     sources = Counter(f"{b.orig_path}@{b.commit[:10]}" for b in before)
     return len(lines), len(before), dict(sorted(sources.items()))
@@ -206,6 +224,10 @@ def check(
         tree_a, tree_b = Path(tmp) / "a", Path(tmp) / "b"
         files_a = export_tree(root, commit_a, tree_a)
         files_b = export_tree(root, commit_b, tree_b)
+        if opts.contracts_config:
+            config = Path(opts.contracts_config).read_text(encoding="utf-8")
+            for tree in (tree_a, tree_b):
+                (tree / ".importlinter").write_text(config, encoding="utf-8")
         extra = [str(Path(r)) if not Path(r).is_absolute() else _rel_to(Path(r), root)
                  for r in opts.src_roots]
         src_a = SourceRoots.discover(tree_a, files_a, extra)
@@ -225,6 +247,7 @@ def check(
         )
         renames = {old.name: new.name for old, new in pairs if old.name != new.name}
         change_commits = rev_list(root, commit_a, commit_b)
+        traced = _blame_all(root, commit_b, [new for _, new in pairs])
         moves: list[MoveReport] = []
         for (old, new), probe in zip(pairs, probes):
             identical = old.dump == new.dump
@@ -238,7 +261,7 @@ def check(
             only = set(range(new.start, new.end + 1)) if old.dump == new.dump else (
                 unchanged_new_lines(old, new)
             )
-            total, before, sources = _blame(root, commit_b, new, change_commits, only)
+            total, before, sources = _blame(traced, new, change_commits, only)
             moves.append(
                 MoveReport(
                     name=old.name,
@@ -330,6 +353,11 @@ def main(argv: list[str] | None = None) -> int:
         "--python", default=None, metavar="EXE",
         help="interpreter for the runtime probe and lint-imports (default: this one)",
     )
+    parser.add_argument(
+        "--contracts-config", default=None, metavar="FILE",
+        help="an import-linter configuration (.importlinter format) to check at both refs "
+             "instead of the trees' own, e.g. a new contract on older commits",
+    )
     parser.add_argument("--root", type=Path, default=None, help="repository (default: cwd's)")
     args = parser.parse_args(argv)
     if not 0.0 <= args.min_blame <= 100.0:
@@ -342,6 +370,8 @@ def main(argv: list[str] | None = None) -> int:
         contracts=not args.no_contracts,
         src_roots=tuple(args.src_root),
         python=args.python,
+        contracts_config=str(Path(args.contracts_config).resolve())
+        if args.contracts_config else None,
     )
     try:
         start = args.root or Path.cwd()
