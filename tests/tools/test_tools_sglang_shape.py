@@ -205,3 +205,20 @@ def test_the_probe_reports_the_first_real_import_error(tmp_path: Path) -> None:
         assert "No module named 'orjson_not_installed'" in detail, detail
         assert "(at python/engine/srt/utils/common.py:1)" in detail, detail
         assert "KeyError" not in detail
+
+
+def test_a_contract_given_on_the_command_line_checks_older_commits(tmp_path: Path) -> None:
+    repo, _ = sgl_repo(tmp_path / "engine")
+    config = repo.root / ".importlinter"
+    outside = tmp_path / "contract.ini"
+    outside.write_text(config.read_text())
+    repo.remove(".importlinter")
+    repo.commit("the repository has no contract")
+    repo.write({f"{MC}/allocator/__init__.py": ALLOC_INIT_REEXPORT})
+    repo.commit("re-export the sparse allocators")
+    plain = _move_check(repo, "HEAD~1", "HEAD")
+    assert plain.returncode == 0 and "contracts: not checked" in plain.stdout, plain.stdout
+    proc = _move_check(repo, "HEAD~1", "HEAD", "--contracts-config", str(outside))
+    assert proc.returncode == 1, proc.stdout
+    assert f"eager chains of '{CONTRACT}': 1 new, 1 existing" in proc.stdout
+    assert SPARSE_CHAIN in proc.stdout
