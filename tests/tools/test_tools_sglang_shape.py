@@ -222,3 +222,29 @@ def test_a_contract_given_on_the_command_line_checks_older_commits(tmp_path: Pat
     assert proc.returncode == 1, proc.stdout
     assert f"eager chains of '{CONTRACT}': 1 new, 1 existing" in proc.stdout
     assert SPARSE_CHAIN in proc.stdout
+
+
+def test_a_static_reexport_is_recognised_when_the_tree_cannot_be_imported(tmp_path: Path) -> None:
+    """The package keeps ``from new import Name`` for its old importers (SGLang's [1/N]): the
+    same object, though the probe cannot import the tree (kernel_ext is not installed)."""
+    repo, _ = sgl_repo(tmp_path / "engine")
+    pool = (repo.root / MC / "sparse_pool.py").read_text()
+    start = pool.index("class SparsePool")
+    header = pool[:start]
+    repo.write({
+        f"{MC}/sparse_pool.py": header.replace(
+            '"""Device pool of the sparse attention."""\n',
+            '"""Device pool of the sparse attention."""\n\n'
+            "from engine.srt.mem_cache.pools.sparse import SparsePool  # noqa: F401\n",
+        ),
+        f"{MC}/pools/sparse.py": header + pool[start:],
+    })
+    repo.commit("move SparsePool to pools/sparse.py, re-exported")
+    proc = _move_check(repo, "HEAD~1", "HEAD")
+    out = proc.stdout
+    assert "old path engine.srt.mem_cache.sparse_pool.SparsePool: reexport (static check: " \
+           "engine.srt.mem_cache.sparse_pool imports SparsePool from " \
+           "engine.srt.mem_cache.pools.sparse, the same object" in out, out
+    assert "No module named 'kernel_ext'" in out
+    assert "import sites of the old path (1), allowed: the old path is a silent re-export" in out
+    assert proc.returncode == 0, out

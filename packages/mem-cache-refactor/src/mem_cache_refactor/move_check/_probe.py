@@ -13,6 +13,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from mem_cache_refactor.modpath import resolve_relative
+
 __all__ = [
     "ContractRun",
     "OldPath",
@@ -21,6 +23,7 @@ __all__ = [
     "probe_old_paths",
     "run_import_linter",
     "static_old_path",
+    "static_reexport",
 ]
 
 # Runs in the child: for each (old module, name, new module, new name), import both and compare
@@ -214,6 +217,44 @@ def static_old_path(roots: list[Path], module: str, name: str) -> tuple[bool, st
                 return True, f"static check: {module} may provide {name} (__getattr__ or *)"
             return False, f"static check: {module} no longer defines or imports {name}"
     return False, f"static check: module {module} no longer exists"
+
+
+def static_reexport(
+    roots: list[Path], module: str, name: str, new_module: str, new_name: str
+) -> bool:
+    """Whether the old module binds ``name`` at import time only by importing ``new_name``
+    from ``new_module`` (``from new import Name``, absolute or relative): a silent re-export of
+    the same object, and no module ``__getattr__`` that could warn instead."""
+    rel = Path(*module.split("."))
+    for root in roots:
+        for file in (root / rel / "__init__.py", (root / rel).with_suffix(".py")):
+            if not file.is_file():
+                continue
+            try:
+                tree = ast.parse(file.read_text(encoding="utf-8", errors="replace"))
+            except SyntaxError:
+                return False
+            is_package = file.name == "__init__.py"
+            found = False
+            for node in tree.body:
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and \
+                        node.name in (name, "__getattr__"):
+                    return False
+                if isinstance(node, (ast.Assign, ast.AnnAssign)):
+                    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                    if any(isinstance(t, ast.Name) and t.id in (name, "__getattr__")
+                           for t in targets):
+                        return False
+                if isinstance(node, ast.ImportFrom):
+                    base = resolve_relative(module, is_package, node.level, node.module)
+                    for alias in node.names:
+                        if (alias.asname or alias.name) != name:
+                            continue
+                        if base != new_module or alias.name != new_name:
+                            return False
+                        found = True
+            return found
+    return False
 
 
 def import_linter_config(tree: Path) -> str | None:

@@ -69,6 +69,7 @@ from mem_cache_refactor.move_check._probe import (
     probe_old_paths,
     run_import_linter,
     static_old_path,
+    static_reexport,
 )
 from mem_cache_refactor.move_check._report import (
     DEFAULT_MIN_BLAME,
@@ -197,10 +198,20 @@ def _removal_allowed(allow: set[str], old: Definition) -> bool:
     return bool({old.name, old.qualname, old.module} & allow)
 
 
-def _old_path(probe: OldPath, roots_b: list[Path], old: Definition) -> OldPath:
-    """When the probe could not decide, a static look at the old module settles ``gone``."""
+def _old_path(
+    probe: OldPath, roots_b: list[Path], old: Definition, new: Definition
+) -> OldPath:
+    """When the probe could not decide, a static look at the old module settles ``gone``, and
+    a plain ``from new import Name`` in it is a silent re-export."""
     if probe.status != "error":
         return probe
+    if static_reexport(roots_b, old.module, old.name, new.module, new.name):
+        return OldPath(
+            "reexport",
+            f"static check: {old.module} imports {new.name} from {new.module}, the same object; "
+            f"the runtime probe failed: {probe.detail}",
+            None, "from-import (static)",
+        )
     resolvable, detail = static_old_path(roots_b, old.module, old.name)
     if not resolvable:
         return OldPath("gone", f"{detail}; the runtime probe failed: {probe.detail}", None, None)
@@ -279,7 +290,7 @@ def check(
                     changed_members=members,
                     diff="" if identical else source_diff(old, new),
                     stale_sites=mine,
-                    old_path=_old_path(probe, roots_b, old),
+                    old_path=_old_path(probe, roots_b, old, new),
                     blame_lines=total,
                     blame_before_move=before,
                     blame_sources=sources,
