@@ -211,6 +211,9 @@ def render_text(report: Report) -> str:
         f"move-check {report.ref_a}..{report.ref_b} "
         f"({report.commit_a[:10]}..{report.commit_b[:10]}): {len(report.moves)} move(s)"
     ]
+    if not report.moves:
+        out.append("  no top-level class, function or constant moved between modules (methods "
+                   "moved from one class into another are not tracked: compare those by hand)")
     for m in report.moves:
         verdict = "FAIL" if m.failures else "ok"
         out.append("")
