@@ -12,6 +12,7 @@ call that fails for another reason). Kernel ops run on both backends (Triton und
 
 from __future__ import annotations
 
+import inspect
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -461,11 +462,31 @@ def test_hostile_argument(key: str, arg: str, variant: str, request: pytest.Fixt
         assert answers["triton"] == answers["torch"], "the backends answer differently"
 
 
+def _answer_problem(fn: Callable[..., Any], result: object) -> str | None:
+    """Whether ``result`` is what ``fn``'s return annotation promises: None for ``-> None``,
+    an answer otherwise (for ``X | None`` too: None is the shortage answer, and a valid base
+    call is one that works), a tensor for ``-> torch.Tensor``. None when it is."""
+    annotation = inspect.signature(fn).return_annotation
+    if annotation is inspect.Signature.empty:
+        return "has no return annotation to check the answer against"
+    text = annotation if isinstance(annotation, str) else getattr(
+        annotation, "__name__", str(annotation))
+    if text in ("None", "NoneType"):
+        return None if result is None else f"returned {type(result).__name__}, not None"
+    if result is None:
+        return f"returned None (annotated {text})"
+    if text in ("torch.Tensor", "Tensor") and not isinstance(result, torch.Tensor):
+        return f"returned {type(result).__name__}, not a tensor"
+    return None
+
+
 @pytest.mark.parametrize("key", list(BUILDERS))
 def test_the_valid_call_succeeds(key: str) -> None:
     """The builders' calls are valid, so each hostile case fails for its one bad argument."""
     call = BUILDERS[key]()
-    call.fn(**call.args)
+    result = call.fn(**call.args)
+    problem = _answer_problem(call.fn, result)
+    assert problem is None, f"{key}: the valid call {problem}"
 
 
 def test_snapshot_sees_a_change() -> None:

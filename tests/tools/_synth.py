@@ -10,6 +10,26 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
+#: this checkout's sources: the refactor tools first, then the runtime packages (the fixtures'
+#: shims use ``mem_cache_kernels.shims``), then the repository (``tools.*`` shims). An installed
+#: copy of mem-cache-refactor (another checkout's, in a scratch clone) must never be the one
+#: tested.
+CHECKOUT_PATHS = (
+    REPO_ROOT / "packages" / "mem-cache-refactor" / "src",
+    *sorted(p for p in (REPO_ROOT / "packages").glob("*/src") if p.parent.name
+            != "mem-cache-refactor"),
+    REPO_ROOT,
+)
+
+
+def tool_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a tool subprocess: this checkout's sources first on ``PYTHONPATH``."""
+    full_env = dict(os.environ)
+    full_env.pop("MEM_CACHE_API_BASE", None)
+    full_env.update(env or {})
+    full_env["PYTHONPATH"] = os.pathsep.join(str(p) for p in CHECKOUT_PATHS)
+    return full_env
+
 IMPORTLINTER = """\
 [importlinter]
 root_packages =
@@ -101,11 +121,7 @@ def run_tool(module: str, *args: str, cwd: Path | None = None,
     """``python -m mem_cache_refactor.<module> args`` (a dotted ``module`` is taken as is)."""
     if "." not in module:
         module = f"mem_cache_refactor.{module}"
-    full_env = dict(os.environ)
-    full_env.pop("MEM_CACHE_API_BASE", None)
-    full_env.update(env or {})
-    full_env["PYTHONPATH"] = str(REPO_ROOT)
     return subprocess.run(
         [sys.executable, "-m", module, *args],
-        cwd=cwd or REPO_ROOT, capture_output=True, text=True, env=full_env, check=False,
+        cwd=cwd or REPO_ROOT, capture_output=True, text=True, env=tool_env(env), check=False,
     )

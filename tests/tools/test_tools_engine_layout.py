@@ -26,7 +26,7 @@ from tests.tools._engine import (
     moved_files,
     unit_test_source,
 )
-from tests.tools._synth import SynthRepo
+from tests.tools._synth import SynthRepo, tool_env
 
 MOVE_CHECK = Path(sys.executable).parent / "move-check"
 ALLOW_GONE = ("--allow-removal", OLD)
@@ -35,7 +35,7 @@ ALLOW_GONE = ("--allow-removal", OLD)
 def _run(repo: SynthRepo, *args: str) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(
         [str(MOVE_CHECK), *args], cwd=repo.root, capture_output=True, text=True,
-        timeout=300, check=False,
+        timeout=300, check=False, env=tool_env(),
     )
     assert proc.returncode in (0, 1), proc.stdout + proc.stderr
     return proc
@@ -126,7 +126,7 @@ def test_reexport_that_loads_the_kernel_extension_breaks_the_contract(
         chain = f"{alloc} -> {NEW} (l.4) -> kernel_ext (l.3)"
         hops = [f"{MC}/allocator/__init__.py:4:", f"{MC}/allocator/sparse.py:3: import kernel_ext"]
     else:
-        chain = f"{alloc} -> {NEW} (l.4) -> {OLD} (l.4) -> kernel_ext (l.5)"
+        chain = f"{alloc} -> {NEW} (l.4) -> {OLD} (l.4) -> kernel_ext.kvio (l.5)"
         hops = [
             f"{MC}/allocator/__init__.py:4: from {NEW} import",
             f"{MC}/allocator/sparse.py:4: from {OLD} import SparseKVPool",
@@ -140,7 +140,8 @@ def test_reexport_that_loads_the_kernel_extension_breaks_the_contract(
 def test_unknown_ref_is_named(tmp_path: Path) -> None:
     repo, _ = engine_repo(tmp_path / "engine")
     proc = subprocess.run([str(MOVE_CHECK), "HEAD", "feature/no-such-branch"], cwd=repo.root,
-                          capture_output=True, text=True, timeout=60, check=False)
+                          capture_output=True, text=True, timeout=60, check=False,
+                          env=tool_env())
     assert proc.returncode == 2
     assert "unknown ref 'feature/no-such-branch'" in proc.stderr
 
@@ -202,7 +203,7 @@ def test_relative_importer_under_the_source_root_is_found_and_rewritten(tmp_path
     rewrite = subprocess.run(
         [str(MOVE_CHECK.parent / "rewrite-imports"), f"{OLD}.SparseTokenAllocator",
          f"{NEW}.SparseTokenAllocator", "python", "test"],
-        cwd=repo.root, capture_output=True, text=True, timeout=120, check=False,
+        cwd=repo.root, capture_output=True, text=True, timeout=120, check=False, env=tool_env(),
     )
     assert rewrite.returncode == 0, rewrite.stdout + rewrite.stderr
     assert "1 file(s) changed" in rewrite.stdout

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import textwrap
 
 from mem_cache_refactor.move_check import check, render_text
 from tests.tools._synth import SynthRepo, run_tool
@@ -201,6 +202,7 @@ def test_no_moves_and_bad_refs(synth: tuple[SynthRepo, str]) -> None:
     rc, out = _check(repo, base, edited)
     assert rc == 0
     assert "0 move(s)" in out
+    assert "methods moved from one class into another are not tracked" in out
     typo = run_tool("move_check", base, edited, "--root", str(repo.root),
                     "--allow-edit", "Wigdet")
     assert typo.returncode == 0
@@ -358,3 +360,49 @@ def test_renamed_move_is_checked_like_any_move(synth: tuple[SynthRepo, str]) -> 
     fixed = repo.commit("callers use the new names")
     final = check(repo.root, before, fixed)
     assert final.ok, render_text(final)
+
+
+# A definition long enough that one edited line leaves blame far above --min-blame: only the
+# body comparison can catch the edit, and a comparison operator is the whole edit.
+WINDOW = '''
+
+    def page_window(first: int, last: int, page: int, limit: int) -> list[int]:
+        """The page numbers that hold tokens ``first..last``, at most ``limit`` of them."""
+        if page <= 0:
+            raise ValueError(f"page must be positive, got {page}")
+        if first < 0 or last < first:
+            raise ValueError(f"bad range {first}..{last}")
+        start = first // page
+        stop = last // page
+        pages = []
+        current = start
+        while current < stop:
+            pages.append(current)
+            current += 1
+            if len(pages) == limit:
+                break
+        return pages
+'''
+
+
+def test_move_that_changes_one_comparison_operator_fails(synth: tuple[SynthRepo, str]) -> None:
+    repo, _ = synth
+    models = (repo.root / "highpkg/models.py").read_text()
+    repo.write({"highpkg/models.py": models + textwrap.dedent(WINDOW)})
+    repo.commit("page_window")
+    edited = textwrap.dedent(WINDOW).replace("while current < stop:", "while current <= stop:")
+    assert edited != textwrap.dedent(WINDOW)
+    repo.write({"highpkg/models.py": models, "lowpkg/pages.py": '"""Pages."""\n' + edited})
+    repo.commit("move page_window down, with an edit")
+    code, out = _check(repo, "HEAD~1", "HEAD", "--allow-removal", "page_window")
+    assert code == 1, out
+    assert "[FAIL] function page_window: highpkg.models -> lowpkg.pages" in out
+    assert "body: CHANGED, NOT allowed" in out
+    assert "-    while current < stop:" in out and "+    while current <= stop:" in out
+    # blame alone would pass: every unedited line traces to the commit before the move
+    assert "15/15 unedited lines (100.0%) from commits before the move (ok --min-blame 90)" \
+        in out, out
+    assert "body changed (declare with --allow-edit page_window)" in out
+    code, out = _check(repo, "HEAD~1", "HEAD", "--allow-removal", "page_window",
+                       "--allow-edit", "page_window")
+    assert code == 0, out

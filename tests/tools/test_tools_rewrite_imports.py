@@ -185,7 +185,7 @@ def test_unrelated_code_is_byte_identical() -> None:
     )
     out = rewrite_source(odd, "a.b.X", "c.d.X", module="a.x")
     assert out == odd.replace("from a.b import (X,\n        Other)  # trailing\n",
-                              "from a.b import (Other)  # trailing\nfrom c.d import X\n")
+                              "from a.b import Other  # trailing\nfrom c.d import X\n")
     untouched = "import a.b.Xylophone\nfrom a.bc import X\nprint(a.b.Xylophone)\n"
     assert rewrite_source(untouched, "a.b.X", "c.d.X", module="a.x") == untouched
 

@@ -60,9 +60,15 @@ def test_decode_every_request_starts_a_page(path: str, ps: int, hint: bool) -> N
 
 @pytest.mark.parametrize("ps", [1, 16, 64])
 def test_decode_empty_batch(path: str, ps: int) -> None:
-    out = torch.empty(0, dtype=I64)
-    mk.alloc_decode(EMPTY, EMPTY, EMPTY, out, ps)
-    mk.alloc_decode(EMPTY, EMPTY, EMPTY, out, ps, num_new_pages=0)
+    # an empty batch takes no page and writes nothing, with an empty or a non-empty free list
+    for free in (EMPTY, torch.arange(7, 10, dtype=torch.int32)):
+        before = free.clone()
+        for hint in (None, 0):
+            out = torch.empty(0, dtype=I64)
+            assert mk.alloc_decode(EMPTY, EMPTY, free, out, ps, num_new_pages=hint) is None
+            assert out.shape == (0,) and out.dtype == I64
+            assert torch.equal(free, before) and free.dtype == before.dtype
+    assert EMPTY.shape == (0,)
 
 
 @pytest.mark.parametrize("hint", [False, True])

@@ -721,12 +721,35 @@ def test_every_row_names_real_arguments() -> None:
         assert all(kind in KINDS for kind in row.ctor_kinds.values()), cls.__name__
 
 
+def _answer_problem(fn: Callable[..., Any], result: object) -> str | None:
+    """Whether ``result`` is what ``fn``'s return annotation promises: None for ``-> None``,
+    an answer otherwise (for ``X | None`` too: None is the shortage answer, and a valid base
+    call is one that works), a tensor for ``-> torch.Tensor``. None when it is."""
+    annotation = inspect.signature(fn).return_annotation
+    if annotation is inspect.Signature.empty:
+        return "has no return annotation to check the answer against"
+    text = annotation if isinstance(annotation, str) else getattr(
+        annotation, "__name__", str(annotation))
+    if text in ("None", "NoneType"):
+        return None if result is None else f"returned {type(result).__name__}, not None"
+    if result is None:
+        return f"returned None (annotated {text})"
+    if text in ("torch.Tensor", "Tensor") and not isinstance(result, torch.Tensor):
+        return f"returned {type(result).__name__}, not a tensor"
+    return None
+
+
 def test_every_valid_call_succeeds() -> None:
     """The base of every case is a call that works: the variants change one argument only."""
+    wrong = []
     for cls, row in ROWS.items():
         for call in row.calls:
             pool = _build(cls)
-            getattr(pool, call.method)(**call.args(pool))
+            method = getattr(pool, call.method)
+            problem = _answer_problem(method, method(**call.args(pool)))
+            if problem is not None:
+                wrong.append(f"{cls.__name__}.{call.method} {problem}")
+    assert not wrong, f"valid calls that did not answer as annotated: {wrong}"
 
 
 # ----------------------------------------------------------------------------- cases

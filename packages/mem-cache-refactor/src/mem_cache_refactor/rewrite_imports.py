@@ -54,6 +54,13 @@ from pathlib import Path
 import libcst as cst
 from libcst.metadata import Assignment, GlobalScope, ImportAssignment, ScopeProvider
 
+from mem_cache_refactor._import_style import (
+    DEFAULT_LINE_LENGTH,
+    arrange_block,
+    from_import,
+    line_length_for,
+    name_key,
+)
 from mem_cache_refactor.modpath import SKIP_DIRS, SourceRoots, resolve_relative
 
 __all__ = ["iter_python_files", "main", "rewrite_file", "rewrite_markdown", "rewrite_source"]
@@ -77,6 +84,13 @@ def _moved(path: str, old: str) -> bool:
 
 def _renamed(path: str, old: str, new: str) -> str:
     return new + path[len(old) :]
+
+
+def _alias_text(alias: cst.ImportAlias) -> str:
+    text = cst.Module(body=[]).code_for_node(alias.name)
+    if alias.asname is not None:
+        text += " as " + cst.Module(body=[]).code_for_node(alias.asname.name)
+    return text
 
 
 def _expr(dotted: str) -> cst.Attribute | cst.Name:
@@ -147,9 +161,17 @@ class _Scan(cst.CSTVisitor):
 
 
 class _Rewrite(cst.CSTTransformer):
-    def __init__(self, scan: _Scan, old: str, new: str) -> None:
+    def __init__(
+        self, scan: _Scan, old: str, new: str, line_length: int = DEFAULT_LINE_LENGTH
+    ) -> None:
         super().__init__()
         self.scan, self.old, self.new = scan, old, new
+        self.line_length = line_length
+        self.indents: list[str] = []
+        self.default_indent = "    "
+        #: the import lines this pass created (merged or moved into place per block)
+        self.created: list[cst.SimpleStatementLine] = []
+        self._created_small: list[cst.ImportFrom] = []
         self.new_parent, _, self.new_last = new.rpartition(".")
         self.changed = False
         # Heads whose chains we rewrite, and which of their bindings become unused.
@@ -200,6 +222,37 @@ class _Rewrite(cst.CSTTransformer):
         if self.new_parent in self.scan.plain:
             return self.new_parent, False
         return self.new_parent, True
+
+    # -- blocks: indentation, and where created imports go ----------------------------------
+    def visit_Module(self, node: cst.Module) -> bool:
+        self.default_indent = node.default_indent
+        return True
+
+    def visit_IndentedBlock(self, node: cst.IndentedBlock) -> bool:
+        self.indents.append(node.indent if node.indent is not None else self.default_indent)
+        return True
+
+    def leave_IndentedBlock(
+        self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock
+    ) -> cst.IndentedBlock:
+        indent = "".join(self.indents)
+        self.indents.pop()
+        if not any(x is c for x in updated_node.body for c in self.created):
+            return updated_node
+        return updated_node.with_changes(
+            body=arrange_block(updated_node.body, self.created, indent, self.line_length)
+        )
+
+    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
+        if not any(x is c for x in updated_node.body for c in self.created):
+            return updated_node
+        return updated_node.with_changes(
+            body=arrange_block(updated_node.body, self.created, "", self.line_length)
+        )
+
+    def _from(self, module: str, names: list[str], *, vertical: bool = False) -> cst.ImportFrom:
+        indent = "".join(self.indents)
+        return from_import(module, names, indent, 0 if vertical else self.line_length)
 
     # -- attribute chains -------------------------------------------------------------------
     def visit_Import(self, node: cst.Import) -> bool:
@@ -299,13 +352,22 @@ class _Rewrite(cst.CSTTransformer):
             return [node], anchor
         out: list[cst.BaseSmallStatement] = []
         if kept:
-            if node.lpar is None:
-                kept[-1] = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
-            out.append(node.with_changes(names=kept))
+            code = cst.Module(body=[]).code_for_node(node)
+            if "#" in code:  # comments inside the statement: edit it, do not re-render it
+                if node.lpar is None:
+                    kept[-1] = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+                out.append(node.with_changes(names=kept))
+            else:
+                # the surviving names keep the statement's form: one per line when they were
+                # (several names), else one line when they fit
+                spelled = "." * len(node.relative) + (
+                    cst.Module(body=[]).code_for_node(node.module) if node.module else "")
+                out.append(self._from(spelled, [_alias_text(a) for a in kept],
+                                      vertical=node.lpar is not None and len(kept) > 1))
         for new_mod, specs in moved.items():
-            stmt = cst.parse_statement(f"from {new_mod} import {', '.join(specs)}\n")
-            assert isinstance(stmt, cst.SimpleStatementLine)
-            out.append(stmt.body[0])
+            created = self._from(new_mod, sorted(specs, key=name_key))
+            self._created_small.append(created)
+            out.append(created)
         return out, anchor
 
     def leave_SimpleStatementLine(
@@ -337,13 +399,17 @@ class _Rewrite(cst.CSTTransformer):
             return updated_node
         self.changed = True
         lines: list[cst.BaseStatement] = []
+        became_created = len(body) == 1 and any(body[0] is c for c in self._created_small)
         if body:
             last = len(body) - 1
             body = [
                 s.with_changes(semicolon=cst.MaybeSentinel.DEFAULT) if i == last else s
                 for i, s in enumerate(body)
             ]
-            lines.append(updated_node.with_changes(body=body))
+            line = updated_node.with_changes(body=body)
+            lines.append(line)
+            if became_created:
+                self.created.append(line)  # the statement became the created import
         for i, small in enumerate(extra):
             line = cst.SimpleStatementLine(body=[small])
             if not lines and i == 0:
@@ -351,6 +417,8 @@ class _Rewrite(cst.CSTTransformer):
                     leading_lines=updated_node.leading_lines,
                     trailing_whitespace=updated_node.trailing_whitespace,
                 )
+            if any(small is c for c in self._created_small):
+                self.created.append(line)
             lines.append(line)
         if not lines:
             return cst.RemoveFromParent()
@@ -545,8 +613,15 @@ def rewrite_source(
     is_package: bool = False,
     *,
     rename_uses: bool = False,
+    line_length: int = DEFAULT_LINE_LENGTH,
 ) -> str:
     """Return ``source`` with every import of ``old`` rewritten to ``new`` (see module doc).
+
+    The import statements it writes follow isort's black profile at ``line_length``: one line
+    when it fits, else one name per line with a trailing comma; a created ``from`` import joins
+    another import of its module in the same block or takes its sorted place among the imports
+    around it. The surviving names of a split statement keep its form (one per line when they
+    were several), a single survivor goes on one line when it fits.
 
     ``module`` is the dotted name of the file (for relative imports); ``is_package`` is True
     for an ``__init__.py``. ``rename_uses``: when the last component changes, an import that
@@ -564,7 +639,7 @@ def rewrite_source(
     tree = cst.parse_module(source)
     scan = _Scan(old, module, is_package)
     tree.visit(scan)
-    rewriter = _Rewrite(scan, old, new)
+    rewriter = _Rewrite(scan, old, new, line_length)
     result = tree.visit(rewriter)
     changed = rewriter.changed
     if changed and rename_uses and rewriter.local_renames:
@@ -667,9 +742,13 @@ def rewrite_file(
             file.write_text(result, encoding="utf-8")
         return result != source
     try:
+        length = DEFAULT_LINE_LENGTH
+        if old.rpartition(".")[2] in source:
+            length = line_length_for(file, _repo_top(file))
         result = rewrite_source(
             source, old, new, module=_module_of(file, src_roots),
             is_package=file.name == "__init__.py", rename_uses=rename_uses,
+            line_length=length,
         )
     except cst.ParserSyntaxError as exc:
         print(f"rewrite_imports: skipping {file}: {exc.message}", file=sys.stderr)

@@ -88,9 +88,17 @@ def blame(
     ``min_chars``: the least alphanumeric characters a moved block needs to be traced (git's
     default is 40, which misses a whole two-line function).
     """
+    return blame_ranges(root, ref, path, [(start, end)], min_chars=min_chars)
+
+
+def blame_ranges(
+    root: Path, ref: str, path: str, ranges: list[tuple[int, int]], *, min_chars: int = 40
+) -> list[BlameLine]:
+    """:func:`blame` of several line ranges of one file in one ``git blame`` run (its
+    ``-C -C -C`` search costs the same for one range or many)."""
+    spans = [arg for start, end in sorted(set(ranges)) for arg in ("-L", f"{start},{end}")]
     out = git(
-        root, "blame", "--porcelain", "-C", "-C", f"-C{min_chars}", "-L", f"{start},{end}", ref,
-        "--", path,
+        root, "blame", "--porcelain", "-C", "-C", f"-C{min_chars}", *spans, ref, "--", path,
     )
     lines: list[BlameLine] = []
     last_path: dict[str, str] = {}

@@ -13,6 +13,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from mem_cache_refactor.modpath import resolve_relative
+
 __all__ = [
     "ContractRun",
     "OldPath",
@@ -21,20 +23,40 @@ __all__ = [
     "probe_old_paths",
     "run_import_linter",
     "static_old_path",
+    "static_reexport",
 ]
 
 # Runs in the child: for each (old module, name, new module, new name), import both and compare
 # identity.
 _PROBE = r"""
-import importlib, json, sys, warnings
+import importlib, json, os, sys, traceback, warnings
+start = set(sys.modules)
+CASES = json.loads(sys.argv[1])
+TOPS = {m.split(".")[0] for case in CASES for m in (case[0], case[2])}
+def purge():
+    # a failed import leaves half-initialised packages of the tree behind: the next import would
+    # fail with a secondary error (KeyError: 'pkg') instead of the real one, so drop the tree's
+    # modules (only those: a compiled third-party module cannot be loaded twice)
+    for key in [k for k in sys.modules if k not in start and k.split(".")[0] in TOPS]:
+        del sys.modules[key]
+def why(exc):
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if not f.filename.startswith("<") and "importlib" not in f.filename]
+    where = ""
+    if frames:
+        f = frames[-1]
+        base = os.environ.get("MOVE_CHECK_TREE") or os.getcwd()
+        where = f" (at {os.path.relpath(f.filename, base)}:{f.lineno})"
+    return f"{type(exc).__name__}: {exc}{where}"
 out = []
-for old_mod, name, new_mod, new_name in json.loads(sys.argv[1]):
+for old_mod, name, new_mod, new_name in CASES:
     r = {"status": "error", "detail": "", "warning": None, "mechanism": None}
     out.append(r)
     try:
         new_obj = getattr(importlib.import_module(new_mod), new_name)
     except Exception as exc:
-        r["detail"] = f"new path {new_mod}.{new_name} does not import: {type(exc).__name__}: {exc}"
+        r["detail"] = f"new path {new_mod}.{new_name} does not import: {why(exc)}"
+        purge()
         continue
     try:
         mod = importlib.import_module(old_mod)
@@ -42,10 +64,12 @@ for old_mod, name, new_mod, new_name in json.loads(sys.argv[1]):
         if exc.name and (old_mod == exc.name or old_mod.startswith(exc.name + ".")):
             r["status"], r["detail"] = "gone", f"module {old_mod} no longer exists"
         else:
-            r["detail"] = f"import {old_mod}: {type(exc).__name__}: {exc}"
+            r["detail"] = f"import {old_mod}: {why(exc)}"
+        purge()
         continue
     except Exception as exc:
-        r["detail"] = f"import {old_mod}: {type(exc).__name__}: {exc}"
+        r["detail"] = f"import {old_mod}: {why(exc)}"
+        purge()
         continue
     r["mechanism"] = "module __getattr__ (PEP 562)" if "__getattr__" in vars(mod) else (
         "module attribute" if name in vars(mod) else None)
@@ -106,17 +130,26 @@ def probe_old_paths(
     cases: list[tuple[str, str, str]] | list[tuple[str, str, str, str]],
     timeout: float = 300.0,
     python: str | None = None,
+    *,
+    tree: Path | None = None,
 ) -> list[OldPath]:
     """Resolve each ``(old_module, name, new_module[, new_name])`` in one fresh interpreter
     (``python``, default: this one) whose ``sys.path`` starts with ``roots`` (the exported
-    tree), run from ``cwd``. ``new_name`` (default ``name``) is the name at the new home."""
+    tree), run from ``cwd``. ``new_name`` (default ``name``) is the name at the new home.
+
+    A failed import is reported with its own error and the ``file:line`` that raised it (shown
+    relative to ``tree``); the modules it left half-initialised are dropped before the next
+    case, so a later case reports the same real error, not a secondary ``KeyError``."""
     if not cases:
         return []
     full = [c if len(c) == 4 else (*c, c[1]) for c in cases]
+    env = probe_env(roots)
+    if tree is not None:
+        env["MOVE_CHECK_TREE"] = str(tree)
     proc = subprocess.run(
         [python or sys.executable, "-c", _PROBE, json.dumps(full)],
         cwd=cwd,
-        env=probe_env(roots),
+        env=env,
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -184,6 +217,44 @@ def static_old_path(roots: list[Path], module: str, name: str) -> tuple[bool, st
                 return True, f"static check: {module} may provide {name} (__getattr__ or *)"
             return False, f"static check: {module} no longer defines or imports {name}"
     return False, f"static check: module {module} no longer exists"
+
+
+def static_reexport(
+    roots: list[Path], module: str, name: str, new_module: str, new_name: str
+) -> bool:
+    """Whether the old module binds ``name`` at import time only by importing ``new_name``
+    from ``new_module`` (``from new import Name``, absolute or relative): a silent re-export of
+    the same object, and no module ``__getattr__`` that could warn instead."""
+    rel = Path(*module.split("."))
+    for root in roots:
+        for file in (root / rel / "__init__.py", (root / rel).with_suffix(".py")):
+            if not file.is_file():
+                continue
+            try:
+                tree = ast.parse(file.read_text(encoding="utf-8", errors="replace"))
+            except SyntaxError:
+                return False
+            is_package = file.name == "__init__.py"
+            found = False
+            for node in tree.body:
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and \
+                        node.name in (name, "__getattr__"):
+                    return False
+                if isinstance(node, (ast.Assign, ast.AnnAssign)):
+                    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                    if any(isinstance(t, ast.Name) and t.id in (name, "__getattr__")
+                           for t in targets):
+                        return False
+                if isinstance(node, ast.ImportFrom):
+                    base = resolve_relative(module, is_package, node.level, node.module)
+                    for alias in node.names:
+                        if (alias.asname or alias.name) != name:
+                            continue
+                        if base != new_module or alias.name != new_name:
+                            return False
+                        found = True
+            return found
+    return False
 
 
 def import_linter_config(tree: Path) -> str | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
+from mem_cache_refactor.move_check._chains import EagerResult
 from mem_cache_refactor.move_check._probe import OldPath
 from mem_cache_refactor.move_check._sites import ImportSite
 
@@ -41,6 +42,9 @@ class Options:
     contracts: bool = True
     src_roots: tuple[str, ...] = ()
     python: str | None = None
+    #: an import-linter configuration used at both refs instead of the trees' own (a contract
+    #: checked on commits that predate it)
+    contracts_config: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +144,8 @@ class ContractReport:
     newly_broken: tuple[str, ...] = ()
     already_broken: tuple[str, ...] = ()
     details: str = ""
+    #: the eager_forbidden contracts, decided by comparing their chains at both refs
+    eager: tuple[EagerResult, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,12 +189,31 @@ def _indent(text: str, prefix: str = "      ") -> str:
     return "\n".join(prefix + line if line else line for line in text.rstrip("\n").splitlines())
 
 
+def _render_eager(results: tuple[EagerResult, ...], ref_a: str) -> list[str]:
+    out: list[str] = []
+    for r in results:
+        out.append(f"  eager chains of {r.name!r}: {len(r.new)} new, {len(r.existing)} "
+                   f"existing (already at {ref_a})")
+        out.extend(f"    CANNOT CHECK: {e}" for e in r.errors)
+        for chain in r.new:
+            out.append(f"    NEW: {chain['source']} imports {chain['forbidden']} at import time:")
+            out.append(f"        {chain['summary']}")
+            out.extend(f"      {file}:{line}: {text}" if line else f"      {file}: {text}"
+                       for file, line, text in chain["hops"])
+        for chain in r.existing:
+            out.append(f"    existing: {chain['summary']}")
+    return out
+
+
 def render_text(report: Report) -> str:
     """Human-readable report."""
     out = [
         f"move-check {report.ref_a}..{report.ref_b} "
         f"({report.commit_a[:10]}..{report.commit_b[:10]}): {len(report.moves)} move(s)"
     ]
+    if not report.moves:
+        out.append("  no top-level class, function or constant moved between modules (methods "
+                   "moved from one class into another are not tracked: compare those by hand)")
     for m in report.moves:
         verdict = "FAIL" if m.failures else "ok"
         out.append("")
@@ -260,6 +285,8 @@ def render_text(report: Report) -> str:
             out.append(f"  already broken before: {name}")
         if c.details:
             out.append(_indent(c.details, "    "))
+    if c.eager:
+        out.extend(_render_eager(c.eager, report.ref_a))
     out.append("")
     if report.failures:
         out.append(f"FAILED ({len(report.failures)}):")

@@ -94,6 +94,9 @@ def find_import_sites(
     sites: list[ImportSite] = []
     if not targets:
         return sites
+    # every site spells the moved name, or (``from old import *``) the old module's last part
+    needles = {t.rpartition(".")[2] for t in targets} | {
+        t.rpartition(".")[0].rpartition(".")[2] for t in targets}
     for rel in sorted(rel_paths):
         if not rel.endswith(".py"):
             continue
@@ -101,6 +104,8 @@ def find_import_sites(
         if not file.is_file():
             continue
         source = file.read_text(encoding="utf-8", errors="replace")
+        if not any(needle in source for needle in needles):
+            continue
         lines = source.splitlines()
         for line, target in sorted(set(_sites_in_file(source, rel, targets, roots))):
             code = lines[line - 1].strip() if 0 < line <= len(lines) else ""

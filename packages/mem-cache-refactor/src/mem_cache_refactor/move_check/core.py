@@ -44,6 +44,7 @@ from collections import Counter
 from pathlib import Path
 
 from mem_cache_refactor.modpath import SourceRoots
+from mem_cache_refactor.move_check._chains import check_eager_contracts
 from mem_cache_refactor.move_check._defs import (
     Definition,
     changed_members,
@@ -54,8 +55,9 @@ from mem_cache_refactor.move_check._defs import (
     unchanged_new_lines,
 )
 from mem_cache_refactor.move_check._git import (
+    BlameLine,
     GitError,
-    blame,
+    blame_ranges,
     changed_py_files,
     export_tree,
     git,
@@ -67,6 +69,7 @@ from mem_cache_refactor.move_check._probe import (
     probe_old_paths,
     run_import_linter,
     static_old_path,
+    static_reexport,
 )
 from mem_cache_refactor.move_check._report import (
     DEFAULT_MIN_BLAME,
@@ -109,34 +112,62 @@ def _broken_details(output: str, names: tuple[str, ...]) -> str:
 
 
 def _contracts(
-    tree_a: Path, roots_a: list[Path], tree_b: Path, roots_b: list[Path], python: str | None
+    tree_a: Path, roots_a: list[Path], tree_b: Path, roots_b: list[Path], python: str | None,
+    *, moved_from: dict[str, set[str]],
 ) -> ContractReport:
+    """lint-imports at REF_B (and at REF_A when something is broken); the eager contracts are
+    decided in-process by comparing their chains at both refs (see :mod:`._chains`)."""
+    eager = tuple(check_eager_contracts(tree_a, roots_a, tree_b, roots_b, moved_from))
+    eager_names = {r.name for r in eager}
+    eager_newly = tuple(r.name for r in eager if r.broken_by_change)
+    eager_already = tuple(r.name for r in eager if r.broken and not r.broken_by_change)
+    eager_kept = tuple(r.name for r in eager if not r.broken)
     run_b = run_import_linter(tree_b, roots_b, python=python)
     if not run_b.ran:
         note = run_b.output.strip()[-2000:] or "lint-imports did not run"
-        return ContractReport(False, note, configured=run_b.configured)
-    broken_b = [name for name, kept in run_b.results.items() if not kept]
-    kept_b = tuple(name for name, kept in run_b.results.items() if kept)
+        return ContractReport(False, note, configured=run_b.configured, newly_broken=eager_newly,
+                              eager=eager)
+    results_b = {n: k for n, k in run_b.results.items() if n not in eager_names}
+    broken_b = [name for name, kept in results_b.items() if not kept]
+    kept_b = tuple(name for name, kept in results_b.items() if kept) + eager_kept
     if not broken_b:
-        return ContractReport(True, "lint-imports at REF_B", True, False, kept_b)
+        return ContractReport(True, "lint-imports at REF_B", True, False, kept_b, eager_newly,
+                              eager_already, eager=eager)
     run_a = run_import_linter(tree_a, roots_a, python=python)
     before = run_a.results if run_a.ran else {}
     newly = tuple(n for n in broken_b if before.get(n, True))
     already = tuple(n for n in broken_b if not before.get(n, True))
     return ContractReport(
-        True, "lint-imports at REF_B (and REF_A)", True, False, kept_b, newly, already,
-        _broken_details(run_b.output, newly),
+        True, "lint-imports at REF_B (and REF_A)", True, False, kept_b, newly + eager_newly,
+        already + eager_already, _broken_details(run_b.output, newly), eager=eager,
     )
 
 
-def _blame(
-    root: Path, ref_b: str, new: Definition, change_commits: set[str], only: set[int]
-) -> tuple[int, int, dict[str, int]]:
+def _min_chars(new: Definition) -> int:
     # a short definition is one short block: let blame trace it (git's default needs 40 chars)
     alnum = sum(c.isalnum() for c in new.source)
-    min_chars = min(40, max(10, alnum // 2))
-    traced = blame(root, ref_b, new.path, new.start, new.end, min_chars=min_chars)
-    lines = [b for b in traced if b.line in only]
+    return min(40, max(10, alnum // 2))
+
+
+def _blame_all(
+    root: Path, ref_b: str, news: list[Definition]
+) -> dict[tuple[str, int], dict[int, BlameLine]]:
+    """One ``git blame`` per new file (and threshold) for every moved definition in it."""
+    groups: dict[tuple[str, int], list[tuple[int, int]]] = {}
+    for new in news:
+        groups.setdefault((new.path, _min_chars(new)), []).append((new.start, new.end))
+    return {
+        key: {b.line: b for b in blame_ranges(root, ref_b, key[0], ranges, min_chars=key[1])}
+        for key, ranges in groups.items()
+    }
+
+
+def _blame(
+    traced: dict[tuple[str, int], dict[int, BlameLine]], new: Definition,
+    change_commits: set[str], only: set[int],
+) -> tuple[int, int, dict[str, int]]:
+    by_line = traced[(new.path, _min_chars(new))]
+    lines = [by_line[n] for n in range(new.start, new.end + 1) if n in only and n in by_line]
     before = [b for b in lines if b.commit not in change_commits]
     sources = Counter(f"{b.orig_path}@{b.commit[:10]}" for b in before)
     return len(lines), len(before), dict(sorted(sources.items()))
@@ -167,10 +198,20 @@ def _removal_allowed(allow: set[str], old: Definition) -> bool:
     return bool({old.name, old.qualname, old.module} & allow)
 
 
-def _old_path(probe: OldPath, roots_b: list[Path], old: Definition) -> OldPath:
-    """When the probe could not decide, a static look at the old module settles ``gone``."""
+def _old_path(
+    probe: OldPath, roots_b: list[Path], old: Definition, new: Definition
+) -> OldPath:
+    """When the probe could not decide, a static look at the old module settles ``gone``, and
+    a plain ``from new import Name`` in it is a silent re-export."""
     if probe.status != "error":
         return probe
+    if static_reexport(roots_b, old.module, old.name, new.module, new.name):
+        return OldPath(
+            "reexport",
+            f"static check: {old.module} imports {new.name} from {new.module}, the same object; "
+            f"the runtime probe failed: {probe.detail}",
+            None, "from-import (static)",
+        )
     resolvable, detail = static_old_path(roots_b, old.module, old.name)
     if not resolvable:
         return OldPath("gone", f"{detail}; the runtime probe failed: {probe.detail}", None, None)
@@ -194,6 +235,10 @@ def check(
         tree_a, tree_b = Path(tmp) / "a", Path(tmp) / "b"
         files_a = export_tree(root, commit_a, tree_a)
         files_b = export_tree(root, commit_b, tree_b)
+        if opts.contracts_config:
+            config = Path(opts.contracts_config).read_text(encoding="utf-8")
+            for tree in (tree_a, tree_b):
+                (tree / ".importlinter").write_text(config, encoding="utf-8")
         extra = [str(Path(r)) if not Path(r).is_absolute() else _rel_to(Path(r), root)
                  for r in opts.src_roots]
         src_a = SourceRoots.discover(tree_a, files_a, extra)
@@ -209,9 +254,11 @@ def check(
             roots_b, Path(tmp),
             [(old.module, old.name, new.module, new.name) for old, new in pairs],
             python=opts.python,
+            tree=tree_b,
         )
         renames = {old.name: new.name for old, new in pairs if old.name != new.name}
         change_commits = rev_list(root, commit_a, commit_b)
+        traced = _blame_all(root, commit_b, [new for _, new in pairs])
         moves: list[MoveReport] = []
         for (old, new), probe in zip(pairs, probes):
             identical = old.dump == new.dump
@@ -225,7 +272,7 @@ def check(
             only = set(range(new.start, new.end + 1)) if old.dump == new.dump else (
                 unchanged_new_lines(old, new)
             )
-            total, before, sources = _blame(root, commit_b, new, change_commits, only)
+            total, before, sources = _blame(traced, new, change_commits, only)
             moves.append(
                 MoveReport(
                     name=old.name,
@@ -243,7 +290,7 @@ def check(
                     changed_members=members,
                     diff="" if identical else source_diff(old, new),
                     stale_sites=mine,
-                    old_path=_old_path(probe, roots_b, old),
+                    old_path=_old_path(probe, roots_b, old, new),
                     blame_lines=total,
                     blame_before_move=before,
                     blame_sources=sources,
@@ -255,7 +302,11 @@ def check(
         if not opts.contracts:
             contracts = ContractReport(False, "skipped (--no-contracts)", skipped=True)
         else:
-            contracts = _contracts(tree_a, roots_a, tree_b, roots_b, opts.python)
+            moved_from: dict[str, set[str]] = {}
+            for old, new in pairs:
+                moved_from.setdefault(new.module, set()).add(old.module)
+            contracts = _contracts(tree_a, roots_a, tree_b, roots_b, opts.python,
+                                   moved_from=moved_from)
     failures = [f for m in moves for f in m.failures]
     if contracts.configured and not contracts.ran:
         failures.append(
@@ -313,6 +364,11 @@ def main(argv: list[str] | None = None) -> int:
         "--python", default=None, metavar="EXE",
         help="interpreter for the runtime probe and lint-imports (default: this one)",
     )
+    parser.add_argument(
+        "--contracts-config", default=None, metavar="FILE",
+        help="an import-linter configuration (.importlinter format) to check at both refs "
+             "instead of the trees' own, e.g. a new contract on older commits",
+    )
     parser.add_argument("--root", type=Path, default=None, help="repository (default: cwd's)")
     args = parser.parse_args(argv)
     if not 0.0 <= args.min_blame <= 100.0:
@@ -325,6 +381,8 @@ def main(argv: list[str] | None = None) -> int:
         contracts=not args.no_contracts,
         src_roots=tuple(args.src_root),
         python=args.python,
+        contracts_config=str(Path(args.contracts_config).resolve())
+        if args.contracts_config else None,
     )
     try:
         start = args.root or Path.cwd()
