@@ -145,11 +145,13 @@ def test_pool_uses_a_plugged_in_allocator_and_closes_it(make_pool: MakePool) -> 
     device = make_pool("mha", torch.float16, page_size=4, size=32, seed=None)
     host = MHATokenToKVPoolHost(device, allocator=allocator)
     desc = device.get_buffer_desc()
-    assert len(allocator.allocs) == 2  # one per role
+    assert len(allocator.allocs) == 1  # K and V: the halves of one kv_buffer
+    assert host.kv_buffer is not None and host.kv_buffer.shape[0] == 2
     assert sum(a.nbytes for a in allocator.allocs) == host.size * desc.bytes_per_token
     assert host.nbytes == host.size * desc.bytes_per_token
     host.close()
     host.close()
     assert all(a.closed for a in allocator.allocs)
+    assert host.kv_buffer is None
     with pytest.raises(RuntimeError, match="closed"):
         host.alloc(4)

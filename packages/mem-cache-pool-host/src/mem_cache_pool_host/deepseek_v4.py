@@ -117,7 +117,9 @@ class DeepSeekV4SingleKVPoolHost(HostKVCache):
         layer_id: int,
         io_backend: str = "kernel",
     ) -> None:
-        """Copy host rows ``host_pages`` of local layer ``layer_id`` to device pages."""
+        """Copy host rows ``host_pages`` of local layer ``layer_id`` (``0..layer_num-1``, else
+        ``ValueError``) to device pages."""
+        check_int("layer_id", layer_id, minimum=0, maximum=self.layer_num - 1)
         self.load_to_device_per_layer(device_pool, host_pages, device_pages, layer_id, io_backend)
 
     # ---------------------------------------------------------------- token-granular
