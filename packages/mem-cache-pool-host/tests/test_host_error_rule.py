@@ -29,6 +29,7 @@ from mem_cache_pool.deepseek_v4 import DeepSeekV4SingleKVPool
 from mem_cache_pool_host import (
     HostKVCache,
     HostSlotAllocator,
+    HostTensorAllocator,
     LayerDoneCounter,
     MHATokenToKVPoolHost,
     MLATokenToKVPoolHost,
@@ -396,10 +397,24 @@ def _other_rows() -> list[Row]:
         Row(m, "__init__", "huge_pages", V,
             lambda: MmapHostTensorAllocator(huge_pages="giant"), "unknown"),  # type: ignore[arg-type]
         Row(m, "__init__", "register", V, lambda: MmapHostTensorAllocator(register="x"), "str"),  # type: ignore[arg-type]
-        Row(m, "allocate", "nbytes", T,
-            lambda: MmapHostTensorAllocator(register=False).allocate(True), "bool"),
-        Row(m, "allocate", "nbytes", V,
-            lambda: MmapHostTensorAllocator(register=False).allocate(0), "zero"),
+        Row("HostTensorAllocator", "allocate", "dims", T,
+            lambda: HostTensorAllocator().allocate("4"), "str"),  # type: ignore[arg-type]
+        Row("HostTensorAllocator", "allocate", "dims", V,
+            lambda: HostTensorAllocator().allocate((2, -3)), "negative"),
+        Row(m, "allocate_bytes", "nbytes", T,
+            lambda: MmapHostTensorAllocator(register=False).allocate_bytes(True), "bool"),
+        Row(m, "allocate_bytes", "nbytes", V,
+            lambda: MmapHostTensorAllocator(register=False).allocate_bytes(0), "zero"),
+        Row(m, "allocate", "dims", T,
+            lambda: MmapHostTensorAllocator(register=False).allocate(4), "int"),  # type: ignore[arg-type]
+        Row(m, "allocate", "dims", T,
+            lambda: MmapHostTensorAllocator(register=False).allocate((4.0,)), "float"),  # type: ignore[arg-type]
+        Row(m, "allocate", "dims", V,
+            lambda: MmapHostTensorAllocator(register=False).allocate((-1,)), "negative"),
+        Row(m, "allocate", "dtype", T,
+            lambda: MmapHostTensorAllocator(register=False).allocate((4,), 1), "int"),  # type: ignore[arg-type]
+        Row(m, "allocate", "device", V,
+            lambda: MmapHostTensorAllocator(register=False).allocate((4,), device="cuda"), "cuda"),
         # functions of __all__
         Row("", "plan_host_capacity", "page_size", T,
             lambda: plan_host_capacity(device_size=16, bytes_per_token=8, page_size=4.0), "float"),  # type: ignore[arg-type]
@@ -443,7 +458,7 @@ EXEMPT_CLASSES: dict[str, str] = {
     "CudaHostRegistrar": "needs CUDA (register/unregister take raw pointers from the pools)",
     "HiSparseHostPoolMixin": "a mixin: its methods are rows of MLATokenToKVPoolHost",
     "HostCapacity": "a result record built by plan_host_capacity (rows above)",
-    "MmapHostAllocation": "built by MmapHostTensorAllocator.allocate (rows above)",
+    "MmapHostAllocation": "built by MmapHostTensorAllocator.allocate_bytes (rows above)",
 }
 # (class, method) without rows, with the reason
 EXEMPT_METHODS: dict[tuple[str, str], str] = {
@@ -454,6 +469,8 @@ EXEMPT_METHODS: dict[tuple[str, str], str] = {
         for c in ("HostKVCache", "MHATokenToKVPoolHost", "MLATokenToKVPoolHost",
                   "DeepSeekV4SingleKVPoolHost")
     },
+    ("HostTensorAllocator", "__init__"): "takes no arguments",
+    ("HostTensorAllocator", "allocate_bytes"): "abstract (NotImplementedError); see the subclass",
     ("MHATokenToKVPoolHost", "get_split_heads_page_buffer_meta"):
         "always NotImplementedError (SGLang's page_head layout only)",
 }

@@ -19,6 +19,7 @@ from mem_cache_pool_host.layer_counter import LayerDoneCounter, LayerLoadAborted
 from mem_cache_pool_host.layout import IO_BACKENDS, LAYOUTS, IOBackend, Layout
 from mem_cache_pool_host.memory import (
     HostAllocation,
+    HostBytesAllocator,
     HostTensorAllocator,
     MmapHostAllocation,
     MmapHostTensorAllocator,
@@ -45,6 +46,7 @@ __all__ = [
     "DevicePoolLike",
     "HiSparseHostPoolMixin",
     "HostAllocation",
+    "HostBytesAllocator",
     "HostCapacity",
     "HostKVCache",
     "HostRegistrar",

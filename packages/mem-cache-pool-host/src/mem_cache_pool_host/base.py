@@ -73,8 +73,11 @@ from mem_cache_pool_host.layout import (
 )
 from mem_cache_pool_host.memory import (
     HostAllocation,
+    HostBytesAllocator,
     HostTensorAllocator,
+    allocate_for_pool,
     default_host_tensor_allocator,
+    uses_bytes_interface,
 )
 from mem_cache_pool_host.page_format import PageFormat, page_order
 from mem_cache_pool_host.slots import HostSlotAllocator
@@ -147,7 +150,7 @@ class HostKVCache:
         host_token_capacity: int | None = None,
         host_size_bytes: int | None = None,
         io_backend: str | None = None,
-        allocator: HostTensorAllocator | None = None,
+        allocator: HostTensorAllocator | HostBytesAllocator | None = None,
         reserve_bytes: int | None = None,
     ) -> None:
         """Build the host mirror of ``buffer_info``: a device pool with ``get_buffer_desc()`` (every
@@ -161,8 +164,10 @@ class HostKVCache:
         ``page_size``: must equal the device pool's (default). ``layout``: see ``layout.py``;
         ``io_backend``: the backend the pool will mostly use (``"direct"`` turns ``page_first``
         into ``page_first_direct``). ``pin_memory``: register the memory with CUDA when
-        available (default allocator only). ``allocator``: a :class:`HostTensorAllocator`
-        supplying the memory; ``allocator_type`` is SGLang's name for a storage backend's
+        available (default allocator only). ``allocator``: supplies the memory (one allocation per
+        row shape): ``allocate_bytes(nbytes)`` (:class:`HostBytesAllocator`, ours) or, failing
+        that, SGLang's ``allocate(dims, dtype, device)`` (:class:`HostTensorAllocator`, e.g. a
+        storage backend's); ``allocator_type`` is SGLang's name for a storage backend's
         allocator, which lives in ``mem_cache_storage`` (pass it as ``allocator``): any name
         other than ``"default"`` without ``allocator`` logs a warning and uses the default
         allocator, as SGLang does when the backend's allocator is unavailable.
@@ -252,10 +257,12 @@ class HostKVCache:
         self.row_bytes = desc.row_bytes
         self.pin_memory = pin_memory
         self.device = torch.device("cpu")
-        if allocator is not None and not callable(getattr(allocator, "allocate", None)):
+        if allocator is not None and not (
+            uses_bytes_interface(allocator) or callable(getattr(allocator, "allocate", None))
+        ):
             raise TypeError(
-                "allocator must have allocate(nbytes) -> HostAllocation, got "
-                f"{type(allocator).__name__}"
+                "allocator must have allocate_bytes(nbytes) -> HostAllocation or SGLang's "
+                f"allocate(dims, dtype, device) -> Tensor, got {type(allocator).__name__}"
             )
         if allocator is None and allocator_type != "default":
             _log.warning(
@@ -263,8 +270,8 @@ class HostKVCache:
                 "mem_cache_storage (pass it as allocator=); using the default allocator",
                 allocator_type,
             )
-        self.allocator: HostTensorAllocator = allocator or default_host_tensor_allocator(
-            pin_memory
+        self.allocator: HostTensorAllocator | HostBytesAllocator = (
+            allocator or default_host_tensor_allocator(pin_memory)
         )
         self._allocations: list[HostAllocation] = []
         self._kv_buffer: torch.Tensor | tuple[torch.Tensor, ...] | None = None
@@ -284,7 +291,9 @@ class HostKVCache:
         self._release_pending = False
 
     # ---------------------------------------------------------------- memory
-    def _allocate_buffers(self, tensor_allocator: HostTensorAllocator) -> tuple[torch.Tensor, ...]:
+    def _allocate_buffers(
+        self, tensor_allocator: HostTensorAllocator | HostBytesAllocator
+    ) -> tuple[torch.Tensor, ...]:
         """One host tensor per role, in the layout. Roles of one row shape share one allocation
         (SGLang's ``kv_buffer``: ``[roles, *layout shape]``, e.g. MHA's ``[2, L, size, H, D]``);
         roles of different row shapes get one allocation each."""
@@ -305,7 +314,7 @@ class HostKVCache:
         try:
             for count, shape in groups:
                 numel = count * math.prod(shape)
-                alloc = tensor_allocator.allocate(numel * item)
+                alloc = allocate_for_pool(tensor_allocator, numel * item)
                 self._allocations.append(alloc)
                 whole = alloc.tensor.view(self.store_dtype).view(count, *shape)
                 out.extend(whole[i] for i in range(count))

@@ -40,7 +40,7 @@ from mem_cache_pool.deepseek_v4 import DeepSeekV4SingleKVPool
 from mem_cache_pool_host._checks import check_index_device
 from mem_cache_pool_host.base import HostKVCache
 from mem_cache_pool_host.capacity import DEFAULT_HOST_TO_DEVICE_RATIO
-from mem_cache_pool_host.memory import HostTensorAllocator
+from mem_cache_pool_host.memory import HostBytesAllocator, HostTensorAllocator
 
 __all__ = ["DeepSeekV4SingleKVPoolHost"]
 
@@ -67,7 +67,7 @@ class DeepSeekV4SingleKVPoolHost(HostKVCache):
         layout: str = "page_first",
         pin_memory: bool = True,
         io_backend: str | None = None,
-        allocator: HostTensorAllocator | None = None,
+        allocator: HostTensorAllocator | HostBytesAllocator | None = None,
         reserve_bytes: int | None = None,
     ) -> None:
         if not isinstance(device_pool, DeepSeekV4SingleKVPool):

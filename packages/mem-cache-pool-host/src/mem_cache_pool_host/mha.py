@@ -17,7 +17,7 @@ from mem_cache_kernels.checks import check_index, check_int
 from mem_cache_pool.base import KVBufferDesc
 from mem_cache_pool_host.base import DevicePoolLike, HostKVCache
 from mem_cache_pool_host.capacity import DEFAULT_HOST_TO_DEVICE_RATIO
-from mem_cache_pool_host.memory import HostTensorAllocator
+from mem_cache_pool_host.memory import HostBytesAllocator, HostTensorAllocator
 
 __all__ = ["MHATokenToKVPoolHost"]
 
@@ -51,7 +51,7 @@ class MHATokenToKVPoolHost(HostKVCache):
         host_token_capacity: int | None = None,
         host_size_bytes: int | None = None,
         io_backend: str | None = None,
-        allocator: HostTensorAllocator | None = None,
+        allocator: HostTensorAllocator | HostBytesAllocator | None = None,
         reserve_bytes: int | None = None,
     ) -> None:
         """See :class:`HostKVCache`. SGLang's MHA keywords: ``draft_buffer_infos`` (packed MTP

@@ -13,7 +13,7 @@ from mem_cache_pool.base import KVBufferDesc
 from mem_cache_pool_host.base import DevicePoolLike, HostKVCache
 from mem_cache_pool_host.capacity import DEFAULT_HOST_TO_DEVICE_RATIO
 from mem_cache_pool_host.hisparse import HiSparseHostPoolMixin
-from mem_cache_pool_host.memory import HostTensorAllocator
+from mem_cache_pool_host.memory import HostBytesAllocator, HostTensorAllocator
 
 __all__ = ["MLATokenToKVPoolHost"]
 
@@ -56,7 +56,7 @@ class MLATokenToKVPoolHost(HiSparseHostPoolMixin, HostKVCache):
         host_token_capacity: int | None = None,
         host_size_bytes: int | None = None,
         io_backend: str | None = None,
-        allocator: HostTensorAllocator | None = None,
+        allocator: HostTensorAllocator | HostBytesAllocator | None = None,
         reserve_bytes: int | None = None,
     ) -> None:
         """See :class:`HostKVCache`. SGLang's MLA arguments: ``override_kv_cache_dim`` (a packed
