@@ -250,3 +250,48 @@ def test_sglangs_page_methods_over_our_pool_give_our_bytes(
         assert theirs.is_stride_page_aligned(seen) == host.is_stride_page_aligned()
     finally:
         host.close()
+
+
+@pytest.mark.parametrize(("layout", "io"), [("layer_first", "direct"), ("page_first", "kernel")])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.usefixtures("no_thread_left")
+def test_round_trip_through_sglangs_hybrid_cache_controller(
+    sglang_load: Load, kind: str, layout: str, io: str
+) -> None:
+    """SGLang 0.5.23's HybridCacheController over SGLang's HostPoolGroup whose KV anchor is our
+    host pool: write-back and load-back are bit-exact, eviction frees our host pages."""
+    hc, grp, hs, alloc = sglang_load(
+        "sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller",
+        "sglang.srt.mem_cache.pool_host.group",
+        "sglang.srt.mem_cache.hicache_storage",
+        "sglang.srt.mem_cache.allocator",
+    )
+    device = _device(kind, seed=23)
+    allocator = alloc.PagedTokenToKVPoolAllocator(
+        SIZE, PAGE, device.dtype, "cpu", device, need_sort=True
+    )
+    host = _host(kind, device, layout)
+    group = grp.HostPoolGroup([
+        grp.PoolEntry(name=hs.PoolName.KV, host_pool=host, device_pool=device,
+                      layer_mapper=lambda layer: layer, is_primary_index_anchor=True)
+    ])
+    ctrl = hc.HybridCacheController(
+        allocator, group, PAGE, None, threading.Event(), io_backend=io,
+        write_policy="write_through",
+    )
+    try:
+        src = allocator.alloc(3 * PAGE)
+        assert src is not None
+        original = _rows(device, src)
+        hosted = ctrl.write(src, node_id=7)
+        assert hosted is not None and host.is_allocated(hosted)
+        assert _wait_writes(ctrl) == [7]
+        dst = ctrl.load(hosted, node_id=8)
+        assert dst is not None
+        assert _load_all(ctrl, device.layer_num) == [8]
+        assert _same(_rows(device, dst), original)
+        assert ctrl.evict_host(hosted) == 3 * PAGE
+        assert host.available_size() == host.size
+    finally:
+        ctrl._stop_storage_threads()
+        host.close()
