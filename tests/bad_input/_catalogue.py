@@ -96,6 +96,8 @@ VARIANTS: dict[str, dict[str, Variant]] = {
     },
     "count": {"float": lambda v: 1.5, "str": lambda v: "1", "negative": lambda v: -1},
     "layer": {"float": lambda v: 0.5, "negative": lambda v: -1, "past the last": lambda v: 99},
+    # SGLang's host-pool loads: a layer outside the pool is a documented no-op, not an error
+    "host layer": {"float": lambda v: 0.5, "str": lambda v: "0", "bool": lambda v: True},
     "page_size": {"zero": lambda v: 0, "not a power of two": lambda v: 3, "float": lambda v: 4.0},
     "buffers": {"a tensor": lambda v: v[0], "empty": lambda v: []},  # type: ignore[index]
     "layers": {"a tensor": lambda v: v[0][0], "empty": lambda v: []},  # type: ignore[index]

@@ -334,7 +334,7 @@ def _host_load() -> Call:
         host.load_to_device_per_layer,
         {"device_pool": dev, "host_indices": h, "device_indices": _i(4, 5, 6, 7),
          "layer_id": 1},
-        {"host_indices": "idx", "device_indices": "idx", "layer_id": "layer"},
+        {"host_indices": "idx", "device_indices": "idx", "layer_id": "host layer"},
         owner=host,
         extra_state=[dev],
     )  # fmt: skip

@@ -131,7 +131,7 @@ def test_pool_rejects_mismatched_arguments(make_pool: MakePool) -> None:
         MHATokenToKVPoolHost(mha, device="meta")
     with pytest.raises(TypeError, match="get_buffer_desc"):
         MHATokenToKVPoolHost(object())  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match=r"allocator must have allocate\(nbytes\)"):
+    with pytest.raises(TypeError, match=r"allocator must have allocate_bytes\(nbytes\)"):
         MHATokenToKVPoolHost(mha, allocator=object())  # type: ignore[arg-type]
     host = MHATokenToKVPoolHost(mha)
     with pytest.raises(ValueError, match="page_size_bytes must be >= 1, got 0"):

@@ -29,6 +29,7 @@ from mem_cache_pool.deepseek_v4 import DeepSeekV4SingleKVPool
 from mem_cache_pool_host import (
     HostKVCache,
     HostSlotAllocator,
+    HostTensorAllocator,
     LayerDoneCounter,
     MHATokenToKVPoolHost,
     MLATokenToKVPoolHost,
@@ -114,7 +115,8 @@ def _pool_rows(cls: type[HostKVCache]) -> list[Row]:
     page = list(range(ps))
     f64 = torch.float64
     rows = [
-        Row(n, "__init__", "device_pool", T, lambda: cls([1, 2]), "list"),  # type: ignore[arg-type]
+        Row(n, "__init__", "device_pool" if cls is DeepSeekV4SingleKVPoolHost else "buffer_info",
+            T, lambda: cls([1, 2]), "list"),  # type: ignore[arg-type]
         Row(n, "__init__", "host_to_device_ratio", T, _ctor(cls, host_to_device_ratio="2"), "str"),
         Row(n, "__init__", "host_to_device_ratio", T, _ctor(cls, host_to_device_ratio=True),
             "bool"),
@@ -140,7 +142,19 @@ def _pool_rows(cls: type[HostKVCache]) -> list[Row]:
         Row(n, "is_allocated", "indices", T, _on(cls, "is_allocated", page), "list"),
         Row(n, "is_allocated", "indices", V, _on(cls, "is_allocated", _idx(size)[:0][None]),
             "2-D"),
-        # transfers
+        # transfers (SGLang's *_physical entry points share the checks)
+        Row(n, "backup_from_device_all_layer_physical", "host_indices", T,
+            _on(cls, "backup_from_device_all_layer_physical", "DEV", [0], _idx(0), "kernel"),
+            "list"),
+        Row(n, "load_to_device_per_layer_physical", "layer_id", T,
+            _on(cls, "load_to_device_per_layer_physical", "DEV", _idx(0), _idx(0), 0.5, "kernel"),
+            "float"),
+        Row(n, "load_to_device_per_layer", "is_draft", T,
+            _on(cls, "load_to_device_per_layer", "DEV", _idx(0), _idx(0), 0, is_draft=1), "int"),
+        Row(n, "get_page_buffer_element_size", "split_factor", T,
+            _on(cls, "get_page_buffer_element_size", 1.0), "float"),
+        Row(n, "get_page_buffer_element_size", "split_factor", V,
+            _on(cls, "get_page_buffer_element_size", 0), "zero"),
         Row(n, "backup_from_device_all_layer", "device_pool", T,
             _on(cls, "backup_from_device_all_layer", object(), _idx(0), _idx(0)), "object"),
         Row(n, "backup_from_device_all_layer", "host_indices", T,
@@ -166,7 +180,8 @@ def _pool_rows(cls: type[HostKVCache]) -> list[Row]:
         Row(n, "load_to_device_per_layer", "layer_id", T,
             _on(cls, "load_to_device_per_layer", "DEV", _idx(0), _idx(0), True), "bool"),
         Row(n, "load_to_device_per_layer", "layer_id", V,
-            _on(cls, "load_to_device_per_layer", "DEV", _idx(0), _idx(0), 2), "range"),
+            _on(cls, "load_to_device_per_layer", "DEV", _idx(0), _idx(0), 2, is_draft=True),
+            "draft range"),
         Row(n, "load_to_device_per_layer", "host_indices", T,
             _on(cls, "load_to_device_per_layer", "DEV", [0], _idx(0), 0), "list"),
         Row(n, "load_to_device_per_layer", "device_indices", T,
@@ -231,7 +246,6 @@ def _hisparse_rows(cls: type[HostKVCache]) -> list[Row]:
     ]
     for method, extra in (
         ("alloc_paged_token_slots", (0, 4)),
-        ("allocated_host_indices", ()),
         ("free_paged_token_slots", ()),
     ):
         rows += [
@@ -251,6 +265,16 @@ def _hisparse_rows(cls: type[HostKVCache]) -> list[Row]:
                 "bool"),
             Row(n, method, "req_pool_idx", V, _on(cls, method, table, length, 3, *extra), "range"),
         ]
+    m = "allocated_host_indices"  # SGLang's order: (req_to_host_pool, req_pool_idx, allocated_len)
+    rows += [
+        Row(n, m, "req_to_host_pool", T, _on(cls, m, [[0]], 0, 4), "list"),
+        Row(n, m, "req_to_host_pool", V, _on(cls, m, table[0], 0, 4), "1-D"),
+        Row(n, m, "req_pool_idx", T, _on(cls, m, table, 0.0, 4), "float"),
+        Row(n, m, "req_pool_idx", V, _on(cls, m, table, 3, 4), "range"),
+        Row(n, m, "allocated_len", T, _on(cls, m, table, 0, 4.0), "float"),
+        Row(n, m, "allocated_len", T, _on(cls, m, table, 0, torch.tensor(4.0)), "float tensor"),
+        Row(n, m, "allocated_len", V, _on(cls, m, table, 0, -1), "negative"),
+    ]
     rows += [
         Row(n, "alloc_paged_token_slots", "start_pos", T,
             _on(cls, "alloc_paged_token_slots", table, length, 0, 0.0, 4), "float"),
@@ -373,10 +397,24 @@ def _other_rows() -> list[Row]:
         Row(m, "__init__", "huge_pages", V,
             lambda: MmapHostTensorAllocator(huge_pages="giant"), "unknown"),  # type: ignore[arg-type]
         Row(m, "__init__", "register", V, lambda: MmapHostTensorAllocator(register="x"), "str"),  # type: ignore[arg-type]
-        Row(m, "allocate", "nbytes", T,
-            lambda: MmapHostTensorAllocator(register=False).allocate(True), "bool"),
-        Row(m, "allocate", "nbytes", V,
-            lambda: MmapHostTensorAllocator(register=False).allocate(0), "zero"),
+        Row("HostTensorAllocator", "allocate", "dims", T,
+            lambda: HostTensorAllocator().allocate("4"), "str"),  # type: ignore[arg-type]
+        Row("HostTensorAllocator", "allocate", "dims", V,
+            lambda: HostTensorAllocator().allocate((2, -3)), "negative"),
+        Row(m, "allocate_bytes", "nbytes", T,
+            lambda: MmapHostTensorAllocator(register=False).allocate_bytes(True), "bool"),
+        Row(m, "allocate_bytes", "nbytes", V,
+            lambda: MmapHostTensorAllocator(register=False).allocate_bytes(0), "zero"),
+        Row(m, "allocate", "dims", T,
+            lambda: MmapHostTensorAllocator(register=False).allocate(4), "int"),  # type: ignore[arg-type]
+        Row(m, "allocate", "dims", T,
+            lambda: MmapHostTensorAllocator(register=False).allocate((4.0,)), "float"),  # type: ignore[arg-type]
+        Row(m, "allocate", "dims", V,
+            lambda: MmapHostTensorAllocator(register=False).allocate((-1,)), "negative"),
+        Row(m, "allocate", "dtype", T,
+            lambda: MmapHostTensorAllocator(register=False).allocate((4,), 1), "int"),  # type: ignore[arg-type]
+        Row(m, "allocate", "device", V,
+            lambda: MmapHostTensorAllocator(register=False).allocate((4,), device="cuda"), "cuda"),
         # functions of __all__
         Row("", "plan_host_capacity", "page_size", T,
             lambda: plan_host_capacity(device_size=16, bytes_per_token=8, page_size=4.0), "float"),  # type: ignore[arg-type]
@@ -420,12 +458,21 @@ EXEMPT_CLASSES: dict[str, str] = {
     "CudaHostRegistrar": "needs CUDA (register/unregister take raw pointers from the pools)",
     "HiSparseHostPoolMixin": "a mixin: its methods are rows of MLATokenToKVPoolHost",
     "HostCapacity": "a result record built by plan_host_capacity (rows above)",
-    "MmapHostAllocation": "built by MmapHostTensorAllocator.allocate (rows above)",
+    "MmapHostAllocation": "built by MmapHostTensorAllocator.allocate_bytes (rows above)",
 }
 # (class, method) without rows, with the reason
 EXEMPT_METHODS: dict[tuple[str, str], str] = {
     ("PageFormat", "__init__"): "the dataclass constructor; PageFormat.make validates",
     ("LayerDoneCounter", "complete"): "covered for layer_index; event is opaque (a CUDA event)",
+    **{
+        (c, "prepare_transfer_indices"): "SGLang's pass-through hook: returns its arguments"
+        for c in ("HostKVCache", "MHATokenToKVPoolHost", "MLATokenToKVPoolHost",
+                  "DeepSeekV4SingleKVPoolHost")
+    },
+    ("HostTensorAllocator", "__init__"): "takes no arguments",
+    ("HostTensorAllocator", "allocate_bytes"): "abstract (NotImplementedError); see the subclass",
+    ("MHATokenToKVPoolHost", "get_split_heads_page_buffer_meta"):
+        "always NotImplementedError (SGLang's page_head layout only)",
 }
 
 

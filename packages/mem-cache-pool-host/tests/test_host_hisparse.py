@@ -37,7 +37,7 @@ def test_rows_grow_in_whole_pages(host: MLATokenToKVPoolHost) -> None:
     assert torch.equal(s2, table[1, 5:7])
     s3 = host.alloc_paged_token_slots(table, length, 1, 7, 3)
     assert s3 is not None and int(length[1]) == 12
-    backing = host.allocated_host_indices(table, length, 1)
+    backing = host.allocated_host_indices(table, 1, length[1])
     assert backing.numel() == 12 and host.is_allocated(backing)
     assert torch.equal(backing[:10], torch.cat([s, s2, s3]))
     assert (table[0] == -1).all() and (table[2] == -1).all()
@@ -68,7 +68,7 @@ def test_bad_tables_and_positions_raise(host: MLATokenToKVPoolHost) -> None:
     with pytest.raises(ValueError, match="req_pool_idx"):
         host.alloc_paged_token_slots(table, length, 3, 0, 1)
     with pytest.raises(ValueError, match=r"req_pool_idx must be <= 2, got 3"):
-        host.allocated_host_indices(table, length, 3)
+        host.allocated_host_indices(table, 3, 0)
     with pytest.raises(TypeError, match="req_pool_idx must be an int"):
         host.free_paged_token_slots(table, length, 1.0)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="req_to_host_pool must be int64"):

@@ -182,7 +182,11 @@ def test_set_page_validates(make_pool: MakePool) -> None:
     with pytest.raises(ValueError, match="first slot of a page"):
         host.get_data_page(host.size)
     with pytest.raises(TypeError, match="index"):
-        host.get_data_page(torch.tensor(4))  # type: ignore[arg-type]
+        host.get_data_page(torch.tensor(4.0))
+    with pytest.raises(TypeError, match="index"):
+        host.get_data_page(torch.tensor([4, 5]))
+    with pytest.raises(ValueError, match="first slot of a page"):
+        host.set_from_flat_data_page(torch.tensor(3), page)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

@@ -160,7 +160,9 @@ def test_failed_load_aborts_the_batch_and_copies_nothing(make_pool: MakePool) ->
         for a, b in zip(ra, rb)
     )
     with pytest.raises(ValueError, match="layer_id"):
-        host.load_to_device_per_layer(device, torch.tensor([0]), torch.tensor([1]), 2)
+        host.load_to_device_per_layer(
+            device, torch.tensor([0]), torch.tensor([1]), 2, is_draft=True
+        )
     host.layer_done_counter.reset()
     device.get_key_buffer(1)
 
@@ -245,3 +247,23 @@ def test_negative_indices_are_skipped(make_pool: MakePool, layout: str) -> None:
         rows = as_bytes(host_rows(host, 0, layer, hidx))
         assert torch.equal(rows[[0, 2, 3]], as_bytes(desc.buffers[0][layer][didx[[0, 2, 3]]]))
         assert bool((rows[1] == 0xAB).all())  # skipped pair: host row untouched
+
+
+def test_a_layer_beyond_the_pool_is_a_no_op_as_in_sglang(make_pool: MakePool) -> None:
+    """SGLang's load_to_device_per_layer returns for a non-draft layer outside the pool."""
+    device = make_pool("mha", torch.float16, page_size=1, size=16, seed=6)
+    host = MHATokenToKVPoolHost(device, layout="layer_first")
+    h = host.alloc(2)
+    assert h is not None
+    host.backup_from_device_all_layer(device, h, torch.tensor([3, 4]), "direct")
+    before = snapshot(device)
+    for layer in (-1, 2, 99):
+        host.load_to_device_per_layer(device, h, torch.tensor([5, 6]), layer, "direct")
+    assert all(
+        torch.equal(as_bytes(a), as_bytes(b))
+        for ra, rb in zip(before, snapshot(device))
+        for a, b in zip(ra, rb)
+    )
+    host.load_to_device_per_layer_physical(device, h, torch.tensor([5, 6]), 1, "direct")
+    k = device.get_buffer_desc().buffers[0][1]
+    assert torch.equal(as_bytes(k[5:7]), as_bytes(k[3:5]))

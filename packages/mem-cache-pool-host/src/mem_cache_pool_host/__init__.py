@@ -20,6 +20,7 @@ from mem_cache_pool_host.layout import IO_BACKENDS, LAYOUTS, IOBackend, Layout
 from mem_cache_pool_host.mamba import MambaPoolHost, MambaStateBufferInfo
 from mem_cache_pool_host.memory import (
     HostAllocation,
+    HostBytesAllocator,
     HostTensorAllocator,
     MmapHostAllocation,
     MmapHostTensorAllocator,
@@ -46,6 +47,7 @@ __all__ = [
     "DevicePoolLike",
     "HiSparseHostPoolMixin",
     "HostAllocation",
+    "HostBytesAllocator",
     "HostCapacity",
     "HostKVCache",
     "HostRegistrar",

@@ -36,6 +36,7 @@ Contract:
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -54,7 +55,7 @@ from mem_cache_kernels.checks import (
     check_tensor,
 )
 from mem_cache_pool.base import KVBufferDesc
-from mem_cache_pool_host import _flat_pages, _transfer
+from mem_cache_pool_host import _flat_pages, _sglang_args, _transfer
 from mem_cache_pool_host._checks import check_index_device
 from mem_cache_pool_host.capacity import (
     DEFAULT_HOST_TO_DEVICE_RATIO,
@@ -72,8 +73,11 @@ from mem_cache_pool_host.layout import (
 )
 from mem_cache_pool_host.memory import (
     HostAllocation,
+    HostBytesAllocator,
     HostTensorAllocator,
+    allocate_for_pool,
     default_host_tensor_allocator,
+    uses_bytes_interface,
 )
 from mem_cache_pool_host.page_format import PageFormat, page_order
 from mem_cache_pool_host.slots import HostSlotAllocator
@@ -90,14 +94,17 @@ class DevicePoolLike(Protocol):
     def get_buffer_desc(self) -> KVBufferDesc: ...
 
 
-def resolve_buffer_desc(device_pool: DevicePoolLike | KVBufferDesc) -> KVBufferDesc:
-    """``device_pool`` if it is a ``KVBufferDesc``, else ``device_pool.get_buffer_desc()``."""
+def resolve_buffer_desc(
+    device_pool: DevicePoolLike | KVBufferDesc, *, name: str = "device_pool"
+) -> KVBufferDesc:
+    """``device_pool`` if it is a ``KVBufferDesc``, else ``device_pool.get_buffer_desc()``
+    (``TypeError`` naming ``name`` otherwise)."""
     if isinstance(device_pool, KVBufferDesc):
         return device_pool
     getter = getattr(device_pool, "get_buffer_desc", None)
     if getter is None:
         raise TypeError(
-            "device_pool must be a KVBufferDesc or have get_buffer_desc(), got "
+            f"{name} must be a KVBufferDesc or have get_buffer_desc(), got "
             f"{type(device_pool).__name__}"
         )
     desc = getter()
@@ -111,34 +118,70 @@ class HostKVCache:
 
     expected_roles: ClassVar[tuple[str, ...] | None] = None
 
-    def __init__(  # noqa: PLR0917 (SGLang-compatible positional signature)
+    # SGLang 0.5.23's class-level answers for features this package does not have: decode context
+    # parallelism (one rank holds every token), shared compacting host layouts, page envelopes
+    # and a page format of its own (our flat pages are SGLang's default format, so no tag).
+    dcp_size: int = 1
+    dcp_rank: int = 0
+    shared_allocation_domain: None = None
+    stores_page_envelope: bool = False
+    storage_format_tag: str | None = None
+
+    def __init__(  # noqa: PLR0917 (SGLang-compatible signature)
         self,
-        device_pool: DevicePoolLike | KVBufferDesc,
+        buffer_info: DevicePoolLike | KVBufferDesc,
         host_to_device_ratio: float = DEFAULT_HOST_TO_DEVICE_RATIO,
-        host_size_bytes: int | None = None,
+        host_size: float = 0,
         page_size: int | None = None,
         layout: str = "page_first",
         pin_memory: bool = True,
         device: str | torch.device = "cpu",
+        allocator_type: str = "default",
         *,
+        dtype: torch.dtype | None = None,
+        device_capacity_tokens: int | None = None,
+        size_per_token: int | None = None,
+        start_layer: int | None = None,
+        end_layer: int | None = None,
+        dcp_size: int = 1,
+        dcp_rank: int = 0,
+        pool_label: str = "kv",
+        is_dummy: bool = False,
+        host_token_capacity: int | None = None,
+        host_size_bytes: int | None = None,
         io_backend: str | None = None,
-        allocator: HostTensorAllocator | None = None,
+        allocator: HostTensorAllocator | HostBytesAllocator | None = None,
         reserve_bytes: int | None = None,
     ) -> None:
-        """Build the host mirror of ``device_pool`` (a pool with ``get_buffer_desc()`` or a
-        ``KVBufferDesc``).
+        """Build the host mirror of ``buffer_info``: a device pool with ``get_buffer_desc()`` (every
+        ``mem_cache_pool`` pool) or its ``KVBufferDesc``. SGLang passes its own buffer-info
+        record here; ours is the descriptor (built from the pool, never its internals).
 
-        ``host_to_device_ratio`` / ``host_size_bytes`` (bytes, wins when > 0; SGLang's
-        ``host_size`` is in GB): capacity, in whole pages rounded down. ``page_size``: must equal
-        the device pool's (default). ``layout``: see ``layout.py``; ``io_backend``: the backend
-        the pool will mostly use (``"direct"`` turns ``page_first`` into ``page_first_direct``).
-        ``pin_memory``: register the memory with CUDA when available (default allocator only).
-        ``allocator``: a :class:`HostTensorAllocator` supplying the memory (one allocation per
-        role). ``reserve_bytes``: host memory the preflight check leaves free. ``device`` must be
-        ``"cpu"``. Raises ``ValueError``/``TypeError`` (naming the argument) before allocating
-        anything.
+        Capacity, in whole pages: ``host_token_capacity`` tokens (positive, page aligned,
+        exactly), else ``host_size`` GB (SGLang's unit) or ``host_size_bytes`` bytes when > 0,
+        else ``device_capacity_tokens`` (default: the device pool's size) times
+        ``host_to_device_ratio``, rounded down (no padding page: every host page is usable).
+        ``page_size``: must equal the device pool's (default). ``layout``: see ``layout.py``;
+        ``io_backend``: the backend the pool will mostly use (``"direct"`` turns ``page_first``
+        into ``page_first_direct``). ``pin_memory``: register the memory with CUDA when
+        available (default allocator only). ``allocator``: supplies the memory (one allocation per
+        row shape): ``allocate_bytes(nbytes)`` (:class:`HostBytesAllocator`, ours) or, failing
+        that, SGLang's ``allocate(dims, dtype, device)`` (:class:`HostTensorAllocator`, e.g. a
+        storage backend's); ``allocator_type`` is SGLang's name for a storage backend's
+        allocator, which lives in ``mem_cache_storage`` (pass it as ``allocator``): any name
+        other than ``"default"`` without ``allocator`` logs a warning and uses the default
+        allocator, as SGLang does when the backend's allocator is unavailable.
+        ``reserve_bytes``: host memory the preflight check leaves free. ``device`` must be
+        ``"cpu"``.
+
+        SGLang's geometry keywords (``dtype``, ``size_per_token``, ``start_layer``,
+        ``end_layer``) are checked against the device pool's (``ValueError`` on a mismatch);
+        ``pool_label`` names the pool in logs. Decode context parallelism (``dcp_size > 1``) and
+        SGLang's allocator-only dummy pools (``is_dummy=True``) are not supported:
+        ``NotImplementedError``. Raises ``ValueError``/``TypeError`` (naming the argument) before
+        allocating anything.
         """
-        desc = resolve_buffer_desc(device_pool)
+        desc = resolve_buffer_desc(buffer_info, name="buffer_info")
         if self.expected_roles is not None and desc.roles != self.expected_roles:
             raise ValueError(
                 f"{type(self).__name__} needs a device pool with roles {self.expected_roles}, "
@@ -154,11 +197,37 @@ class HostKVCache:
         if check_device_arg("device", device).type != "cpu":
             raise ValueError(f"device must be 'cpu' (host memory), got {device!r}")
         check_bool("pin_memory", pin_memory)
+        host_size_bytes = _sglang_args.resolve_capacity_bytes(
+            desc,
+            page_size,
+            host_size=host_size,
+            host_size_bytes=host_size_bytes,
+            host_token_capacity=host_token_capacity,
+        )
+        device_tokens = check_optional_int("device_capacity_tokens", device_capacity_tokens)
+        if device_tokens is None:
+            device_tokens = desc.size
+        elif device_tokens < 0:
+            raise ValueError(f"device_capacity_tokens must be >= 0, got {device_tokens}")
+        _sglang_args.check_geometry(
+            desc,
+            dtype=dtype,
+            size_per_token=size_per_token,
+            start_layer=start_layer,
+            end_layer=end_layer,
+        )
+        _sglang_args.check_unsupported(dcp_size=dcp_size, dcp_rank=dcp_rank, is_dummy=is_dummy)
+        if not isinstance(pool_label, str):
+            raise TypeError(f"pool_label must be a str, got {type(pool_label).__name__}")
+        if not isinstance(allocator_type, str):
+            raise TypeError(f"allocator_type must be a str, got {type(allocator_type).__name__}")
+        self.pool_label = pool_label
+        self.allocator_type = allocator_type
         self.device_desc = desc
-        self._device_source: object = device_pool
+        self._device_source: object = buffer_info
         self.layout: Layout = resolve_layout(layout, io_backend)
         self.capacity: HostCapacity = plan_host_capacity(
-            device_size=desc.size,
+            device_size=device_tokens,
             bytes_per_token=desc.bytes_per_token,
             page_size=page_size,
             host_to_device_ratio=host_to_device_ratio,
@@ -166,7 +235,8 @@ class HostKVCache:
         )
         if self.capacity.size < desc.size:
             _log.warning(
-                "host pool (%d tokens) is smaller than the device pool (%d tokens)",
+                "host pool %s (%d tokens) is smaller than the device pool (%d tokens)",
+                pool_label,
                 self.capacity.size,
                 desc.size,
             )
@@ -175,8 +245,11 @@ class HostKVCache:
         self.page_num = self.capacity.num_pages
         self.size = self.capacity.size
         self.size_per_token = desc.bytes_per_token
+        self.device_capacity_tokens = device_tokens
         self.layer_num = desc.layer_num
+        self.target_layer_num = desc.layer_num
         self.start_layer = desc.start_layer
+        self.end_layer = desc.start_layer + desc.layer_num
         self.dtype = desc.dtype
         self.store_dtype = desc.store_dtype
         self.roles = desc.roles
@@ -184,14 +257,25 @@ class HostKVCache:
         self.row_bytes = desc.row_bytes
         self.pin_memory = pin_memory
         self.device = torch.device("cpu")
-        if allocator is not None and not callable(getattr(allocator, "allocate", None)):
+        if allocator is not None and not (
+            uses_bytes_interface(allocator) or callable(getattr(allocator, "allocate", None))
+        ):
             raise TypeError(
-                "allocator must have allocate(nbytes) -> HostAllocation, got "
-                f"{type(allocator).__name__}"
+                "allocator must have allocate_bytes(nbytes) -> HostAllocation or SGLang's "
+                f"allocate(dims, dtype, device) -> Tensor, got {type(allocator).__name__}"
             )
-        tensor_allocator = allocator or default_host_tensor_allocator(pin_memory)
+        if allocator is None and allocator_type != "default":
+            _log.warning(
+                "allocator_type %r: that storage backend's host allocator is built by "
+                "mem_cache_storage (pass it as allocator=); using the default allocator",
+                allocator_type,
+            )
+        self.allocator: HostTensorAllocator | HostBytesAllocator = (
+            allocator or default_host_tensor_allocator(pin_memory)
+        )
         self._allocations: list[HostAllocation] = []
-        self.buffers: tuple[torch.Tensor, ...] = self._allocate_buffers(tensor_allocator)
+        self._kv_buffer: torch.Tensor | tuple[torch.Tensor, ...] | None = None
+        self.buffers: tuple[torch.Tensor, ...] = self._allocate_buffers(self.allocator)
         self._layer_views: tuple[tuple[torch.Tensor, ...], ...] = tuple(
             tuple(h[l] for l in range(self.layer_num)) if self.layout == "layer_first" else ()
             for h in self.buffers
@@ -207,30 +291,68 @@ class HostKVCache:
         self._release_pending = False
 
     # ---------------------------------------------------------------- memory
-    def _allocate_buffers(self, tensor_allocator: HostTensorAllocator) -> tuple[torch.Tensor, ...]:
+    def _allocate_buffers(
+        self, tensor_allocator: HostTensorAllocator | HostBytesAllocator
+    ) -> tuple[torch.Tensor, ...]:
+        """One host tensor per role, in the layout. Roles of one row shape share one allocation
+        (SGLang's ``kv_buffer``: ``[roles, *layout shape]``, e.g. MHA's ``[2, L, size, H, D]``);
+        roles of different row shapes get one allocation each."""
         item = torch.empty((), dtype=self.store_dtype).element_size()
+        shapes = [
+            host_buffer_shape(
+                self.layout,
+                num_pages=self.page_num,
+                page_size=self.page_size,
+                layer_num=self.layer_num,
+                row_shape=shape_r,
+            )
+            for shape_r in self.row_shapes
+        ]
+        stacked = len(shapes) > 1 and len(set(shapes)) == 1
+        groups = [(len(shapes), shapes[0])] if stacked else [(1, shape) for shape in shapes]
         out: list[torch.Tensor] = []
         try:
-            for shape_r in self.row_shapes:
-                shape = host_buffer_shape(
-                    self.layout,
-                    num_pages=self.page_num,
-                    page_size=self.page_size,
-                    layer_num=self.layer_num,
-                    row_shape=shape_r,
-                )
-                numel = 1
-                for d in shape:
-                    numel *= d
-                alloc = tensor_allocator.allocate(numel * item)
+            for count, shape in groups:
+                numel = count * math.prod(shape)
+                alloc = allocate_for_pool(tensor_allocator, numel * item)
                 self._allocations.append(alloc)
-                out.append(alloc.tensor.view(self.store_dtype).view(shape))
+                whole = alloc.tensor.view(self.store_dtype).view(count, *shape)
+                out.extend(whole[i] for i in range(count))
+                if stacked:
+                    self._kv_buffer = whole
         except BaseException:
             for a in self._allocations:
                 a.close()
             self._allocations.clear()
             raise
+        if not stacked:
+            self._kv_buffer = out[0] if len(out) == 1 else tuple(out)
         return tuple(out)
+
+    def init_kv_buffer(self) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """SGLang's hook that allocates the host buffer; here ``__init__`` allocates it once
+        (through ``allocator``), and this returns that buffer: :attr:`kv_buffer`. Raises
+        ``RuntimeError`` when the pool is closed."""
+        self._check_open()
+        assert self._kv_buffer is not None
+        return self._kv_buffer
+
+    @property
+    def kv_buffer(self) -> torch.Tensor | tuple[torch.Tensor, ...] | None:
+        """SGLang's ``kv_buffer``: the host memory of every role. One tensor when the roles share
+        a row shape (MHA: ``[2, *layout shape]`` with ``k_buffer``/``v_buffer`` its halves; MLA:
+        the latent tensor itself), else a tuple per role (asymmetric K/V, as SGLang's
+        asymmetric pool). ``None`` once the pool is closed (SGLang's ``destroy()``), so storage
+        backends can tell a released pool."""
+        return None if self._closed else self._kv_buffer
+
+    @property
+    def fd(self) -> int | None:
+        """SGLang's shared-memory file descriptor of the host buffer (its ``shm`` allocator);
+        ``getattr(allocator, "fd", None)`` as SGLang reads it: ``None`` for the default mmap
+        allocator."""
+        fd = getattr(self.allocator, "fd", None)
+        return fd if isinstance(fd, int) else None
 
     @property
     def pinned(self) -> bool:
@@ -256,6 +378,7 @@ class HostKVCache:
                     self._release_pending = True
             self.buffers = ()
             self._layer_views = ()
+            self._kv_buffer = None
             if not self._release_pending:
                 self._release_memory()
 
@@ -319,6 +442,94 @@ class HostKVCache:
 
     def is_allocated(self, indices: torch.Tensor) -> bool:
         return self._slots.is_allocated(indices)
+
+    @property
+    def logical_size(self) -> int:
+        """SGLang's slot count the radix tree and controller see (``size * dcp_size``; no decode
+        context parallelism here, so ``size``)."""
+        return self.size * self.dcp_size
+
+    @property
+    def logical_page_size(self) -> int:
+        """SGLang's page size in that logical space (``page_size * dcp_size``: ``page_size``)."""
+        return self.page_size * self.dcp_size
+
+    # SGLang's free-list state, read from the slot allocator (snapshots, CPU; not writable)
+    @property
+    def free_slots(self) -> torch.Tensor:
+        """Free slots not yet merged back (int64, pages whole, in hand-out order)."""
+        return self._slots.free_slots()
+
+    @property
+    def release_slots(self) -> list[torch.Tensor]:
+        """Slots freed since the last merge, one tensor per ``free`` call (merged lazily)."""
+        return self._slots.release_slots()
+
+    @property
+    def num_release_slots(self) -> int:
+        """Total slots in :attr:`release_slots`."""
+        return sum(int(t.numel()) for t in self._slots.release_slots())
+
+    @property
+    def slot_used(self) -> torch.Tensor:
+        """Per slot, whether it is allocated (bool, ``[logical_size]``)."""
+        return self._slots.slot_used()
+
+    @property
+    def mem_state(self) -> torch.Tensor:
+        """SGLang's per-slot uint8 state tensor, which its base allocates zeroed and nothing
+        updates: zeros of ``[logical_size]`` (a fresh tensor)."""
+        return torch.zeros(self.logical_size, dtype=torch.uint8)
+
+    # ------------------------------------------------------------- SGLang's transfer geometry
+    can_use_jit: bool = False
+    """SGLang's own JIT HiCache kernels are not used here (our kernels are mem_cache_kernels')."""
+    can_use_write_back_jit: bool = False
+    """No staged write-back kernel: SGLang's controller then moves host indices to the device
+    for ``kernel`` IO, as for every pool without it."""
+    staging_page_capacity: int = 0
+    staging_token_capacity: int = 0
+    page_unified_layout: None = None
+    """SGLang's ``page_unified`` layout geometry; that layout is not supported (``None``)."""
+    device_rows_packed: bool = True
+    """Device rows are contiguous (``KVBufferDesc`` guarantees it)."""
+
+    @property
+    def token_stride_size(self) -> int:
+        """Bytes of one token's row of one layer (first role; MHA ``H * D * itemsize``)."""
+        return self.row_bytes[0]
+
+    @property
+    def layout_dim(self) -> int:
+        """Bytes of one token's rows across all layers (first role), SGLang's ``layout_dim``."""
+        return self.row_bytes[0] * self.layer_num
+
+    @property
+    def device_row_stride_bytes(self) -> int:
+        """Bytes between consecutive device rows (packed: ``token_stride_size``)."""
+        return self.token_stride_size
+
+    def get_ksize_per_token(self) -> int:
+        """Bytes per token of the first role across layers (MHA: K, half of a symmetric pool;
+        MLA: everything)."""
+        return self.row_bytes[0] * self.layer_num
+
+    def _role_layer_refs(self, role: int) -> list[torch.Tensor]:
+        """Per-layer views of one role's host tensor, as SGLang's ``*_data_refs``."""
+        self._check_open()
+        buf = self.buffers[role]
+        view = buf if self.layout == "layer_first" else buf.transpose(0, 1)
+        return [view[i] for i in range(self.layer_num)]
+
+    def _role_layer_ptrs(self, role: int) -> torch.Tensor:
+        """uint64 table of :meth:`_role_layer_refs` data pointers on the device pool's device."""
+        ptrs = [t.data_ptr() for t in self._role_layer_refs(role)]
+        table = torch.tensor(ptrs, dtype=torch.int64).view(torch.uint64)
+        return table.to(self.device_desc.device)
+
+    def _device_role_ptrs(self, role: int) -> torch.Tensor:
+        n = self.layer_num
+        return self.device_desc.data_ptrs[role * n : (role + 1) * n]
 
     # ------------------------------------------------------------- transfers
     def _desc_for(self, device_pool: DevicePoolLike | KVBufferDesc) -> KVBufferDesc:
@@ -403,6 +614,47 @@ class HostKVCache:
         target = torch.device("cpu") if backend == "direct" else desc.device
         return idx if idx.device == target else idx.to(target, non_blocking=True)
 
+    def prepare_transfer_indices(
+        self, host_indices: torch.Tensor, device_indices: torch.Tensor, io_backend: str
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """SGLang's hook resolving indices that must stay stable through one L2 submission.
+
+        Host slots here are physical (no shared compacting layout), so both come back as
+        given; SGLang's controller has already moved them where ``io_backend`` needs them.
+        ``TypeError``/``ValueError`` unless both are 1-D index tensors and ``io_backend`` a str
+        (the transfer that follows checks the rest)."""
+        check_index("host_indices", host_indices, allow_meta=False)
+        check_index("device_indices", device_indices)
+        if not isinstance(io_backend, str):
+            raise TypeError(f"io_backend must be a str, got {type(io_backend).__name__}")
+        return host_indices, device_indices
+
+    def backup_from_device_all_layer_physical(
+        self,
+        device_pool: DevicePoolLike | KVBufferDesc,
+        host_indices: torch.Tensor,
+        device_indices: torch.Tensor,
+        io_backend: str,
+    ) -> None:
+        """:meth:`backup_from_device_all_layer` on physical indices (SGLang's transfer engine
+        calls this after :meth:`prepare_transfer_indices`)."""
+        self.backup_from_device_all_layer(device_pool, host_indices, device_indices, io_backend)
+
+    def load_to_device_per_layer_physical(
+        self,
+        device_pool: DevicePoolLike | KVBufferDesc,
+        host_indices: torch.Tensor,
+        device_indices: torch.Tensor,
+        layer_id: int,
+        io_backend: str,
+        *,
+        is_draft: bool = False,
+    ) -> None:
+        """:meth:`load_to_device_per_layer` on physical indices (SGLang's transfer engine)."""
+        self.load_to_device_per_layer(
+            device_pool, host_indices, device_indices, layer_id, io_backend, is_draft=is_draft
+        )
+
     def load_to_device_per_layer(
         self,
         device_pool: DevicePoolLike | KVBufferDesc,
@@ -410,14 +662,23 @@ class HostKVCache:
         device_indices: torch.Tensor,
         layer_id: int,
         io_backend: str = "kernel",
+        *,
+        is_draft: bool = False,
     ) -> None:
         """Copy host rows ``host_indices`` of local layer ``layer_id`` into device rows
         ``device_indices`` and mark the layer done on ``layer_done_counter``.
 
+        As SGLang's: a ``layer_id`` outside ``[0, target_layer_num)`` is a no-op (a controller
+        looping over more layers than this pool holds), unless ``is_draft`` (packed MTP draft
+        layers, which this pool never holds: then an out-of-range layer is a ``ValueError``).
         The counter only tracks a batch the caller began (``layer_done_counter.begin()`` or
         ``load_batch()`` before the layer loop); without one, completing is a no-op. On any error
         the batch in flight is aborted (readers raise instead of hanging).
         """
+        check_bool("is_draft", is_draft)
+        check_int("layer_id", layer_id)
+        if not is_draft and not 0 <= layer_id < self.target_layer_num:
+            return
         try:
             self._check_open()
             check_int("layer_id", layer_id, minimum=0, maximum=self.layer_num - 1)
@@ -476,7 +737,17 @@ class HostKVCache:
         )
 
     # ------------------------------------------------------------------ storage (L3) pages
-    def _page_of(self, index: int) -> int:
+    def _page_of(self, index: int | torch.Tensor) -> int:
+        if isinstance(index, torch.Tensor):
+            # SGLang's storage path passes ``host_indices[i * page_size]``, a 0-d tensor
+            if index.numel() != 1 or index.dtype.is_floating_point or index.dtype.is_complex:
+                raise TypeError(
+                    "index must be an int or a one-element integer tensor, got a tensor of "
+                    f"shape {tuple(index.shape)} and dtype {index.dtype}"
+                )
+            if index.dtype == torch.bool:
+                raise TypeError("index must be an int or an integer tensor, got a bool tensor")
+            index = int(index.item())
         check_int("index", index)
         if index % self.page_size or not 0 <= index < self.size:
             raise ValueError(
@@ -504,8 +775,9 @@ class HostKVCache:
             self.layer_num * self.page_size
         )
 
-    def get_data_page(self, index: int, flat: bool = True) -> torch.Tensor:
-        """The page starting at host slot ``index`` in the format ``page_format`` (SGLang's
+    def get_data_page(self, index: int | torch.Tensor, flat: bool = True) -> torch.Tensor:
+        """The page starting at host slot ``index`` (an int or a one-element integer tensor, as
+        SGLang's storage path passes) in the format ``page_format`` (SGLang's
         bytes for this layout; see :mod:`mem_cache_pool_host.page_format`). Always a copy.
 
         ``flat=True``: 1-D, ``page_numel`` store-dtype elements: roles one after the other, each
@@ -527,7 +799,7 @@ class HostKVCache:
         """A zeroed flat page (``page_numel`` elements of the store dtype)."""
         return torch.zeros(self.page_numel, dtype=self.store_dtype)
 
-    def set_from_flat_data_page(self, index: int, data_page: torch.Tensor) -> None:
+    def set_from_flat_data_page(self, index: int | torch.Tensor, data_page: torch.Tensor) -> None:
         """Write a flat page of this pool's ``page_format`` (as from ``get_data_page``) into the
         page starting at ``index``. Validated first (``TypeError``/``ValueError`` naming
         ``index`` or ``data_page``); a failed call writes nothing."""
@@ -569,6 +841,18 @@ class HostKVCache:
             idx = torch.tensor(list(indices), dtype=torch.int64)
         pages = self._slots.pages_of(idx).tolist()
         return _flat_pages.page_buffer_meta(self.layout, self.buffers, pages, self.page_size)
+
+    def get_page_buffer_element_size(self, split_factor: int = 1) -> int | None:
+        """Bytes of one zero-copy range of :meth:`get_page_buffer_meta` (the first range of
+        page 0), SGLang's storage element size. ``split_factor != 1`` asks for split-heads
+        ranges (SGLang's ``page_head`` layout only): ``NotImplementedError`` here."""
+        check_int("split_factor", split_factor, minimum=1)
+        if split_factor != 1:
+            raise NotImplementedError(
+                "split-heads page ranges need SGLang's page_head layout, which is not supported"
+            )
+        _, sizes = self.get_page_buffer_meta(torch.arange(self.page_size, dtype=torch.int64))
+        return int(sizes[0]) if sizes else None
 
     def is_stride_page_aligned(self, page_size_bytes: int = 4096) -> bool:
         """Whether every zero-copy range starts at a multiple of ``page_size_bytes``."""

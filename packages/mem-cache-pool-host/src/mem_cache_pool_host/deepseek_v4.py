@@ -40,7 +40,7 @@ from mem_cache_pool.deepseek_v4 import DeepSeekV4SingleKVPool
 from mem_cache_pool_host._checks import check_index_device
 from mem_cache_pool_host.base import HostKVCache
 from mem_cache_pool_host.capacity import DEFAULT_HOST_TO_DEVICE_RATIO
-from mem_cache_pool_host.memory import HostTensorAllocator
+from mem_cache_pool_host.memory import HostBytesAllocator, HostTensorAllocator
 
 __all__ = ["DeepSeekV4SingleKVPoolHost"]
 
@@ -67,7 +67,7 @@ class DeepSeekV4SingleKVPoolHost(HostKVCache):
         layout: str = "page_first",
         pin_memory: bool = True,
         io_backend: str | None = None,
-        allocator: HostTensorAllocator | None = None,
+        allocator: HostTensorAllocator | HostBytesAllocator | None = None,
         reserve_bytes: int | None = None,
     ) -> None:
         if not isinstance(device_pool, DeepSeekV4SingleKVPool):
@@ -117,7 +117,9 @@ class DeepSeekV4SingleKVPoolHost(HostKVCache):
         layer_id: int,
         io_backend: str = "kernel",
     ) -> None:
-        """Copy host rows ``host_pages`` of local layer ``layer_id`` to device pages."""
+        """Copy host rows ``host_pages`` of local layer ``layer_id`` (``0..layer_num-1``, else
+        ``ValueError``) to device pages."""
+        check_int("layer_id", layer_id, minimum=0, maximum=self.layer_num - 1)
         self.load_to_device_per_layer(device_pool, host_pages, device_pages, layer_id, io_backend)
 
     # ---------------------------------------------------------------- token-granular

@@ -112,14 +112,31 @@ class HiSparseHostPoolMixin:
     def allocated_host_indices(
         self,
         req_to_host_pool: torch.Tensor,
-        req_to_host_pool_allocated_len: torch.Tensor,
         req_pool_idx: int,
+        allocated_len: int | torch.Tensor,
     ) -> torch.Tensor:
-        """All host slots backing row ``req_pool_idx`` (whole pages, a copy)."""
-        _check_tables(req_to_host_pool, req_to_host_pool_allocated_len)
+        """SGLang's: the host slots backing the first ``allocated_len`` tokens of row
+        ``req_pool_idx``, rounded up to whole pages (capped at the row length), without the
+        ``-1`` entries (a copy). ``allocated_len`` is an int or a one-element tensor (e.g.
+        ``req_to_host_pool_allocated_len[r]``)."""
+        check_tensor("req_to_host_pool", req_to_host_pool)
+        if req_to_host_pool.dim() != 2:
+            raise ValueError(
+                f"req_to_host_pool must be 2-D, got shape {tuple(req_to_host_pool.shape)}"
+            )
         _check_row(req_to_host_pool, req_pool_idx)
-        have = int(req_to_host_pool_allocated_len[req_pool_idx])
-        return req_to_host_pool[req_pool_idx, :have].clone()
+        if isinstance(allocated_len, torch.Tensor):
+            if allocated_len.numel() != 1 or allocated_len.dtype.is_floating_point:
+                raise TypeError(
+                    "allocated_len must be an int or a one-element integer tensor, got shape "
+                    f"{tuple(allocated_len.shape)} dtype {allocated_len.dtype}"
+                )
+            allocated_len = int(allocated_len.item())
+        check_int("allocated_len", allocated_len, minimum=0)
+        ps = self.page_size
+        host_len = min(-(-allocated_len // ps) * ps, req_to_host_pool.shape[1])
+        row = req_to_host_pool[req_pool_idx, :host_len]
+        return row[row >= 0].clone()
 
     def free_paged_token_slots(
         self,

@@ -7,15 +7,18 @@ pinned request up to the next power of two (a 33 GiB pool pins 64 GiB) and one h
 CUDA is present the range is registered with ``cudaHostRegister`` in bounded chunks (one giant
 registration fails regardless of free memory) and unregistered by ``close()``.
 
-The allocator is pluggable: anything that satisfies :class:`HostTensorAllocator` (for example a
-storage backend handing out memory it registered with its own transfer engine) can back a host
-pool.
+The allocator is pluggable: anything with ``allocate_bytes(nbytes) -> HostAllocation``
+(:class:`HostBytesAllocator`; for example a storage backend handing out memory it registered with
+its own transfer engine) can back a host pool, and so can an allocator with SGLang's interface
+only (``allocate(dims, dtype, device) -> Tensor``, :class:`HostTensorAllocator`).
 """
 
 from __future__ import annotations
 
+import math
 import mmap
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
@@ -31,6 +34,7 @@ from mem_cache_pool_host.registration import (
 
 __all__ = [
     "HostAllocation",
+    "HostBytesAllocator",
     "HostTensorAllocator",
     "HugePages",
     "MmapHostAllocation",
@@ -69,14 +73,57 @@ class HostAllocation(Protocol):
 
 
 @runtime_checkable
-class HostTensorAllocator(Protocol):
-    """Supplies host memory to host pools: ``allocate(nbytes)`` returns a :class:`HostAllocation`.
+class HostBytesAllocator(Protocol):
+    """What a host pool needs from its memory supplier: ``allocate_bytes(nbytes)`` returns a
+    :class:`HostAllocation` of exactly ``nbytes`` (a positive int). Failure raises
+    (``MemoryError``/``RuntimeError``) and leaves nothing allocated."""
 
-    ``nbytes`` is a positive int; the allocation has exactly that size. Failure raises
-    (``MemoryError``/``RuntimeError``) and leaves nothing allocated.
+    def allocate_bytes(self, nbytes: int) -> HostAllocation: ...
+
+
+class HostTensorAllocator:
+    """SGLang 0.5.23's host-memory allocator interface, and the base of ours.
+
+    ``allocate(dims, dtype, device)`` returns a CPU tensor of exactly ``dims`` and ``dtype``
+    (SGLang's; it records both in :attr:`dims` / :attr:`dtype`, as SGLang's does, for backends
+    that read them back). Subclasses supply the memory through :meth:`allocate_bytes` (see
+    :class:`HostBytesAllocator`); the allocations that back returned tensors are kept in
+    :attr:`allocations` so their owner can ``close()`` them.
     """
 
-    def allocate(self, nbytes: int) -> HostAllocation: ...
+    def __init__(self) -> None:
+        self.dims: tuple[int, ...] | None = None
+        self.dtype: torch.dtype | None = None
+        self.allocations: list[HostAllocation] = []
+
+    def allocate_bytes(self, nbytes: int) -> HostAllocation:
+        """``nbytes`` bytes of host memory (subclasses implement it)."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement allocate_bytes")
+
+    def allocate(
+        self, dims: Sequence[int], dtype: torch.dtype = torch.uint8, device: str = "cpu"
+    ) -> torch.Tensor:
+        """A CPU tensor of shape ``dims`` and ``dtype`` backed by :meth:`allocate_bytes` (a
+        zero-element shape gets an empty tensor). ``device`` must be ``"cpu"`` (``ValueError``;
+        SGLang asserts the same). ``TypeError``/``ValueError`` naming ``dims``/``dtype`` for a
+        bad shape or dtype, before anything is allocated."""
+        if isinstance(dims, (str, bytes)) or not isinstance(dims, Sequence):
+            raise TypeError(f"dims must be a sequence of ints, got {type(dims).__name__}")
+        shape = tuple(check_int(f"dims[{i}]", d, minimum=0) for i, d in enumerate(dims))
+        if not isinstance(dtype, torch.dtype):
+            raise TypeError(f"dtype must be a torch.dtype, got {type(dtype).__name__}")
+        if device != "cpu" and not (isinstance(device, torch.device) and device.type == "cpu"):
+            raise ValueError(f"device must be 'cpu' (host memory), got {device!r}")
+        numel = math.prod(shape)
+        if numel == 0:
+            tensor = torch.empty(shape, dtype=dtype)
+        else:
+            alloc = self.allocate_bytes(numel * torch.empty((), dtype=dtype).element_size())
+            self.allocations.append(alloc)
+            tensor = alloc.tensor.view(dtype).view(shape)
+        self.dims = shape
+        self.dtype = dtype
+        return tensor
 
 
 @dataclass(eq=False)
@@ -130,7 +177,7 @@ class MmapHostAllocation:
             self._map = None
 
 
-class MmapHostTensorAllocator:
+class MmapHostTensorAllocator(HostTensorAllocator):
     """Default :class:`HostTensorAllocator`: anonymous mmap, optional huge pages and registration.
 
     ``huge_pages``: ``"none"``; ``"transparent"`` (``madvise(MADV_HUGEPAGE)``, a hint); or
@@ -151,6 +198,7 @@ class MmapHostTensorAllocator:
         registrar: HostRegistrar | None = None,
         register_chunk_bytes: int = DEFAULT_REGISTER_CHUNK_BYTES,
     ) -> None:
+        super().__init__()
         if huge_pages not in ("none", "transparent", "hugetlb"):
             raise ValueError(
                 f"huge_pages must be 'none', 'transparent' or 'hugetlb', got {huge_pages!r}"
@@ -167,7 +215,8 @@ class MmapHostTensorAllocator:
                 raise RuntimeError("register=True but CUDA is not available for cudaHostRegister")
         self.registrar: HostRegistrar | None = None if register is False else registrar
 
-    def allocate(self, nbytes: int) -> MmapHostAllocation:
+    def allocate_bytes(self, nbytes: int) -> MmapHostAllocation:
+        """An anonymous mmap of exactly ``nbytes`` (>= 1) bytes, registered when configured."""
         check_int("nbytes", nbytes, minimum=1)
         flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
         if self.populate:
@@ -198,6 +247,66 @@ class MmapHostTensorAllocator:
             _registered=registered,
             _lock=threading.Lock(),
         )
+
+
+@dataclass(eq=False)
+class _TensorAllocation:
+    """A :class:`HostAllocation` over a tensor an SGLang-interface allocator returned."""
+
+    _tensor: torch.Tensor | None
+    _nbytes: int
+    _pinned: bool
+
+    @property
+    def tensor(self) -> torch.Tensor:
+        if self._tensor is None:
+            raise RuntimeError("host allocation is closed")
+        return self._tensor
+
+    @property
+    def nbytes(self) -> int:
+        return self._nbytes
+
+    @property
+    def pinned(self) -> bool:
+        return self._pinned
+
+    @property
+    def closed(self) -> bool:
+        return self._tensor is None
+
+    def close(self) -> None:
+        self._tensor = None
+
+
+def uses_bytes_interface(allocator: object) -> bool:
+    """Whether ``allocator`` supplies memory through ``allocate_bytes`` (ours) rather than only
+    SGLang's ``allocate(dims, dtype, device)``."""
+    if isinstance(allocator, HostTensorAllocator):
+        return type(allocator).allocate_bytes is not HostTensorAllocator.allocate_bytes
+    return callable(getattr(allocator, "allocate_bytes", None))
+
+
+def allocate_for_pool(allocator: object, nbytes: int) -> HostAllocation:
+    """``nbytes`` of host memory from ``allocator``: through ``allocate_bytes`` when it has one,
+    else through SGLang's ``allocate((nbytes,), torch.uint8, "cpu")`` (the tensor must be a
+    contiguous CPU tensor of exactly ``nbytes`` bytes: ``ValueError`` otherwise; it is pinned
+    when ``tensor.is_pinned()``)."""
+    if uses_bytes_interface(allocator):
+        return allocator.allocate_bytes(nbytes)  # type: ignore[attr-defined, no-any-return]
+    tensor = allocator.allocate((nbytes,), torch.uint8, "cpu")  # type: ignore[attr-defined]
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(
+            f"allocator.allocate must return a torch.Tensor, got {type(tensor).__name__}"
+        )
+    size = tensor.numel() * tensor.element_size()
+    if tensor.device.type != "cpu" or not tensor.is_contiguous() or size != nbytes:
+        raise ValueError(
+            f"allocator.allocate must return a contiguous CPU tensor of {nbytes} bytes, got "
+            f"{size} bytes on {tensor.device} (contiguous={tensor.is_contiguous()})"
+        )
+    flat = tensor.reshape(-1).view(torch.uint8)
+    return _TensorAllocation(_tensor=flat, _nbytes=nbytes, _pinned=bool(tensor.is_pinned()))
 
 
 def default_host_tensor_allocator(pin_memory: bool = True) -> MmapHostTensorAllocator:

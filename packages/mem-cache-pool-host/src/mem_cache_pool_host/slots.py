@@ -99,6 +99,21 @@ class HostSlotAllocator:
         with self.lock:
             return bool(self._page_used[pages].all())
 
+    def free_slots(self) -> torch.Tensor:
+        """Slots of the merged free list (int64, in hand-out order; a copy)."""
+        with self.lock:
+            return self._pages_to_slots(self._free_pages)
+
+    def release_slots(self) -> list[torch.Tensor]:
+        """Slots freed since the last merge, one tensor per ``free`` call (copies)."""
+        with self.lock:
+            return [self._pages_to_slots(p) for p in self._released]
+
+    def slot_used(self) -> torch.Tensor:
+        """Per slot, whether its page is allocated (bool ``[size]``; a copy)."""
+        with self.lock:
+            return self._page_used.repeat_interleave(self.page_size)
+
     def pages_of(self, indices: torch.Tensor) -> torch.Tensor:
         """Validate page-aligned slot ``indices`` and return their page ids (CPU int64).
 
