@@ -21,8 +21,18 @@ File ``{storage_dir}/{storage_key}.kvp``::
   readable through the open handle (POSIX). Each writer enforces the capacity, so the directory
   exceeds it by at most the pages in flight.
 
+**Key scheme ``sglang``** (``key_scheme="sglang"``): pages are stored exactly as SGLang 0.5.23's
+file backend stores them, ``{storage_dir}/{hash}_{model}[_{tp_rank}_{tp_size}]...bin`` holding
+the raw flat page (no header), so an SGLang instance and this backend read each other's pages in
+one directory. Verification: the file size must equal the page size; a side-car
+``{name}.mcs`` (magic, byte count, CRC-32; SGLang ignores files not ending ``.bin``), written
+*before* the page by this backend, is checked when present, so a page this backend wrote that was
+corrupted later is a miss. A page SGLang wrote has no side-car: only its size is checked (SGLang
+stores no checksum).
+
 Options (``extra_config``, the SGLang ``kwargs`` dict or keywords): ``storage_dir`` (also
-``file_path``; default ``$MEM_CACHE_STORAGE_DIR`` or ``/tmp/mem_cache_storage``),
+``file_path`` and SGLang's ``file_storage_path``; default ``$MEM_CACHE_STORAGE_DIR`` or
+``/tmp/mem_cache_storage``), ``key_scheme`` (``mem_cache`` or ``sglang``),
 ``capacity_bytes`` (int, 0), ``fsync`` (bool, false), ``checksum`` (bool, true: write and check
 the CRC), ``page_size``, ``model_fingerprint``.
 """
@@ -43,10 +53,14 @@ from mem_cache_storage import _memory
 from mem_cache_storage.backend import PageStorageBackend, checksum
 from mem_cache_storage.pages import PageFormat, PageRanges
 
-__all__ = ["DEFAULT_STORAGE_DIR", "FILE_SUFFIX", "HiCacheFile"]
+__all__ = ["DEFAULT_STORAGE_DIR", "FILE_SUFFIX", "SGLANG_FILE_SUFFIX", "HiCacheFile"]
 
 DEFAULT_STORAGE_DIR = "/tmp/mem_cache_storage"
 FILE_SUFFIX = ".kvp"
+SGLANG_FILE_SUFFIX = ".bin"
+SIDECAR_SUFFIX = ".mcs"
+_SIDE = struct.Struct("<4sHQI")  # magic, version, payload bytes, crc32
+_SIDE_MAGIC = b"MCSs"
 _TMP_PREFIX = ".tmp-"
 _HDR = struct.Struct("<4sHHQQI")
 _MAGIC = b"MCSP"
@@ -59,6 +73,7 @@ class HiCacheFile(PageStorageBackend):
     """One file per page (see the module docstring)."""
 
     backend_name = "file"
+    key_schemes = ("mem_cache", "sglang")
 
     def __init__(
         self, storage_config: object | None = None, kwargs: object | None = None, /,
@@ -67,7 +82,10 @@ class HiCacheFile(PageStorageBackend):
         super().__init__(storage_config, kwargs, **options)
         opts = self.options
         root = (opts.get("storage_dir") or opts.get("file_path")
+                or opts.get("file_storage_path")
                 or os.environ.get("MEM_CACHE_STORAGE_DIR") or DEFAULT_STORAGE_DIR)
+        self.sglang_layout = self.key_scheme == "sglang"
+        self.suffix = SGLANG_FILE_SUFFIX if self.sglang_layout else FILE_SUFFIX
         self.storage_dir = Path(root)
         capacity = int(opts.get("capacity_bytes", 0) or 0)
         if capacity < 0:
@@ -83,7 +101,10 @@ class HiCacheFile(PageStorageBackend):
 
     # ----------------------------------------------------------------- paths
     def _path(self, skey: str) -> Path:
-        return self.storage_dir / f"{skey}{FILE_SUFFIX}"
+        return self.storage_dir / f"{skey}{self.suffix}"
+
+    def _sidecar(self, skey: str) -> Path:
+        return self.storage_dir / f"{skey}{SIDECAR_SUFFIX}"
 
     def page_path(self, key: str) -> Path:
         """The file that holds caller key ``key`` (for tools and tests)."""
@@ -100,13 +121,31 @@ class HiCacheFile(PageStorageBackend):
         key = skey.encode()
         return _HDR.pack(_MAGIC, _VERSION, len(key), fmt.format_id, fmt.nbytes, crc) + key
 
-    def _write_one(self, skey: str, page: PageRanges, fmt: PageFormat) -> int:
-        crc = checksum(page) if self.verify_checksum else 0
-        header = self._header(skey, fmt, crc)
+    def _publish(self, data: bytes, final: Path) -> None:
         tmp = self.storage_dir / f"{_TMP_PREFIX}{uuid.uuid4().hex}"
         try:
             with open(tmp, "wb", buffering=0) as f:
-                f.write(header)
+                f.write(data)
+                if self.fsync:
+                    os.fsync(f.fileno())
+            os.replace(tmp, final)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
+    def _write_one(self, skey: str, page: PageRanges, fmt: PageFormat) -> int:
+        crc = checksum(page) if self.verify_checksum else 0
+        if self.sglang_layout:
+            # the side-car first: a page without one is only size-checked, never the reverse
+            self._publish(_SIDE.pack(_SIDE_MAGIC, 1, fmt.nbytes, crc), self._sidecar(skey))
+            header = b""
+        else:
+            header = self._header(skey, fmt, crc)
+        tmp = self.storage_dir / f"{_TMP_PREFIX}{uuid.uuid4().hex}"
+        try:
+            with open(tmp, "wb", buffering=0) as f:
+                if header:
+                    f.write(header)
                 for ptr, n in page:
                     mv = _memory.view(ptr, n)
                     written = 0
@@ -143,12 +182,51 @@ class HiCacheFile(PageStorageBackend):
         return out
 
     # ----------------------------------------------------------------- reads
+    def _read_sidecar(self, skey: str, nbytes: int) -> int | bool | None:
+        """The CRC the side-car of ``skey`` records; ``None`` without a side-car (or with
+        checksums off), ``False`` when it is damaged or names another size."""
+        if not self.verify_checksum:
+            return None
+        try:
+            raw = self._sidecar(skey).read_bytes()
+        except FileNotFoundError:
+            return None
+        if len(raw) != _SIDE.size:
+            return False
+        magic, version, n, crc = _SIDE.unpack(raw)
+        if magic != _SIDE_MAGIC or version != 1 or n != nbytes:
+            return False
+        return int(crc)
+
+    def _read_raw(self, f: Any, page: PageRanges) -> bool:
+        for ptr, n in page:
+            mv = _memory.view(ptr, n)
+            got = 0
+            while got < n:
+                r = f.readinto(mv[got:])
+                if not r:
+                    return False
+                got += r
+        return True
+
     def _read_one(self, skey: str, page: PageRanges, fmt: PageFormat) -> bool:
         path = self._path(skey)
         try:
             f = open(path, "rb", buffering=0)  # noqa: SIM115 (closed below)
         except FileNotFoundError:
             return False
+        if self.sglang_layout:
+            with f:
+                want = self._read_sidecar(skey, fmt.nbytes)
+                if (want is False or os.fstat(f.fileno()).st_size != fmt.nbytes
+                        or not self._read_raw(f, page)):
+                    self.stats.add(rejected=1)
+                    return False
+            if want is not None and checksum(page) != want:
+                self.stats.add(rejected=1)
+                return False
+            self._touch(skey, path)
+            return True
         with f:
             key = skey.encode()
             head = f.read(_HDR.size + len(key))
@@ -173,12 +251,15 @@ class HiCacheFile(PageStorageBackend):
         if self.verify_checksum and checksum(page) != crc:
             self.stats.add(rejected=1)
             return False
+        self._touch(skey, path)
+        return True
+
+    def _touch(self, skey: str, path: Path) -> None:
         with contextlib.suppress(OSError):
             os.utime(path)  # LRU: a hit refreshes the page
         with self._lock:
             if skey in self._index:
                 self._index.move_to_end(skey)
-        return True
 
     def _get_pages(self, keys: list[str], pages: list[PageRanges], fmt: PageFormat) -> list[bool]:
         out: list[bool] = []
@@ -206,13 +287,13 @@ class HiCacheFile(PageStorageBackend):
         with os.scandir(self.storage_dir) as it:
             for entry in it:
                 name = entry.name
-                if not name.endswith(FILE_SUFFIX) or name.startswith("."):
+                if not name.endswith(self.suffix) or name.startswith("."):
                     continue
                 try:
                     st = entry.stat()
                 except FileNotFoundError:
                     continue
-                found.append((st.st_mtime, name[: -len(FILE_SUFFIX)], st.st_size))
+                found.append((st.st_mtime, name[: -len(self.suffix)], st.st_size))
         return found
 
     def _rescan(self, remove_stale_tmp: bool = False) -> None:
@@ -242,6 +323,9 @@ class HiCacheFile(PageStorageBackend):
                 break
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self._path(skey))
+            if self.sglang_layout:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self._sidecar(skey))
             total -= n
             evicted += 1
         self.stats.add(evicted=evicted)
@@ -250,7 +334,9 @@ class HiCacheFile(PageStorageBackend):
     def _clear(self) -> None:
         with os.scandir(self.storage_dir) as it:
             for entry in it:
-                if entry.name.endswith(FILE_SUFFIX) or entry.name.startswith(_TMP_PREFIX):
+                if entry.name.endswith((self.suffix, SIDECAR_SUFFIX)) or entry.name.startswith(
+                    _TMP_PREFIX
+                ):
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(entry.path)
         with self._lock:
