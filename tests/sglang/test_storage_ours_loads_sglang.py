@@ -57,7 +57,7 @@ def test_our_controller_over_sglang_hicachefile(
             assert sorted(p.name for p in __import__("pathlib").Path(root).iterdir()) == sorted(
                 f"{k}_m_0_1.bin" for k in keys)
             assert ctl.lookup(keys) == 6
-            res = ctl.prefetch(keys + ["f" * 64]).wait(timeout=30)
+            res = ctl.prefetch([*keys, "f" * 64]).wait(timeout=30)
             assert res.status == "done" and res.pages == 6
             got = _pages(host, res.host_indices)
             assert all(torch.equal(a, b) for a, b in zip(want, got))
