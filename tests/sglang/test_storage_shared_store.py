@@ -116,3 +116,31 @@ def test_sglang_and_ours_read_each_others_pages(ns: types.SimpleNamespace, pool:
             ctl.close()
             sgl.detach_storage_backend()
         assert ctl.reserved_pages == 0
+
+
+@pytest.mark.parametrize("shape", [
+    {"tp_rank": 1, "tp_size": 2}, {"is_mla_model": True, "tp_rank": 1, "tp_size": 2},
+    {"pp_rank": 1, "pp_size": 2}, {"attn_cp_rank": 1, "attn_cp_size": 4, "tp_size": 4},
+    {"is_mla_model": True, "pp_rank": 0, "pp_size": 3},
+])
+def test_sglang_scheme_names_match_sglang_file_backend(
+    ns: types.SimpleNamespace, shape: dict[str, Any]
+) -> None:
+    """Every rank shape: our ``sglang`` scheme's suffixes are SGLang's file backend's, and a
+    page's file name is ``{hash}{config_suffix}.bin`` (Mamba states: ``tp_config_suffix``)."""
+    full = {"tp_rank": 0, "tp_size": 1, "pp_rank": 0, "pp_size": 1, "attn_cp_rank": 0,
+            "attn_cp_size": 1, "is_mla_model": False, **shape}
+    with tempfile.TemporaryDirectory() as root:
+        theirs = ns.hicache_storage.HiCacheFile(ns.hicache_storage.HiCacheStorageConfig(
+            **full, enable_storage_metrics=False, is_page_first_layout=True,
+            model_name="org/model-1.5", extra_config={"file_storage_path": root}))
+        ours = HiCacheFile(HiCacheStorageConfig(**full, model_name="org/model-1.5"),
+                           {"storage_dir": root, "key_scheme": "sglang", "page_size": PS})
+        assert ours.config_suffix == theirs.config_suffix
+        assert ours.tp_config_suffix == theirs.tp_config_suffix
+        key = "ab" * 32
+        assert ours.page_path(key).name == f"{theirs._get_suffixed_key(key)}.bin"
+        assert ours.page_path(f"{key}.mamba").name == (
+            f"{theirs._get_suffixed_key(key + '.mamba')}.bin")
+        assert ours.page_path(f"{key}.swa").name == (
+            f"{theirs._get_component_key(key, 'swa')}.bin")

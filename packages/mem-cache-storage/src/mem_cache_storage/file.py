@@ -51,6 +51,7 @@ from typing import Any
 
 from mem_cache_storage import _memory
 from mem_cache_storage.backend import PageStorageBackend, checksum
+from mem_cache_storage.keys import KeySpace
 from mem_cache_storage.pages import PageFormat, PageRanges
 
 __all__ = ["DEFAULT_STORAGE_DIR", "FILE_SUFFIX", "SGLANG_FILE_SUFFIX", "HiCacheFile"]
@@ -75,11 +76,23 @@ class HiCacheFile(PageStorageBackend):
     backend_name = "file"
     key_schemes = ("mem_cache", "sglang")
 
+    #: SGLang's positive-lookup metadata cache is off here: ``exists`` looks at the directory
+    #: every time (one ``stat`` per key), so pages another process wrote or removed are seen
+    #: at once. The attributes answer what SGLang's answer with the cache disabled.
+    enable_metadata_cache = False
+    metadata_cache: Any = None
+    metadata_ttl: float | None = None
+
     def __init__(
-        self, storage_config: object | None = None, kwargs: object | None = None, /,
+        self, storage_config: object | None = None, file_path: object | None = None, /,
         **options: Any,
     ) -> None:
-        super().__init__(storage_config, kwargs, **options)
+        """``file_path``: the directory (SGLang's second parameter), or, as every backend of
+        this package takes it, an options dict or a host pool (see :mod:`.backend`)."""
+        if isinstance(file_path, (str, os.PathLike)):
+            options.setdefault("storage_dir", os.fspath(file_path))
+            file_path = None
+        super().__init__(storage_config, file_path, **options)
         opts = self.options
         root = (opts.get("storage_dir") or opts.get("file_path")
                 or opts.get("file_storage_path")
@@ -105,6 +118,27 @@ class HiCacheFile(PageStorageBackend):
 
     def _sidecar(self, skey: str) -> Path:
         return self.storage_dir / f"{skey}{SIDECAR_SUFFIX}"
+
+    @property
+    def file_path(self) -> str:
+        """The storage directory (SGLang's name)."""
+        return str(self.storage_dir)
+
+    def _suffixes(self) -> KeySpace:
+        ks = self._keyspace
+        return ks if ks is not None else KeySpace.from_config(self.storage_config, 1, "",
+                                                            scheme=self.key_scheme)
+
+    @property
+    def config_suffix(self) -> str:
+        """What follows the page hash in this rank's storage keys (SGLang's name; for the
+        ``sglang`` scheme exactly SGLang's suffix, ``_{model}[_{tp_rank}_{tp_size}]...``)."""
+        return self._suffixes().suffix
+
+    @property
+    def tp_config_suffix(self) -> str:
+        """The suffix with the TP rank even for MLA (Mamba states are TP-sharded)."""
+        return self._suffixes().tp_suffix
 
     def page_path(self, key: str) -> Path:
         """The file that holds caller key ``key`` (for tools and tests)."""

@@ -255,7 +255,13 @@ class KeySpace:
 
     @property
     def suffix(self) -> str:
+        """What follows the key in every storage key of this rank."""
         return self._suffix(self.is_mla)
+
+    @property
+    def tp_suffix(self) -> str:
+        """The suffix with the TP rank, MLA or not (the suffix of Mamba state keys)."""
+        return self._suffix(False)
 
     def _key(self, key: str, prefix: str, suffix: str, tp_suffix: str) -> str:
         # a Mamba state is TP-sharded even when the model's KV is replicated
@@ -268,5 +274,5 @@ class KeySpace:
 
     def storage_keys(self, keys: Sequence[str]) -> list[str]:
         prefix = "" if self.scheme == "sglang" else self.prefix
-        suffix, tp_suffix = self.suffix, self._suffix(False)
+        suffix, tp_suffix = self.suffix, self.tp_suffix
         return [self._key(k, prefix, suffix, tp_suffix) for k in check_keys(keys)]
