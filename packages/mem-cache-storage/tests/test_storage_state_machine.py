@@ -69,7 +69,9 @@ class FileBackendMachine(RuleBasedStateMachine):
     def _corrupt(self, key: str, at: int) -> None:
         path: Path = self.storage.page_path(key)
         data = bytearray(path.read_bytes())
-        data[-at] ^= 0x01  # the last 200 bytes are payload in both schemes
+        # +1, not a bit flip: damaging one byte twice must not restore it (the last 200 bytes
+        # are payload in both schemes)
+        data[-at] = (data[-at] + 1) % 256
         path.write_bytes(bytes(data))
         self.corrupted.add(key)
 

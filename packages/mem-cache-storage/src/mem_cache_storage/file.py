@@ -107,6 +107,7 @@ class HiCacheFile(PageStorageBackend):
         self.fsync = bool(opts.get("fsync", False))
         self.verify_checksum = bool(opts.get("checksum", True))
         self.storage_dir.mkdir(parents=True, exist_ok=True)
+        self._dir = f"{os.fspath(self.storage_dir)}{os.sep}"
         self._lock = threading.Lock()
         self._index: OrderedDict[str, int] = OrderedDict()  # storage key -> file bytes (LRU)
         self._usage = 0
@@ -115,6 +116,9 @@ class HiCacheFile(PageStorageBackend):
     # ----------------------------------------------------------------- paths
     def _path(self, skey: str) -> Path:
         return self.storage_dir / f"{skey}{self.suffix}"
+
+    def _spath(self, skey: str) -> str:
+        return f"{self._dir}{skey}{self.suffix}"
 
     def _sidecar(self, skey: str) -> Path:
         return self.storage_dir / f"{skey}{SIDECAR_SUFFIX}"
@@ -175,26 +179,31 @@ class HiCacheFile(PageStorageBackend):
             header = b""
         else:
             header = self._header(skey, fmt, crc)
-        tmp = self.storage_dir / f"{_TMP_PREFIX}{uuid.uuid4().hex}"
+        # one open, one writev (header and every range), one rename: no Python file object
+        tmp = f"{self._dir}{_TMP_PREFIX}{uuid.uuid4().hex}"
+        bufs: list[Any] = [header] if header else []
+        bufs += [_memory.view(ptr, n) for ptr, n in page]
+        total = len(header) + fmt.nbytes
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            with open(tmp, "wb", buffering=0) as f:
-                if header:
-                    f.write(header)
-                for ptr, n in page:
-                    mv = _memory.view(ptr, n)
-                    written = 0
-                    while written < n:
-                        step = f.write(mv[written:])
-                        if not step:
-                            raise OSError(f"short write to {tmp}")
-                        written += step
+            try:
+                done = os.writev(fd, bufs)
+                while done < total:  # a short write: the rest, range by range
+                    rest = memoryview(b"".join(bytes(b) for b in bufs))[done:]
+                    step = os.write(fd, rest)
+                    if not step:
+                        raise OSError(f"short write to {tmp}")
+                    done += step
                 if self.fsync:
-                    os.fsync(f.fileno())
-            os.replace(tmp, self._path(skey))
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, self._spath(skey))
         except BaseException:
-            tmp.unlink(missing_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
             raise
-        return len(header) + fmt.nbytes
+        return total
 
     def _put_pages(self, keys: list[str], pages: list[PageRanges], fmt: PageFormat) -> list[bool]:
         out: list[bool] = []
@@ -232,68 +241,50 @@ class HiCacheFile(PageStorageBackend):
             return False
         return int(crc)
 
-    def _read_raw(self, f: Any, page: PageRanges) -> bool:
-        for ptr, n in page:
-            mv = _memory.view(ptr, n)
-            got = 0
-            while got < n:
-                r = f.readinto(mv[got:])
-                if not r:
-                    return False
-                got += r
-        return True
-
     def _read_one(self, skey: str, page: PageRanges, fmt: PageFormat) -> bool:
-        path = self._path(skey)
+        path = self._spath(skey)
         try:
-            f = open(path, "rb", buffering=0)  # noqa: SIM115 (closed below)
+            fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
             return False
-        if self.sglang_layout:
-            with f:
-                want = self._read_sidecar(skey, fmt.nbytes)
-                if (want is False or os.fstat(f.fileno()).st_size != fmt.nbytes
-                        or not self._read_raw(f, page)):
-                    self.stats.add(rejected=1)
-                    return False
-            if want is not None and checksum(page) != want:
+        try:
+            ok, crc = self._read_fd(fd, skey, page, fmt)
+            if ok and crc is not None and self.verify_checksum and checksum(page) != crc:
+                ok = False
+            if not ok:
                 self.stats.add(rejected=1)
                 return False
-            self._touch(skey, path)
-            return True
-        with f:
-            key = skey.encode()
-            head = f.read(_HDR.size + len(key))
-            if len(head) != _HDR.size + len(key):
-                self.stats.add(rejected=1)
-                return False
-            magic, version, key_len, fid, nbytes, crc = _HDR.unpack_from(head)
-            if (magic != _MAGIC or version != _VERSION or key_len != len(key)
-                    or head[_HDR.size:] != key or fid != fmt.format_id or nbytes != fmt.nbytes
-                    or os.fstat(f.fileno()).st_size != len(head) + nbytes):
-                self.stats.add(rejected=1)
-                return False
-            for ptr, n in page:
-                mv = _memory.view(ptr, n)
-                got = 0
-                while got < n:
-                    r = f.readinto(mv[got:])
-                    if not r:
-                        self.stats.add(rejected=1)
-                        return False
-                    got += r
-        if self.verify_checksum and checksum(page) != crc:
-            self.stats.add(rejected=1)
-            return False
-        self._touch(skey, path)
-        return True
-
-    def _touch(self, skey: str, path: Path) -> None:
-        with contextlib.suppress(OSError):
-            os.utime(path)  # LRU: a hit refreshes the page
+            with contextlib.suppress(OSError):
+                os.utime(fd)  # LRU: a hit refreshes the page
+        finally:
+            os.close(fd)
         with self._lock:
             if skey in self._index:
                 self._index.move_to_end(skey)
+        return True
+
+    def _read_fd(self, fd: int, skey: str, page: PageRanges, fmt: PageFormat
+                 ) -> tuple[bool, int | None]:
+        """Read the page of open file ``fd`` into ``page`` with one ``preadv``, checking the
+        size (and, in our scheme, the header); ``(ok, checksum to verify or None)``."""
+        size = os.fstat(fd).st_size
+        bufs: list[Any] = [_memory.view(ptr, n) for ptr, n in page]
+        if self.sglang_layout:
+            want = self._read_sidecar(skey, fmt.nbytes)
+            if want is False or size != fmt.nbytes:
+                return False, None
+            return os.preadv(fd, bufs, 0) == fmt.nbytes, want
+        key = skey.encode()
+        head = bytearray(_HDR.size + len(key))
+        if size != len(head) + fmt.nbytes:
+            return False, None
+        if os.preadv(fd, [head, *bufs], 0) != size:
+            return False, None
+        magic, version, key_len, fid, nbytes, crc = _HDR.unpack_from(head)
+        if (magic != _MAGIC or version != _VERSION or key_len != len(key)
+                or head[_HDR.size:] != key or fid != fmt.format_id or nbytes != fmt.nbytes):
+            return False, None
+        return True, crc
 
     def _get_pages(self, keys: list[str], pages: list[PageRanges], fmt: PageFormat) -> list[bool]:
         out: list[bool] = []
@@ -306,11 +297,13 @@ class HiCacheFile(PageStorageBackend):
         return out
 
     def _exist_pages(self, keys: list[str]) -> list[bool]:
-        return [self._path(k).is_file() for k in keys]
+        isfile, d, sfx = os.path.isfile, self._dir, self.suffix
+        return [isfile(f"{d}{k}{sfx}") for k in keys]
 
     def _exist_prefix(self, keys: list[str]) -> int:
+        isfile, d, sfx = os.path.isfile, self._dir, self.suffix
         for i, key in enumerate(keys):
-            if not self._path(key).is_file():
+            if not isfile(f"{d}{key}{sfx}"):
                 return i
         return len(keys)
 
