@@ -55,7 +55,12 @@ brackets, config wins):
 * ``checksum`` (default true), ``retry_backoff_s`` (1.0), ``max_backoff_s`` (10.0),
   ``reconnect_after`` (3), ``connect_timeout_s`` (1.0: the TCP probe of the master and the
   metadata server before each connect attempt), plus the common ``page_size`` and
-  ``model_fingerprint``.
+  ``model_fingerprint``;
+* ``verbose`` [``MEM_CACHE_MOONCAKE_VERBOSE``] (default false): let the Mooncake client print its
+  own log lines; by default they are kept to errors (``MC_LOG_LEVEL=ERROR``, unless set). What
+  they would say is counted instead: ``get_stats().set_refused`` counts every page write the
+  store refused ("BatchPut failed ... insufficient space"; a retry may still store it) and
+  ``set_failed`` the pages that stayed unstored.
 """
 
 from __future__ import annotations
@@ -275,7 +280,13 @@ class HiCacheMooncake(PageStorageBackend):
                     len(keys), keys, ptrs, sizes)
 
             codes = self._with_ranges(pages, put)
+        self._count_refused(codes)
         return [c == 0 for c in codes]
+
+    def _count_refused(self, codes: list[int]) -> None:
+        refused = sum(1 for c in codes if c != 0)
+        if refused:
+            self.stats.add(set_refused=refused)
 
     def _stored_headers(self, keys: list[str], fmt: PageFormat) -> list[bytes]:
         """The headers of the objects stored under ``keys`` (``b""`` when unreadable or of
@@ -317,6 +328,7 @@ class HiCacheMooncake(PageStorageBackend):
                              len(keys), keys, ptrs, [total] * len(keys))
 
         codes = self._with_ranges([((base, staging.numel()),)], upsert)
+        self._count_refused(codes)
         return [c == 0 for c in codes]
 
     def _get_pages(self, keys: list[str], pages: list[PageRanges], fmt: PageFormat) -> list[bool]:
