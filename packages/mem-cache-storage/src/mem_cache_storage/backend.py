@@ -96,6 +96,8 @@ class PageStorageBackend(HiCacheStorage):
     backend_name = "page"
     #: key schemes this backend can store pages under
     key_schemes: tuple[str, ...] = ("mem_cache",)
+    #: naming of the ``sglang`` key scheme (see :class:`~mem_cache_storage.keys.KeySpace`)
+    sglang_flavor = "file"
 
     def __init__(
         self, storage_config: object | None = None, kwargs: object | None = None, /,
@@ -145,6 +147,7 @@ class PageStorageBackend(HiCacheStorage):
             self._keyspace = KeySpace.from_config(
                 self.storage_config, page_size,
                 None if fingerprint is None else str(fingerprint), scheme=self.key_scheme,
+                flavor=self.sglang_flavor,
             )
 
     @property

@@ -188,6 +188,10 @@ class KeySpace:
     cp_size: int = 1
     is_mla: bool = False
     scheme: str = "mem_cache"
+    #: the ``sglang`` scheme's naming: ``file`` (SGLang's HiCacheFile) or ``mooncake``
+    #: (SGLang's MooncakeStore: ``{model}_{key}_{tp_rank}[_{pp_rank}]``, MLA ``{model}_{key}_``
+    #: ``[{pp_rank}]``; the backend appends ``_k`` / ``_v``)
+    flavor: str = "file"
 
     def __post_init__(self) -> None:
         if self.scheme not in KEY_SCHEMES:
@@ -204,7 +208,7 @@ class KeySpace:
     @classmethod
     def from_config(
         cls, config: HiCacheStorageConfig, page_size: int, model_fingerprint: str | None = None,
-        scheme: str | None = None,
+        scheme: str | None = None, flavor: str = "file",
     ) -> KeySpace:
         """The key space of ``config`` with pages of ``page_size`` tokens; the fingerprint is
         ``model_fingerprint`` if given, else ``config.extra_config["model_fingerprint"]``."""
@@ -224,6 +228,7 @@ class KeySpace:
             cp_size=config.attn_cp_size,
             is_mla=config.is_mla_model,
             scheme=str(config.extra.get("key_scheme", "mem_cache")) if scheme is None else scheme,
+            flavor=flavor,
         )
 
     @property
@@ -240,6 +245,9 @@ class KeySpace:
         return f"{slug}.{self.fingerprint}."
 
     def _suffix(self, mla: bool) -> str:
+        if self.scheme == "sglang" and self.flavor == "mooncake":
+            pp = f"_{self.pp_rank}" if self.pp_size > 1 else ""
+            return f"_{pp[1:]}" if mla else f"_{self.tp_rank}{pp}"
         if self.scheme == "sglang":
             model = "-".join(self.model_name.split("/"))
             shard = f"_{self.pp_size}_{self.pp_rank}" if self.pp_size > 1 else ""
@@ -272,7 +280,15 @@ class KeySpace:
         alphabet)."""
         return self.storage_keys([_check_key(key)])[0]
 
+    @property
+    def prefix_for_clear(self) -> str:
+        """What every storage key of this key space starts with."""
+        if self.scheme != "sglang":
+            return self.prefix
+        model = "-".join(self.model_name.split("/"))
+        return f"{model}_" if self.flavor == "mooncake" and model else ""
+
     def storage_keys(self, keys: Sequence[str]) -> list[str]:
-        prefix = "" if self.scheme == "sglang" else self.prefix
+        prefix = self.prefix_for_clear
         suffix, tp_suffix = self.suffix, self.tp_suffix
         return [self._key(k, prefix, suffix, tp_suffix) for k in check_keys(keys)]
