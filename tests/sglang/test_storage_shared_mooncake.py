@@ -17,8 +17,8 @@ from mem_cache_storage import HiCacheStorageConfig, StorageController, page_hash
 from mem_cache_storage.mooncake import HiCacheMooncake
 from tools.mooncake_store import LocalMooncakeStore
 
-from .test_storage_shared_store import _flat, _our_host
 from .test_storage_sglang_loads_ours import PS, _mods, fill, sglang_stack
+from .test_storage_shared_store import _flat, _our_host
 
 
 @pytest.fixture(scope="module")
