@@ -13,8 +13,19 @@ a local store started here (``tools.mooncake_store``: master + holder on loopbac
 rows write fresh keys on every call (a key already present is not rewritten) and the store is
 cleared after each row.
 
+**Side by side with SGLang** (``--no-sglang`` skips it): SGLang 0.5.23's own ``HiCacheFile``
+(loaded from its wheel by ``tools.sglang_ref``) and ours on the same host pool, the same pages and
+the same keys, in the same run: ``set`` / ``get`` / ``exists`` at page sizes 16 and 64 and batches
+of 1, 32 and 128 pages. SGLang's file backend is driven as SGLang's controller drives it (it has
+no v1 calls): ``get_data_page`` + ``batch_set``, ``get_dummy_flat_data_page`` + ``batch_get`` +
+``set_from_flat_data_page``, ``batch_exists``. Ours is driven as SGLang's controller drives a
+``interface_v1`` backend: ``batch_set_v1`` / ``batch_get_v1`` (every read verified: header, size,
+checksum) / ``batch_exists``, in our key scheme and in the ``sglang`` scheme. Every ``set``
+repeat writes fresh keys into an emptied directory (SGLang skips a key already present); the
+ratio column is ours / SGLang's pages per second.
+
 Usage: ``python -m tools.bench_storage [--quick] [--json PATH] [--repeat N] [--dir DIR]
-[--no-mooncake]``.
+[--no-mooncake] [--no-sglang]``.
 """
 
 from __future__ import annotations
@@ -22,6 +33,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import logging
 import platform
 import shutil
 import tempfile
@@ -180,6 +192,127 @@ def run(cfg: Config, root: Path, mooncake: dict[str, Any] | None = None
     return rows, prefetch
 
 
+def _timed(fn: Callable[[], Any], prepare: Callable[[], Any], repeat: int) -> float:
+    """Best of ``repeat`` timed ``fn()`` calls, each after an untimed ``prepare()``."""
+    prepare()
+    fn()  # warm-up
+    best = float("inf")
+    for _ in range(repeat):
+        prepare()
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _measure(label: str, b: Any, host: Any, *, ps: int, s_idx: torch.Tensor,
+             d_idx: torch.Tensor, repeat: int, calls: list[int]) -> tuple[float, float, float]:
+    """Seconds of one ``set`` / ``get`` / ``exists`` of ``len(s_idx) // ps`` pages through
+    backend ``b`` (SGLang's driven as its controller drives it, see the module docstring)."""
+    batch = s_idx.numel() // ps
+    firsts = [int(i) for i in s_idx[::ps].tolist()]
+    d_firsts = [int(i) for i in d_idx[::ps].tolist()]
+    keys = page_hashes(list(range(batch * ps)), ps)
+    fresh = [keys]
+    sgl = label == "sglang"
+
+    def put() -> None:
+        if sgl:
+            ok = b.batch_set(fresh[0], [host.get_data_page(i, flat=True) for i in firsts])
+        else:
+            ok = all(b.batch_set_v1(fresh[0], s_idx))
+        if not ok:
+            raise RuntimeError(f"{label} set failed")
+
+    def get() -> None:
+        if sgl:
+            got = b.batch_get(keys, [host.get_dummy_flat_data_page() for _ in d_firsts])
+            for i, page in zip(d_firsts, got):
+                if page is None:
+                    raise RuntimeError("sglang get missed")
+                host.set_from_flat_data_page(i, page)
+        elif not all(b.batch_get_v1(keys, d_idx)):
+            raise RuntimeError(f"{label} get missed")
+
+    def exists() -> None:
+        if b.batch_exists(keys) != batch:
+            raise RuntimeError(f"{label} exists")
+
+    def empty() -> None:
+        b.clear()
+        calls[0] += 1
+        fresh[0] = page_hashes(list(range(batch * ps)), ps, f"{calls[0]:064x}")
+
+    sec_set = _timed(put, empty, repeat)
+    b.clear()
+    fresh[0] = keys
+    put()
+    sec_get = _best(get, repeat)
+    for i, j in zip(firsts, d_firsts):
+        if not torch.equal(host.get_data_page(j).view(torch.int16),
+                           host.get_data_page(i).view(torch.int16)):
+            raise RuntimeError(f"{label}: get returned other bytes")
+    return sec_set, sec_get, _best(exists, repeat)
+
+
+def side_by_side(cfg: Config, root: Path) -> list[dict[str, Any]]:
+    """SGLang's ``HiCacheFile`` and ours on the same pages (see the module docstring)."""
+    from tools.sglang_ref import load
+
+    (hs,) = load("sglang.srt.mem_cache.hicache_storage")
+    logging.getLogger("sglang").setLevel(logging.ERROR)
+    out: list[dict[str, Any]] = []
+    max_batch = max(cfg.batches)
+    for ps in cfg.page_sizes:
+        host = _host(cfg, ps, 2 * max_batch)
+        page_bytes = ps * host.get_size_per_token()
+        src = host.alloc(max_batch * ps)
+        dst = host.alloc(max_batch * ps)
+        assert src is not None and dst is not None
+        sgl_cfg = hs.HiCacheStorageConfig(
+            tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
+            is_mla_model=False, enable_storage_metrics=False, is_page_first_layout=True,
+            model_name="bench", extra_config={"file_storage_path": str(root / f"sgl-{ps}")})
+        sides: dict[str, Any] = {"sglang": hs.HiCacheFile(sgl_cfg)}
+        for label, scheme in (("ours", "mem_cache"), ("ours-sgl", "sglang")):
+            sides[label] = create_backend(
+                "file", HiCacheStorageConfig(model_name="bench"), host,
+                storage_dir=str(root / f"{label}-{ps}"), key_scheme=scheme)
+        calls = [0]
+        for batch in cfg.batches:
+            for label, b in sides.items():
+                secs = _measure(label, b, host, ps=ps, s_idx=src[: batch * ps],
+                                d_idx=dst[: batch * ps], repeat=cfg.repeat, calls=calls)
+                for op, sec in zip(("set", "get", "exists"), secs):
+                    out.append({"impl": label, "op": op, "page_size": ps, "batch": batch,
+                                "page_bytes": page_bytes, "seconds": sec,
+                                "pages_per_s": batch / sec,
+                                "gbps": batch * page_bytes / sec / 1e9})
+        for b in sides.values():
+            b.clear()
+        host.close()
+    return out
+
+
+def _side_table(rows: list[dict[str, Any]]) -> str:
+    by = {(r["impl"], r["op"], r["page_size"], r["batch"]): r for r in rows}
+    head = (f"{'op':<7}{'ps':>4}{'batch':>7}{'sglang p/s':>12}{'GB/s':>7}{'ours p/s':>11}"
+            f"{'GB/s':>7}{'ratio':>7}{'ours-sgl p/s':>14}{'ratio':>7}")
+    lines = [head, "-" * len(head)]
+    for op in ("set", "get", "exists"):
+        for (impl, o, ps, batch), r in by.items():
+            if impl != "sglang" or o != op:
+                continue
+            a, b = by[("ours", op, ps, batch)], by[("ours-sgl", op, ps, batch)]
+            gb = (f"{r['gbps']:>7.2f}", f"{a['gbps']:>7.2f}") if op != "exists" else (
+                f"{'':>7}", f"{'':>7}")
+            lines.append(
+                f"{op:<7}{ps:>4}{batch:>7}{r['pages_per_s']:>12,.0f}{gb[0]}"
+                f"{a['pages_per_s']:>11,.0f}{gb[1]}{a['pages_per_s'] / r['pages_per_s']:>7.2f}"
+                f"{b['pages_per_s']:>14,.0f}{b['pages_per_s'] / r['pages_per_s']:>7.2f}")
+    return "\n".join(lines)
+
+
 def _table(rows: list[Row], prefetch: list[dict[str, Any]]) -> str:
     head = (f"{'backend':<9}{'op':<5}{'ps':>4}{'batch':>7}{'KiB/page':>10}{'pages/s':>11}"
             f"{'GB/s':>8}{'memcpy':>8}{'ratio':>7}")
@@ -205,6 +338,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", default=None, help="parent of the file backend's directory")
     parser.add_argument("--no-mooncake", action="store_true",
                         help="skip the mooncake backend (default: run it when installed)")
+    parser.add_argument("--no-sglang", action="store_true",
+                        help="skip the side-by-side run against SGLang 0.5.23's HiCacheFile")
+    parser.add_argument("--only-sglang", action="store_true",
+                        help="run only the side-by-side comparison")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch intra-op threads (default 1; 0 keeps torch's default)")
     args = parser.parse_args(argv)
@@ -216,26 +353,39 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     root = Path(tempfile.mkdtemp(prefix="bench-storage-", dir=args.dir))
     store: Any = None
+    rows: list[Row] = []
+    prefetch: list[dict[str, Any]] = []
+    side: list[dict[str, Any]] = []
     try:
-        if not args.no_mooncake and importlib.util.find_spec("mooncake") is not None:
-            from tools.mooncake_store import LocalMooncakeStore
+        if not args.only_sglang:
+            if not args.no_mooncake and importlib.util.find_spec("mooncake") is not None:
+                from tools.mooncake_store import LocalMooncakeStore
 
-            store = LocalMooncakeStore(segment_bytes=MOONCAKE_SEGMENT_BYTES).start()
-        rows, prefetch = run(cfg, root, store.client_options() if store else None)
+                store = LocalMooncakeStore(segment_bytes=MOONCAKE_SEGMENT_BYTES).start()
+            rows, prefetch = run(cfg, root, store.client_options() if store else None)
+        if not args.no_sglang:
+            side = side_by_side(cfg, root)
     finally:
         if store is not None:
             store.stop()
         shutil.rmtree(root, ignore_errors=True)
-    print(f"storage tier benchmark: MHA {cfg.layers}L x {cfg.heads} heads x {cfg.head_dim} bf16, "
-          f"page_first host pool, zero-copy v1 calls, best of {cfg.repeat}, "
-          f"{torch.get_num_threads()} threads; memcpy = one copy_ of the same bytes")
-    print(_table(rows, prefetch))
+    shape = (f"MHA {cfg.layers}L x {cfg.heads} heads x {cfg.head_dim} bf16, page_first host "
+             f"pool, best of {cfg.repeat}, {torch.get_num_threads()} threads")
+    if rows:
+        print(f"storage tier benchmark: {shape}, zero-copy v1 calls; memcpy = one copy_ of the "
+              "same bytes")
+        print(_table(rows, prefetch))
+    if side:
+        print(f"\nfile backends side by side ({shape}): SGLang 0.5.23 HiCacheFile vs ours "
+              "(verified reads); ratio = ours / SGLang pages per second")
+        print(_side_table(side))
     if args.json:
         payload = {
             "benchmark": "bench_storage", "config": asdict(cfg), "torch": torch.__version__,
             "machine": platform.machine(),
             "rows": [asdict(r) | {"ratio": r.ratio} for r in rows],
             "prefetch": prefetch,
+            "side_by_side": side,
         }
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(payload, f, indent=2)

@@ -38,6 +38,7 @@ from mem_cache_storage import (
     StorageController,
     create_backend,
     get_hash_str,
+    namespace_seed,
     page_hashes,
     register_backend,
 )
@@ -159,6 +160,28 @@ def _backend_rows(cls: type[HiCacheStorage]) -> list[Row]:
             Row(n, "remove", "keys", T, _on(cls, "remove", "k"), "str"),
             Row(n, "remove", "keys", V, _on(cls, "remove", ["a/b"]), "alphabet"),
         ]
+    from mem_cache_storage.pools import PoolTransfer
+
+    block = [PoolTransfer("swa", slots, keys=["k"], hit_policy="block_groups")]
+    rows += [
+        Row(n, "__init__", "key_scheme", V, _ctor(cls, CFG, {"key_scheme": "lmcache"}),
+            "unknown"),
+        Row(n, "register_mem_host_pool_v2", "host_pool", T,
+            _on(cls, "register_mem_host_pool_v2", object(), "swa"), "object"),
+        Row(n, "batch_exists_v2", "keys", T, _on(cls, "batch_exists_v2", "k", [], pool=True),
+            "str"),
+        Row(n, "batch_exists_v2", "keys", V, _on(cls, "batch_exists_v2", ["a/b"], pool=True),
+            "alphabet"),
+        Row(n, "batch_exists_v2", "hit_policy", V,
+            _on(cls, "batch_exists_v2", ["k"], block, pool=True), "block_groups"),
+    ]
+    for method in ("batch_get_v2", "batch_set_v2"):
+        rows += [
+            Row(n, method, "transfers", T, _on(cls, method, "kv", pool=True), "str"),
+            Row(n, method, "keys", V,
+                _on(cls, method, [PoolTransfer("kv", slots, keys=["a/b"])], pool=True),
+                "alphabet"),
+        ]
     for method in ("batch_get_v1", "batch_set_v1"):
         rows += [
             Row(n, method, "keys", T, _on(cls, method, "k", slots, pool=True), "str"),
@@ -234,6 +257,12 @@ def _config_and_key_rows() -> list[Row]:
         Row("", "page_hashes", "page_size", V, lambda: page_hashes([1, 2], 0), "zero"),
         Row("", "page_hashes", "token_ids", T, lambda: page_hashes(5, 2), "int"),  # type: ignore[arg-type]
         Row("", "page_hashes", "token_ids", V, lambda: page_hashes([2**32, 0], 2), "range"),
+        Row("", "page_hashes", "cache_salt", T, lambda: page_hashes([1, 2], 2, cache_salt=5),  # type: ignore[arg-type]
+            "int"),
+        Row("", "namespace_seed", "extra_key", T, lambda: namespace_seed(b"lora"),  # type: ignore[arg-type]
+            "bytes"),
+        Row("", "namespace_seed", "cache_salt", T, lambda: namespace_seed(None, 1),  # type: ignore[arg-type]
+            "int"),
         Row("", "page_hashes", "prior_hash", T, lambda: page_hashes([1, 2], 2, b"00"), "bytes"),  # type: ignore[arg-type]
         Row("", "page_hashes", "prior_hash", V, lambda: page_hashes([1, 2], 2, "0g"), "not hex"),
     ]
@@ -329,6 +358,10 @@ EXEMPT_CLASSES: dict[str, str] = {
     "HiCacheStorageExtraInfo": "carried through untouched (SGLang's per-call extra data)",
     "LatencySummary": "a result record built by LatencyRecorder.summary",
     "PageFormat": "a page-layout record built by mem_cache_storage.pages",
+    "PoolHitPolicy": "a str enum of SGLang's policy names (a value, not a call)",
+    "PoolName": "a str enum of SGLang's pool names (a value, not a call)",
+    "PoolTransfer": "SGLang's descriptor record; the v2 calls check what they read from it",
+    "PoolTransferResult": "a result record built by batch_exists_v2",
     "PrefetchHandle": "built by StorageController.prefetch; its timeouts go to threading waits",
     "PrefetchResult": "a result record built by the controller",
     "StorageStats": "counters the backends add to (add(**deltas) is internal bookkeeping)",

@@ -1,14 +1,23 @@
 """A model-based state machine for the file backend: random sets, overwrites, reads, prefix
-queries, corruption and clears against a dict of what each key must hold."""
+queries, corruption and clears against a dict of what each key must hold, in both key schemes.
+
+Corruption is only worth testing when a read of the damaged key follows: ``corrupt_then_read``
+writes the key when it is not stored, damages its file and reads it back in one step, so every
+run exercises write -> corrupt -> read of one key several times (four keys, so plain ``get_page``
+rules also hit corrupted keys). ``test_seeded_bug_is_caught_every_run`` switches verification
+off (the seeded bug: a flipped payload byte is no longer noticed) and requires the machine to
+fail in each of several fresh runs.
+"""
 
 from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
+import pytest
 import torch
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
@@ -16,16 +25,18 @@ from mem_cache_storage import HiCacheFile, HiCacheStorageConfig, page_hashes
 
 from .conftest import PS, make_host
 
-KEYS = page_hashes(list(range(6 * PS)), PS)
+KEYS = page_hashes(list(range(4 * PS)), PS)
 
 
 class FileBackendMachine(RuleBasedStateMachine):
+    options: ClassVar[dict[str, Any]] = {}
+
     def __init__(self) -> None:
         super().__init__()
         self.dir = tempfile.TemporaryDirectory(prefix="mcs-sm-")
         self.host: Any = make_host(size=32)
         self.storage = HiCacheFile(HiCacheStorageConfig(model_name="sm"), self.host,
-                                   storage_dir=self.dir.name)
+                                   storage_dir=self.dir.name, **self.options)
         self.slot = self.host.alloc(PS)
         self.model: dict[str, torch.Tensor] = {}
         self.corrupted: set[str] = set()
@@ -53,18 +64,28 @@ class FileBackendMachine(RuleBasedStateMachine):
             got = self.host.get_data_page(int(self.slot[0])).view(torch.int16)
             assert torch.equal(got, self.model[key])
         else:
-            assert ok == [False]
+            assert ok == [False], f"read {'corrupted' if key in self.model else 'absent'} key"
+
+    def _corrupt(self, key: str, at: int) -> None:
+        path: Path = self.storage.page_path(key)
+        data = bytearray(path.read_bytes())
+        # +1, not a bit flip: damaging one byte twice must not restore it (the last 200 bytes
+        # are payload in both schemes)
+        data[-at] = (data[-at] + 1) % 256
+        path.write_bytes(bytes(data))
+        self.corrupted.add(key)
 
     @rule(k=st.integers(0, len(KEYS) - 1), at=st.integers(1, 200))
     def corrupt(self, k: int, at: int) -> None:
-        key = KEYS[k]
-        if key not in self.model:
-            return
-        path: Path = self.storage.page_path(key)
-        data = bytearray(path.read_bytes())
-        data[-at] ^= 0x01
-        path.write_bytes(bytes(data))
-        self.corrupted.add(key)
+        if KEYS[k] in self.model:
+            self._corrupt(KEYS[k], at)
+
+    @rule(k=st.integers(0, len(KEYS) - 1), at=st.integers(1, 200))
+    def corrupt_then_read(self, k: int, at: int) -> None:
+        if KEYS[k] not in self.model:
+            self.set_page(k)
+        self._corrupt(KEYS[k], at)
+        self.get_page(k)
 
     @rule(order=st.permutations(range(len(KEYS))))
     def prefix(self, order: list[int]) -> None:
@@ -82,13 +103,31 @@ class FileBackendMachine(RuleBasedStateMachine):
 
     @invariant()
     def files_match_model(self) -> None:
-        names = {p.name for p in Path(self.dir.name).iterdir()}
+        names = {p.name for p in Path(self.dir.name).iterdir()
+                 if p.name.endswith(self.storage.suffix)}
         assert len(names) == len(self.model), (names, list(self.model))
 
 
-def test_file_backend_state_machine() -> None:
-    run_state_machine_as_test(
-        FileBackendMachine,
-        settings=settings(max_examples=25, stateful_step_count=30, deadline=None,
-                          suppress_health_check=[HealthCheck.too_slow]),
-    )
+class SGLangSchemeMachine(FileBackendMachine):
+    options: ClassVar[dict[str, Any]] = {"key_scheme": "sglang"}
+
+
+SETTINGS = settings(max_examples=25, stateful_step_count=30, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow])
+
+
+@pytest.mark.parametrize("machine", [FileBackendMachine, SGLangSchemeMachine],
+                         ids=["mem_cache", "sglang"])
+def test_file_backend_state_machine(machine: type[FileBackendMachine]) -> None:
+    run_state_machine_as_test(machine, settings=SETTINGS)
+
+
+@pytest.mark.parametrize("scheme", ["mem_cache", "sglang"])
+@pytest.mark.parametrize("run", range(3))
+def test_seeded_bug_is_caught_every_run(scheme: str, run: int) -> None:
+    class Unverified(FileBackendMachine):
+        options: ClassVar[dict[str, Any]] = {"key_scheme": scheme, "checksum": False}
+
+    with pytest.raises(AssertionError, match="read corrupted key"):
+        run_state_machine_as_test(Unverified, settings=settings(
+            SETTINGS, max_examples=5, database=None, phases=[Phase.generate]))

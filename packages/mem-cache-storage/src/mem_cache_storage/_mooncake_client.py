@@ -73,6 +73,7 @@ class ClientSettings:
     retry_backoff_s: float = 1.0
     max_backoff_s: float = 10.0
     reconnect_after: int = 3
+    verbose: bool = False
 
     @classmethod
     def from_options(cls, opts: Mapping[str, Any]) -> ClientSettings:
@@ -105,12 +106,24 @@ class ClientSettings:
             retry_backoff_s=float(opts.get("retry_backoff_s", 1.0)),
             max_backoff_s=float(opts.get("max_backoff_s", 10.0)),
             reconnect_after=int(opts.get("reconnect_after", 3)),
+            verbose=str(_option(opts, "verbose", "MEM_CACHE_MOONCAKE_VERBOSE", "0")).lower()
+            in ("1", "true", "yes", "on"),
         )
         if s.global_segment_size < 0 or s.local_buffer_size < 0:
             raise ValueError("global_segment_size and local_buffer_size must be >= 0")
         if s.reconnect_after < 1:
             raise ValueError(f"reconnect_after must be >= 1, got {s.reconnect_after}")
         return s
+
+
+def quiet_client_logs(verbose: bool) -> None:
+    """Keep the Mooncake client's own log lines (warnings such as "BatchPut failed ... due to
+    insufficient space", info lines on every connect) off stderr unless ``verbose``: sets
+    ``MC_LOG_LEVEL=ERROR`` before the client library loads, unless the environment already
+    chose a level. This backend reports what those lines say through its counters
+    (``set_refused``, ``set_failed``) and its own Python log."""
+    if not verbose:
+        os.environ.setdefault("MC_LOG_LEVEL", "ERROR")
 
 
 def _import_store() -> Any:
@@ -191,6 +204,7 @@ class MooncakeClient:
                 return self._store
             s = self.settings
             try:
+                quiet_client_logs(s.verbose)
                 store = _import_store()()
                 for what, addr in (("master", s.master_server_address),
                                    ("metadata server", s.metadata_server)):

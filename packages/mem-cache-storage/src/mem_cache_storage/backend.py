@@ -20,7 +20,20 @@ what its built-in form for pool-aware backends calls (``backend_class(storage_co
 mem_pool_host)``): the second positional argument may be an options dict or a host pool.
 Options are ``storage_config.extra_config`` updated by that dict and then by ``**options``.
 Common options: ``page_size`` (needed for keys until a host pool is registered),
-``model_fingerprint`` (see :mod:`mem_cache_storage.keys`).
+``model_fingerprint`` and ``key_scheme`` (``mem_cache``, the default, or ``sglang`` where the
+backend supports it: see :mod:`mem_cache_storage.keys`).
+
+**Page bytes under the ``sglang`` scheme.** SGLang stores a page as its host pool's *flat* page
+(``get_data_page(i, flat=True)``). For the ``page_first`` and ``page_first_direct`` layouts the
+ranges ``get_page_buffer_meta`` reports, in order, are exactly those bytes (K page then V page for
+MHA, one range for MLA), so the zero-copy path moves them directly; for any other layout the page
+goes through the pool's ``get_data_page`` / ``set_from_flat_data_page`` (one copy).
+
+**Several pools per page (v2).** ``batch_exists_v2`` / ``batch_get_v2`` / ``batch_set_v2`` move
+the pages of every pool registered with ``register_mem_host_pool_v2`` (the KV pool falls back to
+``register_mem_pool_host``'s); a pool's page of caller key ``k`` is stored under ``{k}.{pool}``
+(:func:`~mem_cache_storage.pools.pool_key`), in the pool's native page format, with the same
+verification as a KV page.
 """
 
 from __future__ import annotations
@@ -40,8 +53,9 @@ from mem_cache_kernels.checks import check_int
 from mem_cache_storage import _memory
 from mem_cache_storage.base import HiCacheStorage
 from mem_cache_storage.config import HiCacheStorageConfig, HiCacheStorageExtraInfo
-from mem_cache_storage.keys import KeySpace, check_keys
+from mem_cache_storage.keys import KEY_SCHEMES, KeySpace, check_keys
 from mem_cache_storage.pages import PageFormat, PageRanges, host_page_ranges, tensor_page_ranges
+from mem_cache_storage.pools import PoolHitPolicy, PoolTransferResult, pool_key
 from mem_cache_storage.stats import StorageStats
 
 __all__ = ["PageStorageBackend", "PointerStorageBackend", "checksum"]
@@ -68,10 +82,22 @@ def _is_pool(obj: object) -> bool:
     return hasattr(obj, "get_page_buffer_meta") and hasattr(obj, "page_size")
 
 
+#: host layouts whose zero-copy page ranges, in order, are the flat page's bytes
+FLAT_NATIVE_LAYOUTS = ("page_first", "page_first_direct")
+
+
+def _name(pool_name: object) -> str:
+    return str(getattr(pool_name, "value", pool_name))
+
+
 class PageStorageBackend(HiCacheStorage):
     """Base of byte-range backends (see the module docstring)."""
 
     backend_name = "page"
+    #: key schemes this backend can store pages under
+    key_schemes: tuple[str, ...] = ("mem_cache",)
+    #: naming of the ``sglang`` key scheme (see :class:`~mem_cache_storage.keys.KeySpace`)
+    sglang_flavor = "file"
 
     def __init__(
         self, storage_config: object | None = None, kwargs: object | None = None, /,
@@ -91,6 +117,14 @@ class PageStorageBackend(HiCacheStorage):
             pool = kwargs
         opts.update(options)
         self.options = opts
+        scheme = str(opts.get("key_scheme", "mem_cache"))
+        if scheme not in KEY_SCHEMES:
+            raise ValueError(f"key_scheme must be one of {KEY_SCHEMES}, got {scheme!r}")
+        if scheme not in self.key_schemes:
+            raise ValueError(
+                f"{type(self).__name__} supports key_scheme {self.key_schemes}, got {scheme!r}"
+            )
+        self.key_scheme = scheme
         self.stats = StorageStats()
         self._keyspace: KeySpace | None = None
         self._ks_lock = threading.Lock()
@@ -112,7 +146,8 @@ class PageStorageBackend(HiCacheStorage):
             fingerprint = self.options.get("model_fingerprint")
             self._keyspace = KeySpace.from_config(
                 self.storage_config, page_size,
-                None if fingerprint is None else str(fingerprint),
+                None if fingerprint is None else str(fingerprint), scheme=self.key_scheme,
+                flavor=self.sglang_flavor,
             )
 
     @property
@@ -288,23 +323,155 @@ class PageStorageBackend(HiCacheStorage):
             raise RuntimeError(f"_exist_pages returned {len(found)} results for {len(keys)}")
         return found.index(False) if False in found else len(found)
 
+    def _host_io(self, write: bool, pool: Any, skeys: list[str],
+                 host_indices: torch.Tensor) -> list[bool]:
+        """Move the pages at ``host_indices`` of ``pool`` to / from storage keys ``skeys``."""
+        with _io_guard(pool):
+            if self.key_scheme == "mem_cache" or str(getattr(pool, "layout", "")) in (
+                FLAT_NATIVE_LAYOUTS
+            ):
+                pages, fmt = host_page_ranges(pool, host_indices, len(skeys))
+                if self.key_scheme != "mem_cache":  # SGLang's pages: the flat page's bytes
+                    fmt = PageFormat("flat", fmt.dtype, (fmt.nbytes,))
+                return self._put(skeys, pages, fmt) if write else self._get(skeys, pages, fmt)
+            return self._host_io_flat(write, pool, skeys, host_indices)
+
+    def _host_io_flat(self, write: bool, pool: Any, skeys: list[str],
+                      host_indices: torch.Tensor) -> list[bool]:
+        """The copying form of :meth:`_host_io` (a layout whose native ranges are not the flat
+        page): ``get_data_page`` / ``get_dummy_flat_data_page`` + ``set_from_flat_data_page``."""
+        if pool is None:
+            raise RuntimeError("no host pool registered: call register_mem_pool_host(pool) first")
+        ps = int(pool.page_size)
+        if host_indices.numel() != len(skeys) * ps:
+            raise ValueError(
+                f"host_indices must be 1-D with len(keys) * page_size = {len(skeys) * ps} "
+                f"slots, got shape {tuple(host_indices.shape)}"
+            )
+        firsts = [int(i) for i in host_indices.reshape(-1)[::ps].tolist()]
+        if not firsts:
+            return []
+        if write:
+            tensors = [pool.get_data_page(i, flat=True).contiguous() for i in firsts]
+        else:
+            tensors = [pool.get_dummy_flat_data_page().contiguous() for _ in firsts]
+        nbytes = tensors[0].numel() * tensors[0].element_size()
+        fmt = PageFormat("flat", str(tensors[0].dtype), (nbytes,))
+        pages: list[PageRanges] = [((t.data_ptr(), nbytes),) for t in tensors]
+        if write:
+            return self._put(skeys, pages, fmt)
+        ok = self._get(skeys, pages, fmt)
+        for i, good, t in zip(firsts, ok, tensors):
+            if good:
+                pool.set_from_flat_data_page(i, t)
+        return ok
+
     def batch_get_v1(
         self, keys: list[str], host_indices: torch.Tensor,
         extra_info: HiCacheStorageExtraInfo | None = None,
     ) -> list[bool]:
-        skeys = self.keyspace.storage_keys(keys)
-        with _io_guard(self.mem_pool_host):
-            pages, fmt = host_page_ranges(self.mem_pool_host, host_indices, len(keys))
-            return self._get(skeys, pages, fmt)
+        return self._host_io(False, self.mem_pool_host, self.keyspace.storage_keys(keys),
+                             host_indices)
 
     def batch_set_v1(
         self, keys: list[str], host_indices: torch.Tensor,
         extra_info: HiCacheStorageExtraInfo | None = None,
     ) -> list[bool]:
-        skeys = self.keyspace.storage_keys(keys)
-        with _io_guard(self.mem_pool_host):
-            pages, fmt = host_page_ranges(self.mem_pool_host, host_indices, len(keys))
-            return self._put(skeys, pages, fmt)
+        return self._host_io(True, self.mem_pool_host, self.keyspace.storage_keys(keys),
+                             host_indices)
+
+    # ------------------------------------------------------------- v2 (pools)
+    def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
+        if not _is_pool(host_pool):
+            raise TypeError(
+                "host_pool must be a host pool (get_page_buffer_meta, page_size), got "
+                f"{type(host_pool).__name__}"
+            )
+        super().register_mem_host_pool_v2(host_pool, host_pool_name)
+
+    def _pool(self, name: str) -> Any:
+        pool = self.registered_pools.get(name)
+        if pool is None and name == "kv":
+            pool = self.mem_pool_host
+        return pool
+
+    def batch_exists_v2(
+        self, keys: list[str], pool_transfers: list[Any] | None = None,
+        extra_info: HiCacheStorageExtraInfo | None = None,
+    ) -> PoolTransferResult:
+        """SGLang's v2 existence query: the KV prefix of ``keys`` and, per pool of
+        ``pool_transfers``, the prefix lengths its hit policy can restore (see
+        :mod:`mem_cache_storage.pools`); a failing backend holds nothing."""
+        keys = check_keys(keys)
+        transfers = list(pool_transfers or [])
+        names = [_name(t.name) for t in transfers]
+        policies = [_name(getattr(t, "hit_policy", PoolHitPolicy.ALL_PAGES)) for t in transfers]
+        for policy in policies:
+            if policy not in (PoolHitPolicy.ALL_PAGES.value, PoolHitPolicy.TRAILING_PAGES.value):
+                raise ValueError(
+                    f"pool_transfers hit_policy must be 'all_pages' or 'trailing_pages', "
+                    f"got {policy!r}"
+                )
+        ks = self.keyspace
+        n = len(keys)
+        skeys = ks.storage_keys(keys)
+        for name in names:
+            skeys += ks.storage_keys([pool_key(name, k) for k in keys])
+        found = self._exist(skeys)
+        kv_pages = found[:n].index(False) if False in found[:n] else n
+        hit: dict[str, int] = {"kv": kv_pages} if kv_pages else {}
+        restorable = list(range(1, kv_pages + 1))
+        for p, (transfer, name, policy) in enumerate(zip(transfers, names, policies)):
+            if not restorable:
+                break
+            have = found[(p + 1) * n : (p + 2) * n]
+            if policy == PoolHitPolicy.ALL_PAGES.value:
+                boundary = next((i for i in range(kv_pages) if not have[i]), kv_pages)
+                ok = set(range(1, boundary + 1))
+            else:
+                trailing = max(1, len(transfer.keys) if transfer.keys else 1)
+                ok = {m for m in range(1, kv_pages + 1)
+                      if all(have[max(0, m - trailing) : m])}
+                boundary = max(ok, default=0)
+            if boundary:
+                hit[name] = boundary
+            restorable = [m for m in restorable if m in ok]
+        return PoolTransferResult(restorable[-1] if restorable else 0, hit, restorable)
+
+    def _batch_io_v2(self, write: bool, transfers: list[Any]) -> dict[str, list[bool]]:
+        if isinstance(transfers, (str, bytes)) or not isinstance(transfers, Sequence):
+            raise TypeError(f"transfers must be a list of PoolTransfer, got "
+                            f"{type(transfers).__name__}")
+        out: dict[str, list[bool]] = {}
+        for transfer in transfers:
+            name = _name(transfer.name)
+            keys = check_keys(list(transfer.keys or []), f"transfers[{name}].keys")
+            pool = self._pool(name)
+            indices = transfer.host_indices
+            ps = int(getattr(pool, "page_size", 0) or 0)
+            if pool is None or indices is None or indices.numel() != len(keys) * ps:
+                _log.warning("%s: v2 %s of pool %r: no such pool or %s host slots for %d pages",
+                             type(self).__name__, "set" if write else "get", name,
+                             None if indices is None else indices.numel(), len(keys))
+                out[name] = [False] * len(keys)
+                continue
+            skeys = self.keyspace.storage_keys([pool_key(name, k) for k in keys])
+            out[name] = self._host_io(write, pool, skeys, indices)
+        return out
+
+    def batch_get_v2(
+        self, transfers: list[Any], extra_info: HiCacheStorageExtraInfo | None = None
+    ) -> dict[str, list[bool]]:
+        """Read every transfer's pages into its pool (``registered_pools[transfer.name]``); a
+        pool that is not registered or slots that are not ``len(keys)`` pages give all
+        ``False``; a page that fails verification is ``False`` (its slots hold undefined bytes)."""
+        return self._batch_io_v2(False, transfers)
+
+    def batch_set_v2(
+        self, transfers: list[Any], extra_info: HiCacheStorageExtraInfo | None = None
+    ) -> dict[str, list[bool]]:
+        """Write every transfer's pages from its pool; one bool per key per pool."""
+        return self._batch_io_v2(True, transfers)
 
     def clear(self) -> None:
         self._clear()

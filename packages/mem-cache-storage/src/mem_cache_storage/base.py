@@ -42,9 +42,50 @@ class HiCacheStorage(ABC):
 
     mem_pool_host: Any = None
 
+    @property
+    def registered_pools(self) -> dict[str, Any]:
+        """Host pools of the v2 calls by name (see :meth:`register_mem_host_pool_v2`)."""
+        pools: dict[str, Any] = self.__dict__.setdefault("_registered_pools", {})
+        return pools
+
     def register_mem_pool_host(self, mem_pool_host: Any) -> None:
         """Remember the host pool the zero-copy calls read from and write to."""
         self.mem_pool_host = mem_pool_host
+
+    def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
+        """Remember ``host_pool`` under ``host_pool_name`` (a ``PoolName`` or its string) for
+        the v2 calls; ``registered_pools`` maps names (strings) to pools. SGLang's hybrid
+        controller calls this once per host pool, the KV pool included."""
+        name = str(getattr(host_pool_name, "value", host_pool_name))
+        self.registered_pools[name] = host_pool
+
+    def on_host_pools_registered(self) -> None:  # noqa: B027 (a hook; SGLang's is a no-op)
+        """The initial registration burst is over (SGLang calls this once per attach, after
+        ``register_mem_pool_host`` and every ``register_mem_host_pool_v2``). Nothing to finalize
+        by default; raising fails the attach."""
+
+    def batch_exists_v2(
+        self, keys: list[str], pool_transfers: list[Any] | None = None,
+        extra_info: HiCacheStorageExtraInfo | None = None,
+    ) -> Any:
+        """The stored prefix of ``keys`` over the KV pool and every pool of
+        ``pool_transfers`` under their hit policies, a ``PoolTransferResult``
+        (:mod:`mem_cache_storage.pools`). The default raises ``NotImplementedError`` (SGLang's)."""
+        raise NotImplementedError(f"{type(self).__name__} has no batch_exists_v2")
+
+    def batch_get_v2(
+        self, transfers: list[Any], extra_info: HiCacheStorageExtraInfo | None = None
+    ) -> dict[str, list[bool]]:
+        """Read each transfer's pages into its pool's host slots; one bool per key per pool.
+        The default raises ``NotImplementedError`` (SGLang's)."""
+        raise NotImplementedError(f"{type(self).__name__} has no batch_get_v2")
+
+    def batch_set_v2(
+        self, transfers: list[Any], extra_info: HiCacheStorageExtraInfo | None = None
+    ) -> dict[str, list[bool]]:
+        """Write each transfer's pages from its pool's host slots; one bool per key per pool.
+        The default raises ``NotImplementedError`` (SGLang's)."""
+        raise NotImplementedError(f"{type(self).__name__} has no batch_set_v2")
 
     @abstractmethod
     def get(

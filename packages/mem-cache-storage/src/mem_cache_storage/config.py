@@ -11,6 +11,9 @@ Fields used by this package:
 * ``is_mla_model``: see above;
 * ``model_name`` and ``extra_config["model_fingerprint"]`` (a weights/config id the engine
   passes): the key prefix, so that another model or a weights change never reads stale KV;
+* ``dcp_size / dcp_rank``, ``logical_page_size``: SGLang's decode-context-parallel shard
+  identity; this package has no DCP (``dcp_size`` stays 1), the fields exist so SGLang's
+  backends can read them from our config and :attr:`is_storage_writer` answers as SGLang's;
 * ``extra_config``: backend options (``file``: ``storage_dir``, ``capacity_bytes``, ``fsync``;
   the ``dynamic`` backend form: ``backend_name``, ``module_path``, ``class_name``).
 """
@@ -52,6 +55,9 @@ class HiCacheStorageConfig:
     tp_lcm_size: int | None = None
     should_split_heads: bool = False
     extra_config: dict[str, Any] | None = None
+    dcp_size: int = 1
+    dcp_rank: int = 0
+    logical_page_size: int | None = None
 
     def __post_init__(self) -> None:
         _check_rank("tp", self.tp_rank, self.tp_size)
@@ -59,12 +65,21 @@ class HiCacheStorageConfig:
         _check_rank("attn_cp", self.attn_cp_rank, self.attn_cp_size)
         _check_rank("dp", self.dp_rank, self.dp_size)
         check_optional_int("tp_lcm_size", self.tp_lcm_size, minimum=1)
+        _check_rank("dcp", self.dcp_rank, self.dcp_size)
+        check_optional_int("logical_page_size", self.logical_page_size, minimum=1)
         if self.model_name is not None and not isinstance(self.model_name, str):
             raise TypeError(f"model_name must be a str or None, got {type(self.model_name)}")
         if self.extra_config is not None and not isinstance(self.extra_config, dict):
             raise TypeError(
                 f"extra_config must be a dict or None, got {type(self.extra_config).__name__}"
             )
+
+    @property
+    def is_storage_writer(self) -> bool:
+        """Whether this rank writes pages: every rank of a non-MLA model; for MLA (KV replicated
+        across TP ranks) the rank whose ``tp_rank`` equals its ``dcp_rank`` (rank 0 without
+        decode context parallel), as in SGLang."""
+        return not self.is_mla_model or self.tp_rank == self.dcp_rank
 
     @property
     def extra(self) -> dict[str, Any]:

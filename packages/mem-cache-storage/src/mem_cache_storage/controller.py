@@ -4,13 +4,17 @@
   backup thread): host pages -> storage, skipping the leading keys the backend already has
   (``batch_exists``), in batches of ``batch_pages`` through the zero-copy ``batch_set_v1``.
   The hooks :meth:`on_host_evict` (``write_policy="write_back"``) and :meth:`on_host_insert`
-  (``"write_through"``) call it at the point the policy names. With an MLA model only TP rank 0
-  writes (every rank holds the same KV).
+  (``"write_through"``) call it at the point the policy names. With an MLA model only the
+  storage writer writes (TP rank 0; every rank holds the same KV).
 * **Prefetch** (:meth:`StorageController.prefetch`): on a background thread, ``batch_exists``
   finds how many leading pages storage has, that many host pages are reserved (at most the free
   part of ``prefetch_budget_pages`` and what the host pool can give), and the pages are read with
   ``batch_get_v1`` batch by batch. The longest prefix of pages read intact is the result; every
   other reserved page is freed at once.
+* **Backends without v1** (SGLang's own ``HiCacheFile`` leaves ``batch_get_v1`` /
+  ``batch_set_v1`` as its base class's stubs, which return ``None``): pages go through the
+  generic ``batch_get`` / ``batch_set`` with the host pool's flat pages, as SGLang's controller
+  does (:attr:`StorageController.generic_io`; chosen at construction, or on a ``None`` answer).
 
 Ownership: the pages of a finished prefetch belong to the controller until
 :meth:`PrefetchHandle.wait` returns them (they then belong to the caller, who frees them with
@@ -57,6 +61,19 @@ WritePolicy = Literal["write_back", "write_through"]
 
 _STORAGE_NEEDS = ("batch_exists", "batch_get_v1", "batch_set_v1", "register_mem_pool_host")
 _HOST_POOL_NEEDS = ("page_size", "size", "get_size_per_token")
+# the copying path (a backend without v1) also needs get_data_page / get_dummy_flat_data_page /
+# set_from_flat_data_page, which every host pool (ours and SGLang's) has
+
+
+def _v1_is_stub(storage: Any) -> bool:
+    """Whether ``storage``'s ``batch_get_v1`` / ``batch_set_v1`` are SGLang's base stubs
+    (they return ``None``): the class defining them is SGLang's ``HiCacheStorage``."""
+    for name in ("batch_get_v1", "batch_set_v1"):
+        owner = next((c for c in type(storage).__mro__ if name in c.__dict__), None)
+        if owner is None or (owner.__name__ == "HiCacheStorage"
+                             and owner.__module__.startswith("sglang.")):
+            return True
+    return False
 
 
 def _key_list(keys: Iterable[str]) -> list[str]:
@@ -239,10 +256,13 @@ class StorageController:
         config = getattr(storage, "storage_config", None)
         self.writes_enabled = not (
             config is not None and getattr(config, "is_mla_model", False)
-            and getattr(config, "tp_rank", 0) != 0
+            and getattr(config, "tp_rank", 0) != getattr(config, "dcp_rank", 0)
         )
         if getattr(storage, "mem_pool_host", None) is not host_pool:
             storage.register_mem_pool_host(host_pool)
+        #: True when the backend has no zero-copy v1 calls (SGLang's base stubs): pages go
+        #: through ``batch_get`` / ``batch_set`` (found out at construction or on a ``None``)
+        self.generic_io = _v1_is_stub(storage)
         self._lock = threading.Lock()
         self._reserved = 0
         self._handles: set[PrefetchHandle] = set()
@@ -293,16 +313,51 @@ class StorageController:
         return found
 
     def _call_v1(self, name: str, keys: list[str], slots: torch.Tensor) -> list[bool]:
+        if self.generic_io:
+            return self._call_generic(name == "batch_set_v1", keys, slots)
         try:
             result = getattr(self.storage, name)(keys, slots, None)
         except Exception as exc:
             self._counters.add(backend_errors=1)
             _log.warning("storage %s failed (%s): treated as failed", name, exc)
             return [False] * len(keys)
+        if result is None and keys:  # SGLang's base stub: the backend has no v1 path
+            _log.info("storage %s returned None: using batch_get / batch_set from now on", name)
+            self.generic_io = True
+            return self._call_generic(name == "batch_set_v1", keys, slots)
         if not isinstance(result, list) or len(result) != len(keys):
             self._counters.add(backend_errors=1)
             return [False] * len(keys)
         return [r is True for r in result]
+
+    def _call_generic(self, write: bool, keys: list[str], slots: torch.Tensor) -> list[bool]:
+        """The copying path (SGLang's ``_generic_page_get`` / ``_generic_page_set``): flat pages
+        through the host pool and the backend's ``batch_get`` / ``batch_set``. ``batch_set``
+        answers one bool for the batch; ``batch_get`` a tensor or ``None`` per key, and the
+        leading run of tensors is copied into the host pages."""
+        pool, ps, n = self.host_pool, self.page_size, len(keys)
+        firsts = [int(i) for i in slots[::ps].tolist()]
+        try:
+            if write:
+                data = [pool.get_data_page(i, flat=True) for i in firsts]
+                return [self.storage.batch_set(keys, data) is True] * n
+            dummies = [pool.get_dummy_flat_data_page() for _ in firsts]
+            got = self.storage.batch_get(keys, dummies)
+            if not isinstance(got, list) or len(got) != n:
+                self._counters.add(backend_errors=1)
+                return [False] * n
+            out = [False] * n
+            for j, (first, page) in enumerate(zip(firsts, got)):
+                if not isinstance(page, torch.Tensor):
+                    break
+                pool.set_from_flat_data_page(first, page)
+                out[j] = True
+            return out
+        except Exception as exc:
+            self._counters.add(backend_errors=1)
+            _log.warning("storage %s failed (%s): treated as failed",
+                         "batch_set" if write else "batch_get", exc)
+            return [False] * n
 
     def lookup(self, keys: Sequence[str]) -> int:
         """How many leading ``keys`` storage holds (``batch_exists`` in batches; a failing

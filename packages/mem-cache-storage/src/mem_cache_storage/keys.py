@@ -24,6 +24,22 @@ SGLang's ``get_hash_str``, so hashes computed by either side agree.
   ``attn_cp_size > 1``.
 
 The alphabet of a storage key is ``[A-Za-z0-9_.-]``, so it is a valid file name and object key.
+
+**Key scheme ``sglang``** (``extra_config["key_scheme"] = "sglang"``): the names SGLang 0.5.23's
+file backend gives its pages, so an SGLang instance and an engine on this package share one
+directory (see each backend for the page layout)::
+
+    {key}_{model}[_{pp_size}_{pp_rank}][_cp{cp_rank}_{cp_size}]                       (MLA)
+    {key}_{model}_{tp_rank}_{tp_size}[_{pp_size}_{pp_rank}][_cp{cp_rank}_{cp_size}]   (others)
+
+with ``model`` the ``model_name`` with ``/`` replaced by ``-`` (no fingerprint: SGLang keys on
+the model name alone, so the engine must pass the name SGLang uses, and a weights change needs a
+new name or a new directory). Keys of a Mamba state (ending ``.mamba``) always take the TP suffix.
+
+**Namespaces** (tenant isolation): :func:`page_hashes` takes ``extra_key`` / ``cache_salt``
+(SGLang's request fields: a LoRA id, a tenant salt). When either is given the chain starts from
+:func:`namespace_seed` instead of nothing, exactly as SGLang's ``get_storage_hash_str`` does, so
+two namespaces never share a page hash and the default (no namespace) keeps SGLang's hashes.
 """
 
 from __future__ import annotations
@@ -40,7 +56,12 @@ import torch
 from mem_cache_kernels.checks import check_index, check_int
 from mem_cache_storage.config import HiCacheStorageConfig
 
-__all__ = ["HASH_HEX_LEN", "KeySpace", "get_hash_str", "page_hashes"]
+__all__ = [
+    "HASH_HEX_LEN", "KEY_SCHEMES", "KeySpace", "get_hash_str", "namespace_seed", "page_hashes",
+]
+
+#: storage key schemes: ours (default) and SGLang 0.5.23's
+KEY_SCHEMES = ("mem_cache", "sglang")
 
 HASH_HEX_LEN = 64
 _KEY = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
@@ -111,11 +132,35 @@ def get_hash_str(token_ids: Sequence[int] | torch.Tensor, prior_hash: str | None
     return h.hexdigest()
 
 
+def namespace_seed(extra_key: str | None = None, cache_salt: str | None = None) -> str | None:
+    """The hash a namespaced chain starts from (``None`` without a namespace): SHA-256 of
+    ``"sglang-cache-namespace-v1"`` then, for ``extra_key`` and ``cache_salt`` in turn, ``00``
+    when absent or ``01`` + its UTF-8 length (8 bytes little endian) + its UTF-8 bytes (SGLang's
+    ``storage_namespace_seed``: absent, empty and joined parts all differ)."""
+    if extra_key is None and cache_salt is None:
+        return None
+    digest = hashlib.sha256(b"sglang-cache-namespace-v1")
+    for name, part in (("extra_key", extra_key), ("cache_salt", cache_salt)):
+        if part is None:
+            digest.update(b"\x00")
+            continue
+        if not isinstance(part, str):
+            raise TypeError(f"{name} must be a str or None, got {type(part).__name__}")
+        encoded = part.encode("utf-8")
+        digest.update(b"\x01" + len(encoded).to_bytes(8, "little") + encoded)
+    return digest.hexdigest()
+
+
 def page_hashes(
-    token_ids: Sequence[int] | torch.Tensor, page_size: int, prior_hash: str | None = None
+    token_ids: Sequence[int] | torch.Tensor, page_size: int, prior_hash: str | None = None,
+    *, extra_key: str | None = None, cache_salt: str | None = None,
 ) -> list[str]:
-    """Chained hashes of every *full* page of ``token_ids`` (a trailing partial page has none)."""
+    """Chained hashes of every *full* page of ``token_ids`` (a trailing partial page has none).
+    ``extra_key`` / ``cache_salt`` put the chain in a namespace (see the module docstring); they
+    apply only to a chain's start (``prior_hash is None``), as SGLang's do."""
     check_int("page_size", page_size, minimum=1)
+    if prior_hash is None:
+        prior_hash = namespace_seed(extra_key, cache_salt)
     parent = _parent(prior_hash)
     data = _token_bytes(token_ids)
     step = 4 * page_size
@@ -142,8 +187,15 @@ class KeySpace:
     cp_rank: int = 0
     cp_size: int = 1
     is_mla: bool = False
+    scheme: str = "mem_cache"
+    #: the ``sglang`` scheme's naming: ``file`` (SGLang's HiCacheFile) or ``mooncake``
+    #: (SGLang's MooncakeStore: ``{model}_{key}_{tp_rank}[_{pp_rank}]``, MLA ``{model}_{key}_``
+    #: ``[{pp_rank}]``; the backend appends ``_k`` / ``_v``)
+    flavor: str = "file"
 
     def __post_init__(self) -> None:
+        if self.scheme not in KEY_SCHEMES:
+            raise ValueError(f"key scheme must be one of {KEY_SCHEMES}, got {self.scheme!r}")
         for name in ("model_name", "model_fingerprint"):
             value = getattr(self, name)
             if not isinstance(value, str):
@@ -155,7 +207,8 @@ class KeySpace:
 
     @classmethod
     def from_config(
-        cls, config: HiCacheStorageConfig, page_size: int, model_fingerprint: str | None = None
+        cls, config: HiCacheStorageConfig, page_size: int, model_fingerprint: str | None = None,
+        scheme: str | None = None, flavor: str = "file",
     ) -> KeySpace:
         """The key space of ``config`` with pages of ``page_size`` tokens; the fingerprint is
         ``model_fingerprint`` if given, else ``config.extra_config["model_fingerprint"]``."""
@@ -174,6 +227,8 @@ class KeySpace:
             cp_rank=config.attn_cp_rank,
             cp_size=config.attn_cp_size,
             is_mla=config.is_mla_model,
+            scheme=str(config.extra.get("key_scheme", "mem_cache")) if scheme is None else scheme,
+            flavor=flavor,
         )
 
     @property
@@ -189,20 +244,51 @@ class KeySpace:
         slug = _SLUG.sub("-", self.model_name)[:48] or "model"
         return f"{slug}.{self.fingerprint}."
 
-    @property
-    def suffix(self) -> str:
-        s = "" if self.is_mla else f".tp{self.tp_rank}-{self.tp_size}"
+    def _suffix(self, mla: bool) -> str:
+        if self.scheme == "sglang" and self.flavor == "mooncake":
+            pp = f"_{self.pp_rank}" if self.pp_size > 1 else ""
+            return f"_{pp[1:]}" if mla else f"_{self.tp_rank}{pp}"
+        if self.scheme == "sglang":
+            model = "-".join(self.model_name.split("/"))
+            shard = f"_{self.pp_size}_{self.pp_rank}" if self.pp_size > 1 else ""
+            if self.cp_size > 1:
+                shard += f"_cp{self.cp_rank}_{self.cp_size}"
+            return f"_{model}{shard}" if mla else f"_{model}_{self.tp_rank}_{self.tp_size}{shard}"
+        s = "" if mla else f".tp{self.tp_rank}-{self.tp_size}"
         if self.pp_size > 1:
             s += f".pp{self.pp_rank}-{self.pp_size}"
         if self.cp_size > 1:
             s += f".cp{self.cp_rank}-{self.cp_size}"
         return s
 
+    @property
+    def suffix(self) -> str:
+        """What follows the key in every storage key of this rank."""
+        return self._suffix(self.is_mla)
+
+    @property
+    def tp_suffix(self) -> str:
+        """The suffix with the TP rank, MLA or not (the suffix of Mamba state keys)."""
+        return self._suffix(False)
+
+    def _key(self, key: str, prefix: str, suffix: str, tp_suffix: str) -> str:
+        # a Mamba state is TP-sharded even when the model's KV is replicated
+        return f"{prefix}{key}{tp_suffix if key.endswith('.mamba') else suffix}"
+
     def storage_key(self, key: str) -> str:
         """The storage key of caller key ``key`` (``ValueError`` for a key outside the
         alphabet)."""
-        return f"{self.prefix}{_check_key(key)}{self.suffix}"
+        return self.storage_keys([_check_key(key)])[0]
+
+    @property
+    def prefix_for_clear(self) -> str:
+        """What every storage key of this key space starts with."""
+        if self.scheme != "sglang":
+            return self.prefix
+        model = "-".join(self.model_name.split("/"))
+        return f"{model}_" if self.flavor == "mooncake" and model else ""
 
     def storage_keys(self, keys: Sequence[str]) -> list[str]:
-        prefix, suffix = self.prefix, self.suffix
-        return [f"{prefix}{key}{suffix}" for key in check_keys(keys)]
+        prefix = self.prefix_for_clear
+        suffix, tp_suffix = self.suffix, self.tp_suffix
+        return [self._key(k, prefix, suffix, tp_suffix) for k in check_keys(keys)]

@@ -59,7 +59,10 @@ class StorageStats:
     ``get_*``/``set_*`` count pages of the get and set paths (both the copying and the zero-copy
     calls); ``*_bytes`` count payload bytes of successful pages; ``errors`` count backend calls
     that raised or returned a malformed result (their pages count as misses / failed sets);
-    ``rejected`` count stored pages that failed verification (torn, foreign, corrupted).
+    ``rejected`` count stored pages that failed verification (torn, foreign, corrupted);
+    ``set_refused`` counts page writes the store refused (Mooncake's "BatchPut failed ...
+    insufficient space"), every attempt, including those a retry then stored: ``set_failed``
+    is what stayed unstored.
     """
 
     get_hits: int = 0
@@ -72,6 +75,7 @@ class StorageStats:
     errors: int = 0
     rejected: int = 0
     evicted: int = 0
+    set_refused: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, **deltas: int) -> None:
@@ -84,6 +88,7 @@ class StorageStats:
             return StorageStats(
                 self.get_hits, self.get_misses, self.get_bytes, self.set_ok, self.set_failed,
                 self.set_bytes, self.exists_queries, self.errors, self.rejected, self.evicted,
+                self.set_refused,
             )
 
     def as_dict(self) -> dict[str, int]:
