@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import random
 import types
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,7 +41,6 @@ _MODULES = (
     "sglang.srt.mem_cache.allocator",
     "sglang.srt.managers.schedule_batch",
 )
-_LAYER = types.SimpleNamespace(layer_id=0, k_scale=None, v_scale=None)
 _HEAD_DIM = 2
 
 
@@ -105,7 +105,9 @@ class _Batch:
     req_pool_indices: torch.Tensor | None = None
     req_pool_indices_cpu: torch.Tensor | None = None
     hisparse_coordinator: Any = None
-    model_config: Any = field(default_factory=lambda: types.SimpleNamespace(is_encoder_decoder=False))
+    model_config: Any = field(
+        default_factory=lambda: types.SimpleNamespace(is_encoder_decoder=False)
+    )
 
     @property
     def spec_algorithm(self) -> Any:
@@ -121,27 +123,15 @@ class _Batch:
 class _Run:
     """One engine: SGLang's pools and radix cache over the given allocator."""
 
+    #: (layer id, reads through the full->window mapping) of every layer written and checked
+    layers: tuple[tuple[int, bool], ...] = ((0, False),)
+
     def __init__(self, sgl: Any, ps: int, need_sort: bool, ours: bool, size: int) -> None:
         self.sgl, self.ps = sgl, ps
-        self.kv = sgl.mp.MHATokenToKVPool(
-            size=size, page_size=ps, dtype=torch.float32, head_num=1, head_dim=_HEAD_DIM,
-            layer_num=1, device="cpu", enable_memory_saver=False,
-        )
         self.rtp = sgl.mp.ReqToTokenPool(
             size=8, max_context_len=size + 2 * ps, device="cpu", enable_memory_saver=False
         )
-        if ps == 1:
-            cls = OurToken if ours else sgl.alloc.TokenToKVPoolAllocator
-            self.allocator = cls(size, torch.float32, "cpu", self.kv, need_sort)
-        else:
-            cls = OurPaged if ours else sgl.alloc.PagedTokenToKVPoolAllocator
-            self.allocator = cls(size, ps, torch.float32, "cpu", self.kv, need_sort)
-        self.tree = sgl.rc.RadixCache(
-            sgl.cip.CacheInitParams(
-                disable=False, req_to_token_pool=self.rtp,
-                token_to_kv_pool_allocator=self.allocator, page_size=ps,
-            )
-        )
+        self.kv, self.allocator, self.tree = self.build(need_sort, ours, size)
         evict = self.tree.evict
 
         def counting_evict(params: Any) -> Any:
@@ -159,44 +149,84 @@ class _Run:
             (_Batch,),
             {
                 "check_decode_mem": sgl.sb.ScheduleBatch.check_decode_mem,
-                "new_tokens_required_next_decode":
-                    sgl.sb.ScheduleBatch.new_tokens_required_next_decode,
+                "new_tokens_required_next_decode": (
+                    sgl.sb.ScheduleBatch.new_tokens_required_next_decode
+                ),
             },
         )
         self.spec = spec
         self.trace: list[Any] = []
         self.kv_checks = 0
 
+    def build(self, need_sort: bool, ours: bool, size: int) -> tuple[Any, Any, Any]:
+        """(KV pool, allocator, tree): SGLang's MHA pool and RadixCache over the allocator."""
+        sgl, ps = self.sgl, self.ps
+        kv = sgl.mp.MHATokenToKVPool(
+            size=size,
+            page_size=ps,
+            dtype=torch.float32,
+            head_num=1,
+            head_dim=_HEAD_DIM,
+            layer_num=1,
+            device="cpu",
+            enable_memory_saver=False,
+        )
+        if ps == 1:
+            cls = OurToken if ours else sgl.alloc.TokenToKVPoolAllocator
+            allocator = cls(size, torch.float32, "cpu", kv, need_sort)
+        else:
+            cls = OurPaged if ours else sgl.alloc.PagedTokenToKVPoolAllocator
+            allocator = cls(size, ps, torch.float32, "cpu", kv, need_sort)
+        tree = sgl.rc.RadixCache(
+            sgl.cip.CacheInitParams(
+                disable=False,
+                req_to_token_pool=self.rtp,
+                token_to_kv_pool_allocator=allocator,
+                page_size=ps,
+            )
+        )
+        return kv, allocator, tree
+
     # ------------------------------------------------------------------ helpers
     def batch(self, reqs: list[_Req]) -> _Batch:
         return self.batch_cls(
-            reqs=reqs, tree_cache=self.tree, req_to_token_pool=self.rtp,
-            token_to_kv_pool_allocator=self.allocator, spec=self.spec,
+            reqs=reqs,
+            tree_cache=self.tree,
+            req_to_token_pool=self.rtp,
+            token_to_kv_pool_allocator=self.allocator,
+            spec=self.spec,
         )
 
     def sizes(self) -> tuple[int, int, int]:
-        return (self.allocator.available_size(), self.tree.evictable_size(),
-                self.tree.protected_size())
+        return (
+            self.allocator.available_size(),
+            self.tree.evictable_size(),
+            self.tree.protected_size(),
+        )
 
     def write_kv(self, req: _Req, start: int, end: int, loc: torch.Tensor) -> None:
         vals = torch.tensor([_value(req.tokens, p) for p in range(start, end)])
-        k = vals[:, None, None].expand(-1, 1, _HEAD_DIM).contiguous()
-        self.kv.set_kv_buffer(_LAYER, loc, k, -k)
+        for layer_id, _ in self.layers:
+            k = (vals + layer_id)[:, None, None].expand(-1, 1, _HEAD_DIM).contiguous()
+            layer = types.SimpleNamespace(layer_id=layer_id, k_scale=None, v_scale=None)
+            self.kv.set_kv_buffer(layer, loc, k, -k)
 
     def check_kv(self, req: _Req, n: int) -> None:
         if n == 0:
             return
         row = self.rtp.req_to_token[req.kv.req_pool_idx, :n].to(torch.int64)
-        k = self.kv.get_key_buffer(0)[row][:, 0, 0]
-        v = self.kv.get_value_buffer(0)[row][:, 0, 0]
         want = torch.tensor([_value(req.tokens, p) for p in range(n)])
-        assert torch.equal(k, want), f"K mismatch for req {req.rid}"
-        assert torch.equal(v, -want), f"V mismatch for req {req.rid}"
+        for layer_id, windowed in self.layers:
+            loc = self.allocator.translate_loc_from_full_to_swa(row) if windowed else row
+            k = self.kv.get_key_buffer(layer_id)[loc][:, 0, 0]
+            v = self.kv.get_value_buffer(layer_id)[loc][:, 0, 0]
+            assert torch.equal(k, want + layer_id), f"K mismatch, req {req.rid} layer {layer_id}"
+            assert torch.equal(v, -(want + layer_id)), f"V mismatch, req {req.rid} layer {layer_id}"
         self.kv_checks += 1
 
     # ------------------------------------------------------------------ steps
     def match(self, req: _Req) -> None:
-        key = self.sgl.rc.RadixKey(req.tokens)
+        key = self.sgl.rc.RadixKey(array("q", req.tokens))
         m = self.tree.match_prefix(self.sgl.bpc.MatchPrefixParams(key=key))
         req.prefix_len = m.device_prefix_len
         req.last_node = m.last_device_node
@@ -253,7 +283,7 @@ class _Run:
         self.allocator.free_group_begin()
         for r in reqs:
             row = self.rtp.req_to_token[r.kv.req_pool_idx, : r.seqlen]
-            key = self.sgl.rc.RadixKey(r.tokens).page_aligned(self.ps)
+            key = self.sgl.rc.RadixKey(array("q", r.tokens)).page_aligned(self.ps)
             values = row[: len(key)].to(dtype=torch.int64, copy=True)
             res = self.tree.insert(self.sgl.bpc.InsertParams(key=key, value=values))
             protected = r.kv.cache_protected_len
@@ -336,13 +366,18 @@ def _workload(run: _Run, seed: int, steps: int) -> int:
             if len(running) + len(chunked) + len(admit) >= 3:
                 break
             ok, _ = budget.check_prefill(
-                extend_input_len=r.seqlen, total_tokens=r.seqlen + r.max_new,
-                max_new_tokens=r.max_new, input_tokens=r.seqlen, swa_host_hit_length=0,
+                extend_input_len=r.seqlen,
+                total_tokens=r.seqlen + r.max_new,
+                max_new_tokens=r.max_new,
+                input_tokens=r.seqlen,
+                swa_host_hit_length=0,
                 chunk_limit=None,
             )
             ok = ok and budget.can_allocate_prefill(
                 paged_input=-(-r.seqlen // run.ps) * run.ps + run.ps,
-                extend_input_len=r.seqlen, max_new_tokens=r.max_new, chunk_limit=None,
+                extend_input_len=r.seqlen,
+                max_new_tokens=r.max_new,
+                chunk_limit=None,
             )
             run.trace.append(("admit?", r.rid, ok, budget.remaining_total))
             if not ok:
@@ -380,9 +415,10 @@ def _workload(run: _Run, seed: int, steps: int) -> int:
 
 
 _CASES = [(ps, need_sort) for ps in (1, 16, 64) for need_sort in (False, True)]
+_IDS = [f"ps{p}-sort{int(s)}" for p, s in _CASES]
 
 
-@pytest.mark.parametrize(("ps", "need_sort"), _CASES, ids=[f"ps{p}-sort{int(s)}" for p, s in _CASES])
+@pytest.mark.parametrize(("ps", "need_sort"), _CASES, ids=_IDS)
 def test_radix_loop_same_trace_as_sglang(
     sgl: types.SimpleNamespace, ps: int, need_sort: bool
 ) -> None:
