@@ -80,6 +80,7 @@ class _Req:
     priority: Any = None
     dllm_incomplete_ids: Any = None
     beam_group: Any = None
+    session: Any = None
 
     @property
     def seqlen(self) -> int:
@@ -204,12 +205,16 @@ class _Run:
             self.tree.protected_size(),
         )
 
+    def write_loc(self, loc: torch.Tensor) -> Any:
+        """The ``loc_info`` the attention backend hands ``set_kv_buffer`` (a bare loc here)."""
+        return loc
+
     def write_kv(self, req: _Req, start: int, end: int, loc: torch.Tensor) -> None:
         vals = torch.tensor([_value(req.tokens, p) for p in range(start, end)])
         for layer_id, _ in self.layers:
             k = (vals + layer_id)[:, None, None].expand(-1, 1, _HEAD_DIM).contiguous()
             layer = types.SimpleNamespace(layer_id=layer_id, k_scale=None, v_scale=None)
-            self.kv.set_kv_buffer(layer, loc, k, -k)
+            self.kv.set_kv_buffer(layer, self.write_loc(loc), k, -k)
 
     def check_kv(self, req: _Req, n: int) -> None:
         if n == 0:
@@ -217,11 +222,14 @@ class _Run:
         row = self.rtp.req_to_token[req.kv.req_pool_idx, :n].to(torch.int64)
         want = torch.tensor([_value(req.tokens, p) for p in range(n)])
         for layer_id, windowed in self.layers:
-            loc = self.allocator.translate_loc_from_full_to_swa(row) if windowed else row
+            loc, exp = row, want
+            if windowed:  # only the window's slots are kept: check the mapped ones
+                loc = self.allocator.translate_loc_from_full_to_swa(row)
+                loc, exp = loc[loc > 0], want[loc > 0]
             k = self.kv.get_key_buffer(layer_id)[loc][:, 0, 0]
             v = self.kv.get_value_buffer(layer_id)[loc][:, 0, 0]
-            assert torch.equal(k, want + layer_id), f"K mismatch, req {req.rid} layer {layer_id}"
-            assert torch.equal(v, -(want + layer_id)), f"V mismatch, req {req.rid} layer {layer_id}"
+            assert torch.equal(k, exp + layer_id), f"K mismatch, req {req.rid} layer {layer_id}"
+            assert torch.equal(v, -(exp + layer_id)), f"V mismatch, req {req.rid} layer {layer_id}"
         self.kv_checks += 1
 
     # ------------------------------------------------------------------ steps
