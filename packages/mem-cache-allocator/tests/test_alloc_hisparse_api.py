@@ -68,10 +68,8 @@ def test_dsv4_stack_builds_as_sglang_builds_it() -> None:
     assert a.translate_loc_from_full_to_swa(out).tolist() == list(range(16, 36))
     assert a.swa_capacity_and_available() == ((256, 224), (64, 32))
     a.free(out)
-    assert a.swa_capacity_and_available(full_capacity=1, swa_capacity=1) == (
-        (256, 256),
-        (64, 64),
-    )
+    # SGLang's answer: the scheduler's capacities, the allocator's available sizes
+    assert a.swa_capacity_and_available(full_capacity=1, swa_capacity=1) == ((1, 256), (1, 64))
     with pytest.raises(ValueError, match="full_capacity"):
         a.swa_capacity_and_available(full_capacity=-1)
 
@@ -143,13 +141,19 @@ def test_dsv4_alloc_extend_swa_tail_forwards_to_the_logical_allocator() -> None:
 
 def test_dsv4_scheduler_hooks() -> None:
     a = _dsv4_stack()
-    assert a.request_slot_reserve() == 16 and a.request_slot_reserve(3) == 48
-    a.configure_spec_scratch(3)
-    assert a.request_slot_reserve(2) == 64
-    with pytest.raises(ValueError, match="num_draft_tokens"):
-        a.configure_spec_scratch(-1)
-    with pytest.raises(ValueError, match="num_reqs"):
-        a.request_slot_reserve(-1)
+    # SGLang 0.5.23: no workspace until the HiSparse coordinator configures one
+    assert a.request_slot_reserve(has_req_pool_slot=False) == 0
+    assert a.request_slot_reserve(has_req_pool_slot=True, prefill_tokens=40) == 0
+    a.configure_spec_scratch(32, device_buffer_size=64)
+    # buffer slots the prefill (whole pages) does not cover, plus scratch without a row
+    assert a.request_slot_reserve(has_req_pool_slot=False, prefill_tokens=20) == 32 + 32
+    assert a.request_slot_reserve(has_req_pool_slot=True, prefill_tokens=100) == 0
+    with pytest.raises(ValueError, match="capacity"):
+        a.configure_spec_scratch(-16)
+    with pytest.raises(ValueError, match="device_buffer_size"):
+        a.configure_spec_scratch(16, device_buffer_size=3)
+    with pytest.raises(ValueError, match="prefill_tokens"):
+        a.request_slot_reserve(has_req_pool_slot=False, prefill_tokens=-1)
 
 
 def test_dsv4_lookups_out_of_range_name_the_argument() -> None:
@@ -177,11 +181,12 @@ def _hisparse(
 def test_hisparse_scheduler_hooks() -> None:
     a = _hisparse()
     assert a.get_last_loc_compressed(t(5, -1)).tolist() == [5, -1]
-    assert a.request_slot_reserve(2) == 8
-    a.configure_spec_scratch(5)
-    assert a.request_slot_reserve(2) == 2 * (4 + 8)
-    a.configure_spec_scratch(0)
-    assert a.request_slot_reserve(1) == 4
+    assert a.request_slot_reserve(has_req_pool_slot=False) == 0
+    a.configure_spec_scratch(8, device_buffer_size=12)
+    assert a.request_slot_reserve(has_req_pool_slot=False, prefill_tokens=5) == (12 - 8) + 8
+    assert a.request_slot_reserve(has_req_pool_slot=True, prefill_tokens=5) == 4
+    a.configure_spec_scratch(0, device_buffer_size=12)  # no scratch: the buffer is off too
+    assert a.request_slot_reserve(has_req_pool_slot=False) == 0
 
 
 def test_hisparse_device_short_alloc_frees_logical_as_sglang() -> None:

@@ -11,7 +11,7 @@ logical-only allocations,
 the device buffer of the HiSparse coordinator, the device-page releases and the state plumbing.
 
 A subclass sets, in ``__init__``: ``logical_attn_allocator``, ``hisparse_attn_allocator``,
-``full_to_hisparse_device_index_mapping``, ``spec_scratch_tokens`` (0), ``_pair``, and
+``full_to_hisparse_device_index_mapping``, ``_pair``, and
 ``_device_page_size`` (slots per device page) and implements ``_device_extend_last_loc``; it
 has a ``debug`` attribute or property (checks
 that sync run only then) and may override ``_buffer_index_limit`` (``None``: no range check of
@@ -37,9 +37,8 @@ from mem_cache_allocator._host_checks import check_extend_inputs, extend_page_co
 from mem_cache_allocator._page_allocator import PageAllocatorCore
 from mem_cache_allocator._page_arithmetic import check_index_tensor
 from mem_cache_allocator._paired import PairedAllocators
-from mem_cache_allocator._scheduler_hooks import request_slot_reserve
-from mem_cache_allocator.base import BaseTokenToKVPoolAllocator
-from mem_cache_kernels.checks import check_int
+from mem_cache_allocator.base import BaseTokenToKVPoolAllocator, _optional
+from mem_cache_kernels.checks import check_bool, check_int
 
 __all__ = ["HiSparseAllocatorCommon"]
 
@@ -50,7 +49,8 @@ class HiSparseAllocatorCommon(BaseTokenToKVPoolAllocator):
     logical_attn_allocator: BaseTokenToKVPoolAllocator
     hisparse_attn_allocator: PageAllocatorCore
     full_to_hisparse_device_index_mapping: torch.Tensor
-    spec_scratch_tokens: int
+    _spec_scratch_capacity: int = 0
+    _spec_device_buffer_size: int = 0
     _pair: PairedAllocators
     _device_page_size: int
 
@@ -65,16 +65,37 @@ class HiSparseAllocatorCommon(BaseTokenToKVPoolAllocator):
         return None
 
     # ------------------------------------------------------------------ scheduler hooks
-    def configure_spec_scratch(self, num_draft_tokens: int) -> None:
-        """Record the speculative-decoding draft tokens each running request may hold at once
-        (``request_slot_reserve`` counts them); 0 turns it off."""
-        self.spec_scratch_tokens = check_int("num_draft_tokens", num_draft_tokens, minimum=0)
+    def configure_spec_scratch(self, capacity: int, *, device_buffer_size: int = 0) -> None:
+        """Record the speculative-decoding workspace (SGLang's HiSparse coordinator calls it):
+        ``capacity`` scratch tokens a request without a request-table row still needs, and the
+        ``device_buffer_size`` tokens of its persistent device buffer (ignored, 0, while
+        ``capacity`` is 0). Both non-negative multiples of ``page_size`` (``ValueError``);
+        :meth:`request_slot_reserve` charges them."""
+        ps = self.page_size
+        for name, value in (("capacity", capacity), ("device_buffer_size", device_buffer_size)):
+            if check_int(name, value, minimum=0) % ps:
+                raise ValueError(
+                    f"{name} must be a non-negative multiple of page_size={ps}, got {value}"
+                )
+        self._spec_scratch_capacity = capacity
+        self._spec_device_buffer_size = device_buffer_size if capacity else 0
 
-    def request_slot_reserve(self, num_reqs: int = 1) -> int:
-        """Tokens the scheduler keeps free per ``num_reqs`` admitted requests: one logical page
-        each (every request may open a new page) plus the speculative scratch rounded up to
-        pages."""
-        return request_slot_reserve(num_reqs, self.page_size, self.spec_scratch_tokens)
+    @property
+    def spec_scratch_tokens(self) -> int:
+        """The speculative scratch capacity set by :meth:`configure_spec_scratch` (0: off)."""
+        return self._spec_scratch_capacity
+
+    def request_slot_reserve(self, *, has_req_pool_slot: bool, prefill_tokens: int = 0) -> int:
+        """Extra KV slots a request needs beyond its prefill (SGLang's HiSparse answer): the
+        device buffer's slots its prefill (``prefill_tokens``, whole pages) does not already
+        cover, plus the scratch capacity unless the request holds a request-table row
+        (``has_req_pool_slot``: its scratch was allocated with it). 0 until configured."""
+        check_bool("has_req_pool_slot", has_req_pool_slot)
+        ps = self.page_size
+        paged_prefill = -(-check_int("prefill_tokens", prefill_tokens, minimum=0) // ps) * ps
+        buffer_reserve = max(self._spec_device_buffer_size - paged_prefill, 0)
+        scratch_reserve = 0 if has_req_pool_slot else self._spec_scratch_capacity
+        return buffer_reserve + scratch_reserve
 
     # ------------------------------------------------------------------ logical-only allocation
     def alloc_logical_only(  # noqa: PLR0917 - SGLang-compatible positional signature
@@ -272,26 +293,39 @@ class HiSparseAllocatorCommon(BaseTokenToKVPoolAllocator):
                 f"{type(self).__name__} does not support {name}: {exc}"
             ) from exc
 
-    def get_cpu_copy(self, indices: torch.Tensor, mamba_indices: torch.Tensor | None = None) -> Any:
+    def get_cpu_copy(
+        self,
+        indices: torch.Tensor,
+        mamba_indices: torch.Tensor | None = None,
+        req_pool_index: Any = None,
+    ) -> Any:
         """The pool's ``get_cpu_copy`` (see the base class). ``indices`` (and ``mamba_indices``)
         are checked first (``TypeError``/``ValueError`` naming them); then ``RuntimeError``
         without a kvcache, or ``NotImplementedError`` naming this class and the pool when the
-        pool has no CPU copy."""
+        pool has no CPU copy. ``mamba_indices`` / ``req_pool_index`` forwarded only when
+        given."""
         self._check_cpu_copy_args(indices, mamba_indices)
-        if mamba_indices is None:
-            return self._forward_cpu_copy("get_cpu_copy", indices)
-        return self._forward_cpu_copy("get_cpu_copy", indices, mamba_indices=mamba_indices)
+        return self._forward_cpu_copy(
+            "get_cpu_copy",
+            indices,
+            **_optional(mamba_indices=mamba_indices, req_pool_index=req_pool_index),
+        )
 
     def load_cpu_copy(
-        self, kv_cache_cpu: Any, indices: torch.Tensor, mamba_indices: torch.Tensor | None = None
+        self,
+        kv_cache_cpu: Any,
+        indices: torch.Tensor,
+        mamba_indices: torch.Tensor | None = None,
+        req_pool_index: Any = None,
     ) -> Any:
         """The pool's ``load_cpu_copy`` (inverse of :meth:`get_cpu_copy`); the same order of
         checks (``kv_cache_cpu`` is the pool's to check)."""
         self._check_cpu_copy_args(indices, mamba_indices)
-        if mamba_indices is None:
-            return self._forward_cpu_copy("load_cpu_copy", kv_cache_cpu, indices)
         return self._forward_cpu_copy(
-            "load_cpu_copy", kv_cache_cpu, indices, mamba_indices=mamba_indices
+            "load_cpu_copy",
+            kv_cache_cpu,
+            indices,
+            **_optional(mamba_indices=mamba_indices, req_pool_index=req_pool_index),
         )
 
     # ------------------------------------------------------------------ state

@@ -44,6 +44,7 @@ from mem_cache_allocator._page_arithmetic import (
     decode_page_count,
     trim_segments,
 )
+from mem_cache_allocator._scheduler_hooks import check_config
 from mem_cache_allocator.base import BaseTokenToKVPoolAllocator
 from mem_cache_kernels.checks import (
     INDEX_DTYPES,
@@ -181,6 +182,52 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
     def is_not_in_free_group(self) -> bool:
         """SGLang 0.5.14's flag: ``True`` outside a free group."""
         return self._free_group is None
+
+    @property
+    def debug_mode(self) -> bool:
+        """SGLang's name of :attr:`debug` (its ``SGLANG_DEBUG_MEMORY_POOL`` checks)."""
+        return self._debug is not None
+
+    @property
+    def use_triton_kernels(self) -> bool:
+        """Whether allocations run the Triton kernels (a GPU allocator under the ``auto`` or
+        ``triton`` kernel backend); ``False`` for CPU allocators, which use the torch / host
+        path."""
+        return not _kernels.host_path(self) and self.device.type == "cuda"
+
+    @property
+    def staged_pages(self) -> list[torch.Tensor]:
+        """SGLang's ``need_sort`` staging list: the staged page-id tensors (a new list; the
+        tensors are the allocator's, treat them as read-only)."""
+        return list(self._release)
+
+    @property
+    def num_staged_pages(self) -> int:
+        """Pages in :attr:`staged_pages` (host-side)."""
+        return self._num_release
+
+    @property
+    def free_page_ids_group(self) -> list[torch.Tensor]:
+        """SGLang's queue of exact page-id frees (``free_segment(s)`` / ``free_page_ids``) in
+        the open free group; ``[]`` outside a group."""
+        group = self._free_group
+        return [] if group is None else [t for t, kind in group if kind is _PAGES]
+
+    def get_all_free_pages(self) -> torch.Tensor:
+        """Every free page id: the free list front-to-back, then the staged pages (a copy)."""
+        return self.free_pages_tensor()
+
+    def resize(self, config: Any) -> None:
+        """Resize to ``config.max_total_num_tokens`` tokens (``num_pages`` whole pages) and
+        :meth:`clear`: the free list, staging and debug bookkeeping are rebuilt for the new
+        capacity. The pool is the caller's to resize. Outstanding slots are forgotten."""
+        size = check_config(config, "max_total_num_tokens")["max_total_num_tokens"]
+        self.size = size
+        self.num_pages = size // self.page_size
+        self._free = ChunkedFreeList(self.device, arena_size=self.num_pages)
+        if self._debug is not None:
+            self._debug = DebugTracker(type(self).__name__, self.num_pages, self.page_size)
+        self.clear()
 
     def free_pages_tensor(self) -> torch.Tensor:
         """The free list front-to-back followed by staged pages (a copy; O(free pages))."""

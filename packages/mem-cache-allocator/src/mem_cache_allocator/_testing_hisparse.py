@@ -186,10 +186,16 @@ def hisparse_state_machine(
 
         @rule(n=st.integers(0, 4), k=st.integers(0, 40))
         def scheduler_hooks(self, n: int, k: int) -> None:
-            self.a.configure_spec_scratch(k)
-            self.scratch = k
-            per_req = self.ps * (1 + -(-k // self.ps))
-            assert self.a.request_slot_reserve(n) == n * per_req
+            cap, buf = k * self.ps, n * self.ps
+            self.a.configure_spec_scratch(cap, device_buffer_size=buf)
+            self.scratch = cap
+            prefill = k + n
+            paged = -(-prefill // self.ps) * self.ps
+            want = (max((buf if cap else 0) - paged, 0), cap)
+            got = self.a.request_slot_reserve(has_req_pool_slot=False, prefill_tokens=prefill)
+            assert got == want[0] + want[1]
+            got = self.a.request_slot_reserve(has_req_pool_slot=True, prefill_tokens=prefill)
+            assert got == want[0]
             minus_one = self._t([-1])
             assert _ints(self.a.get_last_loc_compressed(minus_one)) == [-1]
             if self.ratio > 1:

@@ -35,18 +35,30 @@ group protocol and corrupt internal state raise ``RuntimeError``.
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from mem_cache_allocator._page_arithmetic import check_start_pos, trim_segments
-from mem_cache_kernels.checks import check_device_arg, check_int, check_page_size
+from mem_cache_allocator import _scheduler_hooks as _hooks
+from mem_cache_allocator._page_arithmetic import (
+    check_cpu_lengths,
+    check_index_tensor,
+    check_start_pos,
+    trim_segments,
+)
+from mem_cache_kernels.checks import check_bool, check_device_arg, check_int, check_page_size
 
 if TYPE_CHECKING:
+    from mem_cache_allocator._prefill_budget import PrefillBudget
     from mem_cache_pool.base import KVCache
 
 __all__ = ["BaseTokenToKVPoolAllocator"]
+
+
+def _optional(**kwargs: Any) -> dict[str, Any]:
+    """The keyword arguments that are not ``None`` (forwarded only when given)."""
+    return {k: v for k, v in kwargs.items() if v is not None}
 
 
 class BaseTokenToKVPoolAllocator(abc.ABC):
@@ -68,6 +80,13 @@ class BaseTokenToKVPoolAllocator(abc.ABC):
     #: real-length token allocations.
     uses_legacy_real_length_alloc: ClassVar[bool] = False
 
+    #: SGLang's base keeps its free list in these (``None`` for composites, whose free lists
+    #: live in their inner allocators); subclasses that keep tensors there (an engine's own
+    #: SGLang-style subclass, or ours as read-only views) make the default
+    #: :meth:`available_size` and :meth:`get_all_free_pages` work.
+    free_pages: Any = None
+    release_pages: Any = None
+
     def __init__(  # noqa: PLR0917 - SGLang-compatible positional signature
         self,
         size: int,
@@ -84,6 +103,14 @@ class BaseTokenToKVPoolAllocator(abc.ABC):
         self.need_sort = bool(need_sort)
         self._kvcache = kvcache
         self._free_group: list[Any] | None = None
+        #: Pages of capacity (``size // page_size``; SGLang's ``resize`` keeps it up to date).
+        self.num_pages = self.size // self.page_size
+
+    @property
+    def free_group(self) -> list[Any] | None:
+        """``None`` outside a free group, else the frees queued in it (SGLang's attribute)."""
+        group = self._free_group
+        return None if group is None else list(group)
 
     # ------------------------------------------------------------------ capacity
     @property
@@ -106,6 +133,175 @@ class BaseTokenToKVPoolAllocator(abc.ABC):
     def get_kvcache(self) -> KVCache | None:
         """The device pool this allocator hands out slots of (``None`` without a pool)."""
         return self._kvcache
+
+    def get_all_free_pages(self) -> torch.Tensor | None:
+        """Every free page id (free list, then staged frees): a debug / invariant census.
+
+        ``None`` when the allocator has no page free list of its own (the composites, as in
+        SGLang, where ``free_pages`` is ``None``)."""
+        free = self.free_pages
+        if free is None:
+            return None
+        release = self.release_pages
+        if release is None or len(release) == 0:
+            return free  # type: ignore[no-any-return]
+        return torch.cat((free, release))
+
+    # ------------------------------------------------------------------ scheduler hooks
+    # SGLang 0.5.23's scheduler calls these on every allocator, with no type switches of its
+    # own; the defaults are SGLang's base answers (static pools, no byte accounting).
+    def create_prefill_budget(
+        self, tree_cache: Any, *, num_mixed_decode_tokens: int = 0
+    ) -> PrefillBudget:
+        """The memory budget of one prefill pass over this allocator and ``tree_cache``
+        (:class:`mem_cache_allocator._prefill_budget.PrefillBudget`: one token pool); SGLang's
+        ``PrefillAdder`` reads and updates it. Reads no state until used."""
+        from mem_cache_allocator._prefill_budget import PrefillBudget
+
+        _hooks.check_tree_cache(tree_cache, "evictable_size", "supports_mamba")
+        check_int("num_mixed_decode_tokens", num_mixed_decode_tokens, minimum=0)
+        return PrefillBudget(self, tree_cache, num_mixed_decode_tokens=num_mixed_decode_tokens)
+
+    def request_slot_reserve(self, *, has_req_pool_slot: bool, prefill_tokens: int = 0) -> int:
+        """Extra KV slots a request needs beyond its prefill (request-owned workspace such as
+        speculative scratch); ``prefill_tokens`` counts the cached prefix and the selected
+        extension. 0: a plain pool has no workspace."""
+        check_bool("has_req_pool_slot", has_req_pool_slot)
+        check_int("prefill_tokens", prefill_tokens, minimum=0)
+        return 0
+
+    def max_new_tokens_for_memory(
+        self,
+        input_tokens: int,
+        max_new_tokens: int,
+        *,
+        token_capacity: int,
+        sliding_window_size: int | None,
+        chunk_size: int | None,
+    ) -> int | None:
+        """``max_new_tokens`` clipped to what an empty pool of ``token_capacity`` tokens (the
+        scheduler's configured capacity) leaves after the prompt in whole pages, a page of
+        headroom and the padding slot; at least 0. ``None`` would mean the prompt can never fit
+        (only byte-accounted pools answer it); window and chunk sizes do not matter here."""
+        check_int("input_tokens", input_tokens, minimum=0)
+        check_int("max_new_tokens", max_new_tokens, minimum=0)
+        check_int("token_capacity", token_capacity, minimum=0)
+        return _hooks.max_new_tokens_for_memory(
+            input_tokens, max_new_tokens, token_capacity, self.page_size
+        )
+
+    def prealloc_fits_assumes_reclaim(self) -> bool:
+        """Whether :meth:`prealloc_fits` describes the state after reclaiming evictable pages
+        (so admitting on it still owes the reclaim). ``False``: it describes the pool as is."""
+        return False
+
+    def prealloc_ceiling_fits(self, full_tokens: int, swa_tokens: int) -> bool | None:
+        """Whether a demand this size could ever be preallocated; ``None``: this pool has no
+        ceiling of its own (the caller's token capacity is the only bound)."""
+        check_int("full_tokens", full_tokens, minimum=0)
+        check_int("swa_tokens", swa_tokens, minimum=0)
+        return None
+
+    def prealloc_fits(
+        self,
+        tree_cache: Any,
+        full_tokens: int,
+        swa_tokens: int,
+        *,
+        full_budget_tokens: int,
+        swa_budget_tokens: int | None = None,
+    ) -> bool:
+        """Whether a decode-side preallocation fits the scheduler's budgets: each side against
+        its own budget (``swa_budget_tokens`` ``None``: no window side). ``tree_cache`` is not
+        read: what it could reclaim is already inside the budgets."""
+        check_int("full_tokens", full_tokens, minimum=0)
+        check_int("swa_tokens", swa_tokens, minimum=0)
+        check_int("full_budget_tokens", full_budget_tokens)
+        if swa_budget_tokens is not None:
+            check_int("swa_budget_tokens", swa_budget_tokens)
+        return full_tokens <= full_budget_tokens and (
+            swa_budget_tokens is None or swa_tokens <= swa_budget_tokens
+        )
+
+    def get_extend_allocation_demand(
+        self,
+        prefix_lens_cpu: torch.Tensor,
+        seq_lens_cpu: torch.Tensor,
+        *,
+        conservative_num_tokens: int,
+        shard_size: int,
+    ) -> int:
+        """Tokens to make allocatable (by eviction) before a paged extend: the scheduler's
+        ``conservative_num_tokens`` (page-interleaved pools, which we do not have, refine it)."""
+        bs = check_cpu_lengths("prefix_lens_cpu", prefix_lens_cpu)
+        check_cpu_lengths("seq_lens_cpu", seq_lens_cpu, bs)
+        check_int("shard_size", shard_size, minimum=1)
+        return check_int("conservative_num_tokens", conservative_num_tokens, minimum=0)
+
+    def evict_to_free_tokens(self, tree_cache: Any, num_tokens: int) -> bool | None:
+        """Evict unlocked prefix-cache entries until ``num_tokens`` are available or nothing
+        evictable remains: ``tree_cache.evict_for_alloc(EvictParams(num_tokens=shortfall))``
+        when :meth:`available_size` is short. No-op without a cache that shares prefixes.
+
+        Returns ``None`` (capacity still to be checked by the caller), as SGLang's base. Only
+        the cache mutates (it frees through this allocator)."""
+        check_int("num_tokens", num_tokens, minimum=0)
+        _hooks.check_tree_cache(tree_cache, "supports_prefix_sharing", optional=True)
+        if not _hooks.supports_prefix_sharing(tree_cache):
+            return None
+        shortfall = num_tokens - self.available_size()
+        if shortfall > 0:
+            _hooks.evict_shortfall(tree_cache, _hooks.EvictParams(num_tokens=shortfall))
+        return None
+
+    def check_decode_capacity(
+        self,
+        *,
+        num_tokens: int,
+        tree_cache: Any,
+        requests: Any = None,
+        spec_algorithm: Any = None,
+    ) -> bool:
+        """Whether the next decode step's ``num_tokens`` fit after evicting reclaimable cache
+        (:meth:`evict_to_free_tokens`; ``ScheduleBatch.check_decode_mem`` retracts on
+        ``False``). ``requests`` / ``spec_algorithm`` serve allocators whose demand is not one
+        token count; unused here."""
+        check_int("num_tokens", num_tokens, minimum=0)
+        _hooks.check_tree_cache(tree_cache, "supports_prefix_sharing", optional=True)
+        self.evict_to_free_tokens(tree_cache, num_tokens)
+        return self.available_size() >= num_tokens
+
+    def verify_byte_accounting(self) -> list[str]:
+        """Idle-time diagnostic of byte/slot accounting: violations, ``[]`` when healthy.
+        Static pools have no byte model, so always ``[]``."""
+        return []
+
+    def mamba_full_cache_donor(self) -> Any:
+        """The shared-pool capability that reclaims full KV on Mamba byte pressure, or ``None``
+        (no pool here shares bytes between KV and Mamba state)."""
+        return None
+
+    def translate_kv_indices_for_transfer(self, kv_indices: torch.Tensor) -> torch.Tensor:
+        """Slot ids as a PD transfer engine addresses them: the identity (our slots index the
+        registered buffers directly)."""
+        check_index_tensor("kv_indices", kv_indices, self.device)
+        return kv_indices
+
+    def set_hicache_transfer_done_event(self, transfer_key: Hashable, event: Any) -> None:
+        """Record an asynchronous HiCache transfer's completion event; a no-op (no allocator
+        here defers frees on transfers)."""
+        if not isinstance(transfer_key, Hashable):
+            raise TypeError(f"transfer_key must be hashable, got {type(transfer_key).__name__}")
+        _hooks.check_event(event)
+
+    def resize(self, config: Any) -> None:
+        """Resize to ``config.max_total_num_tokens`` tokens and :meth:`clear` (SGLang's
+        memory-pool resize; every outstanding slot is forgotten). Subclasses with their own
+        storage override it."""
+        size = _hooks.check_config(config, "max_total_num_tokens")["max_total_num_tokens"]
+        self.size = size
+        self.num_pages = size // self.page_size
+        self.clear()
 
     # ------------------------------------------------------------------ allocation
     @abc.abstractmethod
@@ -166,6 +362,17 @@ class BaseTokenToKVPoolAllocator(abc.ABC):
         for free_index, start_pos in list(trim_segments(segments, self.page_size)):
             self.free_segment(free_index, start_pos=start_pos)
 
+    def free_full_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
+        """:meth:`free_full` of a request's kv-row segment (the :meth:`free_segment` contract:
+        positions ``[start_pos, start_pos + len(free_index))``)."""
+        check_start_pos(start_pos)
+        self.free_full(free_index)
+
+    def free_full_segments(self, segments: Iterable[tuple[torch.Tensor, int]]) -> None:
+        """:meth:`free_segments` for the full side alone (see :meth:`free_full`)."""
+        for free_index, start_pos in list(trim_segments(segments, self.page_size)):
+            self.free_full_segment(free_index, start_pos=start_pos)
+
     def free_group_begin(self) -> None:
         """Start queueing frees until :meth:`free_group_end`; nesting raises ``RuntimeError``."""
         if self._free_group is not None:
@@ -212,26 +419,37 @@ class BaseTokenToKVPoolAllocator(abc.ABC):
         raise NotImplementedError(f"{type(self).__name__} does not implement restore_state")
 
     # ------------------------------------------------------------------ pool pass-through
-    def get_cpu_copy(self, indices: torch.Tensor, mamba_indices: torch.Tensor | None = None) -> Any:
+    def get_cpu_copy(
+        self,
+        indices: torch.Tensor,
+        mamba_indices: torch.Tensor | None = None,
+        req_pool_index: Any = None,
+    ) -> Any:
         """The pool's ``get_cpu_copy(indices)`` (request retraction / offload).
 
-        ``mamba_indices`` is forwarded only when given (pools with Mamba state take it; KV pools
-        do not), so ``get_cpu_copy(indices)`` works over every pool.
+        ``mamba_indices`` and ``req_pool_index`` (SGLang's ``ScheduleBatch`` passes the
+        request's row for pools with request-owned state) are forwarded only when given, so
+        ``get_cpu_copy(indices)`` works over every pool. ``RuntimeError`` without a kvcache,
+        ``NotImplementedError`` when the pool has no CPU copy.
         """
-        copy = self._pool_method("get_cpu_copy")
-        if mamba_indices is None:
-            return copy(indices)
-        return copy(indices, mamba_indices=mamba_indices)
+        return self._pool_method("get_cpu_copy")(
+            indices, **_optional(mamba_indices=mamba_indices, req_pool_index=req_pool_index)
+        )
 
     def load_cpu_copy(
-        self, kv_cache_cpu: Any, indices: torch.Tensor, mamba_indices: torch.Tensor | None = None
+        self,
+        kv_cache_cpu: Any,
+        indices: torch.Tensor,
+        mamba_indices: torch.Tensor | None = None,
+        req_pool_index: Any = None,
     ) -> Any:
-        """The pool's ``load_cpu_copy`` (inverse of :meth:`get_cpu_copy`; ``mamba_indices``
-        forwarded only when given)."""
-        load = self._pool_method("load_cpu_copy")
-        if mamba_indices is None:
-            return load(kv_cache_cpu, indices)
-        return load(kv_cache_cpu, indices, mamba_indices=mamba_indices)
+        """The pool's ``load_cpu_copy`` (inverse of :meth:`get_cpu_copy`; ``mamba_indices`` and
+        ``req_pool_index`` forwarded only when given)."""
+        return self._pool_method("load_cpu_copy")(
+            kv_cache_cpu,
+            indices,
+            **_optional(mamba_indices=mamba_indices, req_pool_index=req_pool_index),
+        )
 
     def _pool_method(self, name: str) -> Any:
         pool = self._kvcache

@@ -56,7 +56,8 @@ from mem_cache_allocator._page_arithmetic import (
     trim_segments,
 )
 from mem_cache_allocator._paired import PairedAllocators, check_own_state
-from mem_cache_allocator._scheduler_hooks import capacity_pair
+from mem_cache_allocator._prefill_budget import SWAPrefillBudget
+from mem_cache_allocator._scheduler_hooks import capacity_pair, check_tree_cache
 from mem_cache_allocator.base import BaseTokenToKVPoolAllocator
 from mem_cache_allocator.paged import PagedTokenToKVPoolAllocator
 from mem_cache_kernels.checks import check_int
@@ -133,7 +134,6 @@ class DeepSeekV4HiSparseTokenToKVPoolAllocator(HiSparseAllocatorCommon):
             debug=debug,
         )
         self.debug = debug
-        self.spec_scratch_tokens = 0
         self._full_free_group: list[torch.Tensor] = []
         self.c4_logical_size = pool.size // _RATIO
         self.full_to_hisparse_device_index_mapping = new_mapping(
@@ -171,9 +171,47 @@ class DeepSeekV4HiSparseTokenToKVPoolAllocator(HiSparseAllocatorCommon):
     def translate_loc_from_full_to_swa(self, kv_indices: torch.Tensor) -> torch.Tensor:
         return self._delegate("translate_loc_from_full_to_swa")(kv_indices)  # type: ignore[no-any-return]
 
-    def free_swa(self, free_index: torch.Tensor) -> None:
+    def free_swa(self, free_indices: torch.Tensor) -> None:
         """The logical allocator's ``free_swa`` (applied at once, as in SGLang)."""
-        self._delegate("free_swa")(free_index)
+        check_index_tensor("free_indices", free_indices, self.device)
+        self._delegate("free_swa")(free_indices)
+
+    def free_swa_segment(self, free_indices: torch.Tensor, *, start_pos: int) -> None:
+        """The logical allocator's ``free_swa_segment`` (applied at once, as in SGLang)."""
+        check_index_tensor("free_indices", free_indices, self.device)
+        self._delegate("free_swa_segment")(free_indices, start_pos=start_pos)
+
+    def translate_swa_indices_for_transfer(self, kv_indices: torch.Tensor) -> torch.Tensor:
+        """The logical allocator's ``translate_swa_indices_for_transfer``."""
+        return self._delegate("translate_swa_indices_for_transfer")(kv_indices)  # type: ignore[no-any-return]
+
+    def reclaim_for_prealloc(
+        self, tree_cache: Any, full_tokens: int, swa_tokens: int
+    ) -> str | None:
+        """The logical allocator's ``reclaim_for_prealloc`` (the c4 device side needs no
+        reclaim: :meth:`full_available_size` prices it into the caller's budget)."""
+        return self._delegate("reclaim_for_prealloc")(  # type: ignore[no-any-return]
+            tree_cache, full_tokens, swa_tokens
+        )
+
+    def create_prefill_budget(
+        self, tree_cache: Any, *, num_mixed_decode_tokens: int = 0
+    ) -> SWAPrefillBudget:
+        """A :class:`~mem_cache_allocator._prefill_budget.SWAPrefillBudget` over this wrapper
+        (whose full-side capacity includes the compressed device pool)."""
+        check_tree_cache(tree_cache, "full_evictable_size", "swa_evictable_size")
+        check_int("num_mixed_decode_tokens", num_mixed_decode_tokens, minimum=0)
+        return SWAPrefillBudget(self, tree_cache, num_mixed_decode_tokens=num_mixed_decode_tokens)
+
+    @property
+    def hisparse_kvcache(self) -> Any:
+        """The c4 device pool (``get_kvcache().c4_kv_pool``)."""
+        return self.hisparse_attn_allocator.get_kvcache()
+
+    @property
+    def full_free_group(self) -> list[torch.Tensor]:
+        """SGLang's queue of ``free_full`` calls in the open free group (``[]`` outside)."""
+        return list(self._full_free_group)
 
     def full_available_size(self) -> int:
         """``min(logical full-side available, 4 x device available)`` (SGLang 0.5.23)."""
@@ -195,10 +233,9 @@ class DeepSeekV4HiSparseTokenToKVPoolAllocator(HiSparseAllocatorCommon):
     def swa_capacity_and_available(
         self, *, full_capacity: int | None = None, swa_capacity: int | None = None
     ) -> tuple[tuple[int, int], tuple[int, int]]:
-        """``((size_full, full_available_size()), (size_swa, swa_available_size()))``.
-
-        The keyword hints are validated and otherwise ignored: the sides of this stack own their
-        buffers, so the allocator's own capacities are the answer (as in SGLang).
+        """``((full_capacity, full_available_size()), (swa_capacity, swa_available_size()))``:
+        the scheduler's capacities with this stack's available sizes (SGLang's answer; a
+        ``None`` capacity: ``size_full`` / ``size_swa``).
         """
         return capacity_pair(
             (self.size_full, self.full_available_size()),
@@ -208,14 +245,16 @@ class DeepSeekV4HiSparseTokenToKVPoolAllocator(HiSparseAllocatorCommon):
         )
 
     # ------------------------------------------------------------------ translation
-    def get_last_loc_compressed(self, last_loc: torch.Tensor) -> torch.Tensor:
-        """Logical compressed ``last_loc``: ``(L - 3) // 4``; -1 stays -1."""
-        return compressed_last_loc(last_loc, _RATIO)
+    def get_last_loc_compressed(self, last_locs: torch.Tensor) -> torch.Tensor:
+        """Logical compressed ``last_locs``: ``(L - 3) // 4``; -1 stays -1."""
+        check_index_tensor("last_locs", last_locs, self.device)
+        return compressed_last_loc(last_locs, _RATIO)
 
-    def get_last_loc_hisparse_device(self, last_loc: torch.Tensor) -> torch.Tensor:
-        """Device slot of the compressed ``last_loc`` of full ``last_loc`` (-1 stays -1)."""
-        check_slots(last_loc, "last_loc", self._full_slots, check=self.debug)
-        return self.full_to_hisparse_device_index_mapping[self.get_last_loc_compressed(last_loc)]
+    def get_last_loc_hisparse_device(self, last_locs: torch.Tensor) -> torch.Tensor:
+        """Device slot of the compressed ``last_locs`` of full ``last_locs`` (-1 stays -1)."""
+        check_index_tensor("last_locs", last_locs, self.device)
+        check_slots(last_locs, "last_locs", self._full_slots, check=self.debug)
+        return self.full_to_hisparse_device_index_mapping[self.get_last_loc_compressed(last_locs)]
 
     def _compressed_of(self, full: torch.Tensor) -> torch.Tensor:
         """Logical compressed slots of the entry-completing slots of ``full`` (syncs)."""
@@ -335,16 +374,16 @@ class DeepSeekV4HiSparseTokenToKVPoolAllocator(HiSparseAllocatorCommon):
         self.logical_attn_allocator.free(free_index)
         self.free_hisparse(free_index)
 
-    def free_full(self, free_index: torch.Tensor) -> None:
+    def free_full(self, free_indices: torch.Tensor) -> None:
         """The logical allocator's ``free_full`` (full side of a request whose window slots
         ``free_swa`` released); queued inside a free group."""
-        check_index_tensor("free_index", free_index, self.device)
-        if free_index.numel() == 0:
+        check_index_tensor("free_indices", free_indices, self.device)
+        if free_indices.numel() == 0:
             return
         if self._free_group is not None:
-            self._full_free_group.append(free_index.to(self.device, torch.int64, copy=True))
+            self._full_free_group.append(free_indices.to(self.device, torch.int64, copy=True))
             return
-        self._delegate("free_full")(free_index)
+        self._delegate("free_full")(free_indices)
 
     def free_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
         """Free a request's slots of positions ``[start_pos, ...)`` (page-aligned start)."""

@@ -83,7 +83,6 @@ class HiSparseTokenToKVPoolAllocator(HiSparseAllocatorCommon):
         self._size_hisparse = size
         self.host_to_device_ratio = host_to_device_ratio
         self.compress_ratio = 1
-        self.spec_scratch_tokens = 0
         self.logical_attn_allocator = make_inner(
             self.size, page_size, dtype, self.device, kvcache, need_sort, debug, paged_only=True
         )

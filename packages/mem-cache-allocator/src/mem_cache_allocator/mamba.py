@@ -62,6 +62,12 @@ class MambaSlotAllocator:
     def debug(self) -> bool:
         return self._live is not None
 
+    @property
+    def free_slots(self) -> torch.Tensor:
+        """SGLang's free list under its name: the free slots front-to-back (a tensor the
+        allocator never writes; O(free slots))."""
+        return self._free.to_tensor()
+
     def available_size(self) -> int:
         """Free slots (host-side; pre-allocated group slots are not counted)."""
         return len(self._free)

@@ -25,8 +25,21 @@ import torch
 from mem_cache_allocator._composite import make_inner, new_mapping
 from mem_cache_allocator._host_checks import check_extend_inputs
 from mem_cache_allocator._page_allocator import PageAllocatorState
-from mem_cache_allocator._page_arithmetic import check_cpu_lengths, check_index_tensor
+from mem_cache_allocator._page_arithmetic import (
+    check_cpu_lengths,
+    check_index_tensor,
+    check_start_pos,
+)
 from mem_cache_allocator._paired import PairedAllocators, check_own_state
+from mem_cache_allocator._prefill_budget import SWAPrefillBudget
+from mem_cache_allocator._scheduler_hooks import (
+    EvictParams,
+    capacity_pair,
+    check_config,
+    check_tree_cache,
+    evict_shortfall,
+    supports_prefix_sharing,
+)
 from mem_cache_allocator.base import BaseTokenToKVPoolAllocator
 from mem_cache_kernels.checks import check_int, check_optional_int
 
@@ -34,6 +47,13 @@ if TYPE_CHECKING:
     from mem_cache_pool.swa import BaseSWAKVPool
 
 __all__ = ["SWAAllocatorState", "SWATokenToKVPoolAllocator"]
+
+
+@dataclass(frozen=True, slots=True)
+class _Tokens:
+    """The ``config`` an inner allocator's ``resize`` reads."""
+
+    max_total_num_tokens: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +68,14 @@ class SWAAllocatorState:
 
 class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
     """``SWATokenToKVPoolAllocator(size, size_swa, page_size, dtype, device, kvcache,
-    need_sort=False, *, debug=False)``; ``kvcache`` is a ``BaseSWAKVPool`` or ``None``."""
+    need_sort=False, req_to_token_pool=None, *, debug=False)``; ``kvcache`` is a
+    ``BaseSWAKVPool`` or ``None``.
+
+    ``req_to_token_pool`` serves SGLang's per-request window ring (window capacity counted in
+    request rows, ``kvcache.swa_req_ring_size`` set), which we do not implement: a pool that
+    asks for a ring raises ``NotImplementedError``; ``swa_req_ring`` is ``False`` and
+    ``swa_ring_cost_tokens`` 0, SGLang's answers with the ring off.
+    """
 
     def __init__(  # noqa: PLR0917 - SGLang-compatible positional signature
         self,
@@ -59,11 +86,18 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         device: str | torch.device,
         kvcache: BaseSWAKVPool | None,
         need_sort: bool = False,
+        req_to_token_pool: Any = None,
         *,
         debug: bool = False,
     ) -> None:
         super().__init__(size, page_size, dtype, device, kvcache, need_sort)
         check_int("size_swa", size_swa, minimum=0)
+        if getattr(kvcache, "swa_req_ring_size", None) is not None:
+            raise NotImplementedError(
+                "SWATokenToKVPoolAllocator: a per-request SWA ring (kvcache.swa_req_ring_size) "
+                "is not supported"
+            )
+        self._req_to_token_pool = req_to_token_pool
         self._size_full = size
         self._size_swa = size_swa
         self.size = min(size, size_swa)
@@ -105,6 +139,77 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
     def swa_available_size(self) -> int:
         return self.swa_attn_allocator.available_size()
 
+    @property
+    def swa_req_ring(self) -> bool:
+        """Whether the window side is a per-request ring: ``False`` (not supported here)."""
+        return False
+
+    @property
+    def swa_ring_cost_tokens(self) -> int:
+        """Window tokens one request's ring costs: 0 without a ring."""
+        return 0
+
+    def new_pages_available(self, num_full_pages: int, num_swa_pages: int) -> bool:
+        """Whether both sides have that many free pages (host-side)."""
+        check_int("num_full_pages", num_full_pages, minimum=0)
+        check_int("num_swa_pages", num_swa_pages, minimum=0)
+        return self._pair.fits(num_full_pages, num_swa_pages)
+
+    def swa_capacity_and_available(
+        self, *, full_capacity: int | None = None, swa_capacity: int | None = None
+    ) -> tuple[tuple[int, int], tuple[int, int]]:
+        """``((full_capacity, full_available_size()), (swa_capacity, swa_available_size()))``:
+        the scheduler's capacities with this allocator's available sizes (a ``None`` capacity:
+        ``size_full`` / ``size_swa``)."""
+        return capacity_pair(
+            (self.size_full, self.full_available_size()),
+            (self.size_swa, self.swa_available_size()),
+            full_capacity,
+            swa_capacity,
+        )
+
+    # ------------------------------------------------------------------ scheduler hooks
+    def create_prefill_budget(
+        self, tree_cache: Any, *, num_mixed_decode_tokens: int = 0
+    ) -> SWAPrefillBudget:
+        """A :class:`~mem_cache_allocator._prefill_budget.SWAPrefillBudget`: the full and the
+        window side priced separately (each its own buffer)."""
+        check_tree_cache(tree_cache, "full_evictable_size", "swa_evictable_size")
+        check_int("num_mixed_decode_tokens", num_mixed_decode_tokens, minimum=0)
+        return SWAPrefillBudget(self, tree_cache, num_mixed_decode_tokens=num_mixed_decode_tokens)
+
+    def evict_to_free_tokens(self, tree_cache: Any, num_tokens: int) -> None:
+        """One ``tree_cache.evict_for_alloc(EvictParams(num_tokens=, swa_num_tokens=))`` with
+        each side's shortfall against ``num_tokens`` (nothing when neither is short, or without
+        a prefix-sharing cache)."""
+        check_int("num_tokens", num_tokens, minimum=0)
+        check_tree_cache(tree_cache, "supports_prefix_sharing", optional=True)
+        if not supports_prefix_sharing(tree_cache):
+            return
+        full_short = max(0, num_tokens - self.full_available_size())
+        swa_short = max(0, num_tokens - self.swa_available_size())
+        if full_short or swa_short:
+            evict_shortfall(
+                tree_cache, EvictParams(num_tokens=full_short, swa_num_tokens=swa_short)
+            )
+
+    def reclaim_for_prealloc(
+        self, tree_cache: Any, full_tokens: int, swa_tokens: int
+    ) -> str | None:
+        """Free window room for a decode-side preallocation of ``swa_tokens``: evicts the
+        window shortfall from ``tree_cache``; ``None`` when ready, else a description of the
+        shortfall. The full side is the caller's budget (its own buffer), not reclaimed."""
+        check_int("full_tokens", full_tokens, minimum=0)
+        check_int("swa_tokens", swa_tokens, minimum=0)
+        check_tree_cache(tree_cache, "evict")
+        available = self.swa_available_size()
+        if available < swa_tokens:
+            evict_shortfall(tree_cache, EvictParams(swa_num_tokens=swa_tokens - available))
+            available = self.swa_available_size()
+        if available < swa_tokens:
+            return f"SWA eviction insufficient: needed={swa_tokens}, available={available}"
+        return None
+
     # ------------------------------------------------------------------ mapping
     def translate_loc_from_full_to_swa(self, kv_indices: torch.Tensor) -> torch.Tensor:
         """Window slots of full slots ``kv_indices`` (0 = not in the window, -1 for -1).
@@ -132,6 +237,17 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             )
         if full_indices.numel():
             self.full_to_swa_index_mapping[full_indices] = swa_indices.to(torch.int64)
+
+    def clear_full_to_swa_mapping(self, full_indices: torch.Tensor) -> None:
+        """``mapping[full_indices] = 0`` (the window slots are not freed: the caller's)."""
+        check_index_tensor("full_indices", full_indices, self.device)
+        if full_indices.numel():
+            self.full_to_swa_index_mapping.index_fill_(0, full_indices.reshape(-1).long(), 0)
+
+    def translate_swa_indices_for_transfer(self, kv_indices: torch.Tensor) -> torch.Tensor:
+        """Window-buffer slots of full slots ``kv_indices`` for a PD transfer
+        (:meth:`translate_loc_from_full_to_swa`)."""
+        return self.translate_loc_from_full_to_swa(kv_indices)
 
     # ------------------------------------------------------------------ allocation
     def alloc(self, need_size: int) -> torch.Tensor | None:
@@ -269,6 +385,17 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         as SGLang's scheduler does when a request's window part left earlier)."""
         self.full_attn_allocator.free(free_index)
 
+    def free_swa_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
+        """:meth:`free_swa` of a request's kv-row segment (positions ``[start_pos, start_pos +
+        len(free_index))``; ``start_pos`` a non-negative int): the same window pages."""
+        check_start_pos(start_pos)
+        self.free_swa(free_index)
+
+    def free_full_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
+        """:meth:`free_full` of a kv-row segment: the full side's ``free_segment`` (its window
+        peers were released before)."""
+        self.full_attn_allocator.free_segment(free_index, start_pos=start_pos)
+
     def _window_of(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(every full slot of the pages ``idx`` touches, their mapped window slots).
 
@@ -316,6 +443,17 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         return None if self._free_group is None else list(self._swa_group)
 
     @property
+    def swa_free_group(self) -> list[torch.Tensor]:
+        """SGLang's queue of window slots resolved in the open free group (``[]`` outside)."""
+        return [] if self._free_group is None else list(self._swa_group)
+
+    @property
+    def swa_page_ids_group(self) -> list[torch.Tensor]:
+        """SGLang's queue of exact window page ids: always ``[]`` here (segment frees queue
+        their window slots in :attr:`swa_free_group`, released in the same group end)."""
+        return []
+
+    @property
     def is_not_in_free_group(self) -> bool:
         """SGLang 0.5.14's flag: ``True`` outside a free group."""
         return self._free_group is None
@@ -328,6 +466,27 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         self._pair.clear()
         self._free_group = None
         self._swa_group = []
+
+    def resize(self, config: Any) -> None:
+        """Resize both sides (``config.full_max_total_num_tokens`` /
+        ``config.swa_max_total_num_tokens``) and :meth:`clear`. The full->window mapping is
+        registered in the pool and cannot grow: a full size past the one it was built for
+        raises ``ValueError`` before any change."""
+        sizes = check_config(config, "full_max_total_num_tokens", "swa_max_total_num_tokens")
+        size_full = sizes["full_max_total_num_tokens"]
+        size_swa = sizes["swa_max_total_num_tokens"]
+        limit = self.full_to_swa_index_mapping.shape[0] - 1 - self.page_size
+        if size_full > limit:
+            raise ValueError(
+                f"config.full_max_total_num_tokens={size_full} exceeds the registered mapping's "
+                f"capacity {limit}"
+            )
+        self._size_full, self._size_swa = size_full, size_swa
+        self.size = min(size_full, size_swa)
+        self.num_pages = self.size // self.page_size
+        self.full_attn_allocator.resize(_Tokens(size_full))
+        self.swa_attn_allocator.resize(_Tokens(size_swa))
+        self.clear()
 
     def backup_state(self) -> SWAAllocatorState:
         full, swa, mapping = self._pair.snapshot()
