@@ -308,7 +308,7 @@ def _req_free() -> Call:
     pool = OWNERS["mem_cache_pool.req_to_token:ReqToTokenPool"]()
     rows = pool.alloc(2)
     assert rows is not None
-    return Call(pool.free, {"free_index": rows[0]}, {"free_index": "count"}, owner=pool)
+    return Call(pool.free, {"req": rows[0]}, {"req": "count"}, owner=pool)
 
 
 def _req_alloc() -> Call:

@@ -122,7 +122,7 @@ class DeepSeekV4IndexerPool(PageRowPool):
 
     def set_kv_buffer(
         self,
-        layer_id: int,
+        layer: object,
         loc: torch.Tensor | KVWriteLoc,
         cache_k: torch.Tensor,
         cache_v: torch.Tensor,
