@@ -109,6 +109,12 @@ def _state_pool() -> Any:
     return CompressStatePool(3, 8, 4, 2, "cpu")
 
 
+def _write_loc() -> Any:
+    from mem_cache_pool import KVWriteLoc
+
+    return KVWriteLoc(torch.tensor([1, 2]), swa_loc=torch.tensor([3, 4]))
+
+
 def _req() -> Any:
     from mem_cache_pool import ReqToTokenPool
 
@@ -212,6 +218,7 @@ OWNERS: dict[str, Callable[[], Any]] = {
     "mem_cache_pool._deepseek_v4_indexer:DeepSeekV4IndexerPool": _indexer,
     "mem_cache_pool._deepseek_v4_state:CompressStatePool": _state_pool,
     "mem_cache_pool.req_to_token:ReqToTokenPool": _req,
+    "mem_cache_pool.base:KVWriteLoc": _write_loc,
     "mem_cache_pool.deepseek_v4:DeepSeekV4TokenToKVPool": _v4_mapped,
     "mem_cache_allocator.deepseek_v4_hisparse:DeepSeekV4HiSparseTokenToKVPoolAllocator": _v4_alloc,
     "mem_cache_pool.base:KVBufferDesc": _desc,

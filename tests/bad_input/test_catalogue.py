@@ -261,9 +261,9 @@ def _mha_set() -> Call:
     pool = OWNERS["mem_cache_pool.mha:MHATokenToKVPool"]()
     return Call(
         pool.set_kv_buffer,
-        {"layer_id": 1, "loc": _i(1, 2), "cache_k": torch.ones(2, 2, 8, dtype=F16),
+        {"layer": 1, "loc_info": _i(1, 2), "cache_k": torch.ones(2, 2, 8, dtype=F16),
          "cache_v": torch.ones(2, 2, 8, dtype=F16)},
-        {"layer_id": "layer", "loc": "slots", "cache_k": "data", "cache_v": "data"},
+        {"layer": "layer", "loc_info": "slots", "cache_k": "data", "cache_v": "data"},
         owner=pool,
     )  # fmt: skip
 
@@ -287,9 +287,10 @@ def _mla_set() -> Call:
     pool = OWNERS["mem_cache_pool.mla:MLATokenToKVPool"]()
     return Call(
         pool.set_mla_kv_buffer,
-        {"layer_id": 0, "loc": _i(1, 2), "cache_k_nope": torch.ones(2, 1, 8, dtype=torch.bfloat16),
+        {"layer": 0, "loc_info": _i(1, 2),
+         "cache_k_nope": torch.ones(2, 1, 8, dtype=torch.bfloat16),
          "cache_k_rope": torch.ones(2, 1, 4, dtype=torch.bfloat16)},
-        {"layer_id": "layer", "loc": "slots", "cache_k_nope": "data", "cache_k_rope": "data"},
+        {"layer": "layer", "loc_info": "slots", "cache_k_nope": "data", "cache_k_rope": "data"},
         owner=pool,
     )  # fmt: skip
 
@@ -298,8 +299,8 @@ def _mla_get() -> Call:
     pool = OWNERS["mem_cache_pool.mla:MLATokenToKVPool"]()
     return Call(
         pool.get_mla_kv_buffer,
-        {"layer_id": 0, "loc": _i(1, 2)},
-        {"layer_id": "layer", "loc": "slots"},
+        {"layer": 0, "loc": _i(1, 2)},
+        {"layer": "layer", "loc": "slots"},
         owner=pool,
     )
 

@@ -128,9 +128,16 @@ class KVWriteLoc:
     ) -> KVWriteLoc:
         """The batch's ``out_cache_loc`` as a write loc, marked physical when the batch's
         ``out_cache_loc_is_physical`` is true (SGLang's ``ForwardBatch`` fields; a batch without
-        that attribute is not marked)."""
+        that attribute is not marked). ``TypeError`` when ``forward_batch`` has no
+        ``out_cache_loc`` tensor."""
+        loc = getattr(forward_batch, "out_cache_loc", None)
+        if not isinstance(loc, torch.Tensor):
+            raise TypeError(
+                "forward_batch must have an out_cache_loc tensor, "
+                f"got {type(forward_batch).__name__}"
+            )
         return cls(
-            forward_batch.out_cache_loc,  # type: ignore[attr-defined]
+            loc,
             swa_loc,
             full_loc,
             physical=bool(getattr(forward_batch, "out_cache_loc_is_physical", False)),
@@ -147,9 +154,21 @@ class KVWriteLoc:
     ) -> KVWriteLoc:
         """``layer``'s write loc: :meth:`for_batch`, or for a cross-attention layer
         (``layer.is_cross_attention``) the batch's ``encoder_out_cache_loc``, never marked
-        physical."""
-        if getattr(layer, "is_cross_attention", False):
-            return cls(forward_batch.encoder_out_cache_loc, swa_loc, full_loc)  # type: ignore[attr-defined]
+        physical. ``TypeError`` when ``layer`` has no ``is_cross_attention`` flag or the batch
+        lacks the tensor to use."""
+        cross = getattr(layer, "is_cross_attention", None)
+        if not isinstance(cross, bool):
+            raise TypeError(
+                f"layer must have a bool is_cross_attention attribute, got {type(layer).__name__}"
+            )
+        if cross:
+            loc = getattr(forward_batch, "encoder_out_cache_loc", None)
+            if not isinstance(loc, torch.Tensor):
+                raise TypeError(
+                    "forward_batch must have an encoder_out_cache_loc tensor for a "
+                    f"cross-attention layer, got {type(forward_batch).__name__}"
+                )
+            return cls(loc, swa_loc, full_loc)
         return cls.for_batch(forward_batch, swa_loc=swa_loc, full_loc=full_loc)
 
 

@@ -251,10 +251,11 @@ class DSATokenToKVPool(MLATokenToKVPool):
 
     # ---------------------------------------------------------------- SGLang kpool compress (off)
     def get_compress_tail_buffers(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """SGLang's kpool-compress tail rings: ``RuntimeError``, the feature is off here
-        (``kpool_use_compress`` False), where SGLang's assertion fails."""
-        self.layer_index(layer_id)
-        raise RuntimeError("get_compress_tail_buffers called when kpool compress is disabled")
+        """SGLang's kpool-compress tail rings: ``NotImplementedError``, the feature is not
+        provided (``kpool_use_compress`` False, where SGLang's assertion fails)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not support get_compress_tail_buffers (kpool compress is off)"
+        )
 
     def get_compress_tail_buf_infos(self) -> tuple[list[int], list[int], list[int]]:
         """``([], [], [])``: no compress tails to transfer (kpool compress off), as SGLang."""
@@ -273,8 +274,10 @@ class DSATokenToKVPool(MLATokenToKVPool):
         out_cache_loc: torch.Tensor,
         round_scale: bool = False,
     ) -> None:
-        """SGLang's kpool-compress decode update: ``RuntimeError`` (kpool compress off)."""
-        raise RuntimeError("kpool_decode_update_index_cache called when kpool compress is disabled")
+        """SGLang's kpool-compress decode update: ``NotImplementedError`` (kpool compress not provided)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not support kpool_decode_update_index_cache (kpool compress is off)"
+        )
 
     def set_compress_tail_for_request(  # noqa: PLR0913, PLR0917 (SGLang's signature)
         self,
@@ -285,8 +288,10 @@ class DSATokenToKVPool(MLATokenToKVPool):
         n_remain: int,
         dst_logical_start: int,
     ) -> None:
-        """SGLang's kpool-compress tail write: ``RuntimeError`` (kpool compress off)."""
-        raise RuntimeError("set_compress_tail_for_request called when kpool compress is disabled")
+        """SGLang's kpool-compress tail write: ``NotImplementedError`` (kpool compress not provided)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not support set_compress_tail_for_request (kpool compress is off)"
+        )
 
     def get_state_buf_infos(self) -> tuple[list[int], list[int], list[int]]:
         """``(data_ptrs, data_lens, item_lens)`` of the per-layer index buffers (the "state"

@@ -120,25 +120,33 @@ class HiSparseDSATokenToKVPool(DSATokenToKVPool):
         """Device slots (int64) of logical locations of any shape (1-D slots or a 2-D page
         table), same shape; 0 where unmapped. Negative entries (padding) stay negative, as
         SGLang's kernel preserves them."""
+        return self._translate_any("compressed_indices", compressed_indices)
+
+    def _translate_any(self, name: str, indices: object) -> torch.Tensor:
+        t = self._check_any_index(name, indices)
         mapping = self._mapping()
-        t = checks.check_tensor("compressed_indices", compressed_indices)
-        if t.dtype not in (torch.int32, torch.int64):
-            raise TypeError(f"compressed_indices must be int32 or int64, got {t.dtype}")
-        checks.check_on_device("compressed_indices", t, self.device)
         flat = t.reshape(-1).long()
         checks.check_index_values(
-            "compressed_indices", flat.clamp(min=0), limit=mapping.numel() - 1, full=self.debug
+            name, flat.clamp(min=0), limit=mapping.numel() - 1, full=self.debug
         )
         out = torch.where(flat < 0, flat, mapping[flat.clamp(min=0)])
         return out.reshape(t.shape)
 
+    def _check_any_index(self, name: str, indices: object) -> torch.Tensor:
+        t = checks.check_tensor(name, indices)
+        if t.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"{name} must be int32 or int64, got {t.dtype}")
+        checks.check_on_device(name, t, self.device)
+        return t
+
     def translate_loc_from_full_to_hisparse_device(self, full_indices: torch.Tensor) -> torch.Tensor:
         """Same as :meth:`translate_loc_to_hisparse_device` (full = logical ids here)."""
-        return self.translate_loc_to_hisparse_device(full_indices)
+        return self._translate_any("full_indices", full_indices)
 
     def translate_loc_from_full_to_compressed(self, full_indices: torch.Tensor) -> torch.Tensor:
-        """``full_indices`` itself: a DSA pool's logical ids are not compressed (SGLang)."""
-        return full_indices
+        """``full_indices`` itself (an int32/int64 tensor on the pool's device, any shape): a
+        DSA pool's logical ids are not compressed (SGLang)."""
+        return self._check_any_index("full_indices", full_indices)
 
     def translate_loc_to_device(self, loc: torch.Tensor) -> torch.Tensor:
         """Device slots (int64) of logical locations ``loc`` (0 where unmapped)."""

@@ -195,11 +195,11 @@ class MHATokenToKVPool(KVCache):
         return 0
 
     def finalize_backing(self, config: object) -> None:
-        """SGLang: back the final span of a post-capture pool. A pool built without
-        ``post_capture_active`` (every pool here) has nothing to back: ``RuntimeError``, the
-        state SGLang's call fails in (it has no backing owner then)."""
-        raise RuntimeError(
-            f"{type(self).__name__} was not built with post_capture_active: no backing to finalize"
+        """SGLang: back the final span of a post-capture (VMM) pool. Post-capture backing is
+        not provided: ``NotImplementedError`` (SGLang's call fails too on a pool built without
+        ``post_capture_active``: it has no backing owner)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not support finalize_backing (post-capture backing)"
         )
 
     def get_v_head_dim(self) -> int:
@@ -219,16 +219,18 @@ class MHATokenToKVPool(KVCache):
     def get_raw_kv_buffer(
         self, layer_id: int
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Raw FP4 data and scales of a quantized pool: ``RuntimeError`` here (not quantized),
-        as SGLang raises for a pool without scale buffers."""
-        self.layer_index(layer_id)
-        raise RuntimeError("Raw FP4 KV cache requested from a non-FP4 KV pool.")
+        """Raw FP4 data and scales of a quantized pool. Quantized (FP4) pools are not
+        provided: ``NotImplementedError`` (SGLang raises ``RuntimeError`` for its non-FP4
+        pools)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not support get_raw_kv_buffer (FP4 KV cache)"
+        )
 
     def get_dequant_workspace(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Dequant workspace of a quantized pool: ``RuntimeError`` here, as SGLang raises for a
-        pool without dequant buffers."""
-        raise RuntimeError(
-            "Dequant workspace requested from a KV pool without FP4 dequant buffers."
+        """Dequant workspace of a quantized pool: not provided, ``NotImplementedError`` (SGLang
+        raises ``RuntimeError`` for a pool without dequant buffers)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not support get_dequant_workspace (FP4 KV cache)"
         )
 
     def get_flashinfer_dequant_workspace_kv_buffer(  # noqa: PLR0913, PLR0917
@@ -246,9 +248,12 @@ class MHATokenToKVPool(KVCache):
         v_cur: torch.Tensor | None = None,
         layer_id_override: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """FlashInfer FP8 view of a quantized pool: ``RuntimeError`` (not quantized), as
-        SGLang raises for a non-quantized pool."""
-        raise RuntimeError("FlashInfer dequant workspace requested from a non-quantized KV pool.")
+        """FlashInfer FP8 view of a quantized pool: quantized pools are not provided,
+        ``NotImplementedError`` (SGLang raises ``RuntimeError`` for a non-quantized pool)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not support get_flashinfer_dequant_workspace_kv_buffer "
+            "(quantized KV cache)"
+        )
 
     def get_flashinfer_decode_dequant_workspace_kv_buffer(
         self,
@@ -259,8 +264,11 @@ class MHATokenToKVPool(KVCache):
         *,
         layer_id_override: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Decode-time variant: ``RuntimeError`` (not quantized), as in SGLang."""
-        raise RuntimeError("FlashInfer dequant workspace requested from a non-quantized KV pool.")
+        """Decode-time variant: ``NotImplementedError`` (quantized pools are not provided)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not support "
+            "get_flashinfer_decode_dequant_workspace_kv_buffer (quantized KV cache)"
+        )
 
     def _role_buffers(self) -> tuple[tuple[str, Sequence[torch.Tensor]], ...]:
         return (("k", self.k_buffer), ("v", self.v_buffer))

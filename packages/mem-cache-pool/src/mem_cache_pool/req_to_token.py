@@ -186,12 +186,12 @@ class ReqToTokenPool:
     ) -> None:
         """Grow the aux cache's per-row allocations to ``target_seq_lens_cpu`` tokens for rows
         ``req_pool_indices_cpu`` (SGLang's ``alloc_for_extend`` / decode call it every step). A
-        no-op without an aux cache; with one, both tensors (CPU int tensors of equal length)
-        are passed on as keywords."""
-        if self._aux_cache is None:
-            return
+        no-op without an aux cache; with one, both are passed on as keywords. Either way they
+        must be 1-D int32/int64 tensors of equal length (``TypeError`` / ``ValueError``)."""
         rows = checks.check_index("req_pool_indices_cpu", req_pool_indices_cpu)
         checks.check_index("target_seq_lens_cpu", target_seq_lens_cpu, length=rows.numel())
+        if self._aux_cache is None:
+            return
         self._aux_cache.alloc_to_lengths(
             req_pool_indices_cpu=req_pool_indices_cpu, target_seq_lens_cpu=target_seq_lens_cpu
         )

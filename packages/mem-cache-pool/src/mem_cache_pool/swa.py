@@ -284,10 +284,11 @@ class SWAKVPool(BaseSWAKVPool):
         return [], [], []
 
     def get_kv_scale_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-layer K/V scales of an MXFP8 sub-pool. Ours are unquantized: ``RuntimeError``
-        (SGLang's call fails there too: plain MHA pools have no such method)."""
-        self._route(layer_id)
-        raise RuntimeError("get_kv_scale_buffer requested from a non-quantized KV pool")
+        """Per-layer K/V scales of an MXFP8 sub-pool. Quantized sub-pools are not provided:
+        ``NotImplementedError`` (SGLang's call fails too: plain MHA pools have no such method)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not support get_kv_scale_buffer (MXFP8 KV cache)"
+        )
 
     # ---------------------------------------------------------------- post-capture (off)
     @property
@@ -296,8 +297,11 @@ class SWAKVPool(BaseSWAKVPool):
         return 0
 
     def finalize_backing(self, config: object) -> None:
-        """SGLang: back both sub-pools after capture. Not built post-capture: ``RuntimeError``."""
-        raise RuntimeError("SWAKVPool was not built with post_capture_active: nothing to back")
+        """SGLang: back both sub-pools after capture. Post-capture backing is not provided:
+        ``NotImplementedError``."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not support finalize_backing (post-capture backing)"
+        )
 
     # ---------------------------------------------------------------- mapping
     def register_mapping(self, full_to_swa_index_mapping: torch.Tensor) -> None:
