@@ -236,7 +236,9 @@ class DeepSeekV4SingleKVPool(PageRowPool):
             "kv": [deepseek_v4.read_records(b, idx, self.page_size).cpu() for b in self.kv_buffer]
         }
 
-    def _check_cpu_copy(self, kv_cache_cpu: CpuKVCopy, idx: torch.Tensor) -> None:
+    def _check_cpu_copy(
+        self, kv_cache_cpu: CpuKVCopy, idx: torch.Tensor, arg: str = "kv_cache_cpu"
+    ) -> None:
         """Check that ``kv_cache_cpu`` is ``{"kv": layer_num x uint8 [n, 584]}``."""
         copy = check_copy_roles(kv_cache_cpu, ["kv"])
         want = (idx.numel(), deepseek_v4.TOKEN_BYTES)

@@ -26,10 +26,9 @@ variable ``MEM_CACHE_DEBUG=1``), because on a GPU that check synchronises with t
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
-from dataclasses import dataclass
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -156,11 +155,11 @@ class KVWriteLoc:
         (``layer.is_cross_attention``) the batch's ``encoder_out_cache_loc``, never marked
         physical. ``TypeError`` when ``layer`` has no ``is_cross_attention`` flag or the batch
         lacks the tensor to use."""
-        cross = getattr(layer, "is_cross_attention", None)
-        if not isinstance(cross, bool):
+        if not hasattr(layer, "is_cross_attention"):
             raise TypeError(
-                f"layer must have a bool is_cross_attention attribute, got {type(layer).__name__}"
+                f"layer must have an is_cross_attention attribute, got {type(layer).__name__}"
             )
+        cross = bool(layer.is_cross_attention)
         if cross:
             loc = getattr(forward_batch, "encoder_out_cache_loc", None)
             if not isinstance(loc, torch.Tensor):

@@ -45,7 +45,7 @@ class DSATokenToKVPool(MLATokenToKVPool):
     rope_storage_dtype = torch.bfloat16
     """SGLang: the rope part of a packed fp8 DSA row is stored in bf16."""
 
-    def __init__(  # noqa: PLR0913, PLR0917 (SGLang-compatible positional signature)
+    def __init__(  # noqa: PLR0917 (SGLang-compatible positional signature)
         self,
         size: int,
         page_size: int,
@@ -218,7 +218,7 @@ class DSATokenToKVPool(MLATokenToKVPool):
         """
         index = self._wait_layer(layer_id)
         pages = checks.check_tensor("page_indices", page_indices)
-        if pages.dtype not in (torch.int32, torch.int64):
+        if pages.dtype not in checks.INDEX_DTYPES:
             raise TypeError(f"page_indices must be int32 or int64, got {pages.dtype}")
         if pages.dim() != 2:
             raise ValueError(f"page_indices must be 2-D [B, max_pages], got {tuple(pages.shape)}")
@@ -254,14 +254,15 @@ class DSATokenToKVPool(MLATokenToKVPool):
         """SGLang's kpool-compress tail rings: ``NotImplementedError``, the feature is not
         provided (``kpool_use_compress`` False, where SGLang's assertion fails)."""
         raise NotImplementedError(
-            f"{type(self).__name__} does not support get_compress_tail_buffers (kpool compress is off)"
+            f"{type(self).__name__} does not support get_compress_tail_buffers "
+            "(kpool compress is off)"
         )
 
     def get_compress_tail_buf_infos(self) -> tuple[list[int], list[int], list[int]]:
         """``([], [], [])``: no compress tails to transfer (kpool compress off), as SGLang."""
         return [], [], []
 
-    def kpool_decode_update_index_cache(  # noqa: PLR0913, PLR0917 (SGLang's signature)
+    def kpool_decode_update_index_cache(  # noqa: PLR0917 (SGLang's signature)
         self,
         layer_id: int,
         key: torch.Tensor,
@@ -274,12 +275,14 @@ class DSATokenToKVPool(MLATokenToKVPool):
         out_cache_loc: torch.Tensor,
         round_scale: bool = False,
     ) -> None:
-        """SGLang's kpool-compress decode update: ``NotImplementedError`` (kpool compress not provided)."""
+        """SGLang's kpool-compress decode update: ``NotImplementedError`` (kpool compress is
+        not provided)."""
         raise NotImplementedError(
-            f"{type(self).__name__} does not support kpool_decode_update_index_cache (kpool compress is off)"
+            f"{type(self).__name__} does not support kpool_decode_update_index_cache "
+            "(kpool compress is off)"
         )
 
-    def set_compress_tail_for_request(  # noqa: PLR0913, PLR0917 (SGLang's signature)
+    def set_compress_tail_for_request(  # noqa: PLR0917 (SGLang's signature)
         self,
         layer_id: int,
         req_pool_idx: torch.Tensor,
@@ -288,9 +291,11 @@ class DSATokenToKVPool(MLATokenToKVPool):
         n_remain: int,
         dst_logical_start: int,
     ) -> None:
-        """SGLang's kpool-compress tail write: ``NotImplementedError`` (kpool compress not provided)."""
+        """SGLang's kpool-compress tail write: ``NotImplementedError`` (kpool compress is not
+        provided)."""
         raise NotImplementedError(
-            f"{type(self).__name__} does not support set_compress_tail_for_request (kpool compress is off)"
+            f"{type(self).__name__} does not support set_compress_tail_for_request "
+            "(kpool compress is off)"
         )
 
     def get_state_buf_infos(self) -> tuple[list[int], list[int], list[int]]:

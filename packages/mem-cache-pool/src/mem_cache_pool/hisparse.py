@@ -39,7 +39,7 @@ class HiSparseDSATokenToKVPool(DSATokenToKVPool):
 
     full_to_hisparse_device_index_mapping: torch.Tensor | None = None
 
-    def __init__(  # noqa: PLR0913, PLR0917 (SGLang-compatible positional signature)
+    def __init__(  # noqa: PLR0917 (SGLang-compatible positional signature)
         self,
         size: int,
         page_size: int,
@@ -134,12 +134,14 @@ class HiSparseDSATokenToKVPool(DSATokenToKVPool):
 
     def _check_any_index(self, name: str, indices: object) -> torch.Tensor:
         t = checks.check_tensor(name, indices)
-        if t.dtype not in (torch.int32, torch.int64):
+        if t.dtype not in checks.INDEX_DTYPES:
             raise TypeError(f"{name} must be int32 or int64, got {t.dtype}")
         checks.check_on_device(name, t, self.device)
         return t
 
-    def translate_loc_from_full_to_hisparse_device(self, full_indices: torch.Tensor) -> torch.Tensor:
+    def translate_loc_from_full_to_hisparse_device(
+        self, full_indices: torch.Tensor
+    ) -> torch.Tensor:
         """Same as :meth:`translate_loc_to_hisparse_device` (full = logical ids here)."""
         return self._translate_any("full_indices", full_indices)
 

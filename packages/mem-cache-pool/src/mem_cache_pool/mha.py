@@ -67,7 +67,7 @@ class MHATokenToKVPool(KVCache):
     use_native_move_kv_cache: bool = False
     """SGLang's ``SGLANG_NATIVE_MOVE_KV_CACHE`` switch: False (our move has one path)."""
 
-    def __init__(  # noqa: PLR0913, PLR0917 (SGLang-compatible positional signature)
+    def __init__(  # noqa: PLR0917 (SGLang-compatible positional signature)
         self,
         size: int,
         page_size: int,
@@ -233,7 +233,7 @@ class MHATokenToKVPool(KVCache):
             f"{type(self).__name__} does not support get_dequant_workspace (FP4 KV cache)"
         )
 
-    def get_flashinfer_dequant_workspace_kv_buffer(  # noqa: PLR0913, PLR0917
+    def get_flashinfer_dequant_workspace_kv_buffer(  # noqa: PLR0917
         self,
         layer: object,
         req_to_token: torch.Tensor,
@@ -288,7 +288,7 @@ class MHATokenToKVPool(KVCache):
         v = sum(t.numel() * t.element_size() for t in self.v_buffer)
         return k, v
 
-    def set_kv_buffer(  # noqa: PLR0913, PLR0917 (SGLang-compatible positional signature)
+    def set_kv_buffer(  # noqa: PLR0917 (SGLang-compatible positional signature)
         self,
         layer: object,
         loc_info: torch.Tensor | KVWriteLoc,
@@ -336,7 +336,7 @@ class MHATokenToKVPool(KVCache):
                 dtype=self.dtype,
             )
 
-    def set_kv_buffer_prefix_valid(  # noqa: PLR0913, PLR0917 (SGLang-compatible signature)
+    def set_kv_buffer_prefix_valid(  # noqa: PLR0917 (SGLang-compatible signature)
         self,
         layer: object,
         loc_2d: torch.Tensor,

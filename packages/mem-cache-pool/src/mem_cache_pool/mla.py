@@ -36,7 +36,7 @@ class MLATokenToKVPool(KVCache):
     kv_scale_buffer: list[torch.Tensor] | None = None
     """Per-layer scale buffers of SGLang's FP4 MLA pool: None (not quantized)."""
 
-    def __init__(  # noqa: PLR0913, PLR0917 (SGLang-compatible positional signature)
+    def __init__(  # noqa: PLR0917 (SGLang-compatible positional signature)
         self,
         size: int,
         page_size: int,

@@ -276,8 +276,7 @@ class ReqToTokenPool:
             rows: list[int] = [checks.check_int("req", req)]
         elif isinstance(req, (str, bytes)):
             raise TypeError(
-                "req must be an int, a sequence of ints or a request, "
-                f"got {type(req).__name__}"
+                f"req must be an int, a sequence of ints or a request, got {type(req).__name__}"
             )
         elif isinstance(req, Sequence):
             rows = list(req)
@@ -286,8 +285,7 @@ class ReqToTokenPool:
                 holder = _row_holder(req, "req")
             except TypeError:
                 raise TypeError(
-                    "req must be an int, a sequence of ints or a request, "
-                    f"got {type(req).__name__}"
+                    f"req must be an int, a sequence of ints or a request, got {type(req).__name__}"
                 ) from None
             if holder.req_pool_idx is None:
                 raise ValueError("req.req_pool_idx must be an allocated row, got None")

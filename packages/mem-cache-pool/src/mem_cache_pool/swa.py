@@ -24,7 +24,6 @@ from mem_cache_pool.base import (
     KVCache,
     KVWriteLoc,
     _write_slots,
-    unwrap_write_loc,
 )
 from mem_cache_pool.dsa import DSATokenToKVPool
 from mem_cache_pool.mha import MHATokenToKVPool
@@ -90,7 +89,7 @@ class SWAKVPool(BaseSWAKVPool):
     window one); ``get_kv_size_bytes()`` is ``(k_bytes, v_bytes)`` over both sub-pools.
     """
 
-    def __init__(  # noqa: PLR0913, PLR0917 (SGLang-compatible positional signature)
+    def __init__(  # noqa: PLR0917 (SGLang-compatible positional signature)
         self,
         size: int,
         size_swa: int,
@@ -342,7 +341,9 @@ class SWAKVPool(BaseSWAKVPool):
         ``full_loc`` when set) for full layers, ``loc_info.swa_loc`` for window layers."""
         pool, local, is_swa = self._route(layer, name)
         if not isinstance(loc_info, (torch.Tensor, KVWriteLoc)):
-            raise TypeError(f"loc_info must be a torch.Tensor or a KVWriteLoc, got {type(loc_info).__name__}")
+            raise TypeError(
+                f"loc_info must be a torch.Tensor or a KVWriteLoc, got {type(loc_info).__name__}"
+            )
         if is_swa:
             swa_loc = loc_info.swa_loc if isinstance(loc_info, KVWriteLoc) else None
             if swa_loc is None:
@@ -376,7 +377,9 @@ class SWAKVPool(BaseSWAKVPool):
         if layer_id_override is None:
             pool, local, slots = self._write_target(layer, loc_info, "layer")
         else:
-            pool, local, slots = self._write_target(layer_id_override, loc_info, "layer_id_override")
+            pool, local, slots = self._write_target(
+                layer_id_override, loc_info, "layer_id_override"
+            )
         if isinstance(pool, MLATokenToKVPool):
             pool.set_kv_buffer(local, slots, cache_k, cache_v)
         else:
