@@ -217,6 +217,12 @@ class DeepSeekV4TokenToKVPool(BaseSWAKVPool):
                 pool,
             )
         self.full_to_swa_index_mapping: torch.Tensor | None = None
+        # SGLang 0.5.23 names of the sizes above
+        self.swa_size, self.swa_page_size, self.c128_size = swa_size, swa_page_size, c128_size
+        self.full_size = full_size
+        self.indexer_head_dim = indexer_head_dim
+        self.online_mtp_max_draft_tokens = online_mtp_max_draft_tokens
+        self.num_req_slots = self.max_num_reqs + 1
         self._finalize_allocation()
 
     # ---------------------------------------------------------------- sub-pools
@@ -285,6 +291,33 @@ class DeepSeekV4TokenToKVPool(BaseSWAKVPool):
         if ratio != 4:
             raise ValueError(f"layer_id {layer_id} has compress ratio {ratio}; {what} needs 4")
         return local
+
+    def wait_layer_transfer(self, layer_id: int) -> None:
+        """Validate ``layer_id`` and wait once for it (the readiness waiter, if any)."""
+        self._wait_layer(layer_id)
+
+    def get_ring_size(self, compress_ratio: int) -> int:
+        """Rows of one request's compress-state ring for ratio 4 or 128 (``c4_ring_size`` /
+        ``c128_ring_size``; doubled when built with ``online_mtp_max_draft_tokens > 0``)."""
+        ratio = checks.check_int("compress_ratio", compress_ratio)
+        if ratio not in (4, 128):
+            raise ValueError(f"compress_ratio must be 4 or 128, got {ratio}")
+        return self.c4_ring_size if ratio == 4 else self.c128_ring_size
+
+    def get_swa_key_page_size(self) -> int:
+        """Page size of the sliding-window pool (no request-window rows here)."""
+        return self._swa.page_size
+
+    def get_index_k_page_size(self, compress_ratio: int = 4) -> int:
+        """Page size of the indexer pool of ``compress_ratio`` (only 4 has one here;
+        ``ValueError`` otherwise or without c4 layers)."""
+        if checks.check_int("compress_ratio", compress_ratio) != 4 or (
+            self.c4_indexer_kv_pool is None
+        ):
+            raise ValueError(
+                f"compress_ratio must be 4 on a pool with ratio-4 layers, got {compress_ratio}"
+            )
+        return self.c4_indexer_kv_pool.page_size
 
     def get_compress_ratio(self, layer_id: int) -> int:
         """0, 4 or 128."""
