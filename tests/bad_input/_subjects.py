@@ -109,6 +109,12 @@ def _state_pool() -> Any:
     return CompressStatePool(3, 8, 4, 2, "cpu")
 
 
+def _write_loc() -> Any:
+    from mem_cache_pool import KVWriteLoc
+
+    return KVWriteLoc(torch.tensor([1, 2]), swa_loc=torch.tensor([3, 4]))
+
+
 def _req() -> Any:
     from mem_cache_pool import ReqToTokenPool
 
@@ -263,6 +269,7 @@ OWNERS: dict[str, Callable[[], Any]] = {
     "mem_cache_pool_host.mamba:MambaPoolHost": _mamba_host,
     "mem_cache_pool.mamba:Mamba2StateShape": _mamba_shape,
     "mem_cache_pool_host.mamba:MambaStateBufferInfo": _mamba_info,
+    "mem_cache_pool.base:KVWriteLoc": _write_loc,
     "mem_cache_pool.deepseek_v4:DeepSeekV4TokenToKVPool": _v4_mapped,
     "mem_cache_allocator.deepseek_v4_hisparse:DeepSeekV4HiSparseTokenToKVPoolAllocator": _v4_alloc,
     "mem_cache_pool.base:KVBufferDesc": _desc,

@@ -262,9 +262,9 @@ def _mha_set() -> Call:
     pool = OWNERS["mem_cache_pool.mha:MHATokenToKVPool"]()
     return Call(
         pool.set_kv_buffer,
-        {"layer_id": 1, "loc": _i(1, 2), "cache_k": torch.ones(2, 2, 8, dtype=F16),
+        {"layer": 1, "loc_info": _i(1, 2), "cache_k": torch.ones(2, 2, 8, dtype=F16),
          "cache_v": torch.ones(2, 2, 8, dtype=F16)},
-        {"layer_id": "layer", "loc": "slots", "cache_k": "data", "cache_v": "data"},
+        {"layer": "layer", "loc_info": "slots", "cache_k": "data", "cache_v": "data"},
         owner=pool,
     )  # fmt: skip
 
@@ -288,9 +288,10 @@ def _mla_set() -> Call:
     pool = OWNERS["mem_cache_pool.mla:MLATokenToKVPool"]()
     return Call(
         pool.set_mla_kv_buffer,
-        {"layer_id": 0, "loc": _i(1, 2), "cache_k_nope": torch.ones(2, 1, 8, dtype=torch.bfloat16),
+        {"layer": 0, "loc_info": _i(1, 2),
+         "cache_k_nope": torch.ones(2, 1, 8, dtype=torch.bfloat16),
          "cache_k_rope": torch.ones(2, 1, 4, dtype=torch.bfloat16)},
-        {"layer_id": "layer", "loc": "slots", "cache_k_nope": "data", "cache_k_rope": "data"},
+        {"layer": "layer", "loc_info": "slots", "cache_k_nope": "data", "cache_k_rope": "data"},
         owner=pool,
     )  # fmt: skip
 
@@ -299,8 +300,8 @@ def _mla_get() -> Call:
     pool = OWNERS["mem_cache_pool.mla:MLATokenToKVPool"]()
     return Call(
         pool.get_mla_kv_buffer,
-        {"layer_id": 0, "loc": _i(1, 2)},
-        {"layer_id": "layer", "loc": "slots"},
+        {"layer": 0, "loc": _i(1, 2)},
+        {"layer": "layer", "loc": "slots"},
         owner=pool,
     )
 
@@ -309,7 +310,7 @@ def _req_free() -> Call:
     pool = OWNERS["mem_cache_pool.req_to_token:ReqToTokenPool"]()
     rows = pool.alloc(2)
     assert rows is not None
-    return Call(pool.free, {"free_index": rows[0]}, {"free_index": "count"}, owner=pool)
+    return Call(pool.free, {"req": rows[0]}, {"req": "count"}, owner=pool)
 
 
 def _req_alloc() -> Call:

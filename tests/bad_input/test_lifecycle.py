@@ -91,7 +91,7 @@ def test_req_pool_double_free_raises() -> None:
     assert rows is not None
     pool.free(rows[0])
     before = snapshot(pool)
-    with pytest.raises(ValueError, match="free_index"):
+    with pytest.raises(ValueError, match=r"\breq\b"):
         pool.free(rows[0])
     assert same_state(before, snapshot(pool))
 

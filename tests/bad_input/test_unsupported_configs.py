@@ -73,14 +73,14 @@ def test_dsv4_over_a_paged_allocator_has_no_window_side() -> None:
         a.free_swa(_idx(128))
 
 
-def test_dsv4_pool_without_mapping_checks_idx_first() -> None:
+def test_dsv4_pool_without_mapping_checks_kv_indices_first() -> None:
     pool = _v4_pool(hisparse=True)
     assert pool.full_to_swa_index_mapping is None
-    with pytest.raises(TypeError, match=r"\bidx\b"):
+    with pytest.raises(TypeError, match=r"\bkv_indices\b"):
         pool.translate_loc_from_full_to_swa([1, 2])
-    with pytest.raises((TypeError, ValueError), match=r"\bidx\b"):
+    with pytest.raises((TypeError, ValueError), match=r"\bkv_indices\b"):
         pool.translate_loc_from_full_to_swa(torch.tensor([1.5]))
-    with pytest.raises(ValueError, match=r"\bidx\b"):
+    with pytest.raises(ValueError, match=r"\bkv_indices\b"):
         pool.translate_loc_from_full_to_swa(_idx(10**6))  # out of range (CPU: always checked)
     with pytest.raises(RuntimeError, match="no full -> swa mapping registered"):
         pool.translate_loc_from_full_to_swa(_idx(1, 2))

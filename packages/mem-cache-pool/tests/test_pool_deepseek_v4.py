@@ -468,3 +468,31 @@ def test_every_store_writes_the_padding_slot_like_sglang() -> None:
     composite = _composite()
     composite.set_swa_key_buffer(1, torch.tensor([0]), rec[:1])
     assert torch.equal(composite.swa_kv_pool.get_key_records(1, torch.tensor([0])), rec[:1])
+
+
+def test_composite_sglang_0_5_23_size_names_and_helpers() -> None:
+    class Waiter:
+        def __init__(self) -> None:
+            self.calls: list[int] = []
+
+        def wait_until(self, layer_index: int) -> None:
+            self.calls.append(layer_index)
+
+    pool = _composite()
+    assert (pool.swa_size, pool.swa_page_size, pool.c128_size) == (16, 4, 2)
+    assert pool.full_size == 2 * 128 and pool.num_req_slots == 5
+    assert pool.indexer_head_dim == 16 and pool.online_mtp_max_draft_tokens == 0
+    assert (pool.get_ring_size(4), pool.get_ring_size(128)) == (8, 128)
+    assert _composite(online_mtp_max_draft_tokens=2).get_ring_size(4) == 16
+    assert pool.get_swa_key_page_size() == 4
+    assert pool.get_index_k_page_size() == 128 // 4
+    with pytest.raises(ValueError, match="compress_ratio"):
+        pool.get_index_k_page_size(128)
+    with pytest.raises(ValueError, match="compress_ratio"):
+        pool.get_ring_size(0)
+    waiter = Waiter()
+    pool.register_layer_transfer_counter(waiter)
+    pool.wait_layer_transfer(3)
+    assert waiter.calls == [2]
+    with pytest.raises(ValueError, match="layer_id"):
+        pool.wait_layer_transfer(0)

@@ -195,12 +195,18 @@ class Row:
 
 
 def _kv_calls(
-    tgt: torch.Tensor, src: torch.Tensor, *, copy: bool = True, layer: int = 0
+    tgt: torch.Tensor,
+    src: torch.Tensor,
+    *,
+    copy: bool = True,
+    layer: int = 0,
+    copy_name: str = "kv_cache_cpu",
 ) -> tuple[Call, ...]:
     """Calls every row-per-slot pool shares: reads, moves and (optionally) CPU copies."""
     calls = [
         Call("get_key_buffer", lambda p: {"layer_id": layer}, {"layer_id": "layer"}),
-        Call("register_layer_transfer_counter", lambda p: {"counter": None}, {"counter": "waiter"}),
+        Call("register_layer_transfer_counter", lambda p: {"layer_transfer_counter": None},
+             {"layer_transfer_counter": "waiter"}),
         Call(
             "move_kv_cache",
             lambda p: {"tgt_loc": tgt, "src_loc": src},
@@ -212,8 +218,8 @@ def _kv_calls(
             Call("get_cpu_copy", lambda p: {"indices": src}, {"indices": "slots"}),
             Call(
                 "load_cpu_copy",
-                lambda p: {"kv_cache_cpu": p.get_cpu_copy(src), "indices": tgt},
-                {"kv_cache_cpu": "copy", "indices": "slots"},
+                lambda p: {copy_name: p.get_cpu_copy(src), "indices": tgt},
+                {copy_name: "copy", "indices": "slots"},
             ),
         ]
     return tuple(calls)
@@ -228,23 +234,23 @@ def _mla_calls(loc: torch.Tensor) -> tuple[Call, ...]:
     return (
         Call(
             "set_kv_buffer",
-            lambda p: {"layer_id": 0, "loc": loc, "cache_k": _zeros(2, 1, 12, dtype=BF16)},
-            {"layer_id": "layer", "loc": "slots", "cache_k": "rows"},
+            lambda p: {"layer": 0, "loc_info": loc, "cache_k": _zeros(2, 1, 12, dtype=BF16)},
+            {"layer": "layer", "loc_info": "slots", "cache_k": "rows"},
         ),
         Call(
             "set_mla_kv_buffer",
             lambda p: {
-                "layer_id": 0,
-                "loc": loc,
+                "layer": 0,
+                "loc_info": loc,
                 "cache_k_nope": _zeros(2, 1, 8, dtype=BF16),
                 "cache_k_rope": _zeros(2, 1, 4, dtype=BF16),
             },
-            {"loc": "slots", "cache_k_nope": "rows", "cache_k_rope": "rows"},
+            {"loc_info": "slots", "cache_k_nope": "rows", "cache_k_rope": "rows"},
         ),
         Call(
             "get_mla_kv_buffer",
-            lambda p: {"layer_id": 0, "loc": loc, "dst_dtype": None},
-            {"layer_id": "layer", "loc": "slots", "dst_dtype": "optional dtype"},
+            lambda p: {"layer": 0, "loc": loc, "dst_dtype": None},
+            {"layer": "layer", "loc": "slots", "dst_dtype": "optional dtype"},
         ),
     )
 
@@ -284,8 +290,8 @@ def _record_calls(loc: torch.Tensor) -> tuple[Call, ...]:
         ),
         Call(
             "set_kv_buffer",
-            lambda p: {"layer_id": 0, "loc": loc, "cache_k": _zeros(2, 512)},
-            {"layer_id": "layer", "loc": "slots", "cache_k": "rows"},
+            lambda p: {"layer": 0, "loc_info": loc, "cache_k": _zeros(2, 512)},
+            {"layer": "layer", "loc_info": "slots", "cache_k": "rows"},
         ),
         Call(
             "get_key_records",
@@ -336,16 +342,16 @@ ROWS: dict[type, Row] = {
             Call(
                 "set_kv_buffer",
                 lambda p: {
-                    "layer_id": 1,
-                    "loc": _i(4, 5),
+                    "layer": 1,
+                    "loc_info": _i(4, 5),
                     "cache_k": _zeros(2, 2, 8),
                     "cache_v": _zeros(2, 2, 8),
                     "k_scale": None,
                     "v_scale": None,
                 },
                 {
-                    "layer_id": "layer",
-                    "loc": "slots",
+                    "layer": "layer",
+                    "loc_info": "slots",
                     "cache_k": "rows",
                     "cache_v": "rows",
                     "k_scale": "scale",
@@ -398,27 +404,32 @@ ROWS: dict[type, Row] = {
             Call(
                 "set_kv_buffer",
                 lambda p: {
-                    "layer_id": 0,
-                    "loc": _i(4, 5),
+                    "layer": 0,
+                    "loc_info": _i(4, 5),
                     "cache_k": _zeros(2, 1, 4),
                     "cache_v": _zeros(2, 1, 4),
                 },
-                {"layer_id": "layer", "loc": "slots", "cache_k": "rows", "cache_v": "rows"},
+                {"layer": "layer", "loc_info": "slots", "cache_k": "rows", "cache_v": "rows"},
             ),
             Call(  # a window layer writes at KVWriteLoc.swa_loc
                 "set_kv_buffer",
                 lambda p: {
-                    "layer_id": 1,
-                    "loc": KVWriteLoc(_i(4, 5), swa_loc=_i(4, 5)),
+                    "layer": 1,
+                    "loc_info": KVWriteLoc(_i(4, 5), swa_loc=_i(4, 5)),
                     "cache_k": _zeros(2, 1, 4),
                     "cache_v": _zeros(2, 1, 4),
                 },
-                {"loc": "write loc"},
+                {"loc_info": "write loc"},
             ),
             Call(
-                "register_mapping", lambda p: {"mapping": _SWA_MAP.clone()}, {"mapping": "mapping"}
+                "register_mapping", lambda p: {"full_to_swa_index_mapping": _SWA_MAP.clone()},
+                {"full_to_swa_index_mapping": "mapping"}
             ),
-            Call("translate_loc_from_full_to_swa", lambda p: {"idx": _i(4, 5)}, {"idx": "slots"}),
+            Call(
+                "translate_loc_from_full_to_swa",
+                lambda p: {"kv_indices": _i(4, 5)},
+                {"kv_indices": "slots"},
+            ),
             *_kv_calls(_i(8, 9), _i(4, 5), layer=1),
         ),
     ),
@@ -450,7 +461,7 @@ ROWS: dict[type, Row] = {
                 lambda p: {"layer_id": 0, "seq_len": 4, "page_indices": _i(1)},
                 {"layer_id": "layer", "seq_len": "int>=0", "page_indices": "slots"},
             ),
-            *_kv_calls(_i(8, 9), _i(4, 5)),
+            *_kv_calls(_i(8, 9), _i(4, 5), copy_name="kv_cache_cpu_dict"),
         ),
     ),
     HiSparseDSATokenToKVPool: Row(
@@ -628,11 +639,11 @@ ROWS: dict[type, Row] = {
             Call(
                 "set_kv_buffer",
                 lambda p: {
-                    "layer_id": 0,
+                    "layer": 0,
                     "loc": KVWriteLoc(_i(4, 5), swa_loc=_i(4, 5)),
                     "cache_k": _zeros(2, 512),
                 },
-                {"layer_id": "layer", "loc": "write loc", "cache_k": "rows"},
+                {"layer": "layer", "loc": "write loc", "cache_k": "rows"},
             ),
             Call(
                 "set_swa_key_buffer",
@@ -653,9 +664,14 @@ ROWS: dict[type, Row] = {
                 for c in _index_calls(_i(4, 5), 16, name="compressed_loc")
             ),
             Call(
-                "register_mapping", lambda p: {"mapping": _V4_MAP.clone()}, {"mapping": "mapping"}
+                "register_mapping", lambda p: {"full_to_swa_index_mapping": _V4_MAP.clone()},
+                {"full_to_swa_index_mapping": "mapping"}
             ),
-            Call("translate_loc_from_full_to_swa", lambda p: {"idx": _i(4, 5)}, {"idx": "slots"}),
+            Call(
+                "translate_loc_from_full_to_swa",
+                lambda p: {"kv_indices": _i(4, 5)},
+                {"kv_indices": "slots"},
+            ),
             Call(
                 "translate_loc_from_full_to_compressed",
                 lambda p: {"full_loc": _i(3, 7), "compress_ratio": 4},
@@ -673,7 +689,7 @@ ROWS: dict[type, Row] = {
         calls=(
             Call("alloc", lambda p: {"reqs": 1}, {"reqs": "int>=0"}),
             Call("alloc_rows", lambda p: {"need_size": 1}, {"need_size": "int>=0"}),
-            Call("free", lambda p: {"free_index": 4}, {"free_index": "row"}),
+            Call("free", lambda p: {"req": 4}, {"req": "row"}),
             Call("free_rows", lambda p: {"indices": [4]}, {"indices": "row list"}),
             Call(
                 "write",

@@ -71,7 +71,7 @@ def test_translation_on_write_and_read() -> None:
     pool.set_kv_buffer(0, torch.tensor([20]), packed, None)
     assert torch.equal(pool.kv_buffer[0][4], packed[0])
     # logical locations beyond the device size are valid; beyond the logical space they are not
-    with pytest.raises(ValueError, match=r"loc values must lie in \[0, 28\)"):
+    with pytest.raises(ValueError, match=r"loc_info values must lie in \[0, 28\)"):
         pool.set_kv_buffer(0, torch.tensor([28]), packed, None)
 
 

@@ -145,14 +145,18 @@ def test_cpu_copy_round_trip() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "exc", "match"),
     [
-        (dict(layer_id=2), ValueError, r"layer_id must lie in \[0, 2\), got 2"),
-        (dict(layer_id=-1), ValueError, "layer_id"),
-        (dict(layer_id=True), TypeError, "layer_id"),
-        (dict(loc=torch.tensor([1.0, 2.0])), TypeError, "loc must be int32 or int64"),
-        (dict(loc=torch.tensor([[1, 2]])), ValueError, "loc must be 1-D"),
-        (dict(loc=torch.tensor([1, 20])), ValueError, r"loc values must lie in \[0, 20\)"),
-        (dict(loc=torch.tensor([-1, 2])), ValueError, "loc values"),
-        (dict(loc=[1, 2]), TypeError, "loc must be a torch.Tensor"),
+        (dict(layer=2), ValueError, r"layer must lie in \[0, 2\), got 2"),
+        (dict(layer=-1), ValueError, "layer"),
+        (dict(layer=True), TypeError, "layer"),
+        (dict(loc_info=torch.tensor([1.0, 2.0])), TypeError, "loc_info must be int32 or int64"),
+        (dict(loc_info=torch.tensor([[1, 2]])), ValueError, "loc_info must be 1-D"),
+        (
+            dict(loc_info=torch.tensor([1, 20])),
+            ValueError,
+            r"loc_info values must lie in \[0, 20\)",
+        ),
+        (dict(loc_info=torch.tensor([-1, 2])), ValueError, "loc_info values"),
+        (dict(loc_info=[1, 2]), TypeError, "loc_info must be a torch.Tensor"),
         (dict(cache_k=torch.zeros(2, 2, 4)), ValueError, r"cache_k must have shape \(2, 2, 8\)"),
         (dict(cache_v=torch.zeros(3, 2, 8)), ValueError, "cache_v must have shape"),
         (dict(cache_k=torch.zeros(2, 2, 8, dtype=torch.int32)), TypeError, "cache_k"),
@@ -168,8 +172,8 @@ def test_bad_input_leaves_buffers_untouched(
 ) -> None:
     pool = _pool(torch.float32)
     args: dict[str, object] = dict(
-        layer_id=0,
-        loc=torch.tensor([1, 2]),
+        layer=0,
+        loc_info=torch.tensor([1, 2]),
         cache_k=torch.ones(2, 2, 8),
         cache_v=torch.ones(2, 2, 8),
     )
@@ -247,7 +251,7 @@ def test_layer_below_start_layer_raises_instead_of_writing_the_last_layer() -> N
         lambda: pool.set_kv_buffer(4, torch.tensor([1]), k, k, layer_id_override=2),
         lambda: pool.get_key_buffer(2),
     ):
-        with pytest.raises(ValueError, match=r"layer_id must lie in \[3, 5\), got 2"):
+        with pytest.raises(ValueError, match=r"layer(_id|_id_override)? must lie in \[3, 5\), "):
             call()
     assert not any(t.any() for t in (*pool.k_buffer, *pool.v_buffer))
 

@@ -109,9 +109,9 @@ def test_bad_input() -> None:
         pool.set_mla_kv_buffer(0, loc, torch.ones(2, 1, 16), torch.ones(2, 1, 3))
     with pytest.raises(ValueError, match=r"cache_k must have shape \(2, 1, 20\)"):
         pool.set_kv_buffer(0, loc, torch.ones(2, 20), None)
-    with pytest.raises(ValueError, match="layer_id"):
+    with pytest.raises(ValueError, match="layer"):
         pool.get_mla_kv_buffer(2, loc)
-    with pytest.raises(ValueError, match=r"loc values must lie in \[0, 10\)"):
+    with pytest.raises(ValueError, match=r"loc_info values must lie in \[0, 10\)"):
         pool.set_mla_kv_buffer(1, torch.tensor([1, 10]), torch.ones(2, 1, 16), torch.ones(2, 1, 4))
     assert not any(t.any() for t in pool.kv_buffer)
     with pytest.raises(ValueError, match="override_kv_cache_dim"):

@@ -42,7 +42,10 @@ def test_routing_and_accounting() -> None:
     assert pool.get_value_buffer(2).shape == (SIZE + PS, 2, 4)
     k, v = pool.get_kv_size_bytes()
     assert k == 2 * (SIZE + PS) * 8 * 4 + 2 * (SIZE_SWA + PS) * 16 * 4
-    assert v == k  # swa v_head_dim follows swa_head_dim
+    # SGLang 0.5.23: a window pool's v_head_dim is swa_v_head_dim, else v_head_dim, else the
+    # base head_dim (not swa_head_dim)
+    assert v == 2 * (SIZE + PS) * 8 * 4 + 2 * (SIZE_SWA + PS) * 8 * 4
+    assert pool.get_value_buffer(3).shape == (SIZE_SWA + PS, 2, 4)
     assert pool.get_total_bytes() == k + v
     assert pool.get_buffer_desc() is pool.full_kv_pool.get_buffer_desc()
 
@@ -63,9 +66,9 @@ def test_writes_route_by_layer() -> None:
         pool.set_kv_buffer(3, KVWriteLoc(loc), k_swa, v_swa)
     with pytest.raises(ValueError, match="sliding-window layer 3"):
         pool.set_kv_buffer(3, loc, k_swa, v_swa)
-    with pytest.raises(ValueError, match=r"loc values must lie in \[0, 10\)"):
+    with pytest.raises(ValueError, match=r"loc_info values must lie in \[0, 10\)"):
         pool.set_kv_buffer(3, KVWriteLoc(loc, torch.tensor([1, 12])), k_swa, v_swa)
-    with pytest.raises(ValueError, match=r"layer_id must lie in \[0, 4\)"):
+    with pytest.raises(ValueError, match=r"layer must lie in \[0, 4\)"):
         pool.set_kv_buffer(4, wl, k_swa, v_swa)
     assert not pool.swa_kv_pool.k_buffer[1].any()
 

@@ -28,6 +28,7 @@ __all__ = [
     "check_rows",
     "check_scale",
     "check_slots",
+    "layer_id_of",
 ]
 
 
@@ -48,10 +49,25 @@ def check_slots(
     return t
 
 
+def layer_id_of(name: str, value: object) -> int:
+    """The int layer id of ``value``: an int (not a bool) or a layer object with an int
+    ``layer_id`` attribute (SGLang's ``RadixAttention``, which its attention backends hand the
+    pools). ``TypeError`` otherwise, naming the argument."""
+    if isinstance(value, int) or not hasattr(value, "layer_id"):
+        if not isinstance(value, int):
+            raise TypeError(
+                f"{name} must be an int layer id or a layer with an int layer_id attribute, "
+                f"got {type(value).__name__}"
+            )
+        return checks.check_int(name, value)
+    return checks.check_int(f"{name}.layer_id", value.layer_id)
+
+
 def check_layer(name: str, value: object, start: int, stop: int) -> int:
-    """``value`` as an int layer id in ``[start, stop)`` (``TypeError`` for a non-int or a bool,
-    ``ValueError`` outside the range, which the message names)."""
-    layer = checks.check_int(name, value)
+    """``value`` (an int or a layer object, :func:`layer_id_of`) as an int layer id in
+    ``[start, stop)`` (``TypeError`` for a non-int or a bool, ``ValueError`` outside the range,
+    which the message names)."""
+    layer = layer_id_of(name, value)
     if not start <= layer < stop:
         raise ValueError(f"{name} must lie in [{start}, {stop}), got {layer}")
     return layer
@@ -118,17 +134,16 @@ def check_mapping(
     return t
 
 
-def check_copy_roles(kv_cache_cpu: object, roles: Sequence[str]) -> Mapping[str, object]:
-    """A CPU copy (``get_cpu_copy`` result): a dict whose keys are exactly ``roles``."""
+def check_copy_roles(
+    kv_cache_cpu: object, roles: Sequence[str], name: str = "kv_cache_cpu"
+) -> Mapping[str, object]:
+    """A CPU copy (``get_cpu_copy`` result) called ``name``: a dict whose keys are ``roles``."""
     if not isinstance(kv_cache_cpu, dict):
         raise TypeError(
-            f"kv_cache_cpu must be a dict of roles {sorted(roles)}, "
-            f"got {type(kv_cache_cpu).__name__}"
+            f"{name} must be a dict of roles {sorted(roles)}, got {type(kv_cache_cpu).__name__}"
         )
     if sorted(kv_cache_cpu) != sorted(roles):
-        raise ValueError(
-            f"kv_cache_cpu must have roles {sorted(roles)}, got {sorted(kv_cache_cpu)}"
-        )
+        raise ValueError(f"{name} must have roles {sorted(roles)}, got {sorted(kv_cache_cpu)}")
     return kv_cache_cpu
 
 

@@ -122,7 +122,7 @@ class DeepSeekV4IndexerPool(PageRowPool):
 
     def set_kv_buffer(
         self,
-        layer_id: int,
+        layer: object,
         loc: torch.Tensor | KVWriteLoc,
         cache_k: torch.Tensor,
         cache_v: torch.Tensor,
@@ -173,7 +173,9 @@ class DeepSeekV4IndexerPool(PageRowPool):
         idx = self._check_slots("indices", indices)
         return {"kv": [self._gather(i, idx).cpu() for i in range(self.layer_num)]}
 
-    def _check_cpu_copy(self, kv_cache_cpu: CpuKVCopy, idx: torch.Tensor) -> None:
+    def _check_cpu_copy(
+        self, kv_cache_cpu: CpuKVCopy, idx: torch.Tensor, arg: str = "kv_cache_cpu"
+    ) -> None:
         """Check that ``kv_cache_cpu`` is ``{"kv": layer_num x uint8 [n, bytes]}``."""
         copy = check_copy_roles(kv_cache_cpu, ["kv"])
         want = (idx.numel(), self.token_bytes)

@@ -167,16 +167,17 @@ class DeepSeekV4SingleKVPool(PageRowPool):
 
     def set_kv_buffer(
         self,
-        layer_id: int,
-        loc: torch.Tensor | KVWriteLoc,
+        layer: object,
+        loc_info: torch.Tensor | KVWriteLoc,
         cache_k: torch.Tensor,
         cache_v: torch.Tensor | None = None,
     ) -> None:
         """Quantise float rows ``cache_k`` ``[n, 512]`` or ``[n, 1, 512]`` (nope | rope) and
-        write them at ``loc``. ``cache_v`` is ignored (no value buffer). The nope part is
-        quantised with :func:`mem_cache_kernels.deepseek_v4.quantize_nope`, rope cast to bf16."""
-        index = self.layer_index(layer_id)
-        slots = self._device_loc("loc", unwrap_write_loc(loc))
+        write them at ``loc_info`` of ``layer`` (an int or a layer object with an int ``layer_id``).
+        ``cache_v`` is ignored (no value buffer). The nope part is quantised with
+        :func:`mem_cache_kernels.deepseek_v4.quantize_nope`, rope cast to bf16."""
+        index = self.layer_index(layer, "layer")
+        slots = self._device_loc("loc_info", _write_slots("loc_info", loc_info))
         n, width = slots.numel(), self.qk_nope_head_dim + self.qk_rope_head_dim
         t = checks.check_tensor("cache_k", cache_k)
         if not t.dtype.is_floating_point:
@@ -235,7 +236,9 @@ class DeepSeekV4SingleKVPool(PageRowPool):
             "kv": [deepseek_v4.read_records(b, idx, self.page_size).cpu() for b in self.kv_buffer]
         }
 
-    def _check_cpu_copy(self, kv_cache_cpu: CpuKVCopy, idx: torch.Tensor) -> None:
+    def _check_cpu_copy(
+        self, kv_cache_cpu: CpuKVCopy, idx: torch.Tensor, arg: str = "kv_cache_cpu"
+    ) -> None:
         """Check that ``kv_cache_cpu`` is ``{"kv": layer_num x uint8 [n, 584]}``."""
         copy = check_copy_roles(kv_cache_cpu, ["kv"])
         want = (idx.numel(), deepseek_v4.TOKEN_BYTES)

@@ -112,8 +112,8 @@ class PageRowPool(KVCache):
 
     def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Not supported: a page-row pool has one packed buffer per layer (``get_key_buffer``)."""
-        self.layer_index(layer_id)  # checked, never waited for: the call fails anyway
-        return self._get_key_buffer(layer_id), self._get_value_buffer(layer_id)
+        lid = self._layer(layer_id)  # checked, never waited for: the call fails anyway
+        return self._get_key_buffer(lid), self._get_value_buffer(lid)
 
     def get_kv_size_bytes(self) -> int:
         """Bytes of the page-row buffers summed over layers."""

@@ -26,9 +26,10 @@ variable ``MEM_CACHE_DEBUG=1``), because on a GPU that check synchronises with t
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -87,15 +88,87 @@ class LayerReadyWaiter(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class KVWriteLoc:
-    """Where one forward writes its new K/V rows.
+    """Where one forward writes its new K/V rows (SGLang 0.5.23's ``KVWriteLoc``).
 
     ``loc`` are slots of the (full-attention) pool; ``swa_loc`` the same tokens' slots in a
-    sliding-window sub-pool, when the pool has one. A caller builds one ``KVWriteLoc`` per forward
-    and makes one ``set_kv_buffer`` call per layer for any pool type.
+    sliding-window sub-pool, when the pool has one; ``full_loc`` (optional) the same tokens'
+    slots in a full-attention sub-pool, in ``loc``'s id space (pools use ``loc`` when it is
+    ``None``). ``physical`` marks the slots as physical token ids; only SGLang's unified pool
+    checks the mark (``requires_physical_write_loc``), which none of ours sets. A caller builds
+    one ``KVWriteLoc`` per forward and makes one ``set_kv_buffer`` call per layer for any pool
+    type.
+
+    As in SGLang, a ``swa_loc`` / ``full_loc`` longer than ``loc`` is cut to ``loc``'s length
+    on construction (padded paths narrow ``loc`` per layer; the other locs follow, same token
+    order). Frozen: build a new one to change a field.
     """
 
     loc: torch.Tensor
     swa_loc: torch.Tensor | None = None
+    full_loc: torch.Tensor | None = None
+    physical: bool = False
+
+    def __post_init__(self) -> None:
+        n = self.loc.shape[0] if isinstance(self.loc, torch.Tensor) and self.loc.dim() else None
+        if n is None:
+            return
+        for name in ("swa_loc", "full_loc"):
+            other = getattr(self, name)
+            if isinstance(other, torch.Tensor) and other.dim() and other.shape[0] != n:
+                object.__setattr__(self, name, other[:n])
+
+    @classmethod
+    def for_batch(
+        cls,
+        forward_batch: object,
+        *,
+        swa_loc: torch.Tensor | None = None,
+        full_loc: torch.Tensor | None = None,
+    ) -> KVWriteLoc:
+        """The batch's ``out_cache_loc`` as a write loc, marked physical when the batch's
+        ``out_cache_loc_is_physical`` is true (SGLang's ``ForwardBatch`` fields; a batch without
+        that attribute is not marked). ``TypeError`` when ``forward_batch`` has no
+        ``out_cache_loc`` tensor."""
+        loc = getattr(forward_batch, "out_cache_loc", None)
+        if not isinstance(loc, torch.Tensor):
+            raise TypeError(
+                "forward_batch must have an out_cache_loc tensor, "
+                f"got {type(forward_batch).__name__}"
+            )
+        return cls(
+            loc,
+            swa_loc,
+            full_loc,
+            physical=bool(getattr(forward_batch, "out_cache_loc_is_physical", False)),
+        )
+
+    @classmethod
+    def for_layer(
+        cls,
+        forward_batch: object,
+        layer: object,
+        *,
+        swa_loc: torch.Tensor | None = None,
+        full_loc: torch.Tensor | None = None,
+    ) -> KVWriteLoc:
+        """``layer``'s write loc: :meth:`for_batch`, or for a cross-attention layer
+        (``layer.is_cross_attention``) the batch's ``encoder_out_cache_loc``, never marked
+        physical. ``TypeError`` when ``layer`` has no ``is_cross_attention`` flag or the batch
+        lacks the tensor to use."""
+        if not hasattr(layer, "is_cross_attention"):
+            raise TypeError(
+                f"layer must have an is_cross_attention attribute, got {type(layer).__name__}"
+            )
+        cross = bool(layer.is_cross_attention)
+        if cross:
+            loc = getattr(forward_batch, "encoder_out_cache_loc", None)
+            if not isinstance(loc, torch.Tensor):
+                raise TypeError(
+                    "forward_batch must have an encoder_out_cache_loc tensor for a "
+                    f"cross-attention layer, got {type(forward_batch).__name__}"
+                )
+            return cls(loc, swa_loc, full_loc)
+        return cls.for_batch(forward_batch, swa_loc=swa_loc, full_loc=full_loc)
 
 
 def unwrap_write_loc(loc: torch.Tensor | KVWriteLoc) -> torch.Tensor:
@@ -157,6 +230,20 @@ class KVBufferDesc:
         return self.buffers[self.roles.index(role)]
 
 
+class _NoMemorySaver:
+    """A disabled memory-saver adapter (SGLang's ``TorchMemorySaverAdapter`` with
+    ``enable=False``): ``enabled`` is False and ``region(...)`` does nothing."""
+
+    enabled = False
+
+    @contextmanager
+    def region(self, *args: object, **kwargs: object) -> Iterator[None]:
+        yield
+
+
+_NO_MEMORY_SAVER = _NoMemorySaver()
+
+
 PADDING_SLOT = 0
 """The CUDA-graph padding slot: padded tokens write here; guarded stores skip it."""
 
@@ -210,9 +297,15 @@ class KVCache(abc.ABC):
         enable_memory_saver: bool = False,
         start_layer: int | None = None,
         end_layer: int | None = None,
+        allocation_label: str | None = None,
         *,
         debug: bool = False,
     ) -> None:
+        if allocation_label is not None and not isinstance(allocation_label, str):
+            raise TypeError(
+                f"allocation_label must be a str or None, got {type(allocation_label).__name__}"
+            )
+        self.allocation_label = allocation_label
         self.size = checks.check_int("size", size, minimum=0)
         self.page_size = checks.check_int("page_size", page_size, minimum=1)
         self.dtype = check_dtype("dtype", dtype)
@@ -234,7 +327,71 @@ class KVCache(abc.ABC):
         self.debug = checks.debug_enabled(debug)
         self.layer_transfer_counter: LayerReadyWaiter | None = None
         self.mem_usage = 0.0  # GB, set by _finalize_allocation
+        self.cpu_offloading_chunk_size = 8192
         self._desc: KVBufferDesc | None = None
+
+    # ---------------------------------------------------------------- SGLang switches (off)
+    # Features of SGLang's KVCache that these pools do not have; each answers what SGLang's
+    # base class answers when the feature is off.
+    layer_shard_enabled: bool = False
+    """SGLang: layer-sharded KV pools. Not supported: always False."""
+    post_capture_active: bool = False
+    """SGLang: CUDA-graph post-capture (VMM) backing. Not supported: always False."""
+    cpu_copy_carries_mamba: bool = False
+    """Whether ``get_cpu_copy``/``load_cpu_copy`` carry recurrent (Mamba) state: no KV pool
+    here holds any, so False (SGLang's default)."""
+    requires_physical_write_loc: bool = False
+    """SGLang's unified pool refuses writes not marked ``KVWriteLoc.physical``; ours never do."""
+    host_transfer_translate: Callable[[torch.Tensor], torch.Tensor] | None = None
+    """Optional translation of controller ids to buffer rows for host transfers: None (rows
+    are slots), as in SGLang's base."""
+    host_capacity_tokens: int | None = None
+    """Token capacity for host sizing when it differs from ``size``: None (use ``size``)."""
+    host_capacity_bytes: int | None = None
+    """Host-budget weight when it differs from the KV bytes: None."""
+    enable_custom_mem_pool: bool = False
+    """SGLang: a custom CUDA memory pool for NVLink disaggregation. Not supported: False."""
+    custom_mem_pool: None = None
+    """The custom memory pool (SGLang): none, see ``enable_custom_mem_pool``."""
+
+    @property
+    def memory_saver_adapter(self) -> _NoMemorySaver:
+        """SGLang's memory-saver adapter; these pools have no memory-saver integration, so a
+        disabled adapter whose ``region(...)`` is a no-op context."""
+        return _NO_MEMORY_SAVER
+
+    def maybe_get_custom_mem_pool(self) -> None:
+        """The custom memory pool (SGLang): always None (no custom pools here)."""
+        return self.custom_mem_pool
+
+    def get_kv_cache_quant_method(self) -> Any:
+        """The KV quant method of this pool or of its ``full_kv_pool``/``swa_kv_pool``
+        (SGLang's lookup): the first non-unquantized ``quant_method`` found, else the last
+        unquantized one, else None. Our pools are unquantized (``quant_method`` None), so
+        None unless a caller attached a quant method object."""
+        fallback = None
+        for pool in (self, *self._quant_sub_pools()):
+            method = getattr(pool, "quant_method", None)
+            if method is None:
+                continue
+            if getattr(method, "name", None) != "unquantized":
+                return method
+            fallback = method
+        return fallback
+
+    def _quant_sub_pools(self) -> list[object]:
+        return []
+
+    def get_device_pool_infos(self) -> tuple[Any, ...]:
+        """SGLang's ``DevicePoolInfo`` descriptions for migrated host consumers. Not
+        provided: ``NotImplementedError``, as SGLang's base raises for a pool without a
+        provider. Our host pools read :meth:`get_buffer_desc` instead."""
+        raise NotImplementedError(f"{type(self).__name__} has no device pool provider")
+
+    def get_kv_buffer_shape(self) -> tuple[torch.Size, torch.Size]:
+        """``(key shape, value shape)`` of layer ``start_layer`` (SGLang's helper)."""
+        k, v = self.get_kv_buffer(self.start_layer)
+        return k.shape, v.shape
 
     # ---------------------------------------------------------------- subclass hooks
     @abc.abstractmethod
@@ -252,14 +409,15 @@ class KVCache(abc.ABC):
     @abc.abstractmethod
     def set_kv_buffer(
         self,
-        layer_id: int,
+        layer: object,
         loc: torch.Tensor | KVWriteLoc,
         cache_k: torch.Tensor,
         cache_v: torch.Tensor,
     ) -> None:
         """Write the rows of ``cache_k``/``cache_v`` (``[n, *row]``) at slots ``loc`` (``[n]``).
 
-        Mutates layer ``layer_id`` only. Inputs in another floating dtype are cast to ``dtype``.
+        ``layer``: SGLang's ``RadixAttention`` (anything with an int ``layer_id``) or an int
+        layer id. Mutates that layer only. Inputs in another floating dtype are cast to ``dtype``.
         Raises ``TypeError``/``ValueError`` on a bad layer id, slot tensor, shape, dtype or device
         before writing anything.
         """
@@ -270,11 +428,22 @@ class KVCache(abc.ABC):
         """Rows of every per-layer buffer: ``size + page_size`` (the slot limit)."""
         return self.size + self.page_size
 
-    def layer_index(self, layer_id: int) -> int:
-        """``layer_id - start_layer`` after checking ``start_layer <= layer_id < end_layer``."""
-        return (
-            check_layer("layer_id", layer_id, self.start_layer, self.end_layer) - self.start_layer
-        )
+    def layer_index(self, layer_id: object, name: str = "layer_id") -> int:
+        """``layer_id - start_layer`` after checking ``start_layer <= layer_id < end_layer``.
+
+        ``layer_id`` is an int or a layer object with an int ``layer_id`` (SGLang's
+        ``RadixAttention``); a bool is a ``TypeError``. ``name`` names it in errors."""
+        return self._layer(layer_id, name) - self.start_layer
+
+    def _write_layer(self, layer: object, layer_id_override: object = None) -> int:
+        """Local index of a write's layer: ``layer_id_override`` when given, else ``layer``."""
+        if layer_id_override is not None:
+            return self.layer_index(layer_id_override, "layer_id_override")
+        return self.layer_index(layer, "layer")
+
+    def _layer(self, layer: object, name: str = "layer_id") -> int:
+        """The validated global layer id of ``layer`` (an int or a layer object)."""
+        return check_layer(name, layer, self.start_layer, self.end_layer)
 
     def _check_loc(
         self, name: str, loc: object, *, limit: int | None = None, length: int | None = None
@@ -288,35 +457,41 @@ class KVCache(abc.ABC):
             length=length,
         )
 
-    def _wait_layer(self, layer_id: int) -> int:
-        index = self.layer_index(layer_id)
+    def _wait_layer(self, layer_id: object, name: str = "layer_id") -> int:
+        """Validate ``layer_id``, wait for it once, return its local index."""
+        index = self.layer_index(layer_id, name)
         if self.layer_transfer_counter is not None:
             self.layer_transfer_counter.wait_until(index)
         return index
 
     # ---------------------------------------------------------------- reads
     def get_key_buffer(self, layer_id: int) -> torch.Tensor:
-        """Keys of layer ``layer_id`` (waits for the layer to be loaded first)."""
-        self._wait_layer(layer_id)
-        return self._get_key_buffer(layer_id)
+        """Keys of layer ``layer_id`` (an int or a layer object; waits for the layer first)."""
+        index = self._wait_layer(layer_id)
+        return self._get_key_buffer(self.start_layer + index)
 
     def get_value_buffer(self, layer_id: int) -> torch.Tensor:
-        """Values of layer ``layer_id`` (waits for the layer to be loaded first)."""
-        self._wait_layer(layer_id)
-        return self._get_value_buffer(layer_id)
+        """Values of layer ``layer_id`` (an int or a layer object; waits for the layer first)."""
+        index = self._wait_layer(layer_id)
+        return self._get_value_buffer(self.start_layer + index)
 
     def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(keys, values)`` of layer ``layer_id``; waits once for the layer."""
-        self._wait_layer(layer_id)
-        return self._get_key_buffer(layer_id), self._get_value_buffer(layer_id)
+        lid = self.start_layer + self._wait_layer(layer_id)
+        return self._get_key_buffer(lid), self._get_value_buffer(lid)
 
-    def register_layer_transfer_counter(self, counter: LayerReadyWaiter | None) -> None:
+    def register_layer_transfer_counter(
+        self, layer_transfer_counter: LayerReadyWaiter | None
+    ) -> None:
         """Install (or remove with ``None``) the per-layer readiness waiter."""
-        if counter is not None and not isinstance(counter, LayerReadyWaiter):
+        if layer_transfer_counter is not None and not isinstance(
+            layer_transfer_counter, LayerReadyWaiter
+        ):
             raise TypeError(
-                f"counter must implement wait_until(layer_index), got {type(counter).__name__}"
+                "layer_transfer_counter must implement wait_until(layer_index), "
+                f"got {type(layer_transfer_counter).__name__}"
             )
-        self.layer_transfer_counter = counter
+        self.layer_transfer_counter = layer_transfer_counter
 
     # ---------------------------------------------------------------- bulk operations
     def _all_buffers(self) -> list[torch.Tensor]:
@@ -397,14 +572,17 @@ class KVCache(abc.ABC):
             )
         return {name: d for (name, _), d in zip(roles, dst)}
 
-    def _check_cpu_copy(self, kv_cache_cpu: CpuKVCopy, idx: torch.Tensor) -> None:
-        """Check that ``kv_cache_cpu`` fits the pool (roles, layers, rows of ``idx``):
-        ``TypeError`` for a non-dict, a non-tensor or a wrong dtype, ``ValueError`` otherwise."""
+    def _check_cpu_copy(
+        self, kv_cache_cpu: CpuKVCopy, idx: torch.Tensor, arg: str = "kv_cache_cpu"
+    ) -> None:
+        """Check that ``kv_cache_cpu`` (the argument ``arg``) fits the pool (roles, layers, rows
+        of ``idx``): ``TypeError`` for a non-dict, a non-tensor or a wrong dtype, ``ValueError``
+        otherwise."""
         roles = self._role_buffers()
-        copy = check_copy_roles(kv_cache_cpu, [name for name, _ in roles])
+        copy = check_copy_roles(kv_cache_cpu, [name for name, _ in roles], arg)
         for name, bufs in roles:
             want = (idx.numel(), *bufs[0].shape[1:])
-            check_copy_layers(f"kv_cache_cpu[{name!r}]", copy[name], len(bufs), bufs[0].dtype, want)
+            check_copy_layers(f"{arg}[{name!r}]", copy[name], len(bufs), bufs[0].dtype, want)
 
     def load_cpu_copy(
         self,

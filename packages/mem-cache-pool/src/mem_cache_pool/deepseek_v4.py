@@ -217,6 +217,12 @@ class DeepSeekV4TokenToKVPool(BaseSWAKVPool):
                 pool,
             )
         self.full_to_swa_index_mapping: torch.Tensor | None = None
+        # SGLang 0.5.23 names of the sizes above
+        self.swa_size, self.swa_page_size, self.c128_size = swa_size, swa_page_size, c128_size
+        self.full_size = full_size
+        self.indexer_head_dim = indexer_head_dim
+        self.online_mtp_max_draft_tokens = online_mtp_max_draft_tokens
+        self.num_req_slots = self.max_num_reqs + 1
         self._finalize_allocation()
 
     # ---------------------------------------------------------------- sub-pools
@@ -274,7 +280,7 @@ class DeepSeekV4TokenToKVPool(BaseSWAKVPool):
 
     # ---------------------------------------------------------------- routing
     def _compressed(self, layer_id: int) -> tuple[int, int, DeepSeekV4SingleKVPool]:
-        self.layer_index(layer_id)
+        layer_id = self._layer(layer_id)
         ratio, local, pool = self.layer_mapping[layer_id]
         if pool is None:
             raise ValueError(f"layer_id {layer_id} has compress ratio 0 (no compressed cache)")
@@ -286,10 +292,36 @@ class DeepSeekV4TokenToKVPool(BaseSWAKVPool):
             raise ValueError(f"layer_id {layer_id} has compress ratio {ratio}; {what} needs 4")
         return local
 
+    def wait_layer_transfer(self, layer_id: int) -> None:
+        """Validate ``layer_id`` and wait once for it (the readiness waiter, if any)."""
+        self._wait_layer(layer_id)
+
+    def get_ring_size(self, compress_ratio: int) -> int:
+        """Rows of one request's compress-state ring for ratio 4 or 128 (``c4_ring_size`` /
+        ``c128_ring_size``; doubled when built with ``online_mtp_max_draft_tokens > 0``)."""
+        ratio = checks.check_int("compress_ratio", compress_ratio)
+        if ratio not in (4, 128):
+            raise ValueError(f"compress_ratio must be 4 or 128, got {ratio}")
+        return self.c4_ring_size if ratio == 4 else self.c128_ring_size
+
+    def get_swa_key_page_size(self) -> int:
+        """Page size of the sliding-window pool (no request-window rows here)."""
+        return self._swa.page_size
+
+    def get_index_k_page_size(self, compress_ratio: int = 4) -> int:
+        """Page size of the indexer pool of ``compress_ratio`` (only 4 has one here;
+        ``ValueError`` otherwise or without c4 layers)."""
+        if checks.check_int("compress_ratio", compress_ratio) != 4 or (
+            self.c4_indexer_kv_pool is None
+        ):
+            raise ValueError(
+                f"compress_ratio must be 4 on a pool with ratio-4 layers, got {compress_ratio}"
+            )
+        return self.c4_indexer_kv_pool.page_size
+
     def get_compress_ratio(self, layer_id: int) -> int:
         """0, 4 or 128."""
-        self.layer_index(layer_id)
-        return self.layer_mapping[layer_id][0]
+        return self.layer_mapping[self._layer(layer_id)][0]
 
     def _get_key_buffer(self, layer_id: int) -> torch.Tensor:
         return self._swa._get_key_buffer(layer_id)
@@ -299,8 +331,8 @@ class DeepSeekV4TokenToKVPool(BaseSWAKVPool):
 
     def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Not supported (no value buffer): ``NotImplementedError``."""
-        self.layer_index(layer_id)  # checked, never waited for: the call fails anyway
-        return self._get_key_buffer(layer_id), self._get_value_buffer(layer_id)
+        lid = self._layer(layer_id)  # checked, never waited for: the call fails anyway
+        return self._get_key_buffer(lid), self._get_value_buffer(lid)
 
     def get_swa_key_buffer(self, layer_id: int) -> torch.Tensor:
         """Sliding-window page rows of ``layer_id`` (waits for the layer)."""
@@ -327,21 +359,25 @@ class DeepSeekV4TokenToKVPool(BaseSWAKVPool):
         return pool, local
 
     # ---------------------------------------------------------------- mapping
-    def register_mapping(self, mapping: torch.Tensor) -> None:
+    def register_mapping(self, full_to_swa_index_mapping: torch.Tensor) -> None:
         """Install the full -> swa slot mapping (int64 ``[size + page_size + 1]``, last -1)."""
         self.full_to_swa_index_mapping = check_mapping(
-            "mapping", mapping, self.device, self.num_rows + 1, full=self.debug
+            "full_to_swa_index_mapping",
+            full_to_swa_index_mapping,
+            self.device,
+            self.num_rows + 1,
+            full=self.debug,
         )
 
-    def translate_loc_from_full_to_swa(self, idx: torch.Tensor) -> torch.Tensor:
-        """``mapping[idx]``: window slots (int64) of full slots ``idx`` (0 where unmapped).
+    def translate_loc_from_full_to_swa(self, kv_indices: torch.Tensor) -> torch.Tensor:
+        """``mapping[kv_indices]``: window slots (int64) of full slots (0 where unmapped).
 
-        ``idx`` is checked first (``TypeError``/``ValueError``), then ``RuntimeError`` when no
-        mapping is registered."""
-        check_slots("idx", idx, self.device, self.num_rows, full=self.debug)
+        ``kv_indices`` is checked first (``TypeError``/``ValueError``), then ``RuntimeError``
+        when no mapping is registered."""
+        check_slots("kv_indices", kv_indices, self.device, self.num_rows, full=self.debug)
         if self.full_to_swa_index_mapping is None:
             raise RuntimeError("no full -> swa mapping registered: call register_mapping first")
-        return self.full_to_swa_index_mapping[idx]
+        return self.full_to_swa_index_mapping[kv_indices]
 
     def translate_loc_from_full_to_compressed(
         self, full_loc: torch.Tensor, compress_ratio: int = 4
@@ -354,13 +390,14 @@ class DeepSeekV4TokenToKVPool(BaseSWAKVPool):
     # ---------------------------------------------------------------- writes
     def set_kv_buffer(
         self,
-        layer_id: int,
+        layer: object,
         loc: torch.Tensor | KVWriteLoc,
         cache_k: torch.Tensor,
         cache_v: torch.Tensor | None = None,
     ) -> None:
-        """Quantise ``cache_k`` (``[n, 512]``) into the window pool at ``loc.swa_loc``."""
-        self.layer_index(layer_id)
+        """Quantise ``cache_k`` (``[n, 512]``) into the window pool at ``loc.swa_loc``;
+        ``layer`` is a layer object with an int ``layer_id`` or an int."""
+        layer_id = self._layer(layer, "layer")
         if not isinstance(loc, (torch.Tensor, KVWriteLoc)):
             raise TypeError(f"loc must be a KVWriteLoc with swa_loc set, got {type(loc).__name__}")
         swa_loc = loc.swa_loc if isinstance(loc, KVWriteLoc) else None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 import mem_cache_kernels as kernels
@@ -36,40 +38,91 @@ class DSATokenToKVPool(MLATokenToKVPool):
     roles ``"kv"``, ``"index_k"`` (``[n, 128]`` uint8) and ``"index_k_scale"`` (``[n, 4]`` uint8).
     """
 
+    quant_block_size = 128
+    """Index keys are quantised in blocks of 128 values, one fp32 scale each (SGLang)."""
+    index_k_with_scale_buffer_dtype = torch.uint8
+    """dtype of the index buffers."""
+    rope_storage_dtype = torch.bfloat16
+    """SGLang: the rope part of a packed fp8 DSA row is stored in bf16."""
+
     def __init__(  # noqa: PLR0917 (SGLang-compatible positional signature)
         self,
         size: int,
         page_size: int,
-        dtype: torch.dtype,
-        kv_lora_rank: int,
+        kv_lora_rank: int | torch.dtype,
+        dtype: torch.dtype | int,
         qk_rope_head_dim: int,
         layer_num: int,
         device: str | torch.device,
         index_head_dim: int = INDEX_HEAD_DIM,
         enable_memory_saver: bool = False,
+        kv_cache_dim: int | None = None,
         start_layer: int | None = None,
         end_layer: int | None = None,
-        kv_cache_dim: int | None = None,
         index_buf_size: int | None = None,
+        index_kpool: int = 1,
+        index_kpool_compress: bool = False,
+        tail_extra_slots: int = 0,
+        max_running_requests: int | None = None,
+        skip_topk_layers: Sequence[bool] | None = None,
+        dcp_replicated: bool = False,
         *,
         debug: bool = False,
     ) -> None:
+        # SGLang 0.5.23's order is (size, page_size, kv_lora_rank, dtype, ...); mem-cache's
+        # earlier order (size, page_size, dtype, kv_lora_rank, ...) is recognised by the dtype
+        # in third place (a dtype is never a rank) and still accepted.
+        if isinstance(kv_lora_rank, torch.dtype) and not isinstance(dtype, torch.dtype):
+            kv_lora_rank, dtype = dtype, kv_lora_rank
         if checks.check_int("index_head_dim", index_head_dim) != INDEX_HEAD_DIM:
             raise ValueError(f"index_head_dim must be {INDEX_HEAD_DIM}, got {index_head_dim}")
+        if checks.check_int("index_kpool", index_kpool, minimum=1) != 1 or index_kpool_compress:
+            raise NotImplementedError(
+                "index_kpool > 1 / index_kpool_compress (SGLang's compressed index pages) are "
+                f"not provided, got index_kpool={index_kpool}, "
+                f"index_kpool_compress={index_kpool_compress}"
+            )
+        if checks.check_int("tail_extra_slots", tail_extra_slots, minimum=0):
+            raise NotImplementedError(
+                "tail_extra_slots serves SGLang's kpool compress tails, which are not provided"
+            )
+        checks.check_optional_int("max_running_requests", max_running_requests)
+        skip = [False] * checks.check_int("layer_num", layer_num, minimum=1)
+        if skip_topk_layers is not None:
+            skip = [bool(b) for b in skip_topk_layers]
+            if len(skip) != layer_num:
+                raise ValueError(
+                    f"skip_topk_layers must hold layer_num={layer_num} flags, got {len(skip)}"
+                )
+        rank = checks.check_int("kv_lora_rank", kv_lora_rank, minimum=1)
+        rope = checks.check_int("qk_rope_head_dim", qk_rope_head_dim, minimum=0)
+        override = None
+        if kv_cache_dim is not None and checks.check_int("kv_cache_dim", kv_cache_dim) != (
+            rank + rope
+        ):
+            override = kv_cache_dim
         super().__init__(
             size,
             page_size,
-            dtype,
-            kv_lora_rank,
-            qk_rope_head_dim,
+            dtype,  # type: ignore[arg-type]
+            rank,
+            rope,
             layer_num,
             device,
             enable_memory_saver,
             start_layer,
             end_layer,
-            kv_cache_dim,
+            True,
+            override,
+            dcp_replicated,
             debug=debug,
         )
+        self.skip_topk_layers = skip
+        self.index_kpool = 1
+        self.index_kpool_compress = False
+        self.kpool_use_compress = False
+        self.tail_extra_slots = 0
+        self.index_page_size = self.page_size
         self.index_head_dim = index_head_dim
         self.index_buf_size = checks.check_int(
             "index_buf_size", size if index_buf_size is None else index_buf_size, minimum=0
@@ -143,6 +196,117 @@ class DSATokenToKVPool(MLATokenToKVPool):
         )
         kernels.transfer_rows(
             [scale_src], [lay.scale_view(buf)], self._arange(n), lay.scale_rows(slots)
+        )
+
+    def get_index_k_scale_buffer(
+        self,
+        layer_id: int,
+        seq_len_tensor: torch.Tensor,
+        page_indices: torch.Tensor,
+        seq_len_sum: int,
+        max_seq_len: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Gather the index keys and scales of a batch of sequences (SGLang's ``GetKAndS``).
+
+        ``page_indices`` ``[B, max_pages]`` (int32/int64 page ids per sequence),
+        ``seq_len_tensor`` ``[B]`` (tokens of each sequence), ``seq_len_sum`` (their sum) and
+        ``max_seq_len`` (their maximum). Returns new uint8 tensors ``(keys [seq_len_sum, 128],
+        scales [seq_len_sum, 4])``: sequence ``b``'s first ``seq_len[b]`` tokens (token ``t`` in
+        page ``page_indices[b, t // page_size]``), sequences concatenated in order. Waits once
+        for the layer. ``ValueError`` when the sums disagree or a sequence needs more pages
+        than its row holds.
+        """
+        index = self._wait_layer(layer_id)
+        pages = checks.check_tensor("page_indices", page_indices)
+        if pages.dtype not in checks.INDEX_DTYPES:
+            raise TypeError(f"page_indices must be int32 or int64, got {pages.dtype}")
+        if pages.dim() != 2:
+            raise ValueError(f"page_indices must be 2-D [B, max_pages], got {tuple(pages.shape)}")
+        checks.check_on_device("page_indices", pages, self.device)
+        lens = checks.check_index("seq_len_tensor", seq_len_tensor, device=self.device)
+        total = checks.check_int("seq_len_sum", seq_len_sum, minimum=0)
+        longest = checks.check_int("max_seq_len", max_seq_len, minimum=0)
+        if lens.numel() != pages.shape[0]:
+            raise ValueError(
+                f"seq_len_tensor must hold one length per row of page_indices "
+                f"({pages.shape[0]}), got {lens.numel()}"
+            )
+        lens64 = lens.to(torch.int64)
+        if int(lens64.sum()) != total or (lens64.numel() and int(lens64.max()) > longest):
+            raise ValueError(
+                f"seq_len_sum / max_seq_len must be the sum / max of seq_len_tensor, got "
+                f"{total} / {longest} for {lens64.tolist()}"
+            )
+        if longest > pages.shape[1] * self.page_size:
+            raise ValueError(
+                f"max_seq_len must be <= page_indices.shape[1] * page_size = "
+                f"{pages.shape[1] * self.page_size}, got {longest}"
+            )
+        pos = torch.arange(longest, device=self.device)
+        keep = pos[None, :] < lens64[:, None]
+        page = pages.to(torch.int64).gather(1, (pos // self.page_size).expand(pages.shape[0], -1))
+        tokens = (page * self.page_size + pos % self.page_size)[keep]
+        check_slots("page_indices (tokens)", tokens, self.device, self.index_num_rows, full=True)
+        return self._gather_index(index, tokens)
+
+    # ---------------------------------------------------------------- SGLang kpool compress (off)
+    def get_compress_tail_buffers(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """SGLang's kpool-compress tail rings: ``NotImplementedError``, the feature is not
+        provided (``kpool_use_compress`` False, where SGLang's assertion fails)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not support get_compress_tail_buffers "
+            "(kpool compress is off)"
+        )
+
+    def get_compress_tail_buf_infos(self) -> tuple[list[int], list[int], list[int]]:
+        """``([], [], [])``: no compress tails to transfer (kpool compress off), as SGLang."""
+        return [], [], []
+
+    def kpool_decode_update_index_cache(  # noqa: PLR0917 (SGLang's signature)
+        self,
+        layer_id: int,
+        key: torch.Tensor,
+        slot_score: torch.Tensor,
+        ape: torch.Tensor,
+        block_tables: torch.Tensor,
+        req_pool_indices: torch.Tensor,
+        positions: torch.Tensor,
+        seq_lens: torch.Tensor,
+        out_cache_loc: torch.Tensor,
+        round_scale: bool = False,
+    ) -> None:
+        """SGLang's kpool-compress decode update: ``NotImplementedError`` (kpool compress is
+        not provided)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not support kpool_decode_update_index_cache "
+            "(kpool compress is off)"
+        )
+
+    def set_compress_tail_for_request(  # noqa: PLR0917 (SGLang's signature)
+        self,
+        layer_id: int,
+        req_pool_idx: torch.Tensor,
+        key_tail: torch.Tensor,
+        score_tail: torch.Tensor,
+        n_remain: int,
+        dst_logical_start: int,
+    ) -> None:
+        """SGLang's kpool-compress tail write: ``NotImplementedError`` (kpool compress is not
+        provided)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not support set_compress_tail_for_request "
+            "(kpool compress is off)"
+        )
+
+    def get_state_buf_infos(self) -> tuple[list[int], list[int], list[int]]:
+        """``(data_ptrs, data_lens, item_lens)`` of the per-layer index buffers (the "state"
+        that PD transfer sends with the KV): base address, whole-buffer bytes, one page row's
+        bytes, as SGLang's ``IndexKeyCache.state_buf_infos``."""
+        bufs = self.index_k_with_scale_buffer
+        return (
+            [b.data_ptr() for b in bufs],
+            [b.numel() for b in bufs],
+            [b[0].numel() if b.shape[0] else 0 for b in bufs],
         )
 
     def _arange(self, n: int) -> torch.Tensor:
@@ -242,19 +406,21 @@ class DSATokenToKVPool(MLATokenToKVPool):
 
     def load_cpu_copy(
         self,
-        kv_cache_cpu: CpuKVCopy,
+        kv_cache_cpu_dict: CpuKVCopy,
         indices: torch.Tensor,
         mamba_indices: torch.Tensor | None = None,
         req_pool_index: int | None = None,
     ) -> None:
         """Write a :meth:`get_cpu_copy` result back at tokens ``indices`` (validated first)."""
+        kv_cache_cpu = kv_cache_cpu_dict
+        arg = "kv_cache_cpu_dict"
         idx = self._check_loc("indices", indices, limit=min(self.num_rows, self.index_num_rows))
-        check_copy_roles(kv_cache_cpu, ["kv", *_INDEX_ROLES])
+        check_copy_roles(kv_cache_cpu, ["kv", *_INDEX_ROLES], arg)
         kv_part = {k: v for k, v in kv_cache_cpu.items() if k not in _INDEX_ROLES}
-        self._check_cpu_copy(kv_part, idx)
+        self._check_cpu_copy(kv_part, idx, arg)
         n = idx.numel()
         for role, width in zip(_INDEX_ROLES, (INDEX_HEAD_DIM, self.index_layout.scale_bytes)):
-            name = f"kv_cache_cpu[{role!r}]"
+            name = f"{arg}[{role!r}]"
             check_copy_layers(name, kv_cache_cpu[role], self.layer_num, torch.uint8, (n, width))
         super().load_cpu_copy(kv_part, idx)
         for i in range(self.layer_num):

@@ -3,13 +3,15 @@ slot space (hierarchical sparse attention; mirrors SGLang's ``HiSparseDSATokenTo
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 import mem_cache_kernels as kernels
 from mem_cache_kernels import checks
 from mem_cache_pool._checks import check_mapping
 from mem_cache_pool.base import CpuKVCopy
-from mem_cache_pool.dsa import DSATokenToKVPool
+from mem_cache_pool.dsa import INDEX_HEAD_DIM, DSATokenToKVPool
 
 __all__ = ["HiSparseDSATokenToKVPool"]
 
@@ -37,6 +39,63 @@ class HiSparseDSATokenToKVPool(DSATokenToKVPool):
 
     full_to_hisparse_device_index_mapping: torch.Tensor | None = None
 
+    def __init__(  # noqa: PLR0917 (SGLang-compatible positional signature)
+        self,
+        size: int,
+        page_size: int,
+        kv_lora_rank: int | torch.dtype,
+        dtype: torch.dtype | int,
+        qk_rope_head_dim: int,
+        layer_num: int,
+        device: str | torch.device,
+        index_head_dim: int = INDEX_HEAD_DIM,
+        enable_memory_saver: bool = False,
+        kv_cache_dim: int | None = None,
+        start_layer: int | None = None,
+        end_layer: int | None = None,
+        index_kpool: int = 1,
+        index_kpool_compress: bool = False,
+        tail_extra_slots: int = 0,
+        max_running_requests: int | None = None,
+        skip_topk_layers: Sequence[bool] | None = None,
+        host_to_device_ratio: int = 2,
+        *,
+        index_buf_size: int | None = None,
+        debug: bool = False,
+    ) -> None:
+        """SGLang's arguments (see :class:`DSATokenToKVPool`); the logical space (index
+        buffer) is ``size * host_to_device_ratio`` slots, as SGLang sizes it, unless the keyword
+        ``index_buf_size`` gives it directly."""
+        ratio = checks.check_int("host_to_device_ratio", host_to_device_ratio, minimum=1)
+        if index_buf_size is None:
+            index_buf_size = checks.check_int("size", size, minimum=0) * ratio
+        super().__init__(
+            size,
+            page_size,
+            kv_lora_rank,
+            dtype,
+            qk_rope_head_dim,
+            layer_num,
+            device,
+            index_head_dim,
+            enable_memory_saver,
+            kv_cache_dim,
+            start_layer,
+            end_layer,
+            index_buf_size,
+            index_kpool,
+            index_kpool_compress,
+            tail_extra_slots,
+            max_running_requests,
+            skip_topk_layers,
+            debug=debug,
+        )
+        self.host_to_device_ratio = ratio
+        self.bytes_per_token = self.kv_cache_dim * self.store_dtype.itemsize
+        """Bytes of one latent row (SGLang's copy-kernel stride)."""
+        self.data_strides = torch.full_like(self.data_ptrs.view(torch.int64), self.bytes_per_token)
+        """Per-layer row stride in bytes (int64, like ``data_ptrs``)."""
+
     # ---------------------------------------------------------------- mapping
     def register_mapping(self, full_to_hisparse_device_index_mapping: torch.Tensor) -> None:
         """Install the logical -> device slot mapping (see the class docstring)."""
@@ -56,6 +115,40 @@ class HiSparseDSATokenToKVPool(DSATokenToKVPool):
                 "reading or writing latent rows by logical location"
             )
         return self.full_to_hisparse_device_index_mapping
+
+    def translate_loc_to_hisparse_device(self, compressed_indices: torch.Tensor) -> torch.Tensor:
+        """Device slots (int64) of logical locations of any shape (1-D slots or a 2-D page
+        table), same shape; 0 where unmapped. Negative entries (padding) stay negative, as
+        SGLang's kernel preserves them."""
+        return self._translate_any("compressed_indices", compressed_indices)
+
+    def _translate_any(self, name: str, indices: object) -> torch.Tensor:
+        t = self._check_any_index(name, indices)
+        mapping = self._mapping()
+        flat = t.reshape(-1).long()
+        checks.check_index_values(
+            name, flat.clamp(min=0), limit=mapping.numel() - 1, full=self.debug
+        )
+        out = torch.where(flat < 0, flat, mapping[flat.clamp(min=0)])
+        return out.reshape(t.shape)
+
+    def _check_any_index(self, name: str, indices: object) -> torch.Tensor:
+        t = checks.check_tensor(name, indices)
+        if t.dtype not in checks.INDEX_DTYPES:
+            raise TypeError(f"{name} must be int32 or int64, got {t.dtype}")
+        checks.check_on_device(name, t, self.device)
+        return t
+
+    def translate_loc_from_full_to_hisparse_device(
+        self, full_indices: torch.Tensor
+    ) -> torch.Tensor:
+        """Same as :meth:`translate_loc_to_hisparse_device` (full = logical ids here)."""
+        return self._translate_any("full_indices", full_indices)
+
+    def translate_loc_from_full_to_compressed(self, full_indices: torch.Tensor) -> torch.Tensor:
+        """``full_indices`` itself (an int32/int64 tensor on the pool's device, any shape): a
+        DSA pool's logical ids are not compressed (SGLang)."""
+        return self._check_any_index("full_indices", full_indices)
 
     def translate_loc_to_device(self, loc: torch.Tensor) -> torch.Tensor:
         """Device slots (int64) of logical locations ``loc`` (0 where unmapped)."""

@@ -9,7 +9,7 @@ import torch
 import mem_cache_kernels as kernels
 from mem_cache_kernels import checks
 from mem_cache_pool._checks import check_rows
-from mem_cache_pool.base import KVCache, KVWriteLoc, _skip_padding_slot, unwrap_write_loc
+from mem_cache_pool.base import KVCache, KVWriteLoc, _skip_padding_slot, _write_slots
 
 __all__ = ["MLATokenToKVPool"]
 
@@ -22,7 +22,19 @@ class MLATokenToKVPool(KVCache):
     (a packed row, e.g. DSA fp8: 656 bytes). A row is ``[nope (kv_lora_rank) | rope]``.
     ``get_key_buffer`` returns the whole row, ``get_value_buffer`` its first ``kv_lora_rank``
     elements (views). ``get_kv_size_bytes()`` returns one int. Descriptor role: ``("kv",)``.
+
+    SGLang arguments: ``use_dsa`` (the pool is the latent part of a DSA pool; sets
+    ``use_dsa`` and, with an fp8 ``dtype`` and an override, ``dsa_kv_cache_store_fp8`` as
+    SGLang does; SGLang applies ``override_kv_cache_dim`` only then, ours whenever given, which
+    is how :class:`DSATokenToKVPool` sizes its rows); ``dcp_replicated`` (decode context
+    parallel: not provided, must be False; with DCP off SGLang writes rows as given, so do we).
     """
+
+    write_loc_is_dcp_resolved: bool = False
+    """SGLang: whether write locs arrive with the DCP owner rule resolved. DCP is not provided
+    (one rank): locs are plain slots either way; False as in SGLang's MLA pool."""
+    kv_scale_buffer: list[torch.Tensor] | None = None
+    """Per-layer scale buffers of SGLang's FP4 MLA pool: None (not quantized)."""
 
     def __init__(  # noqa: PLR0917 (SGLang-compatible positional signature)
         self,
@@ -36,10 +48,16 @@ class MLATokenToKVPool(KVCache):
         enable_memory_saver: bool = False,
         start_layer: int | None = None,
         end_layer: int | None = None,
+        use_dsa: bool = False,
         override_kv_cache_dim: int | None = None,
+        dcp_replicated: bool = False,
         *,
         debug: bool = False,
     ) -> None:
+        if dcp_replicated:
+            raise NotImplementedError(
+                "dcp_replicated (decode context parallel) is not provided by mem_cache_pool"
+            )
         super().__init__(
             size,
             page_size,
@@ -50,6 +68,11 @@ class MLATokenToKVPool(KVCache):
             start_layer,
             end_layer,
             debug=debug,
+        )
+        self.use_dsa = bool(use_dsa)
+        self.dcp_replicated = False
+        self.dsa_kv_cache_store_fp8 = (
+            self.use_dsa and self.dtype == torch.float8_e4m3fn and override_kv_cache_dim is not None
         )
         self.kv_lora_rank = checks.check_int("kv_lora_rank", kv_lora_rank, minimum=1)
         # a row is [nope | rope] with both parts non-empty
@@ -72,6 +95,7 @@ class MLATokenToKVPool(KVCache):
             for _ in range(layer_num)
         ]
         self.data_ptrs = self.get_buffer_desc().data_ptrs
+        self.model_layer_ids = tuple(range(self.start_layer, self.start_layer + self.layer_num))
         self._finalize_allocation()
 
     def _role_buffers(self) -> tuple[tuple[str, Sequence[torch.Tensor]], ...]:
@@ -96,20 +120,23 @@ class MLATokenToKVPool(KVCache):
 
     def set_kv_buffer(
         self,
-        layer_id: int,
-        loc: torch.Tensor | KVWriteLoc,
+        layer: object,
+        loc_info: torch.Tensor | KVWriteLoc,
         cache_k: torch.Tensor,
         cache_v: torch.Tensor | None = None,
+        layer_id_override: int | None = None,
     ) -> None:
-        """Write packed rows ``cache_k`` ``[n, 1, kv_cache_dim]`` at slots ``loc`` ``[n]``.
+        """Write packed rows ``cache_k`` ``[n, 1, kv_cache_dim]`` at slots ``loc_info`` ``[n]``.
 
+        ``layer``: a layer object with an int ``layer_id`` (SGLang's ``RadixAttention``) or an
+        int; ``layer_id_override`` replaces its id.
         ``cache_v`` is ignored (MLA has no separate value). Inputs in another floating dtype
         are cast to ``dtype``. Slot 0 (padding) is written like any other slot, as SGLang
         0.5.23's packed-row store does (only :meth:`set_mla_kv_buffer` skips it). Validates
         before writing; mutates rows ``loc`` of one layer.
         """
-        index = self.layer_index(layer_id)
-        slots = self._device_loc("loc", unwrap_write_loc(loc))
+        index = self._write_layer(layer, layer_id_override)
+        slots = self._device_loc("loc_info", _write_slots("loc_info", loc_info))
         n = slots.numel()
         k = check_rows("cache_k", cache_k, (n, 1, self.kv_cache_dim), self.device)
         if n:
@@ -120,20 +147,24 @@ class MLATokenToKVPool(KVCache):
 
     def set_mla_kv_buffer(
         self,
-        layer_id: int,
-        loc: torch.Tensor | KVWriteLoc,
+        layer: object,
+        loc_info: torch.Tensor | KVWriteLoc,
         cache_k_nope: torch.Tensor,
         cache_k_rope: torch.Tensor,
+        layer_id_override: int | None = None,
     ) -> None:
         """Write ``cache_k_nope`` ``[n, 1, kv_lora_rank]`` and ``cache_k_rope`` ``[n, 1,
         kv_cache_dim - kv_lora_rank]`` into the two halves of rows ``loc`` (no concatenation).
+
+        ``layer``: a layer object with an int ``layer_id`` or an int; ``layer_id_override``
+        replaces its id. Inputs in another floating dtype are cast to ``dtype``.
 
         Entries of ``loc`` that are (or, for HiSparse, translate to) device slot 0, the padding
         slot, are skipped, as SGLang 0.5.23's ``set_mla_kv_buffer`` kernels do: slot 0 keeps its
         contents. Validates before writing; mutates rows ``loc`` of one layer.
         """
-        index = self.layer_index(layer_id)
-        slots = self._device_loc("loc", unwrap_write_loc(loc))
+        index = self._write_layer(layer, layer_id_override)
+        slots = self._device_loc("loc_info", _write_slots("loc_info", loc_info))
         n = slots.numel()
         nope = check_rows("cache_k_nope", cache_k_nope, (n, 1, self.kv_lora_rank), self.device)
         rope_dim = self.kv_cache_dim - self.kv_lora_rank
@@ -144,16 +175,18 @@ class MLATokenToKVPool(KVCache):
             )
 
     def get_mla_kv_buffer(
-        self, layer_id: int, loc: torch.Tensor, dst_dtype: torch.dtype | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Gather rows ``loc`` into new tensors ``(nope [n, 1, kv_lora_rank], rope [n, 1, ...])``.
+        self, layer: object, loc: torch.Tensor, dst_dtype: torch.dtype | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Gather rows ``loc`` into new tensors ``(nope [n, 1, kv_lora_rank], rope [n, 1,
+        kv_cache_dim - kv_lora_rank])``; ``rope`` is None when that width is 0 (SGLang: when
+        ``qk_rope_head_dim == 0``).
 
-        The rows are returned in ``dtype`` (bit-exact), or cast to ``dst_dtype`` when given.
-        Waits once for the layer. Does not mutate the pool.
+        ``layer``: a layer object with an int ``layer_id`` or an int. The rows are returned in
+        ``dtype`` (bit-exact), or cast to ``dst_dtype`` when given. Waits once for the layer.
+        Does not mutate the pool.
         """
         checks.check_dtype_arg("dst_dtype", dst_dtype)
-        self._wait_layer(layer_id)
-        index = layer_id - self.start_layer
+        index = self._wait_layer(layer, "layer")
         slots = self._device_loc("loc", loc)
         view = self.dtype if self.store_dtype != self.dtype else None
         nope, rope = kernels.get_mla_kv_buffer(
@@ -161,4 +194,14 @@ class MLATokenToKVPool(KVCache):
         )
         if dst_dtype is not None and dst_dtype != nope.dtype:
             nope, rope = nope.to(dst_dtype), rope.to(dst_dtype)
+        if rope.shape[-1] == 0:
+            return nope, None
         return nope, rope
+
+    def get_contiguous_buf_infos(self) -> tuple[list[int], list[int], list[int]]:
+        """``(data_ptrs, data_lens, item_lens)`` of the per-layer latent buffers for PD KV
+        transfer: base address, whole-buffer bytes, one page's bytes (SGLang's values)."""
+        ptrs = [t.data_ptr() for t in self.kv_buffer]
+        lens = [t.numel() * t.element_size() for t in self.kv_buffer]
+        items = [t[0].numel() * t.element_size() * self.page_size for t in self.kv_buffer]
+        return ptrs, lens, items

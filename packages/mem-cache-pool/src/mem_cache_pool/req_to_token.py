@@ -7,14 +7,31 @@ padding row (padded batches use request index 0); rows ``1..size`` are handed ou
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol, overload
 
 import torch
 
 from mem_cache_kernels import checks
 
-__all__ = ["ReqKvInfoLike", "ReqKvLike", "ReqLike", "ReqToTokenPool"]
+__all__ = ["AuxCache", "ReqKvInfoLike", "ReqKvLike", "ReqLike", "ReqToTokenPool"]
+
+
+class AuxCache(Protocol):
+    """A per-row auxiliary cache attached with ``ReqToTokenPool.attach_aux_cache`` (SGLang
+    0.5.23's sparse side caches): told of freed rows, clears and growth."""
+
+    dense_capacity: int
+
+    def free(self, index: int) -> None: ...
+
+    def clear(self) -> None: ...
+
+    def reset_allocator(self) -> None: ...
+
+    def alloc_to_lengths(
+        self, *, req_pool_indices_cpu: torch.Tensor, target_seq_lens_cpu: torch.Tensor
+    ) -> None: ...
 
 
 class ReqLike(Protocol):
@@ -112,7 +129,72 @@ class ReqToTokenPool:
         )
         self.free_slots: list[int] = []
         self._free_set: set[int] = set()
+        self.req_generation = torch.zeros(size + 1, dtype=torch.int64)
+        """Per-row allocation counter (CPU int64 ``[size + 1]``): ``alloc_rows`` bumps the rows
+        it hands out, and it never decreases (not even on ``clear``), so a reader that stored a
+        row's generation detects the row's reuse by inequality (SGLang 0.5.23)."""
+        self._aux_cache: AuxCache | None = None
+        self._on_alloc_rows: Callable[[list[int]], None] | None = None
         self.clear()
+
+    enable_mamba_extra_buffer_lazy: bool = False
+    """SGLang: lazily allocated Mamba extra buffers (hybrid request pools only): False."""
+    pre_alloc_size: int = 0
+    """Extra pre-allocation headroom: 0 for a plain pool (SGLang's decode-side pool sets it)."""
+
+    # ---------------------------------------------------------------- aux cache (SGLang 0.5.23)
+    def attach_aux_cache(self, aux_cache: AuxCache) -> None:
+        """Attach a per-row auxiliary cache (SGLang's sparse-attention side caches): it is then
+        told of every freed row (``aux_cache.free(row)``), of ``clear`` (``aux_cache.clear()``),
+        of :meth:`reset_aux_cache_allocator` and :meth:`alloc_aux_to_lengths`, and bounds
+        :meth:`schedulable_token_capacity` by its ``dense_capacity``. One per pool:
+        ``RuntimeError`` when one is attached already (SGLang asserts)."""
+        if self._aux_cache is not None:
+            raise RuntimeError("an aux cache is already attached to this ReqToTokenPool")
+        for name in ("free", "clear", "reset_allocator", "alloc_to_lengths"):
+            if not callable(getattr(aux_cache, name, None)):
+                raise TypeError(
+                    f"aux_cache must have a {name}() method, got {type(aux_cache).__name__}"
+                )
+        self._aux_cache = aux_cache
+
+    def register_on_alloc_rows(self, hook: Callable[[list[int]], None]) -> None:
+        """Install ``hook(rows)``, called by ``alloc_rows`` (hence ``alloc``) with the rows it
+        hands out, after their generation was bumped. One hook per pool: ``RuntimeError`` when
+        one is registered already; ``TypeError`` for a non-callable."""
+        if not callable(hook):
+            raise TypeError(f"hook must be callable, got {type(hook).__name__}")
+        if self._on_alloc_rows is not None:
+            raise RuntimeError("an on-alloc-rows hook is already registered")
+        self._on_alloc_rows = hook
+
+    def reset_aux_cache_allocator(self) -> None:
+        """``aux_cache.reset_allocator()`` when an aux cache is attached; else nothing."""
+        if self._aux_cache is not None:
+            self._aux_cache.reset_allocator()
+
+    def schedulable_token_capacity(self, physical_capacity: int) -> int:
+        """Tokens the scheduler may admit: ``physical_capacity`` without an aux cache, the aux
+        cache's ``dense_capacity`` with one (SGLang 0.5.23)."""
+        checks.check_int("physical_capacity", physical_capacity)
+        if self._aux_cache is None:
+            return physical_capacity
+        return int(self._aux_cache.dense_capacity)
+
+    def alloc_aux_to_lengths(
+        self, *, req_pool_indices_cpu: torch.Tensor, target_seq_lens_cpu: torch.Tensor
+    ) -> None:
+        """Grow the aux cache's per-row allocations to ``target_seq_lens_cpu`` tokens for rows
+        ``req_pool_indices_cpu`` (SGLang's ``alloc_for_extend`` / decode call it every step). A
+        no-op without an aux cache; with one, both are passed on as keywords. Either way they
+        must be 1-D int32/int64 tensors of equal length (``TypeError`` / ``ValueError``)."""
+        rows = checks.check_index("req_pool_indices_cpu", req_pool_indices_cpu)
+        checks.check_index("target_seq_lens_cpu", target_seq_lens_cpu, length=rows.numel())
+        if self._aux_cache is None:
+            return
+        self._aux_cache.alloc_to_lengths(
+            req_pool_indices_cpu=req_pool_indices_cpu, target_seq_lens_cpu=target_seq_lens_cpu
+        )
 
     def available_size(self) -> int:
         """Number of free rows."""
@@ -181,33 +263,34 @@ class ReqToTokenPool:
         taken = self.free_slots[-need:]
         del self.free_slots[-need:]
         self._free_set.difference_update(taken)
+        self.req_generation[taken] += 1
+        if self._on_alloc_rows is not None:
+            self._on_alloc_rows(taken)
         return taken
 
     # ---------------------------------------------------------------- release
-    def free(self, free_index: int | Sequence[int] | AnyReq) -> None:
+    def free(self, req: int | Sequence[int] | AnyReq) -> None:
         """Return rows to the tail of the free list (see the class docstring)."""
         holder: ReqLike | ReqKvInfoLike | None = None
-        if isinstance(free_index, int):  # a bool is an int to Python: check_int rejects it
-            rows: list[int] = [checks.check_int("free_index", free_index)]
-        elif isinstance(free_index, (str, bytes)):
+        if isinstance(req, int):  # a bool is an int to Python: check_int rejects it
+            rows: list[int] = [checks.check_int("req", req)]
+        elif isinstance(req, (str, bytes)):
             raise TypeError(
-                "free_index must be an int, a sequence of ints or a request, "
-                f"got {type(free_index).__name__}"
+                f"req must be an int, a sequence of ints or a request, got {type(req).__name__}"
             )
-        elif isinstance(free_index, Sequence):
-            rows = list(free_index)
+        elif isinstance(req, Sequence):
+            rows = list(req)
         else:
             try:
-                holder = _row_holder(free_index, "free_index")
+                holder = _row_holder(req, "req")
             except TypeError:
                 raise TypeError(
-                    "free_index must be an int, a sequence of ints or a request, "
-                    f"got {type(free_index).__name__}"
+                    f"req must be an int, a sequence of ints or a request, got {type(req).__name__}"
                 ) from None
             if holder.req_pool_idx is None:
-                raise ValueError("free_index.req_pool_idx must be an allocated row, got None")
+                raise ValueError("req.req_pool_idx must be an allocated row, got None")
             rows = [holder.req_pool_idx]
-        self._release(rows, "free_index")
+        self._release(rows, "req")
         if holder is not None:
             holder.req_pool_idx = None
 
@@ -226,6 +309,9 @@ class ReqToTokenPool:
                 raise ValueError(f"{name} row {r} is not allocated (double free)")
         if len(set(rows)) != len(rows):
             raise ValueError(f"{name} must not repeat a row, got {rows}")
+        if self._aux_cache is not None:
+            for r in rows:
+                self._aux_cache.free(r)
         self.free_slots.extend(rows)
         self._free_set.update(rows)
 
@@ -273,6 +359,9 @@ class ReqToTokenPool:
             ) from None
 
     def clear(self) -> None:
-        """Free every row (the table contents are left as they are)."""
+        """Free every row (the table contents and ``req_generation`` are left as they are);
+        an attached aux cache is cleared too."""
         self.free_slots = list(range(1, self.size + 1))
         self._free_set = set(self.free_slots)
+        if self._aux_cache is not None:
+            self._aux_cache.clear()
