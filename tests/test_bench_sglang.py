@@ -83,8 +83,9 @@ def test_step_driver_runs_over_sglang_on_both_sides(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(bench_sglang_step, "missing_members", lambda *a: [])
     rows = bench_sglang.step_rows(True, 1, [1, 16])
     assert [r.name for r in rows] == [
-        "ps=1 memory layer per step", "ps=1 memory layer per scheduled token",
-        "ps=16 memory layer per step", "ps=16 memory layer per scheduled token",
+        f"ps={ps} {what}" for ps in (1, 16) for what in (
+            "memory layer per step", "memory layer per scheduled token",
+            "inside allocator + req pool, per step")
     ]
     assert all(math.isfinite(r.ratio) and r.sglang_us > 0 for r in rows), rows
     assert rows[0].extra["steps"] > 1

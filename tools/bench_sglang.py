@@ -122,10 +122,11 @@ def make_row(
                spread, len(ratios), goal, verdict, note, dict(extra))
 
 
-def skipped_row(section: str, name: str, reason: str) -> Row:
-    """A row that could not be measured, with the reason printed in place of the figures."""
+def skipped_row(section: str, name: str, reason: str, sglang_us: float = float("nan")) -> Row:
+    """A row that could not be compared, with the reason printed in place of the ratio
+    (``sglang_us``: SGLang's own figure, when that side could be measured alone)."""
     nan = float("nan")
-    return Row(section, name, nan, nan, nan, nan, nan, nan, 0, None, "n/a", reason)
+    return Row(section, name, nan, sglang_us, nan, nan, nan, nan, 0, None, "n/a", reason)
 
 
 # ---------------------------------------------------------------------------- allocator

@@ -15,7 +15,9 @@ tokens; both sides get the same calls, alternating which goes first on every ste
 hand out identical slots (``RuntimeError`` otherwise).
 
 Timed per step: the calls above (the memory layer), nothing of the batch bookkeeping.
-Reported: memory-layer microseconds per step and per scheduled token (prefill + decode tokens).
+Reported: memory-layer microseconds per step and per scheduled token (prefill + decode tokens),
+and the part of it spent inside the allocator's and the ``ReqToTokenPool``'s own methods (the
+classes the two sides differ in; SGLang's radix cache and glue are the same code on both).
 
 A side whose classes lack a member SGLang's path reaches gets a row that says which one
 (:func:`missing_members`), instead of failing.
@@ -24,6 +26,7 @@ A side whose classes lack a member SGLang's path reaches gets a row that says wh
 from __future__ import annotations
 
 import math
+import statistics
 import time
 import traceback
 import types
@@ -46,6 +49,11 @@ REACHED: dict[str, tuple[str, ...]] = {
     "req_to_token_pool": ("req_to_token", "alloc", "free", "write", "alloc_aux_to_lengths",
                           "device", "available_size"),
 }
+
+
+# evict_to_free_tokens(tree_cache, n) runs the tree's evict (SGLang's code, the same on both
+# sides); the frees that eviction makes are timed (free_segment), the tree walk is not.
+_NOT_TIMED = frozenset({"evict_to_free_tokens"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +146,32 @@ class _Side:
         self.running: list[_Req] = []
         self.ns = 0
         self.tokens = 0
+        self.inner = [0]  # ns spent inside the allocator's and the req pool's own methods
+        depth = [0]
+        for obj, what in ((allocator, "allocator"), (req_pool, "req_to_token_pool")):
+            for name in REACHED[what]:
+                if name not in _NOT_TIMED and callable(getattr(obj, name, None)):
+                    _time_method(obj, name, self.inner, depth)
+
+
+def _time_method(obj: Any, name: str, total: list[int], depth: list[int]) -> None:
+    """Shadow ``obj.name`` with a wrapper adding its wall time to ``total[0]`` (outermost
+    calls only: a method calling another timed one is counted once). Both sides get the same
+    wrappers, so their cost (well under a microsecond a call) is in both sides' step time."""
+    bound = getattr(obj, name)
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        if depth[0]:
+            return bound(*args, **kwargs)
+        depth[0] = 1
+        t0 = time.perf_counter_ns()
+        try:
+            return bound(*args, **kwargs)
+        finally:
+            total[0] += time.perf_counter_ns() - t0
+            depth[0] = 0
+
+    setattr(obj, name, timed)
 
 
 def _batch(side: _Side, reqs: Sequence[_Req], extend: bool) -> types.SimpleNamespace:
@@ -271,6 +305,17 @@ def _run(sgl: types.SimpleNamespace, ps: int, cfg: StepConfig,
     return ours, theirs, steps
 
 
+def _run_alone(sgl: types.SimpleNamespace, ps: int, cfg: StepConfig) -> float:
+    """SGLang's side alone (while ours cannot run): memory-layer microseconds per step."""
+    (a_s, r_s), _ = _sides(sgl, ps, cfg)
+    side = _Side(sgl, a_s, r_s, ps, cfg)
+    steps = 0
+    while side.waiting or side.running:
+        steps += 1
+        _step(side, cfg)
+    return side.ns / 1e3 / max(1, steps)
+
+
 def step_rows(*, quick: bool, rounds: int, page_sizes: Sequence[int],
               make_row: Callable[..., Any], skipped_row: Callable[..., Any],
               goal: float) -> list[Any]:
@@ -283,10 +328,13 @@ def step_rows(*, quick: bool, rounds: int, page_sizes: Sequence[int],
         missing = missing_members(a_o, r_o)
         if missing:
             reason = "not comparable yet: " + "; ".join(missing)
-            rows.append(skipped_row("step", f"ps={ps} memory layer per step", reason))
+            alone = [_run_alone(sgl, ps, cfg) for _ in range(rounds)]
+            rows.append(skipped_row("step", f"ps={ps} memory layer per step", reason,
+                                    sglang_us=statistics.median(alone)))
             continue
         per_step: tuple[list[float], list[float]] = ([], [])
         per_tok: tuple[list[float], list[float]] = ([], [])
+        inner: tuple[list[float], list[float]] = ([], [])
         steps = 0
         try:
             for r in range(rounds):
@@ -294,6 +342,7 @@ def step_rows(*, quick: bool, rounds: int, page_sizes: Sequence[int],
                 for i, side in enumerate((ours, theirs)):
                     per_step[i].append(side.ns / 1e3 / steps)
                     per_tok[i].append(side.ns / 1e3 / max(1, side.tokens))
+                    inner[i].append(side.inner[0] / 1e3 / steps)
         except Exception as exc:  # reported in the row; the run goes on
             where = traceback.extract_tb(exc.__traceback__)[-1]
             reason = (f"not comparable yet: {type(exc).__name__}: {exc} (at "
@@ -303,4 +352,7 @@ def step_rows(*, quick: bool, rounds: int, page_sizes: Sequence[int],
         rows.append(make_row("step", f"ps={ps} memory layer per step", *per_step, goal=goal,
                              note=f"{steps} steps", steps=steps))
         rows.append(make_row("step", f"ps={ps} memory layer per scheduled token", *per_tok))
+        rows.append(make_row("step", f"ps={ps} inside allocator + req pool, per step", *inner,
+                             goal=goal, note="the classes' own methods only (SGLang's radix "
+                             "cache and allocation glue, the same code on both sides, excluded)"))
     return rows
