@@ -54,10 +54,10 @@ def test_quick_run_writes_rows_json_and_plot(tmp_path: Path) -> None:
     step = [r for r in rows if r["section"] == "step"]
     assert step, "the radix-cache step section left no row"
     for r in step:  # measured, or an explicit reason (ours lacks members until they merge)
-        assert math.isfinite(r["ratio"]) or r["note"].startswith("not comparable yet: "), r
+        assert r["ratio"] is not None or r["note"].startswith("not comparable yet: "), r
     storage = [r for r in rows if r["section"] == "storage"]
     assert storage and all(
-        math.isfinite(r["ratio"]) or bench_sglang.STORAGE_HOOK in r["note"] for r in storage
+        r["ratio"] is not None or bench_sglang.STORAGE_HOOK in r["note"] for r in storage
     )
     assert data["machine"]["torch"] == torch.__version__
     try:

@@ -364,6 +364,12 @@ def plot_rows(rows: Sequence[Row], path: Path) -> Path | None:
     return path
 
 
+def _json_row(row: Row) -> dict[str, Any]:
+    """The row as strict JSON: a figure that could not be measured is ``null``, not NaN."""
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+            for k, v in asdict(row).items()}
+
+
 def wheel_present() -> bool:
     """The SGLang tree is on disk already (or ``$SGLANG_WHEEL`` names a wheel): no download."""
     from tools.sglang_ref._wheel import VERSION, cache_dir
@@ -441,6 +447,12 @@ def main(argv: list[str] | None = None) -> int:
           f"trace {cfg.num_requests} requests ~{cfg.running} running; {machine['processor']}, "
           f"{machine['cpus']} CPUs, torch {machine['torch']}, 1 thread; {seconds:.1f} s")
     print_rows(rows)
+    goals = [r for r in rows if r.goal is not None]
+    if goals:
+        print("\ngoals (ours / SGLang, this run):")
+        for r in goals:
+            print(f"  {r.section}/{r.name}: {r.ratio:.2f}x (rounds {r.ratio_min:.2f}.."
+                  f"{r.ratio_max:.2f}) vs <= {r.goal:g}: {r.verdict}")
     noisy = [r for r in rows if "noise" in r.verdict]
     print(f"\nnoise: {len(noisy)} of {len(rows)} rows have a repeat spread > "
           f"{NOISE_SPREAD:.0%} (ratios of those rows are not a verdict)")
@@ -449,8 +461,8 @@ def main(argv: list[str] | None = None) -> int:
         data = {"machine": machine, "rounds": rounds, "noise_spread": NOISE_SPREAD,
                 "config": {"trace": asdict(cfg), "calls_per_round": calls,
                            "page_sizes": page_sizes, "sections": sections, "quick": args.quick},
-                "seconds": seconds, "rows": [asdict(r) for r in rows]}
-        path.write_text(json.dumps(data, indent=2, allow_nan=True))
+                "seconds": seconds, "rows": [_json_row(r) for r in rows]}
+        path.write_text(json.dumps(data, indent=2, allow_nan=False))
         if not args.no_plot:
             png = plot_rows(rows, path.with_suffix(".png"))
             print(f"plot: {png}" if png else "plot: skipped (matplotlib is not installed)")
