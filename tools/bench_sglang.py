@@ -335,6 +335,7 @@ def plot_rows(rows: Sequence[Row], path: Path) -> Path | None:
     as ticks; ``None`` when matplotlib is not installed."""
     try:
         import matplotlib
+        import matplotlib.ticker
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
@@ -355,6 +356,13 @@ def plot_rows(rows: Sequence[Row], path: Path) -> Path | None:
             ax.plot([r.goal, r.goal], [y - 0.4, y + 0.4], color="red", lw=1.5)
     ax.axvline(1.0, color="black", lw=0.8, ls="--")
     ax.set_xscale("log")
+    lo = min(*(r.ratio_min for r in shown), 0.25)
+    hi = max(*(r.ratio_max for r in shown), 2.0)
+    ticks = [t for t in (0.0625, 0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0) if lo <= t <= hi]
+    ax.set_xlim(lo / 1.2, hi * 1.2)
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([f"{t:g}x" for t in ticks])
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_yticks(ys)
     ax.set_yticklabels([f"{r.section}: {r.name}" for r in shown], fontsize=7)
     ax.set_xlabel("ours / SGLang 0.5.23 (lower is faster; bars: repeat range; red: goal)")
