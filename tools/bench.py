@@ -6,9 +6,11 @@ Runs every benchmark tool of the repository in this process (each exposes
 matplotlib is importable, the plots of :mod:`tools.bench_plots` (one panel per direction and
 access pattern, the same-run memcpy as a dashed reference line).
 
-Usage: ``python -m tools.bench [--quick] [--only NAME[,NAME]] [--out DIR] [--list]
-[--no-plots]``. ``--list`` prints what would run without running anything. Exit status: 0 when
-every selected tool returned 0.
+Usage: ``python -m tools.bench [--quick] [--only NAME[,NAME]] [--against sglang] [--out DIR]
+[--list] [--no-plots]``. ``--against sglang`` runs only :mod:`tools.bench_sglang` (ours / SGLang
+0.5.23's own classes, fetching the wheel when missing); the default run includes it when the
+wheel is already on disk. ``--list`` prints what would run without running anything. Exit
+status: 0 when every selected tool returned 0.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class Benchmark:
     name: str
     module: str
     what: str
+    default_argv: tuple[str, ...] = ()  # passed in the default run, not with --against
 
 
 BENCHMARKS: tuple[Benchmark, ...] = (
@@ -43,7 +46,11 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("allocator", "tools.bench_allocator", "allocator trace vs SGLang-like baseline"),
     Benchmark("host", "tools.bench_host", "host pool backup/load GB/s per layout and backend"),
     Benchmark("storage", "tools.bench_storage", "L3 backends set/get vs memcpy, prefetch"),
+    # in the default run only when SGLang's wheel is already on disk (--if-available)
+    Benchmark("sglang", "tools.bench_sglang", "ours / SGLang 0.5.23's own classes, same run",
+              ("--if-available",)),
 )
+AGAINST = {"sglang": "sglang"}  # --against NAME: run only that comparison, wheel required
 
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "bench-results"
 
@@ -82,8 +89,8 @@ def _load(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def _run_all(selected: list[Benchmark], out: Path, quick: bool
-             ) -> tuple[dict[str, Any], list[str]]:
+def _run_all(selected: list[Benchmark], out: Path, quick: bool,
+             tool_argv: Callable[[Benchmark], list[str]]) -> tuple[dict[str, Any], list[str]]:
     """Run every selected tool; the summary (per tool) and the names of the failed ones."""
     summary: dict[str, Any] = {"quick": quick, "benchmarks": {}}
     failed: list[str] = []
@@ -91,7 +98,7 @@ def _run_all(selected: list[Benchmark], out: Path, quick: bool
         path = out / f"{b.name}.json"
         print(f"\n=== {b.name}: {b.module} ({b.what})", flush=True)
         t0 = time.perf_counter()
-        rc = _run_one(b, [*(["--quick"] if quick else []), "--json", str(path)])
+        rc = _run_one(b, tool_argv(b))
         seconds = time.perf_counter() - t0
         ok = rc == 0 and _load(path) is not None
         summary["benchmarks"][b.name] = {
@@ -116,22 +123,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-plots", action="store_true", help="skip the matplotlib plots")
     parser.add_argument("--verbose", action="store_true",
                         help="show third-party logs (the Mooncake client's glog lines)")
+    parser.add_argument("--against", choices=sorted(AGAINST),
+                        help="only the side-by-side comparison with that project's own classes "
+                        "(fetches SGLang's wheel when missing)")
     args = parser.parse_args(None if argv is None else list(argv))
     try:
-        selected = _select(args.only)
+        selected = _select(AGAINST[args.against] if args.against else args.only)
     except ValueError as exc:
         parser.error(str(exc))
     out: Path = args.out
+
+    def tool_argv(b: Benchmark) -> list[str]:
+        return [*(["--quick"] if args.quick else []), "--json", str(out / f"{b.name}.json"),
+                *(() if args.against else b.default_argv)]
+
     if args.list:
         for b in selected:
-            cmd = ["python", "-m", b.module, *(["--quick"] if args.quick else []),
-                   "--json", str(out / f"{b.name}.json")]
+            cmd = ["python", "-m", b.module, *tool_argv(b)]
             print(f"{b.name:<10} {' '.join(cmd):<70} {b.what}")
         return 0
     out.mkdir(parents=True, exist_ok=True)
     quiet_third_party_logs(args.verbose)
     with filtered_stderr(args.verbose) as hidden:
-        summary, failed = _run_all(selected, out, args.quick)
+        summary, failed = _run_all(selected, out, args.quick, tool_argv)
     summary["third_party_log_lines_hidden"] = hidden.dropped
     if hidden.dropped:
         print(f"{hidden.dropped} third-party log lines hidden (--verbose shows them)")

@@ -1,0 +1,358 @@
+"""One scheduler step of SGLang 0.5.23's own radix-cache path, over SGLang's classes and ours.
+
+The workload is SGLang's code, loaded from its wheel (:func:`tools.sglang_ref.load`):
+``RadixCache.match_prefix`` + ``lock`` for newly admitted requests, ``allocation.alloc_for_extend``
+for their prefill, ``allocation.alloc_for_decode`` for the running batch, and
+``common.release_kv_cache`` (tree checkpoint, row free, unlock) for finished requests. What is
+ours on the "ours" side is exactly what SGLang's scheduler builds and hands in: the token
+allocator, the KV pool and the ``ReqToTokenPool``. The radix cache is SGLang's on both sides.
+
+SGLang's ``Req`` and ``ScheduleBatch`` are not built (their constructors need a tokenizer and a
+model config); :class:`_Req` and :func:`_batch` carry the attributes those functions read, and
+the request's KV record is SGLang's own ``ReqKvInfo``. Requests share one of a few system
+prompts (so the tree hits and evicts), are prefilled whole in one extend and decode a few
+tokens; both sides get the same calls, alternating which goes first on every step, and must
+hand out identical slots (``RuntimeError`` otherwise).
+
+Timed per step: the calls above (the memory layer), nothing of the batch bookkeeping.
+Reported: memory-layer microseconds per step and per scheduled token (prefill + decode tokens),
+and the part of it spent inside the allocator's and the ``ReqToTokenPool``'s own methods (the
+classes the two sides differ in; SGLang's radix cache and glue are the same code on both).
+
+A side whose classes lack a member SGLang's path reaches gets a row that says which one
+(:func:`missing_members`), instead of failing.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+import traceback
+import types
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["REACHED", "StepConfig", "missing_members", "step_rows"]
+
+# Members SGLang's step path (allocation.py, common.py, radix_cache.py) reaches on what the
+# scheduler hands in, per object.
+REACHED: dict[str, tuple[str, ...]] = {
+    "allocator": ("alloc", "alloc_extend", "alloc_decode", "free", "free_segment",
+                  "free_segments", "page_size", "device", "available_size",
+                  "evict_to_free_tokens", "get_extend_allocation_demand"),
+    "req_to_token_pool": ("req_to_token", "alloc", "free", "write", "alloc_aux_to_lengths",
+                          "device", "available_size"),
+}
+
+
+# evict_to_free_tokens(tree_cache, n) runs the tree's evict (SGLang's code, the same on both
+# sides); the frees that eviction makes are timed (free_segment), the tree walk is not.
+_NOT_TIMED = frozenset({"evict_to_free_tokens"})
+
+
+@dataclass(frozen=True, slots=True)
+class StepConfig:
+    num_requests: int = 200
+    running: int = 32
+    system_prompts: int = 4
+    system_len: int = 256
+    tail_median: float = 96.0
+    output_median: float = 24.0
+    sigma: float = 0.6
+    admit_per_step: int = 4
+    capacity: int = 1 << 15
+    context: int = 2048
+    seed: int = 0
+
+
+@dataclass(slots=True)
+class _Req:
+    """The attributes of SGLang's ``Req`` its memory-layer path reads (see module docstring)."""
+
+    rid: int
+    origin_input_ids: list[int]
+    output_len: int
+    kv: Any
+    output_ids: list[int] = field(default_factory=list)
+    prefix_len: int = 0
+    last_node: Any = None
+    lock: Any = None
+    extra_key: Any = None
+    cache_salt: Any = None
+    priority: Any = None
+    skip_radix_cache_insert: bool = False
+    finished_len: Any = None
+    kv_rotation_base: Any = None
+    key: Any = None  # the radix key of the match (batch bookkeeping)
+
+    @property
+    def full_untruncated_fill_ids(self) -> list[int]:
+        return self.origin_input_ids + self.output_ids
+
+    def refresh_fill_ids(self) -> None:
+        pass
+
+    def finished(self) -> bool:
+        return len(self.output_ids) >= self.output_len
+
+    def owned_kv_len(self) -> int:
+        return int(self.kv.kv_committed_len)
+
+
+def missing_members(allocator: Any, req_to_token_pool: Any) -> list[str]:
+    """``"our X lacks member Y"`` for every member of :data:`REACHED` the objects lack."""
+    out = []
+    for what, obj in (("allocator", allocator), ("req_to_token_pool", req_to_token_pool)):
+        for name in REACHED[what]:
+            if not hasattr(obj, name):
+                out.append(f"our {type(obj).__name__} lacks member {name}")
+    return out
+
+
+def _requests(cfg: StepConfig, kv_info: Callable[[], Any]) -> list[_Req]:
+    g = torch.Generator().manual_seed(cfg.seed)
+
+    def lognormal(median: float) -> int:
+        return max(1, round(median * math.exp(cfg.sigma * float(torch.randn(1, generator=g)))))
+
+    systems = [torch.randint(1, 30000, (cfg.system_len,), generator=g).tolist()
+               for _ in range(cfg.system_prompts)]
+    reqs = []
+    for i in range(cfg.num_requests):
+        sysp = systems[int(torch.randint(0, cfg.system_prompts, (1,), generator=g))]
+        tail = torch.randint(1, 30000, (min(lognormal(cfg.tail_median), cfg.context // 2),),
+                             generator=g).tolist()
+        out = min(lognormal(cfg.output_median), cfg.context // 4)
+        reqs.append(_Req(i, sysp + tail, out, kv_info()))
+    return reqs
+
+
+class _Side:
+    """One side's pools, allocator and SGLang radix cache, and its share of the run."""
+
+    def __init__(self, sgl: types.SimpleNamespace, allocator: Any, req_pool: Any,
+                 ps: int, cfg: StepConfig) -> None:
+        self.sgl, self.allocator, self.req_pool, self.ps = sgl, allocator, req_pool, ps
+        self.tree = sgl.radix.RadixCache(sgl.params.CacheInitParams(
+            disable=False, req_to_token_pool=req_pool, token_to_kv_pool_allocator=allocator,
+            page_size=ps))
+        self.waiting = list(reversed(_requests(cfg, sgl.sched.ReqKvInfo)))
+        self.running: list[_Req] = []
+        self.ns = 0
+        self.tokens = 0
+        self.inner = [0]  # ns spent inside the allocator's and the req pool's own methods
+        depth = [0]
+        for obj, what in ((allocator, "allocator"), (req_pool, "req_to_token_pool")):
+            for name in REACHED[what]:
+                if name not in _NOT_TIMED and callable(getattr(obj, name, None)):
+                    _time_method(obj, name, self.inner, depth)
+
+
+def _time_method(obj: Any, name: str, total: list[int], depth: list[int]) -> None:
+    """Shadow ``obj.name`` with a wrapper adding its wall time to ``total[0]`` (outermost
+    calls only: a method calling another timed one is counted once). Both sides get the same
+    wrappers, so their cost (well under a microsecond a call) is in both sides' step time."""
+    bound = getattr(obj, name)
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        if depth[0]:
+            return bound(*args, **kwargs)
+        depth[0] = 1
+        t0 = time.perf_counter_ns()
+        try:
+            return bound(*args, **kwargs)
+        finally:
+            total[0] += time.perf_counter_ns() - t0
+            depth[0] = 0
+
+    setattr(obj, name, timed)
+
+
+def _batch(side: _Side, reqs: Sequence[_Req], extend: bool) -> types.SimpleNamespace:
+    """The ``ScheduleBatch`` attributes ``alloc_for_extend`` / ``alloc_for_decode`` read."""
+    if extend:
+        seq = [len(r.origin_input_ids) for r in reqs]
+        pre = [r.prefix_len for r in reqs]
+        ext = [s - p for s, p in zip(seq, pre)]
+        seq_t = torch.tensor(seq, dtype=torch.int64)
+        return types.SimpleNamespace(
+            reqs=list(reqs), tree_cache=side.tree, req_to_token_pool=side.req_pool,
+            device="cpu", prefix_lens=pre, extend_lens=ext, extend_num_tokens=sum(ext),
+            seq_lens=seq_t, seq_lens_cpu=seq_t.clone(), hisparse_coordinator=None,
+            maybe_evict_swa=lambda: None, is_dllm=lambda: False)
+    seq_t = torch.tensor([r.kv.kv_committed_len for r in reqs], dtype=torch.int64)
+    idx = torch.tensor([r.kv.req_pool_idx for r in reqs], dtype=torch.int64)
+    return types.SimpleNamespace(
+        reqs=list(reqs), tree_cache=side.tree, req_to_token_pool=side.req_pool, device="cpu",
+        seq_lens=seq_t, seq_lens_cpu=seq_t.clone(), req_pool_indices=idx,
+        req_pool_indices_cpu=idx.clone(), model_config=types.SimpleNamespace(
+            is_encoder_decoder=False), maybe_evict_swa=lambda: None)
+
+
+def _step(side: _Side, cfg: StepConfig) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """One scheduler step on ``side``; returns (extend slots, decode slots) for the check."""
+    sgl = side.sgl
+    admit: list[_Req] = []
+    while side.waiting and len(admit) < cfg.admit_per_step and \
+            len(side.running) + len(admit) < cfg.running:
+        admit.append(side.waiting.pop())
+    ext_out = dec_out = None
+    ns = 0
+    if admit:
+        for r in admit:  # bookkeeping of the batch, untimed: the key of the match
+            r.key = sgl.radix.RadixKey(r.origin_input_ids[:-1])
+        t0 = time.perf_counter_ns()
+        for r in admit:
+            m = side.tree.match_prefix(sgl.params.MatchPrefixParams(key=r.key))
+            r.prefix_len, r.last_node = m.device_prefix_len, m.last_device_node
+            r.lock = side.tree.lock(r.last_node)
+            r.kv.cache_protected_len = r.prefix_len
+        ns += time.perf_counter_ns() - t0
+        batch = _batch(side, admit, extend=True)
+        t0 = time.perf_counter_ns()
+        ext_out, _, _ = sgl.allocation.alloc_for_extend(batch)
+        ns += time.perf_counter_ns() - t0
+        side.tokens += batch.extend_num_tokens
+        for r in admit:
+            r.output_ids.append(1)  # the first output token of the prefill
+    if side.running:
+        batch = _batch(side, side.running, extend=False)
+        t0 = time.perf_counter_ns()
+        dec_out = sgl.allocation.alloc_for_decode(batch, 1)
+        ns += time.perf_counter_ns() - t0
+        side.tokens += len(side.running)
+        for r in side.running:
+            r.output_ids.append(2 + len(r.output_ids) % 100)
+    side.running += admit
+    done = [r for r in side.running if r.finished()]
+    side.running = [r for r in side.running if not r.finished()]
+    t0 = time.perf_counter_ns()
+    for r in done:
+        sgl.common.release_kv_cache(r, side.tree, checkpoint=True)
+    ns += time.perf_counter_ns() - t0
+    side.ns += ns
+    return ext_out, dec_out
+
+
+def _load() -> types.SimpleNamespace:
+    from tools.sglang_ref import load
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mods = load("sglang.srt.mem_cache.memory_pool", "sglang.srt.mem_cache.allocator",
+                    "sglang.srt.mem_cache.radix_cache", "sglang.srt.mem_cache.cache_init_params",
+                    "sglang.srt.mem_cache.base_prefix_cache", "sglang.srt.mem_cache.allocation",
+                    "sglang.srt.mem_cache.common", "sglang.srt.managers.schedule_batch")
+    mp, alloc, radix, cip, bpc, allocation, common, sched = mods
+    # SGLang's runtime context is published by its server from the server args; nothing
+    # publishes it here. These stand in for what a CPU server with default arguments reads:
+    # the torch_native attention backend (so the row write is SGLang's non-Triton path), no
+    # speculative decoding, no thinking-strip.
+    vars(allocation).update(attention_backends=lambda: ("torch_native", "torch_native"))
+    vars(common).update(
+        get_spec=lambda: types.SimpleNamespace(speculative_algorithm=None),
+        get_serving=lambda: types.SimpleNamespace(strip_thinking_cache=False),
+    )
+    params = types.SimpleNamespace(CacheInitParams=cip.CacheInitParams,
+                                   MatchPrefixParams=bpc.MatchPrefixParams)
+    return types.SimpleNamespace(mp=mp, alloc=alloc, radix=radix, params=params,
+                                 allocation=allocation, common=common, sched=sched)
+
+
+def _sides(sgl: types.SimpleNamespace, ps: int, cfg: StepConfig) -> tuple[Any, Any]:
+    """(SGLang's allocator, req pool), (ours)."""
+    import mem_cache_allocator as oa
+    import mem_cache_pool as op
+
+    dt = torch.bfloat16
+    a_o: Any
+    kv_s = sgl.mp.MHATokenToKVPool(size=cfg.capacity, page_size=ps, dtype=dt, head_num=1,
+                                   head_dim=8, layer_num=1, device="cpu",
+                                   enable_memory_saver=False)
+    kv_o = op.MHATokenToKVPool(cfg.capacity, ps, dt, 1, 8, 1, "cpu")
+    if ps == 1:
+        a_s = sgl.alloc.TokenToKVPoolAllocator(cfg.capacity, dt, "cpu", kv_s, True)
+        a_o = oa.TokenToKVPoolAllocator(cfg.capacity, dt, "cpu", kv_o, True)
+    else:
+        a_s = sgl.alloc.PagedTokenToKVPoolAllocator(cfg.capacity, ps, dt, "cpu", kv_s, True)
+        a_o = oa.PagedTokenToKVPoolAllocator(cfg.capacity, ps, dt, "cpu", kv_o, True)
+    r_s = sgl.mp.ReqToTokenPool(size=cfg.running + 1, max_context_len=cfg.context,
+                                device="cpu", enable_memory_saver=False)
+    r_o = op.ReqToTokenPool(cfg.running + 1, cfg.context, "cpu")
+    return (a_s, r_s), (a_o, r_o)
+
+
+def _run(sgl: types.SimpleNamespace, ps: int, cfg: StepConfig,
+         swap: bool) -> tuple[_Side, _Side, int]:
+    (a_s, r_s), (a_o, r_o) = _sides(sgl, ps, cfg)
+    theirs, ours = _Side(sgl, a_s, r_s, ps, cfg), _Side(sgl, a_o, r_o, ps, cfg)
+    steps = 0
+    while theirs.waiting or theirs.running:
+        steps += 1
+        order = (ours, theirs) if (steps + swap) % 2 else (theirs, ours)
+        outs = {id(s): _step(s, cfg) for s in order}
+        for a, b in zip(outs[id(ours)], outs[id(theirs)]):
+            if ((a is None or b is None) and a is not b) or (
+                a is not None and b is not None and not torch.equal(a, b)
+            ):
+                raise RuntimeError(f"ours and SGLang's classes disagree at step {steps}")
+    return ours, theirs, steps
+
+
+def _run_alone(sgl: types.SimpleNamespace, ps: int, cfg: StepConfig) -> float:
+    """SGLang's side alone (while ours cannot run): memory-layer microseconds per step."""
+    (a_s, r_s), _ = _sides(sgl, ps, cfg)
+    side = _Side(sgl, a_s, r_s, ps, cfg)
+    steps = 0
+    while side.waiting or side.running:
+        steps += 1
+        _step(side, cfg)
+    return side.ns / 1e3 / max(1, steps)
+
+
+def step_rows(*, quick: bool, rounds: int, page_sizes: Sequence[int],
+              make_row: Callable[..., Any], skipped_row: Callable[..., Any],
+              goal: float) -> list[Any]:
+    """Rows of :mod:`tools.bench_sglang` (its ``make_row`` / ``skipped_row`` passed in)."""
+    cfg = StepConfig(num_requests=24, running=8, capacity=1 << 13) if quick else StepConfig()
+    sgl = _load()
+    rows = []
+    for ps in page_sizes:
+        (_, _), (a_o, r_o) = _sides(sgl, ps, cfg)
+        missing = missing_members(a_o, r_o)
+        if missing:
+            reason = "not comparable yet: " + "; ".join(missing)
+            alone = [_run_alone(sgl, ps, cfg) for _ in range(rounds)]
+            rows.append(skipped_row("step", f"ps={ps} memory layer per step", reason,
+                                    sglang_us=statistics.median(alone)))
+            continue
+        per_step: tuple[list[float], list[float]] = ([], [])
+        per_tok: tuple[list[float], list[float]] = ([], [])
+        inner: tuple[list[float], list[float]] = ([], [])
+        steps = 0
+        try:
+            for r in range(rounds):
+                ours, theirs, steps = _run(sgl, ps, cfg, swap=bool(r % 2))
+                for i, side in enumerate((ours, theirs)):
+                    per_step[i].append(side.ns / 1e3 / steps)
+                    per_tok[i].append(side.ns / 1e3 / max(1, side.tokens))
+                    inner[i].append(side.inner[0] / 1e3 / steps)
+        except Exception as exc:  # reported in the row; the run goes on
+            where = traceback.extract_tb(exc.__traceback__)[-1]
+            reason = (f"not comparable yet: {type(exc).__name__}: {exc} (at "
+                      f"{Path(where.filename).name}:{where.lineno} {where.name})")
+            rows.append(skipped_row("step", f"ps={ps} memory layer per step", reason))
+            continue
+        rows.append(make_row("step", f"ps={ps} memory layer per step", *per_step, goal=goal,
+                             note=f"{steps} steps", steps=steps))
+        rows.append(make_row("step", f"ps={ps} memory layer per scheduled token", *per_tok))
+        rows.append(make_row("step", f"ps={ps} inside allocator + req pool, per step", *inner,
+                             goal=goal, note="the classes' own methods only (SGLang's radix "
+                             "cache and allocation glue, the same code on both sides, excluded)"))
+    return rows
