@@ -13,8 +13,9 @@ each one, of a compatible kind and signature:
   base-class placeholder: any signature of ours stands in).
 
 A member may be absent or differ only through a row of :data:`tools.sglang_ref.parity_exceptions.
-EXCEPTIONS`, each with its reason. The table is reviewed like code: a row that no longer excuses
-anything is itself an error. Prints coverage per class; ``--json FILE`` writes it; exits 1 when a
+EXCEPTIONS`, each with its reason, or as a *known gap* (:data:`tools.sglang_ref.gaps.GAPS`: work
+owed, tracked by an open issue, printed in its own column). Both tables are reviewed like code: a
+row that no longer excuses anything is itself an error. Prints coverage per class; ``--json FILE`` writes it; exits 1 when a
 member is missing or incompatible, 2 on bad flags.
 """
 
@@ -29,6 +30,7 @@ from pathlib import Path
 
 from tools.sglang_ref._surface import Member, SourceTree, our_surface
 from tools.sglang_ref._wheel import VERSION, WheelUnavailable, ensure_wheel
+from tools.sglang_ref.gaps import GAPS
 from tools.sglang_ref.parity_exceptions import EXCEPTIONS
 
 _MP = "sglang.srt.mem_cache"
@@ -84,6 +86,7 @@ class ClassReport:
     members: int = 0
     covered: list[str] = field(default_factory=list)
     excepted: dict[str, str] = field(default_factory=dict)
+    gaps: dict[str, str] = field(default_factory=dict)
     missing: list[str] = field(default_factory=list)
     incompatible: dict[str, str] = field(default_factory=dict)
 
@@ -165,33 +168,41 @@ def check(root: Path | None = None) -> list[ClassReport]:
             elif key in EXCEPTIONS or (cls_name, "*") in EXCEPTIONS:
                 used.add(key if key in EXCEPTIONS else (cls_name, "*"))
                 report.excepted[member_name] = EXCEPTIONS.get(key) or EXCEPTIONS[(cls_name, "*")]
+            elif key in GAPS:
+                used.add(key)
+                report.gaps[member_name] = f"{problem}: {GAPS[key]}"
             elif problem == "missing":
                 report.missing.append(member_name)
             else:
                 report.incompatible[member_name] = problem
         reports.append(report)
-    stale = sorted(set(EXCEPTIONS) - used)
+    stale = sorted((set(EXCEPTIONS) | set(GAPS)) - used)
     if stale:
-        reports.append(ClassReport("parity_exceptions", "(the table)", members=len(stale),
-                                   incompatible={f"{c}.{m}": "exception row excuses nothing"
-                                                 for c, m in stale}))
+        reports.append(ClassReport("parity_exceptions", "(the tables)", members=len(stale),
+                                   incompatible={f"{c}.{m}": "exception or gap row excuses "
+                                                 "nothing (delete it)" for c, m in stale}))
     return reports
 
 
 def render(reports: list[ClassReport]) -> str:
     lines = [f"API parity with SGLang {VERSION} (members read from its source with ast)",
-             f"{'class':<44} {'SGLang':>6} {'covered':>7} {'excepted':>8} {'missing':>7} "
-             f"{'wrong':>5}"]
+             f"{'class':<44} {'SGLang':>6} {'covered':>7} {'excepted':>8} {'gap':>4} "
+             f"{'missing':>7} {'wrong':>5}"]
     for r in reports:
         lines.append(f"{r.ours.split(':')[-1]:<44} {r.members:>6} {len(r.covered):>7} "
-                     f"{len(r.excepted):>8} {len(r.missing):>7} {len(r.incompatible):>5}")
+                     f"{len(r.excepted):>8} {len(r.gaps):>4} {len(r.missing):>7} "
+                     f"{len(r.incompatible):>5}")
     total = sum(r.members for r in reports if r.ours != "parity_exceptions")
     covered = sum(len(r.covered) for r in reports)
     excepted = sum(len(r.excepted) for r in reports)
-    lines.append(f"{'total':<44} {total:>6} {covered:>7} {excepted:>8} "
+    gaps = sum(len(r.gaps) for r in reports)
+    lines.append(f"{'total':<44} {total:>6} {covered:>7} {excepted:>8} {gaps:>4} "
                  f"{sum(len(r.missing) for r in reports):>7} "
                  f"{sum(len(r.incompatible) for r in reports):>5}")
     for r in reports:
+        if r.gaps:
+            lines.append(f"  GAP     {r.ours.split(':')[-1]}: {len(r.gaps)} members owed "
+                         f"(tools/sglang_ref/gaps.py)")
         for m in r.missing:
             lines.append(f"  MISSING {r.ours.split(':')[-1]}.{m}")
         for m, why in r.incompatible.items():
