@@ -15,8 +15,8 @@ each one, of a compatible kind and signature:
 A member may be absent or differ only through a row of :data:`tools.sglang_ref.parity_exceptions.
 EXCEPTIONS`, each with its reason, or as a *known gap* (:data:`tools.sglang_ref.gaps.GAPS`: work
 owed, tracked by an open issue, printed in its own column). Both tables are reviewed like code: a
-row that no longer excuses anything is itself an error. Prints coverage per class; ``--json FILE`` writes it; exits 1 when a
-member is missing or incompatible, 2 on bad flags.
+row that no longer excuses anything is itself an error. Prints coverage per class; ``--json FILE``
+writes it; exits 1 when a member is missing or incompatible, 2 on bad flags.
 """
 
 from __future__ import annotations
