@@ -41,6 +41,11 @@ EXEMPT_FUNCTIONS: dict[str, str] = {
     "mem_cache_pool_host.memory:MmapHostTensorAllocator.allocate": "SGLang's allocate(dims, "
     "dtype, device): the sweep's list [1, 2] is a valid shape (it allocates); bad dims/dtype/"
     "device are rows of packages/mem-cache-pool-host/tests/test_host_error_rule.py",
+    "mem_cache_pool_host.memory:HostTensorAllocator.allocate": "abstract base (SGLang's "
+    "HostTensorAllocator): a valid shape reaches allocate_bytes, which subclasses implement; bad "
+    "dims/dtype/device are rows of packages/mem-cache-pool-host/tests/test_host_error_rule.py",
+    "mem_cache_pool_host.memory:HostTensorAllocator.allocate_bytes": "abstract: raises "
+    "NotImplementedError for every input (MmapHostTensorAllocator implements it and is swept)",
 }
 
 

@@ -51,7 +51,7 @@ def _memcpy_refs(ctx: Context, nbytes: int, result: SectionResult) -> dict[str, 
     mmap memory), as table rows; returns the pinned rates by direction."""
     dev = torch.empty(nbytes, dtype=torch.uint8, device=ctx.device)
     pinned = torch.empty(nbytes, dtype=torch.uint8, pin_memory=ctx.cuda)
-    alloc = MmapHostTensorAllocator().allocate(nbytes)  # registered on CUDA
+    alloc = MmapHostTensorAllocator().allocate_bytes(nbytes)  # registered on CUDA
     mapped = alloc.tensor
     try:
         rates: dict[str, float | None] = {}

@@ -155,7 +155,7 @@ def _device_healthy(ctx: Context) -> bool:
 
 def _rollback(ctx: Context, probe: _Probe, chunk: int) -> tuple[str, str]:
     nbytes = 4 * chunk
-    alloc = MmapHostTensorAllocator(register=False).allocate(nbytes)
+    alloc = MmapHostTensorAllocator(register=False).allocate_bytes(nbytes)
     buf = alloc.tensor
     base = buf.data_ptr()
     spy = SpyRegistrar(probe.registrar, base)
@@ -191,7 +191,7 @@ def _rollback(ctx: Context, probe: _Probe, chunk: int) -> tuple[str, str]:
 
 def _chunked_ok(probe: _Probe, chunk: int) -> tuple[str, str]:
     nbytes = 4 * chunk
-    alloc = MmapHostTensorAllocator(register=False).allocate(nbytes)
+    alloc = MmapHostTensorAllocator(register=False).allocate_bytes(nbytes)
     buf = alloc.tensor
     problems: list[str] = []
     try:

@@ -233,6 +233,8 @@ def refuse_ignored(cfg: SimConfig, given: set[str]) -> None:
     """``UsageError`` for an explicitly given option that the chosen model or storage backend
     would ignore, naming the option and the mode."""
     for name in MODEL_IGNORES.get(cfg.model, ()):
+        if name == "storage" and cfg.storage == "none":
+            continue  # `--storage none` says what a model without a storage tier does anyway
         if name in given:
             extra = "" if cfg.model in MODELS_WITH_L3 else " (it has no storage tier)"
             raise UsageError(f"{flag(name)} {getattr(cfg, name)} is ignored by --model "

@@ -196,7 +196,7 @@ class MambaPoolHost:
         nbytes = math.prod(dims) * dtype.itemsize
         if nbytes == 0:
             return torch.empty(dims, dtype=dtype)
-        alloc = self.allocator.allocate(nbytes)
+        alloc = self.allocator.allocate_bytes(nbytes)
         self._allocations.append(alloc)
         return alloc.tensor.view(dtype).view(dims)
 
