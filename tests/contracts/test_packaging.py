@@ -252,7 +252,8 @@ def test_refactor_tools_install_without_torch_and_check_another_repository(
     )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert f"{MC}/chunk_cache.py:21: still imports {OLD}.SparseTokenAllocator" in proc.stdout
-    assert f"engine.srt.mem_cache.allocator -> {NEW} (l.4) -> {OLD} (l.4) -> kernel_ext.kvio (l.5)" \
+    assert (f"engine.srt.mem_cache.allocator -> {NEW} (l.4) -> {OLD} (l.4) "
+            "-> kernel_ext.kvio (l.5)") \
         in proc.stdout
     rewrite = subprocess.run(
         [str(venv / "bin" / "rewrite-imports"), f"{OLD}.SparseTokenAllocator",

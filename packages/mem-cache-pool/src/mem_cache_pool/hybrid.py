@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from mem_cache_kernels import caller_names, checks
+from mem_cache_pool._checks import layer_id_of
 from mem_cache_pool._mamba_slots import MambaSlotFreeList
 from mem_cache_pool.base import CpuKVCopy, KVBufferDesc, KVCache, KVWriteLoc, LayerReadyWaiter
 from mem_cache_pool.mamba import MambaPool
@@ -664,8 +665,8 @@ class HybridLinearKVPool(KVCache):
         return self.full_kv_pool.get_buffer_desc()  # type: ignore[no-any-return]
 
     # ------------------------------------------------------------------ layer ids
-    def _transfer_full_attention_id(self, layer_id: int) -> int:
-        layer = checks.check_int("layer_id", layer_id)
+    def _transfer_full_attention_id(self, layer_id: object, name: str = "layer_id") -> int:
+        layer = layer_id_of(name, layer_id)
         if layer not in self.full_attention_layer_id_mapping:
             raise ValueError(
                 f"layer_id={layer} not in full attention layers: "
@@ -673,17 +674,17 @@ class HybridLinearKVPool(KVCache):
             )
         return self.full_attention_layer_id_mapping[layer]
 
-    def layer_index(self, layer_id: int) -> int:
-        """Dense index of global full-attention layer ``layer_id``."""
-        return self._transfer_full_attention_id(layer_id)
+    def layer_index(self, layer_id: object, name: str = "layer_id") -> int:
+        """Dense index of global full-attention layer ``layer_id`` (an int or a layer object)."""
+        return self._transfer_full_attention_id(layer_id, name)
 
     def _wait_for_layer(self, layer_id: int) -> None:
         if self.layer_transfer_counter is not None:
             self.layer_transfer_counter.wait_until(layer_id - self.start_layer)
 
-    def _wait_layer(self, layer_id: int) -> int:
-        index = self._transfer_full_attention_id(layer_id)
-        self._wait_for_layer(layer_id)
+    def _wait_layer(self, layer_id: object, name: str = "layer_id") -> int:
+        index = self._transfer_full_attention_id(layer_id, name)
+        self._wait_for_layer(layer_id_of(name, layer_id))
         return index
 
     def register_layer_transfer_counter(
@@ -842,11 +843,6 @@ class HybridLinearKVPool(KVCache):
     # ------------------------------------------------------------------ features that are off
     # SGLang's HybridLinearKVPool forwards these to a DSA / quantised / post-capture full pool;
     # none of those exist here, so each answers what SGLang answers with the feature off.
-    @property
-    def post_capture_active(self) -> bool:
-        """``False``: no CUDA-graph post-capture backing."""
-        return False
-
     @property
     def post_capture_backed_bytes(self) -> int:
         """``0``: no CUDA-graph post-capture backing."""
