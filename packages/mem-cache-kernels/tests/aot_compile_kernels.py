@@ -71,6 +71,11 @@ VARIANTS: dict[str, list[Variant]] = {
     "deepseek_v4._unpack_kernel": [("u8", _DSV4_BYTES, {"BLOCK": 1024}, None)],
     "deepseek_v4._write_kernel": [("i32", _DSV4_WORDS, {"BLOCK": 256}, None)],
     "deepseek_v4._read_kernel": [("i32", _DSV4_WORDS, {"BLOCK": 256}, None)],
+    # Mamba state rows: int32 words when sizes, strides and base allow it, else bytes
+    "mamba._state_rows_kernel": [
+        (w, {"src_ptr": f"*{w}", "dst_ptr": f"*{w}"}, {"BLOCK": 1024}, None)
+        for w in ("i32", "u8")
+    ],
 }
 # device helpers (called from kernels, inlined; not launchable on their own)
 HELPERS = frozenset({"deepseek_v4._row_words"})
