@@ -155,3 +155,58 @@ def test_slot_errors_change_nothing() -> None:
     with pytest.raises(ValueError, match="layer_id"):
         host.load_to_device_per_layer(dev, slots, torch.tensor([1, 2]), 3)
     assert host.free(slots) == 2
+
+
+def test_sglang_host_members_answer_feature_off() -> None:
+    dev = _device()
+    host = _host(dev)
+    assert (host.dcp_size, host.dcp_rank) == (1, 0)
+    assert host.shared_allocation_domain is None and host.storage_format_tag is None
+    assert host.stores_page_envelope is False and host.device_rows_packed is True
+    assert host.pool_label == "mamba" and host.fd is None
+    assert host.device_capacity_tokens == dev.size
+    assert (host.logical_size, host.logical_page_size) == (host.size, 1)
+    assert torch.equal(host.mem_state, torch.zeros(host.size, dtype=torch.uint8))
+    assert not hasattr(host, "device_row_stride_bytes")
+    # storage element size: the temporal state over every layer (first zero-copy range)
+    assert host.get_page_buffer_element_size() == 3 * 32 * 4
+    with pytest.raises(NotImplementedError):
+        host.get_page_buffer_element_size(2)
+
+
+def test_free_list_state_tracks_alloc_and_free() -> None:
+    host = _host(_device())
+    assert torch.equal(host.free_slots, torch.arange(host.size))
+    assert host.release_slots == [] and host.num_release_slots == 0
+    a = host.alloc(3)
+    b = host.alloc(2)
+    assert a is not None and b is not None
+    assert torch.equal(host.free_slots, torch.arange(5, host.size))
+    assert host.slot_used.tolist() == [True] * 5 + [False] * (host.size - 5)
+    host.free(a)
+    assert [t.tolist() for t in host.release_slots] == [a.tolist()]
+    assert host.num_release_slots == 3
+    assert len(host.free_slots) + host.num_release_slots == host.available_size()
+    assert host.slot_used[a].tolist() == [False] * 3 and bool(host.slot_used[b].all())
+
+
+def test_physical_hooks_move_the_same_bytes() -> None:
+    dev = _device()
+    host = _host(dev)
+    slots = host.alloc(2)
+    assert slots is not None
+    src = torch.tensor([6, 1])
+    h, d = host.prepare_transfer_indices(slots, src, "kernel")
+    assert h is slots and d is src
+    with pytest.raises(TypeError):
+        host.prepare_transfer_indices(slots, src, 1)  # type: ignore[arg-type]
+    host.backup_from_device_all_layer_physical(dev, h, d, "direct")
+    saved = [t[:, src].clone() for t in _states(dev)]
+    for t in _states(dev):
+        t.zero_()
+    target = torch.tensor([3, 4])
+    for layer in range(len(LAYERS)):
+        host.load_to_device_per_layer_physical(dev, slots, target, layer, "direct")
+        host.layer_done_counter.wait_until(layer)
+    for t, want in zip(_states(dev), saved):
+        assert torch.equal(t[:, target], want)

@@ -98,6 +98,29 @@ class MambaPoolHost:
     slot_state_device_tensors: tuple[torch.Tensor, ...] = ()
     slot_state_buffers: tuple[torch.Tensor, ...] = ()
 
+    # SGLang 0.5.23's ``HostKVCache`` class-level answers, which its ``MambaPoolHost`` inherits,
+    # for features this package does not have: decode context parallelism (one rank holds every
+    # slot), shared compacting host layouts, page envelopes and a page format of its own (our
+    # flat pages are SGLang's default Mamba format, so no tag).
+    dcp_size: int = 1
+    """Decode-context-parallel ranks sharing a host row: always 1 (not supported)."""
+    dcp_rank: int = 0
+    """This rank's decode-context-parallel index: always 0 (not supported)."""
+    shared_allocation_domain: None = None
+    """SGLang's shared compacting host-layout domain: ``None`` (slots are physical, owned by
+    this pool alone), so controllers allocate this pool's slots on their own."""
+    stores_page_envelope: bool = False
+    """Whether storage pages carry an envelope around the flat bytes: ``False`` (plain pages)."""
+    storage_format_tag: str | None = None
+    """Tag naming a page byte format of its own in storage keys: ``None`` (SGLang's default
+    format: temporal bytes, then each conv tensor's)."""
+    device_rows_packed: bool = True
+    """SGLang's answer for device pools without strided rows (its ``MambaPoolHost`` never
+    records a row stride): ``True``. The state kernels follow each device tensor's strides."""
+    pool_label: str = "mamba"
+    """The pool's name in logs and transfer plans: ``"mamba"``, SGLang's ``PoolName.MAMBA``
+    (SGLang's ``MambaPoolHost`` skips the base constructor that sets it)."""
+
     def __init__(
         self,
         buffer_info: Any,
@@ -139,6 +162,7 @@ class MambaPoolHost:
         ratio = check_number("host_to_device_ratio", host_to_device_ratio)
         gb = check_number("host_size", host_size)
         capacity = check_int("device_capacity", device_capacity, minimum=0)
+        self.device_capacity_tokens = capacity
         self.buffer_info = info
         self.device_pool = None
         self.device = "cpu"
@@ -240,6 +264,66 @@ class MambaPoolHost:
         """Whether every slot of ``indices`` is allocated."""
         return self._slots.is_allocated(indices)
 
+    # SGLang's free-list state, read from the slot allocator (snapshots, CPU; not writable)
+    @property
+    def logical_size(self) -> int:
+        """Slots the radix tree and controller see (SGLang's ``size * dcp_size``; no decode
+        context parallelism here, so ``size``)."""
+        return self.size * self.dcp_size
+
+    @property
+    def logical_page_size(self) -> int:
+        """Page size in that logical space (``page_size * dcp_size``: 1, a slot per state)."""
+        return self.page_size * self.dcp_size
+
+    @property
+    def free_slots(self) -> torch.Tensor:
+        """Free slots not yet merged back (CPU int64, in hand-out order; a copy). With
+        :attr:`release_slots` they make up :meth:`available_size`."""
+        return self._slots.free_slots()
+
+    @property
+    def release_slots(self) -> list[torch.Tensor]:
+        """Slots freed since the last merge, one tensor per ``free`` call (merged lazily by the
+        next ``alloc`` that needs them; copies)."""
+        return self._slots.release_slots()
+
+    @property
+    def num_release_slots(self) -> int:
+        """Total slots in :attr:`release_slots`."""
+        return sum(int(t.numel()) for t in self._slots.release_slots())
+
+    @property
+    def slot_used(self) -> torch.Tensor:
+        """Per slot, whether it is allocated (bool ``[logical_size]``; a copy). SGLang's base
+        keeps this for its double-free check; its ``MambaPoolHost`` does not, ours does
+        (``free`` of a free slot raises ``ValueError``)."""
+        return self._slots.slot_used()
+
+    @property
+    def mem_state(self) -> torch.Tensor:
+        """SGLang's per-slot ``uint8`` state tensor, which its ``clear`` allocates zeroed and
+        nothing updates: zeros of ``[logical_size]`` (a fresh tensor)."""
+        return torch.zeros(self.logical_size, dtype=torch.uint8)
+
+    @property
+    def fd(self) -> int | None:
+        """Shared-memory file descriptor of the host buffers (``getattr(allocator, "fd",
+        None)`` as SGLang's base reads it): ``None`` for the default allocator."""
+        fd = getattr(self.allocator, "fd", None)
+        return fd if isinstance(fd, int) else None
+
+    @property
+    def device_row_stride_bytes(self) -> int:
+        """Not defined for state pools: ``AttributeError``, as SGLang's ``MambaPoolHost`` (its
+        base answers ``token_stride_size``, a KV row width states do not have; each conv and
+        temporal tensor has its own slot stride). ``getattr(pool, name, default)`` gives the
+        default, as with SGLang's."""
+        raise AttributeError(
+            "MambaPoolHost has no single device row stride (conv and temporal states each have "
+            "their own); SGLang's MambaPoolHost has none either"
+        )
+
     # ------------------------------------------------------------------ transfers
     def _host_views(self) -> list[torch.Tensor]:
         """Host buffers viewed as ``[L, size, *state]`` (state entries contiguous)."""
@@ -334,6 +418,48 @@ class MambaPoolHost:
             raise
         self.layer_done_counter.complete(layer_id, event)
 
+    def prepare_transfer_indices(
+        self, host_indices: torch.Tensor, device_indices: torch.Tensor, io_backend: str
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """SGLang's hook resolving indices that must stay stable through one L2 submission.
+
+        Host slots here are physical (no shared compacting layout), so both come back as given
+        (the same tensors); SGLang's controller has already moved them where ``io_backend``
+        needs them. ``TypeError``/``ValueError`` unless both are 1-D index tensors and
+        ``io_backend`` a str (the transfer that follows checks the rest)."""
+        check_index("host_indices", host_indices, allow_meta=False)
+        check_index("device_indices", device_indices)
+        if not isinstance(io_backend, str):
+            raise TypeError(f"io_backend must be a str, got {type(io_backend).__name__}")
+        return host_indices, device_indices
+
+    def backup_from_device_all_layer_physical(
+        self,
+        device_pool: Any,
+        host_indices: torch.Tensor,
+        device_indices: torch.Tensor,
+        io_backend: str,
+    ) -> None:
+        """:meth:`backup_from_device_all_layer` on physical indices (SGLang's transfer engine
+        calls this after :meth:`prepare_transfer_indices`); same checks and effect."""
+        self.backup_from_device_all_layer(device_pool, host_indices, device_indices, io_backend)
+
+    def load_to_device_per_layer_physical(
+        self,
+        device_pool: Any,
+        host_indices: torch.Tensor,
+        device_indices: torch.Tensor,
+        layer_id: int,
+        io_backend: str,
+        *,
+        is_draft: bool = False,
+    ) -> None:
+        """:meth:`load_to_device_per_layer` on physical indices (SGLang's transfer engine);
+        same checks and effect, ``layer_done_counter`` included."""
+        self.load_to_device_per_layer(
+            device_pool, host_indices, device_indices, layer_id, io_backend, is_draft=is_draft
+        )
+
     # ------------------------------------------------------------------ storage (L3) pages
     def _page_tensors(self, index: int) -> list[torch.Tensor]:
         check_int("index", index)
@@ -384,6 +510,9 @@ class MambaPoolHost:
                 raise ValueError(f"indices must be host slots in [0, {self.size}), got {s}")
         if slots and not self._slots.is_allocated(torch.tensor(slots, dtype=torch.int64)):
             raise ValueError("indices must be allocated host slots")
+        return self._page_ranges(slots)
+
+    def _page_ranges(self, slots: list[int]) -> tuple[list[int], list[int]]:
         ptrs: list[int] = []
         sizes: list[int] = []
         parts = [(self.temporal_buffer, self.temporal_state_elem_size, self.temporal_dtype)] + [
@@ -398,6 +527,18 @@ class MambaPoolHost:
                 ptrs.append(buf.data_ptr() + s * stride)
                 sizes.append(self.page_size * stride)
         return ptrs, sizes
+
+    def get_page_buffer_element_size(self, split_factor: int = 1) -> int | None:
+        """Bytes of the first zero-copy range of a slot in :meth:`get_page_buffer_meta`
+        (SGLang's storage element size: the temporal state over every layer, or the first conv
+        state's when the model has no temporal state). ``split_factor != 1`` asks for
+        split-heads ranges, which state pages do not have: ``NotImplementedError`` (SGLang's
+        ``MambaPoolHost`` lacks the method it would call)."""
+        check_int("split_factor", split_factor, minimum=1)
+        if split_factor != 1:
+            raise NotImplementedError("MambaPoolHost has no split-heads page ranges")
+        _, sizes = self._page_ranges([0])
+        return int(sizes[0]) if sizes else None
 
     def is_stride_page_aligned(self, page_size_bytes: int = 4096) -> bool:
         """Whether every zero-copy range starts at a multiple of ``page_size_bytes``."""
