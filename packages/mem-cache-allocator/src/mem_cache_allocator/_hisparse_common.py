@@ -337,4 +337,6 @@ class HiSparseAllocatorCommon(BaseTokenToKVPoolAllocator):
         self._free_group = None
 
     def debug_print(self) -> str:
+        """SGLang 0.5.23's debug line (free tokens of both sides; reads only):
+        ``"#logical-available-size: N, #hisparse-available-size: M, "``."""
         return self._pair.describe("logical", "hisparse")

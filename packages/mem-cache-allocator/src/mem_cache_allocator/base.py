@@ -461,4 +461,5 @@ class BaseTokenToKVPoolAllocator(abc.ABC):
         return method
 
     def debug_print(self) -> str:
+        """SGLang 0.5.23's debug line: ``"#available-size: N, "`` (reads only)."""
         return f"#available-size: {self.available_size()}, "

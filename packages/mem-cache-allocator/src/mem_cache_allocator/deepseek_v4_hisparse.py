@@ -169,6 +169,8 @@ class DeepSeekV4HiSparseTokenToKVPoolAllocator(HiSparseAllocatorCommon):
         return inner
 
     def translate_loc_from_full_to_swa(self, kv_indices: torch.Tensor) -> torch.Tensor:
+        """The logical allocator's ``translate_loc_from_full_to_swa``: window slots (int64) of
+        full slots; ``AttributeError`` if the logical allocator is not an SWA one."""
         return self._delegate("translate_loc_from_full_to_swa")(kv_indices)  # type: ignore[no-any-return]
 
     def free_swa(self, free_indices: torch.Tensor) -> None:
@@ -220,14 +222,18 @@ class DeepSeekV4HiSparseTokenToKVPoolAllocator(HiSparseAllocatorCommon):
         return min(logical, _RATIO * self.hisparse_attn_allocator.available_size())
 
     def swa_available_size(self) -> int:
+        """The logical allocator's free window-side tokens (``AttributeError`` if not SWA)."""
         return int(self._delegate("swa_available_size")())
 
     @property
     def size_swa(self) -> int:
+        """The logical allocator's window-side capacity, tokens (``AttributeError`` if not SWA)."""
         return int(self._delegate("size_swa"))
 
     @property
     def full_to_swa_index_mapping(self) -> torch.Tensor:
+        """The logical allocator's full -> window slot mapping (int64, on its device; the live
+        tensor, not a copy; ``AttributeError`` if not SWA)."""
         return self._delegate("full_to_swa_index_mapping")  # type: ignore[no-any-return]
 
     def swa_capacity_and_available(

@@ -104,6 +104,7 @@ class HiSparseTokenToKVPoolAllocator(HiSparseAllocatorCommon):
     # ------------------------------------------------------------------ capacity
     @property
     def size_hisparse(self) -> int:
+        """Capacity of the device (hisparse) side in tokens, as given at construction."""
         return self._size_hisparse
 
     @property
@@ -112,6 +113,7 @@ class HiSparseTokenToKVPoolAllocator(HiSparseAllocatorCommon):
 
     @property
     def debug(self) -> bool:
+        """Whether checked (debug) mode is on: the logical allocator's ``debug``."""
         return self.logical_attn_allocator.debug
 
     def available_size(self) -> int:

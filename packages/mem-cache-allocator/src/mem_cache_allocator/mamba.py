@@ -60,6 +60,7 @@ class MambaSlotAllocator:
 
     @property
     def debug(self) -> bool:
+        """Whether checked mode is on (live/ever-allocated slot tracking, double-free detection)."""
         return self._live is not None
 
     @property
@@ -78,6 +79,8 @@ class MambaSlotAllocator:
         return len(self._free)
 
     def clear(self) -> None:
+        """Reset to all slots ``1..size`` free (slot 0 stays reserved), drop any open group and
+        debug tracking. Mutates the allocator; O(size)."""
         self._free.clear()
         self._free.push_back(torch.arange(1, self.size + 1, dtype=torch.int64, device=self.device))
         self._group = None

@@ -128,15 +128,18 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
 
     @property
     def size_swa(self) -> int:
+        """Window-side capacity in tokens (SGLang 0.5.23's ``size_swa``)."""
         return self._size_swa
 
     def available_size(self) -> int:
         return min(self.full_available_size(), self.swa_available_size())
 
     def full_available_size(self) -> int:
+        """Free tokens of the full-attention side (its allocator's ``available_size``)."""
         return self.full_attn_allocator.available_size()
 
     def swa_available_size(self) -> int:
+        """Free tokens of the sliding-window side (its allocator's ``available_size``)."""
         return self.swa_attn_allocator.available_size()
 
     @property
@@ -497,4 +500,5 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         self._pair.restore(own.full, own.swa, own.mapping)
 
     def debug_print(self) -> str:
+        """SGLang 0.5.23's debug line: ``"#full-available-size: N, #swa-available-size: M, "``."""
         return self._pair.describe("full", "swa")

@@ -361,6 +361,7 @@ class HostKVCache:
 
     @property
     def nbytes(self) -> int:
+        """Total bytes of the host buffers this pool allocated."""
         return sum(a.nbytes for a in self._allocations)
 
     def close(self) -> None:
@@ -422,9 +423,11 @@ class HostKVCache:
 
     # ----------------------------------------------------------------- slots
     def get_size_per_token(self) -> int:
+        """Host bytes one token occupies across all layers (``size_per_token``)."""
         return self.size_per_token
 
     def available_size(self) -> int:
+        """Free host slots (tokens)."""
         return self._slots.available_size()
 
     def alloc(self, need_size: int) -> torch.Tensor | None:
@@ -438,9 +441,11 @@ class HostKVCache:
         return self._slots.free(indices)
 
     def clear(self) -> None:
+        """Free every host slot (data is not zeroed). Mutates the slot allocator."""
         self._slots.clear()
 
     def is_allocated(self, indices: torch.Tensor) -> bool:
+        """Whether every slot in ``indices`` (CPU int64) is currently allocated."""
         return self._slots.is_allocated(indices)
 
     @property

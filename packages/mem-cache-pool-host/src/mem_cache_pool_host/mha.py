@@ -104,14 +104,17 @@ class MHATokenToKVPoolHost(HostKVCache):
 
     @property
     def head_num(self) -> int:
+        """KV heads per layer of this rank's host rows."""
         return self.row_shapes[0][0]
 
     @property
     def head_dim(self) -> int:
+        """K head dimension (elements)."""
         return self.row_shapes[0][-1]
 
     @property
     def v_head_dim(self) -> int:
+        """V head dimension (elements; may differ from ``head_dim``)."""
         return self.row_shapes[1][-1]
 
     @property
@@ -144,6 +147,7 @@ class MHATokenToKVPoolHost(HostKVCache):
 
     @property
     def v_data_refs(self) -> list[torch.Tensor]:
+        """Per-layer host V tensors (views of the host buffer, one per layer)."""
         return self._role_layer_refs(1)
 
     @property
@@ -158,6 +162,7 @@ class MHATokenToKVPoolHost(HostKVCache):
 
     @property
     def v_data_ptrs(self) -> torch.Tensor:
+        """uint64 ``[layer_num]`` data pointers of ``v_data_refs`` on the device pool's device."""
         return self._role_layer_ptrs(1)
 
     @property
@@ -167,6 +172,7 @@ class MHATokenToKVPoolHost(HostKVCache):
 
     @property
     def device_v_buffers(self) -> tuple[torch.Tensor, ...]:
+        """The device pool's per-layer V buffers."""
         return self.device_desc.buffers[1]
 
     @property
@@ -176,4 +182,5 @@ class MHATokenToKVPoolHost(HostKVCache):
 
     @property
     def device_v_data_ptrs(self) -> torch.Tensor:
+        """The device pool's uint64 V pointer table (on its device)."""
         return self._device_role_ptrs(1)

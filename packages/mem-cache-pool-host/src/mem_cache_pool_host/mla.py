@@ -116,6 +116,7 @@ class MLATokenToKVPoolHost(HiSparseHostPoolMixin, HostKVCache):
 
     @property
     def kv_cache_dim(self) -> int:
+        """Elements per token row of the latent cache (``kv_lora_rank + qk_rope_head_dim``)."""
         return self.row_shapes[0][-1]
 
     @property

@@ -60,13 +60,19 @@ class BaseSWAKVPool(KVCache):
     """SGLang: draft window buffers indexed by full-token ids. Ours use the mapping: False."""
 
     @abc.abstractmethod
-    def register_mapping(self, full_to_swa_index_mapping: torch.Tensor) -> None: ...
+    def register_mapping(self, full_to_swa_index_mapping: torch.Tensor) -> None:
+        """Install the allocator's full -> window slot mapping (int64 ``[full slots + 1]``, on the
+        pool's device; kept by reference, so later allocator writes are seen). Mutates the pool."""
 
     @abc.abstractmethod
-    def translate_loc_from_full_to_swa(self, kv_indices: torch.Tensor) -> torch.Tensor: ...
+    def translate_loc_from_full_to_swa(self, kv_indices: torch.Tensor) -> torch.Tensor:
+        """Window slots (int64, same shape) of full slots ``kv_indices`` through the registered
+        mapping; ``RuntimeError`` if no mapping is registered."""
 
     @abc.abstractmethod
-    def get_state_buf_infos(self) -> object: ...
+    def get_state_buf_infos(self) -> object:
+        """SGLang 0.5.23's PD-transfer state buffers: the window sub-pool's
+        ``(data_ptrs, data_lens, item_lens)``."""
 
 
 class SWAKVPool(BaseSWAKVPool):

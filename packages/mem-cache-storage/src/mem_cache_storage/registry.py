@@ -82,6 +82,7 @@ class StorageBackendFactory:
 
     @classmethod
     def registered(cls) -> dict[str, BackendSpec]:
+        """A copy of the registry: backend name -> :class:`BackendSpec` (thread-safe read)."""
         with cls._lock:
             return dict(cls._registry)
 
