@@ -25,8 +25,13 @@ import torch
 
 import mem_cache_pool
 from mem_cache_pool import (
+    HybridLinearKVPool,
+    HybridReqToTokenPool,
     KVCache,
     KVWriteLoc,
+    Mamba2CacheParams,
+    Mamba2StateShape,
+    MambaPool,
     MHATokenToKVPool,
     MLATokenToKVPool,
     ReqToTokenPool,
@@ -316,6 +321,9 @@ _SWA_MAP = _mapping(16 + 2 + 1, range(2, 10), 2)  # full slots 2..9 -> window sl
 _HISPARSE_MAP = _mapping(12 + 2 + 1, range(2, 6), 2)  # logical 2..5 -> device 2..5
 _C4_MAP = _mapping(11, range(2, 6), 1)  # logical compressed 1..4 -> device 2..5
 _V4_MAP = _mapping(640 + 1, range(4, 8), 4)
+
+_MAMBA_PARAMS = Mamba2CacheParams(
+    shape=Mamba2StateShape(conv=[(4, 3)], temporal=(2, 2, 2), conv_kernel=4), layers=[0, 2])
 
 ROWS: dict[type, Row] = {
     MHATokenToKVPool: Row(
@@ -697,6 +705,32 @@ ROWS: dict[type, Row] = {
                 {"indices": "table index", "values": "table values"},
             ),
         ),
+    ),
+    # Hybrid linear-attention pools: constructor rows here; every public method is also fed
+    # hostile kinds by tests/bad_input (test_type_sweep, subjects _mamba_pool / _hybrid_rows /
+    # _hybrid_kv). Per-method rows are owed (issue 27).
+    MambaPool: Row(
+        ctor=dict(size=6, spec_state_size=4, cache_params=_MAMBA_PARAMS, mamba_layer_ids=[0, 2],
+                  device="cpu"),
+        ctor_kinds={"size": "int>=0", "spec_state_size": "int>=0", "device": "device"},
+        calls=(),
+    ),
+    HybridReqToTokenPool: Row(
+        ctor=dict(size=4, mamba_size=6, mamba_spec_state_size=4, max_context_len=8,
+                  device="cpu", enable_memory_saver=False, cache_params=_MAMBA_PARAMS,
+                  mamba_layer_ids=[0, 2], enable_mamba_extra_buffer=True),
+        ctor_kinds={"size": "int>=1", "mamba_size": "int>=0", "max_context_len": "int>=1",
+                    "device": "device"},
+        calls=(),
+    ),
+    HybridLinearKVPool: Row(
+        ctor=dict(size=16, dtype=F16, page_size=4, head_num=2, head_dim=4,
+                  full_attention_layer_ids=[1], device="cpu",
+                  mamba_pool=MambaPool(size=6, spec_state_size=4, cache_params=_MAMBA_PARAMS,
+                                       mamba_layer_ids=[0, 2], device="cpu")),
+        ctor_kinds={"dtype": "dtype", "page_size": "int>=1", "head_num": "int>=1",
+                    "head_dim": "int>=1", "device": "device"},
+        calls=(),
     ),
 }
 
