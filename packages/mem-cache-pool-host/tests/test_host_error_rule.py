@@ -447,9 +447,15 @@ def _other_rows() -> list[Row]:
 
 
 def _mamba_rows() -> list[Row]:
-    from tests.bad_input._subjects import _mamba_host
+    from mem_cache_pool import HybridReqToTokenPool, Mamba2CacheParams, Mamba2StateShape
+    from mem_cache_pool_host import MambaPoolHost
 
-    h = _mamba_host()
+    shape = Mamba2StateShape(conv=[(4, 3)], temporal=(2, 2, 2), conv_kernel=4)
+    rows = HybridReqToTokenPool(
+        size=4, mamba_size=6, mamba_spec_state_size=4, max_context_len=8, device="cpu",
+        enable_memory_saver=False, cache_params=Mamba2CacheParams(shape=shape, layers=[0, 2]),
+        mamba_layer_ids=[0, 2], enable_mamba_extra_buffer=True)
+    h = MambaPoolHost(rows.mamba_pool, 1.0, 0, device_capacity=4, pin_memory=False)
     n = "MambaPoolHost"
     return [
         Row(n, "alloc", "need_size", T, lambda: h.alloc("2"), "str"),  # type: ignore[arg-type]
