@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from mem_cache_kernels import checks as c
+from mem_cache_kernels import pages as page_math
 
 I32, I64 = torch.int32, torch.int64
 
@@ -113,14 +114,14 @@ def test_extend_counts_both_paths_agree_with_the_formula(ps: int, bs: int) -> No
     g = torch.Generator().manual_seed(bs * 100 + ps)
     pre = torch.randint(0, 300, (bs,), generator=g)
     seq = pre + torch.randint(0, 300, (bs,), generator=g)
-    pages, tokens = c.extend_counts(pre.to(I32), seq, ps)
+    pages, tokens = page_math.extend_counts(pre.to(I32), seq, ps)
     expect = sum(-(-q // ps) - -(-p // ps) for p, q in zip(pre.tolist(), seq.tolist()))
     assert (pages, tokens) == (expect, int((seq - pre).sum()))
     seq[bs - 1] = pre[bs - 1] - 1
     with pytest.raises(ValueError, match=rf"requests \[{bs - 1}\] \(1 total\) have prefix_lens="):
-        c.extend_counts(pre, seq, ps)
+        page_math.extend_counts(pre, seq, ps)
     with pytest.raises(ValueError, match="p_cpu must satisfy 0 <= p_cpu <= s_cpu"):
-        c.extend_counts(pre, seq, ps, names=("p_cpu", "s_cpu"))
+        page_math.extend_counts(pre, seq, ps, names=("p_cpu", "s_cpu"))
 
 
 @pytest.mark.parametrize("numpy", [True, False])
@@ -133,8 +134,8 @@ def test_decode_counts_every_path_agrees_with_the_formula(
         monkeypatch.setattr(c, "_np", None)
     seq = torch.randint(1, 200, (bs,), generator=torch.Generator().manual_seed(bs + ps))
     expect = sum(1 for q in seq.tolist() if (q - 1) % ps == 0)
-    assert c.decode_counts(seq.to(I32), ps) == c.decode_counts(seq, ps) == expect
+    assert page_math.decode_counts(seq.to(I32), ps) == page_math.decode_counts(seq, ps) == expect
     seq[bs - 2] = 0
     with pytest.raises(ValueError, match=rf"^lens must be >= 1 .* requests \[{bs - 2}\] "):
-        c.decode_counts(seq, ps, name="lens")
-    assert c.decode_counts(seq[:0], ps) == 0
+        page_math.decode_counts(seq, ps, name="lens")
+    assert page_math.decode_counts(seq[:0], ps) == 0

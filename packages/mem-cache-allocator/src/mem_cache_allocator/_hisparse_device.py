@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from mem_cache_kernels.checks import check_index, check_index_values, extend_counts
+from mem_cache_kernels.checks import check_index, check_index_values
+from mem_cache_kernels.pages import extend_counts
 
 __all__ = [
     "DevicePlan",

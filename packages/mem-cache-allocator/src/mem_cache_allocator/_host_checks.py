@@ -9,7 +9,7 @@ What needs device data (GPU tensors) is left to debug mode.
 :func:`check_extend_inputs` is the one sequence of host-side extend checks: the page allocators
 run it first thing, and the composites (SWA, HiSparse) run it before their capacity pre-check, so
 that out of room answers ``None`` only for valid input. The page arithmetic is
-:func:`mem_cache_kernels.checks.extend_counts` (one place for every package).
+:func:`mem_cache_kernels.pages.extend_counts` (one place for every package).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from mem_cache_kernels.checks import (
     check_index,
     check_int,
     describe,
-    extend_counts,
 )
+from mem_cache_kernels.pages import extend_counts
 
 __all__ = [
     "CPU_LENGTH_NAMES",
@@ -121,7 +121,7 @@ def check_extend_inputs(  # noqa: PLR0917 - mirrors alloc_extend
     1. ``seq_lens_cpu`` / ``prefix_lens_cpu``: 1-D CPU integer tensors of one length ``bs``;
        ``prefix_lens`` / ``seq_lens`` / ``last_loc``: 1-D int32/int64 tensors of ``bs`` entries
        (on the meta device only with ``allow_meta``);
-    2. ``0 <= prefix_lens_cpu <= seq_lens_cpu`` (:func:`mem_cache_kernels.checks.extend_counts`,
+    2. ``0 <= prefix_lens_cpu <= seq_lens_cpu`` (:func:`mem_cache_kernels.pages.extend_counts`,
        which also counts the new pages and tokens);
     3. ``extend_num_tokens`` an int equal to the new tokens; ``num_new_pages`` (when given)
        equal to the new pages;

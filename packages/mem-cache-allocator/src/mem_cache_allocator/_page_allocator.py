@@ -51,9 +51,9 @@ from mem_cache_kernels.checks import (
     check_index,
     check_int,
     debug_enabled,
-    decode_counts,
     describe,
 )
+from mem_cache_kernels.pages import decode_counts
 
 if TYPE_CHECKING:
     from mem_cache_pool.base import KVCache

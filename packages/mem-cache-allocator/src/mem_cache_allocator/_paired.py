@@ -35,7 +35,7 @@ from mem_cache_allocator._host_checks import (
 )
 from mem_cache_allocator._page_allocator import PageAllocatorCore, PageAllocatorState
 from mem_cache_allocator.base import BaseTokenToKVPoolAllocator
-from mem_cache_kernels.checks import decode_counts
+from mem_cache_kernels.pages import decode_counts
 
 __all__ = ["ExtendLens", "PairedAllocators", "check_own_state", "free_page_count"]
 

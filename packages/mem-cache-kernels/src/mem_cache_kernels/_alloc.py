@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from mem_cache_kernels import checks as v
+from mem_cache_kernels import pages as page_math
 from mem_cache_kernels._dispatch import (
     BACKEND_ENV_VAR,
     Backend,
@@ -125,7 +126,7 @@ def _check_pages(free: torch.Tensor, n: int) -> None:
 
 def _extend_pages(pre: torch.Tensor, seq: torch.Tensor, free: int, out: int, ps: int) -> int:
     """CPU value checks of an extend batch; returns its page count."""
-    pages, total = v.extend_counts(pre, seq, ps)
+    pages, total = page_math.extend_counts(pre, seq, ps)
     if total != out:
         raise ValueError(f"out must have sum(seq_lens - prefix_lens) = {total} elements, got {out}")
     _check_free_pages(free, pages)
@@ -257,7 +258,7 @@ def alloc_decode(
         _check_free_pages(free.shape[0], pages)
     host_seq = v.host_values(seq) if bs else None
     if host_seq is not None:  # CPU tensors (or debug mode): free to check, hint or not
-        pages = v.decode_counts(host_seq, ps)
+        pages = page_math.decode_counts(host_seq, ps)
         if num_new_pages is not None and num_new_pages != pages:
             raise ValueError(
                 f"num_new_pages must be {pages} for these seq_lens (requests whose new token "
