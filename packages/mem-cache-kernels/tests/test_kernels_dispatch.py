@@ -1,4 +1,4 @@
-"""Backend dispatch: env override, errors, lazy triton import (the catalogue that dispatch reads
+"""Backend dispatch: env override, errors, lazy triton import (the table that dispatch reads
 is tested in test_kernels_registry.py)."""
 
 from __future__ import annotations
@@ -64,9 +64,9 @@ def test_env_forces_interpreted_triton(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_triton_without_triton_installed(monkeypatch: pytest.MonkeyPatch) -> None:
     """CPU tensors without the interpreter are the caller's mistake (``ValueError``) whether or
     not triton is installed; with the interpreter on, a missing triton is a ``RuntimeError``."""
-    from mem_cache_kernels import _dispatch
+    from mem_cache_kernels import dispatch
 
-    monkeypatch.setattr(_dispatch, "triton_available", lambda: False)
+    monkeypatch.setattr(dispatch, "triton_available", lambda: False)
     cpu = torch.zeros(1)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(ValueError, match="needs GPU tensors or TRITON_INTERPRET=1"):

@@ -26,8 +26,8 @@ import pytest
 import torch
 
 import mem_cache_kernels as mk
-from mem_cache_kernels import _dispatch
 from mem_cache_kernels import deepseek_v4 as d4
+from mem_cache_kernels import dispatch
 
 I32, I64 = torch.int32, torch.int64
 U8 = torch.uint8
@@ -321,36 +321,31 @@ def test_every_op_has_a_case() -> None:
 
 
 @pytest.mark.parametrize("qualname", QUALNAMES)
-def test_valid_call_reaches_the_catalogued_implementation(
+def test_valid_call_reaches_the_tabled_implementation(
     qualname: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    loaded: list[str] = []
+    """A valid call runs its op's torch row of ``dispatch.TABLE`` exactly once (and an op
+    without a row, nothing of the table)."""
     calls: list[str] = []
-    real = _dispatch.load_target
+    table = dict(dispatch.TABLE)
+    for name, (torch_fn, load_triton_fn) in dispatch.TABLE.items():
 
-    def spy(target: str) -> Callable[..., Any]:
-        impl = real(target)
-        loaded.append(target)
+        def counted(*args: Any, _name: str = name, _fn: Any = torch_fn, **kw: Any) -> Any:
+            calls.append(_name)
+            return _fn(*args, **kw)
 
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            calls.append(target)
-            return impl(*args, **kwargs)
-
-        return counted
-
-    monkeypatch.setattr(_dispatch, "_TORCH_IMPLS", {})
-    monkeypatch.setattr(_dispatch, "load_target", spy)
+        table[name] = (counted, load_triton_fn)
+    monkeypatch.setattr(dispatch, "TABLE", table)
     fn = _op_function(qualname)
     kwargs = CASES[qualname].args()
     if "backend" in inspect.signature(fn).parameters:
         kwargs["backend"] = "torch"
     fn(**kwargs)
     info = next(op for op in mk.list_ops() if op.qualname == qualname)
-    if info.torch is None:  # the public function is the implementation: nothing dispatched
-        assert (loaded, calls) == ([], [])
+    if not info.backends:  # the public function is the implementation: nothing dispatched
+        assert calls == []
         return
-    # the catalogued target was loaded last (a body loads its executor first) and called once
-    assert loaded[-1] == info.torch and calls.count(info.torch) == 1, (loaded, calls)
+    assert calls == [info.name]
 
 
 @pytest.mark.parametrize("mistake", ["kind", "dtype", "value"])

@@ -266,7 +266,9 @@ def test_write_req_to_token_duplicate_rows_raise(
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_dsv4_records_loc_out_of_range_raises(backend: str, request: pytest.FixtureRequest) -> None:
+def test_deepseek_v4_records_loc_out_of_range_raises(
+    backend: str, request: pytest.FixtureRequest
+) -> None:
     from mem_cache_kernels import deepseek_v4
 
     b = _backend(backend, request)
@@ -278,28 +280,6 @@ def test_dsv4_records_loc_out_of_range_raises(backend: str, request: pytest.Fixt
     with pytest.raises(ValueError, match=r"loc must index rows of buffer .* got index 8"):
         deepseek_v4.read_records(buffer, _t(8), ps, backend=b)
     assert not bool(buffer.any())
-
-
-def test_caller_names_renames_kernel_arguments_in_errors() -> None:
-    """Issue 13 item 7: a library calling an op under its own argument names reports those."""
-    src, dst = [torch.zeros(4, 2)], [torch.zeros(4, 2)]
-    with pytest.raises(ValueError, match=r"^host_indices must index rows of src") as info:  # noqa: SIM117
-        with mk.caller_names(src_indices="host_indices", dst_indices="device_indices"):
-            mk.transfer_rows(src, dst, _t(9), _t(1))
-    assert isinstance(info.value.__cause__, ValueError)
-    assert "src_indices" in str(info.value.__cause__)
-    with pytest.raises(TypeError, match=r"^device_indices must be int32 or int64"):  # noqa: SIM117
-        with mk.caller_names(src_indices="host_indices", dst_indices="device_indices"):
-            mk.transfer_rows(src, dst, _t(1), _t(1).float())
-    # other errors and successful calls pass through untouched
-    with pytest.raises(KeyError), mk.caller_names(src_indices="x"):
-        raise KeyError("src_indices")
-    with mk.caller_names(src_indices="host_indices"):
-        mk.transfer_rows(src, dst, _t(1), _t(2))
-    with pytest.raises(ValueError, match="identifier"):
-        mk.caller_names(src_indices="not valid")
-    with pytest.raises(TypeError, match="src_indices must map to a str"):
-        mk.caller_names(src_indices=3)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("numpy", [True, False])

@@ -1,7 +1,8 @@
-"""The op catalogue (``_registry.OPS``) that dispatch reads: complete, and every entry resolves.
+"""The op catalogue (``_registry.OPS``, documentation) and the dispatch table
+(``dispatch.TABLE``, what runs): complete, and in agreement.
 
 ``_problems`` and ``_uncatalogued`` are the checks; each is also run on a deliberately broken
-catalogue, so a check that stops finding problems fails here too.
+catalogue or table, so a check that stops finding problems fails here too.
 """
 
 from __future__ import annotations
@@ -11,14 +12,15 @@ import importlib
 import inspect
 import pkgutil
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
 import pytest
+import torch
 
 import mem_cache_kernels as mk
-from mem_cache_kernels import _dispatch, _registry, reference
+from mem_cache_kernels import dispatch, reference
 from mem_cache_kernels._registry import OPS, OpInfo
 
 # every public submodule (the DeepSeek-V4 records module among them) is searched for ops
@@ -59,21 +61,15 @@ def _params(fn: Callable[..., Any]) -> list[tuple[str, Any]]:
     return [(p.name, p.kind) for p in inspect.signature(fn).parameters.values()]
 
 
-def _resolve(
-    op: OpInfo, target: str, backend: str, problems: list[str]
-) -> Callable[..., Any] | None:
-    try:
-        fn = _dispatch.load_target(target)
-    except Exception as exc:  # report every kind of failure as a problem of this entry
-        problems.append(f"{op.qualname}: {backend} target {target!r}: {type(exc).__name__}: {exc}")
-        return None
-    return fn
+Table = Mapping[str, tuple[Callable[..., Any], Callable[[], Callable[..., Any]]]]
 
 
-def _problems(ops: Sequence[OpInfo], *, triton: bool) -> list[str]:
-    """Everything wrong with ``ops``: an entry that is not a public function of its module, a
-    target that does not resolve to a callable, Triton and torch implementations whose
-    parameters differ (``triton``: resolve Triton targets too; this imports triton)."""
+def _problems(ops: Sequence[OpInfo], table: Table, *, triton: bool) -> list[str]:
+    """Everything wrong with ``ops`` and ``table``: an entry that is not a public function of
+    its module, a catalogue that disagrees with the table about which ops have backends, a torch
+    implementation outside ``_torch`` (a Triton one outside ``_triton``), Triton and torch
+    implementations whose parameters differ (``triton``: load the Triton ones too; this imports
+    triton)."""
     problems: list[str] = []
     for op in ops:
         try:
@@ -85,25 +81,47 @@ def _problems(ops: Sequence[OpInfo], *, triton: bool) -> list[str]:
         if op.name not in getattr(module, "__all__", ()) or not inspect.isfunction(public):
             problems.append(f"{op.qualname}: not a public function of {op.module}")
             continue
-        if op.torch is not None and not _takes_backend(public):
-            problems.append(f"{op.qualname}: dispatched, but takes no keyword-only backend")
-        impls: dict[str, Callable[..., Any]] = {}
-        for backend, target in (("torch", op.torch), ("triton", op.triton if triton else None)):
-            if target is not None:
-                fn = _resolve(op, target, backend, problems)
-                if fn is not None:
-                    impls[backend] = fn
-        if len(impls) == 2 and _params(impls["torch"]) != _params(impls["triton"]):
+        if bool(op.backends) != (op.name in table):
             problems.append(
-                f"{op.qualname}: torch and triton implementations take different parameters: "
-                f"{_params(impls['torch'])} vs {_params(impls['triton'])}"
+                f"{op.qualname}: backends {op.backends} but table row: {op.name in table}"
             )
-        executors = [_registry.split_target(t)[2] for t in (op.torch, op.triton) if t]
-        if triton and len(executors) == 2 and None not in executors:
-            runs = [_dispatch.load_target(e) for e in executors if e is not None]
-            if _params(runs[0]) != _params(runs[1]):
-                problems.append(f"{op.qualname}: row executors take different parameters")
+            continue
+        if not op.backends:
+            continue
+        if not _takes_backend(public):
+            problems.append(f"{op.qualname}: dispatched, but takes no keyword-only backend")
+        torch_fn, load_triton_fn = table[op.name]
+        if not inspect.isfunction(torch_fn) or not torch_fn.__module__.startswith(
+            "mem_cache_kernels._torch."
+        ):
+            problems.append(f"{op.qualname}: torch implementation {torch_fn!r} is not in _torch")
+            continue
+        if triton:
+            try:
+                triton_fn = load_triton_fn()
+            except Exception as exc:  # report every kind of failure as a problem of this row
+                problems.append(f"{op.qualname}: triton loader: {type(exc).__name__}: {exc}")
+                continue
+            if not inspect.isfunction(triton_fn) or not triton_fn.__module__.startswith(
+                "mem_cache_kernels._triton."
+            ):
+                problems.append(
+                    f"{op.qualname}: triton implementation {triton_fn!r} not in _triton"
+                )
+            elif _params(torch_fn) != _params(triton_fn):
+                problems.append(
+                    f"{op.qualname}: torch and triton implementations take different parameters: "
+                    f"{_params(torch_fn)} vs {_params(triton_fn)}"
+                )
+    names = {op.name for op in ops}
+    problems += [
+        f"{name}: a table row without a catalogue entry" for name in table if name not in names
+    ]
     return problems
+
+
+def _op(name: str) -> OpInfo:
+    return next(op for op in OPS if op.name == name)
 
 
 # ----------------------------------------------------------------------------- completeness
@@ -139,93 +157,76 @@ def test_deepseek_v4_is_one_family() -> None:
 
 
 # ----------------------------------------------------------------------------- resolution
-def test_every_torch_target_resolves() -> None:
-    assert _problems(OPS, triton=False) == []
-    for op in OPS:
-        if op.torch is not None:
-            assert callable(_dispatch.implementation_for(op, "torch")), op.qualname
+def test_catalogue_and_table_agree() -> None:
+    assert _problems(OPS, dispatch.TABLE, triton=False) == []
+    assert len(dispatch.TABLE) >= 15
+    for name, (torch_fn, _) in dispatch.TABLE.items():
+        assert dispatch.pick(name, "torch", torch.zeros(1)) is torch_fn
 
 
 @pytest.mark.triton
 @pytest.mark.usefixtures("triton_interpret")
-def test_every_triton_target_resolves() -> None:
-    assert _problems(OPS, triton=True) == []
-    dispatched = [op for op in OPS if op.triton is not None]
-    assert len(dispatched) >= 15
-    for op in dispatched:
-        assert callable(_dispatch.implementation_for(op, "triton")), op.qualname
+def test_every_triton_row_loads() -> None:
+    assert _problems(OPS, dispatch.TABLE, triton=True) == []
+    for name, (_, load_triton_fn) in dispatch.TABLE.items():
+        assert dispatch.pick(name, "triton", torch.zeros(1)) is load_triton_fn(), name
 
 
-def _broken() -> list[tuple[OpInfo, str]]:
-    extend, store, pack = (
-        _registry.op("alloc_extend"),
-        _registry.op("store_kv"),
-        _registry.op("pack_records"),
-    )
-    return [
-        (dataclasses.replace(extend, torch="mem_cache_kernels._torch.alloc:no_such"), "no_such"),
-        (
-            dataclasses.replace(extend, torch="mem_cache_kernels._torch.nowhere:alloc_extend"),
-            "nowhere",
-        ),
-        (dataclasses.replace(extend, name="alloc_extended"), "not a public function"),
-        (dataclasses.replace(pack, module="mem_cache_kernels.reference"), "not a public function"),
-        (dataclasses.replace(store, torch="mem_cache_kernels._row_ops:__all__"), "not a function"),
-        (
-            dataclasses.replace(store, torch="mem_cache_kernels._row_ops:store_kv(nowhere:run)"),
-            "nowhere",
-        ),
-        (dataclasses.replace(extend, torch="mem_cache_kernels.checks:DEBUG_ENV_VAR"), "not a"),
+def test_a_broken_catalogue_or_table_is_caught() -> None:
+    extend, pack = _op("alloc_extend"), _op("pack_records")
+    row = dispatch.TABLE["alloc_extend"]
+    cases: list[tuple[Sequence[OpInfo], Table, str]] = [
+        ([dataclasses.replace(extend, name="alloc_extended")], {}, "not a public function"),
+        ([dataclasses.replace(pack, module="mem_cache_kernels.reference")], {}, "not a public"),
+        ([extend], {}, "table row: False"),
+        ([dataclasses.replace(extend, backends=())], {"alloc_extend": row}, "table row: True"),
+        ([extend], {"alloc_extend": (reference.store_kv, row[1])}, "not in _torch"),
+        ([extend], {"alloc_extend": row, "nowhere": row}, "nowhere: a table row without"),
     ]
+    for ops, tab, needle in cases:
+        problems = _problems(ops, tab, triton=False)
+        assert len(problems) == 1 and needle in problems[0], (ops, problems)
 
 
-def test_a_broken_entry_is_caught() -> None:
-    for broken, needle in _broken():
-        problems = _problems([broken], triton=False)
-        assert len(problems) == 1 and needle in problems[0], (broken, problems)
-
-
-def test_dispatch_reports_a_broken_entry() -> None:
-    broken = dataclasses.replace(
-        _registry.op("alloc_extend"),
-        name="alloc_extend_broken",
-        torch="mem_cache_kernels._torch.alloc:no_such",
-    )
-    with pytest.raises(RuntimeError, match=r"alloc_extend_broken: torch target .*no_such"):
-        _dispatch.implementation_for(broken, "torch")
-    host = _registry.op("direct_transfer_rows")
-    with pytest.raises(RuntimeError, match="has no torch implementation"):
-        _dispatch.implementation_for(host, "torch")
+def test_pick_rejects_an_unknown_op() -> None:
+    with pytest.raises(ValueError, match=r"op must name a kernel op .* got 'no_such_op'"):
+        dispatch.pick("no_such_op", "torch", torch.zeros(1))
+    with pytest.raises(ValueError, match="direct_transfer_rows"):  # one implementation: no row
+        dispatch.pick("direct_transfer_rows", "torch", torch.zeros(1))
+    with pytest.raises(TypeError, match="op must be a str naming a kernel op, got list"):
+        dispatch.pick([1, 2], "torch", torch.zeros(1))  # type: ignore[arg-type]
 
 
 @pytest.mark.triton
 @pytest.mark.usefixtures("triton_interpret")
-def test_a_broken_triton_entry_is_caught() -> None:
-    extend = _registry.op("alloc_extend")
-    swapped = dataclasses.replace(extend, triton="mem_cache_kernels._triton.alloc:alloc_decode")
-    problems = _problems([swapped], triton=True)
+def test_a_broken_triton_row_is_caught() -> None:
+    extend = _op("alloc_extend")
+    torch_fn, _ = dispatch.TABLE["alloc_extend"]
+    swapped = {"alloc_extend": (torch_fn, dispatch.TABLE["alloc_decode"][1])}
+    problems = _problems([extend], swapped, triton=True)
     assert len(problems) == 1 and "different parameters" in problems[0]
-    missing = dataclasses.replace(extend, triton="mem_cache_kernels._triton.alloc:no_such")
-    assert "no_such" in _problems([missing], triton=True)[0]
+
+    def missing() -> Callable[..., Any]:
+        raise ImportError("no_such")
+
+    assert "no_such" in _problems([extend], {"alloc_extend": (torch_fn, missing)}, triton=True)[0]
 
 
 def test_malformed_entries_are_rejected_at_construction() -> None:
-    extend = _registry.op("alloc_extend")
-    with pytest.raises(ValueError, match=r"OpInfo\.triton of alloc_extend must run code under"):
-        dataclasses.replace(extend, triton="mem_cache_kernels._torch.alloc:alloc_extend")
-    with pytest.raises(ValueError, match="'module:function'"):
-        dataclasses.replace(extend, torch="mem_cache_kernels._torch.alloc.alloc_extend")
-    with pytest.raises(ValueError, match="torch of alloc_extend must be set"):
-        dataclasses.replace(extend, torch=None)
+    extend = _op("alloc_extend")
+    with pytest.raises(ValueError, match=r"OpInfo\.backends of alloc_extend must be"):
+        dataclasses.replace(extend, backends=("triton",))
     with pytest.raises(ValueError, match="module must be mem_cache_kernels"):
         dataclasses.replace(extend, module="somewhere_else")
+    with pytest.raises(ValueError, match="name must be an identifier"):
+        dataclasses.replace(extend, name="not an id")
 
 
 def test_reference_module_mirrors_the_dispatched_ops() -> None:
     """``mem_cache_kernels.reference`` (the tests' oracle) has every dispatched op of the package
     with the public signature minus ``backend``."""
     for op in OPS:
-        if op.torch is None or op.module != "mem_cache_kernels":
+        if not op.backends or op.module != "mem_cache_kernels":
             continue
         public = list(inspect.signature(getattr(mk, op.name)).parameters)
         assert public[-1] == "backend", op.name
@@ -235,14 +236,15 @@ def test_reference_module_mirrors_the_dispatched_ops() -> None:
 @pytest.mark.triton
 @pytest.mark.usefixtures("triton_interpret")
 def test_triton_implementations_follow_a_reimport(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Triton implementations are cached, but a dropped ``_triton`` module (tests decorate the
-    kernels afresh that way) is imported again on the next call, never served stale."""
+    """A dropped ``_triton`` module (tests decorate the kernels afresh that way) is imported
+    again on the next call, never served stale."""
+    cpu = torch.zeros(1)
     for name, module in (("alloc_extend", "alloc"), ("store_kv", "rows")):
-        op = _registry.op(name)
-        first = _dispatch.implementation_for(op, "triton")
-        assert _dispatch.implementation_for(op, "triton") is first  # cached
+        first = dispatch.pick(name, "triton", cpu)
+        assert dispatch.pick(name, "triton", cpu) is first  # the same module: the same function
         full = f"mem_cache_kernels._triton.{module}"
         old = sys.modules[full]
         monkeypatch.delitem(sys.modules, full)
-        again = _dispatch.implementation_for(op, "triton")
+        again = dispatch.pick(name, "triton", cpu)
         assert again is not first and sys.modules[full] is not old, name
+        assert again.__module__ == full

@@ -19,21 +19,13 @@ in O(1) instead.
 from __future__ import annotations
 
 import importlib.util
-import os
 from typing import Any
 
 import torch
 
 from mem_cache_kernels import checks as v
 from mem_cache_kernels import pages as page_math
-from mem_cache_kernels._dispatch import (
-    BACKEND_ENV_VAR,
-    Backend,
-    ResolvedBackend,
-    implementation_for,
-    resolve_backend,
-)
-from mem_cache_kernels._registry import op
+from mem_cache_kernels.dispatch import Backend, pick
 
 __all__ = ["alloc_decode", "alloc_extend"]
 
@@ -41,7 +33,6 @@ __all__ = ["alloc_decode", "alloc_extend"]
 _HAS_NUMPY = importlib.util.find_spec("numpy") is not None
 
 _INDEX = v.INDEX_DTYPES
-_EXTEND, _DECODE = op("alloc_extend"), op("alloc_decode")
 
 
 def _index(name: str, t: object) -> torch.Tensor:
@@ -78,19 +69,6 @@ def _fast_ok(out: object, page_size: object, *tensors: object) -> bool:
         ):
             return False
     return True
-
-
-def _resolve(backend: str, out: torch.Tensor) -> ResolvedBackend:
-    """``resolve_backend(backend, out)`` (all operands share ``out``'s device).
-
-    The common CPU case (``"auto"`` without the environment override, or ``"torch"``) is decided
-    here without the general resolver's bookkeeping; everything else goes through it.
-    """
-    if backend == "torch":
-        return "torch"
-    if backend == "auto" and out.is_cpu and BACKEND_ENV_VAR not in os.environ:
-        return "torch"
-    return resolve_backend(backend, out)
 
 
 def _check_free_pages(available: int, needed: int) -> None:
@@ -159,9 +137,10 @@ def alloc_extend(  # noqa: PLR0917
         num_new_pages: optional host-side hint, the batch's new-page count
             ``sum(ceil(seq/ps) - ceil(prefix/ps))`` (an allocator computes it from its CPU
             lengths). When given, the op checks ``free_pages.numel() >= num_new_pages`` in O(1)
-            and skips the data pass over the lengths: the values (``0 <= prefix <= seq``, the
-            count itself) are then the caller's guarantee, as on a GPU. The CPU per-request path
-            still verifies the count for free (``ValueError`` naming ``num_new_pages``).
+            and, for larger batches, skips the data pass over the lengths: the values (``0 <=
+            prefix <= seq``, the count itself) are then the caller's guarantee, as on a GPU. CPU
+            batches of at most ``checks.SMALL_BATCH`` requests still verify the count (a few
+            host ints; ``ValueError`` naming ``num_new_pages``).
         num_tokens: optional host-side hint, ``sum(seq_lens - prefix_lens)``; must equal
             ``out.numel()`` (``ValueError`` naming ``num_tokens``).
 
@@ -195,15 +174,19 @@ def alloc_extend(  # noqa: PLR0917
     if num_new_pages is not None:
         if not (type(num_new_pages) is int and 0 <= num_new_pages <= free.shape[0]):
             _check_free_pages(free.shape[0], v.check_int("num_new_pages", num_new_pages, minimum=0))
+        if dst.is_cpu and pre.shape[0] <= v.SMALL_BATCH:  # a few host ints: verify the hint
+            pages = _extend_pages(pre, seq, free.shape[0], dst.shape[0], ps)
+            if pages != num_new_pages:
+                raise ValueError(
+                    f"num_new_pages must be {pages} for these lengths, got {num_new_pages}"
+                )
     elif dst.is_cpu:
         num_new_pages = _extend_pages(pre, seq, free.shape[0], dst.shape[0], ps)
     elif v.debug_enabled():
         num_new_pages = _extend_pages(pre.cpu(), seq.cpu(), free.shape[0], dst.shape[0], ps)
     if num_new_pages is not None:
         _check_pages(free, num_new_pages)
-    implementation_for(_EXTEND, _resolve(backend, dst))(
-        pre, seq, last, free, dst, ps, num_new_pages=num_new_pages, num_tokens=num_tokens
-    )
+    pick("alloc_extend", backend, dst)(pre, seq, last, free, dst, ps, num_new_pages, num_tokens)
 
 
 def alloc_decode(
@@ -268,5 +251,4 @@ def alloc_decode(
         num_new_pages = pages
     if num_new_pages is not None:
         _check_pages(free, num_new_pages)
-    impl = implementation_for(_DECODE, _resolve(backend, dst))
-    impl(seq, last, free, dst, ps, num_new_pages=num_new_pages)
+    pick("alloc_decode", backend, dst)(seq, last, free, dst, ps, num_new_pages)

@@ -25,11 +25,10 @@ import torch
 
 from mem_cache_kernels import _layout as lay
 from mem_cache_kernels import checks as v
-from mem_cache_kernels._dispatch import Backend, check_backend
-from mem_cache_kernels._layout import RowJob, as_byte_rows
-from mem_cache_kernels._runs import find_runs
-from mem_cache_kernels._torch.jobs import run_jobs
+from mem_cache_kernels._layout import RowJob, as_byte_rows, find_runs
+from mem_cache_kernels._torch.rows import run_jobs
 from mem_cache_kernels._transfer import check_layers, check_page_first, check_role_pair
+from mem_cache_kernels.dispatch import Backend, check_backend
 
 __all__ = [
     "direct_backup_all_layers_to_page_first_direct",

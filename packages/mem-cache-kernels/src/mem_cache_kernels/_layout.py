@@ -1,9 +1,16 @@
 """Byte-row views shared by both backends: every data-movement op becomes a list of row copies.
 
 A *job* is a pair ``(src, dst)`` of uint8 ``[rows, row_bytes]`` views (no data copied; rows
-contiguous, any row stride). Each backend executes jobs with one pair of index tensors, so the
-torch reference and the Triton kernels move exactly the same bytes. Casts (e.g. bf16 -> fp8) are
-arithmetic and happen here, in torch, before any byte is moved.
+contiguous, any row stride). Each data-movement op of a backend family module
+(:mod:`mem_cache_kernels._torch.rows`, :mod:`mem_cache_kernels._triton.rows`) builds its jobs with
+the one function of this module for that op (``store_jobs``, ``mla_set_jobs``, ``role_jobs``, ...)
+and runs them with one pair of index tensors on its own executor, so the torch reference and the
+Triton kernels move exactly the same bytes. Casts (e.g. bf16 -> fp8) are arithmetic and happen
+here, in torch, before any byte is moved.
+
+Also here: run detection on index pairs (:func:`run_starts`, :func:`find_runs`), used by the torch
+executor's CPU fast path and the host-driven ``direct_*`` copies. Nothing here validates user
+input: the public ops do (a broken view raises ``ValueError`` naming the buffer).
 """
 
 from __future__ import annotations
@@ -16,13 +23,20 @@ __all__ = [
     "RowJob",
     "all_layer_jobs",
     "as_byte_rows",
+    "as_logical",
     "backup_page_first_jobs",
     "byte_rows",
     "cast_for_storage",
+    "copy_jobs",
+    "find_runs",
     "load_page_first_jobs",
+    "mla_get_jobs",
     "mla_jobs",
+    "mla_set_jobs",
     "role_jobs",
     "row_bytes",
+    "run_starts",
+    "store_jobs",
 ]
 
 RowJob = tuple[torch.Tensor, torch.Tensor]
@@ -51,6 +65,56 @@ def cast_for_storage(
     logical = storage if dtype is None else dtype
     y = x.to(logical)
     return y if logical == storage else y.view(storage)
+
+
+def as_logical(t: torch.Tensor, storage: torch.dtype, dtype: torch.dtype | None) -> torch.Tensor:
+    """``t`` (holding ``storage`` values) viewed as the logical ``dtype`` when one is given."""
+    return t.view(dtype) if dtype is not None and dtype != storage else t
+
+
+def store_jobs(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    dtype: torch.dtype | None,
+) -> list[RowJob]:
+    """``store_kv``: ``k -> k_cache`` and ``v -> v_cache`` (cast to the logical ``dtype``)."""
+    k_src = cast_for_storage(k, k_cache.dtype, dtype)
+    v_src = cast_for_storage(v, v_cache.dtype, dtype)
+    return [
+        (byte_rows("k", k_src, copy_ok=True), byte_rows("k_cache", k_cache)),
+        (byte_rows("v", v_src, copy_ok=True), byte_rows("v_cache", v_cache)),
+    ]
+
+
+def mla_set_jobs(
+    kv_buffer: torch.Tensor, k_nope: torch.Tensor, k_rope: torch.Tensor, dtype: torch.dtype | None
+) -> list[RowJob]:
+    """``set_mla_kv_buffer``: nope and rope parts into the buffer's byte columns."""
+    nope = cast_for_storage(k_nope, kv_buffer.dtype, dtype)
+    rope = cast_for_storage(k_rope, kv_buffer.dtype, dtype)
+    return mla_jobs(kv_buffer, nope, rope, to_buffer=True)
+
+
+def mla_get_jobs(
+    kv_buffer: torch.Tensor, rows: int, nope_dim: int
+) -> tuple[torch.Tensor, torch.Tensor, list[RowJob]]:
+    """``get_mla_kv_buffer``: zeroed ``(nope, rope)`` outputs of ``rows`` rows (the buffer's
+    storage dtype) and the jobs that gather into them."""
+    lead = (rows, *kv_buffer.shape[1:-1])
+    dt, dev = kv_buffer.dtype, kv_buffer.device
+    nope = torch.zeros((*lead, nope_dim), dtype=dt, device=dev)
+    rope = torch.zeros((*lead, kv_buffer.shape[-1] - nope_dim), dtype=dt, device=dev)
+    return nope, rope, mla_jobs(kv_buffer, nope, rope, to_buffer=False)
+
+
+def copy_jobs(buffers: Sequence[torch.Tensor]) -> list[RowJob]:
+    """``copy_all_layer_kv_cache``: every buffer onto itself."""
+    return [
+        (byte_rows(f"buffers[{i}]", b), byte_rows(f"buffers[{i}]", b))
+        for i, b in enumerate(buffers)
+    ]
 
 
 def role_jobs(src: Sequence[torch.Tensor], dst: Sequence[torch.Tensor]) -> list[RowJob]:
@@ -153,3 +217,47 @@ def _contig_strides(t: torch.Tensor) -> tuple[int, ...]:
         out.append(acc)
         acc *= size
     return tuple(reversed(out))
+
+
+# ----------------------------------------------------------------------------- runs of indices
+def run_starts(src: torch.Tensor, dst: torch.Tensor, *, dst_step: int = 1) -> torch.Tensor:
+    """Positions where a new run begins (``src`` +1 and ``dst`` +``dst_step`` otherwise).
+
+    ``src``/``dst``: int64 tensors of equal length, no negative entries.
+    """
+    n = src.numel()
+    brk = torch.ones(n, dtype=torch.bool, device=src.device)
+    if n > 1:
+        brk[1:] = (src[1:] != src[:-1] + 1) | (dst[1:] != dst[:-1] + dst_step)
+    return torch.nonzero(brk, as_tuple=True)[0]
+
+
+def find_runs(
+    src: torch.Tensor, dst: torch.Tensor, *, dst_step: int = 1
+) -> list[tuple[int, int, int]]:
+    """Maximal runs ``(src_start, dst_start, length)`` of pairs where ``src`` advances by one and
+    ``dst`` by ``dst_step``.
+
+    ``src``/``dst`` are CPU int64 tensors of equal length; pairs with a negative index are dropped
+    first (a dropped pair also ends a run). Vectorised; the only Python loop is the caller's loop
+    over runs.
+    """
+    keep = (src >= 0) & (dst >= 0)
+    n = src.numel()
+    if n == 0:
+        return []
+    if bool(keep.all()):
+        starts = run_starts(src, dst, dst_step=dst_step)
+    else:
+        pos = torch.nonzero(keep, as_tuple=True)[0]
+        src, dst = src[keep], dst[keep]
+        if src.numel() == 0:
+            return []
+        brk = torch.zeros(src.numel(), dtype=torch.bool)
+        brk[run_starts(src, dst, dst_step=dst_step)] = True
+        brk[1:] |= pos[1:] != pos[:-1] + 1  # a dropped pair breaks the run around it
+        starts = torch.nonzero(brk, as_tuple=True)[0]
+    ends = torch.cat([starts[1:], torch.tensor([src.numel()])])
+    return list(
+        zip(src[starts].tolist(), dst[starts].tolist(), (ends - starts).tolist(), strict=True)
+    )

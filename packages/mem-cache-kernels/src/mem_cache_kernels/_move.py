@@ -7,13 +7,10 @@ from collections.abc import Sequence
 import torch
 
 from mem_cache_kernels import checks as v
-from mem_cache_kernels._dispatch import Backend, implementation
 from mem_cache_kernels._layout import as_byte_rows
-from mem_cache_kernels._registry import op
+from mem_cache_kernels.dispatch import Backend, pick
 
 __all__ = ["copy_all_layer_kv_cache"]
-
-_OP = op("copy_all_layer_kv_cache")
 
 
 def copy_all_layer_kv_cache(
@@ -43,4 +40,4 @@ def copy_all_layer_kv_cache(
         as_byte_rows(f"buffers[{i}]", b)
         t_top.check(b.shape[0], f"buffers[{i}]")
         s_top.check(b.shape[0], f"buffers[{i}]")
-    implementation(_OP, backend, *bufs, tgt, src)(bufs, tgt, src)
+    pick("copy_all_layer_kv_cache", backend, *bufs, tgt, src)(bufs, tgt, src)

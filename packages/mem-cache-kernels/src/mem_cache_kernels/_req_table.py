@@ -9,12 +9,9 @@ from __future__ import annotations
 import torch
 
 from mem_cache_kernels import checks as v
-from mem_cache_kernels._dispatch import Backend, implementation
-from mem_cache_kernels._registry import op
+from mem_cache_kernels.dispatch import Backend, pick
 
 __all__ = ["get_last_loc", "write_req_to_token"]
-
-_WRITE, _LAST_LOC = op("write_req_to_token"), op("get_last_loc")
 
 
 def _check_table(req_to_token: object) -> torch.Tensor:
@@ -127,7 +124,7 @@ def write_req_to_token(  # noqa: PLR0917
         named["prefix_slots"] = prefix
     v.check_same_device(table.device, **named)
     _check_write_values(table, rows, pre, seq, new, prefix)
-    impl = implementation(_WRITE, backend, table, *named.values())
+    impl = pick("write_req_to_token", backend, table, *named.values())
     impl(table, rows, pre, seq, new, prefix)
 
 
@@ -160,5 +157,5 @@ def get_last_loc(
                 f"prefix_lens must be in [0, max_len = {table.shape[1]}] (req_to_token columns), "
                 f"got {bad}"
             )
-    result: torch.Tensor = implementation(_LAST_LOC, backend, table, rows, pre)(table, rows, pre)
+    result: torch.Tensor = pick("get_last_loc", backend, table, rows, pre)(table, rows, pre)
     return result

@@ -11,13 +11,10 @@ from __future__ import annotations
 import torch
 
 from mem_cache_kernels import checks as val
-from mem_cache_kernels._dispatch import Backend, implementation
 from mem_cache_kernels._layout import as_byte_rows
-from mem_cache_kernels._registry import op
+from mem_cache_kernels.dispatch import Backend, pick
 
 __all__ = ["get_mla_kv_buffer", "set_mla_kv_buffer", "store_kv"]
-
-_STORE_KV, _SET_MLA, _GET_MLA = op("store_kv"), op("set_mla_kv_buffer"), op("get_mla_kv_buffer")
 
 
 def _check_cache(name: str, cache: object) -> torch.Tensor:
@@ -92,7 +89,7 @@ def store_kv(
     val.check_same_device(kc.device, v_cache=vc, loc=idx, k=kx, v=vx)
     _check_loc_rows(idx, kc, "k_cache")
     _check_loc_rows(idx, vc, "v_cache")
-    impl = implementation(_STORE_KV, backend, kc, vc, idx, kx, vx)
+    impl = pick("store_kv", backend, kc, vc, idx, kx, vx)
     impl(kc, vc, idx, kx, vx, logical)
 
 
@@ -142,7 +139,7 @@ def set_mla_kv_buffer(
         )
     val.check_same_device(buf.device, loc=idx, k_nope=nope, k_rope=rope)
     _check_loc_rows(idx, buf, "kv_buffer")
-    implementation(_SET_MLA, backend, buf, idx, nope, rope)(buf, idx, nope, rope, logical)
+    pick("set_mla_kv_buffer", backend, buf, idx, nope, rope)(buf, idx, nope, rope, logical)
 
 
 def get_mla_kv_buffer(
@@ -168,6 +165,6 @@ def get_mla_kv_buffer(
         check_dtype_itemsize("dtype", logical, buf.dtype)
     val.check_same_device(buf.device, loc=idx)
     _check_loc_rows(idx, buf, "kv_buffer")
-    impl = implementation(_GET_MLA, backend, buf, idx)
+    impl = pick("get_mla_kv_buffer", backend, buf, idx)
     result: tuple[torch.Tensor, torch.Tensor] = impl(buf, idx, nd, logical)
     return result

@@ -20,9 +20,8 @@ from collections.abc import Sequence
 import torch
 
 from mem_cache_kernels import checks as v
-from mem_cache_kernels._dispatch import Backend, implementation
 from mem_cache_kernels._layout import as_byte_rows, row_bytes
-from mem_cache_kernels._registry import op
+from mem_cache_kernels.dispatch import Backend, pick
 
 __all__ = [
     "backup_all_layers_to_page_first",
@@ -33,9 +32,6 @@ __all__ = [
     "transfer_rows",
     "transfer_rows_all_layers",
 ]
-
-_ROWS, _ROWS_ALL = op("transfer_rows"), op("transfer_rows_all_layers")
-_LOAD_PF, _BACKUP_PF = op("load_layer_from_page_first"), op("backup_all_layers_to_page_first")
 
 
 def check_role_pair(src_name: str, src: torch.Tensor, dst_name: str, dst: torch.Tensor) -> None:
@@ -108,7 +104,7 @@ def transfer_rows(
         check_role_pair(f"src[{r}]", a, f"dst[{r}]", b)
         s_top.check(a.shape[0], f"src[{r}]")
         d_top.check(b.shape[0], f"dst[{r}]")
-    implementation(_ROWS, backend, *s, *d, si, di)(s, d, si, di)
+    pick("transfer_rows", backend, *s, *d, si, di)(s, d, si, di)
 
 
 def transfer_rows_all_layers(
@@ -135,7 +131,7 @@ def transfer_rows_all_layers(
             check_role_pair(f"src[{r}][{i}]", a, f"dst[{r}][{i}]", b)
             s_top.check(a.shape[0], f"src[{r}][{i}]")
             d_top.check(b.shape[0], f"dst[{r}][{i}]")
-    implementation(_ROWS_ALL, backend, *flat_s, *flat_d, si, di)(s, d, si, di)
+    pick("transfer_rows_all_layers", backend, *flat_s, *flat_d, si, di)(s, d, si, di)
 
 
 def load_layer_from_page_first(
@@ -163,7 +159,7 @@ def load_layer_from_page_first(
         check_role_pair(f"host[{r}][:, layer_id]", a.select(1, layer), f"device[{r}]", b)
         h_top.check(a.shape[0], f"host[{r}]")
         d_top.check(b.shape[0], f"device[{r}]")
-    implementation(_LOAD_PF, backend, *h, *d, hi, di)(h, d, hi, di, layer)
+    pick("load_layer_from_page_first", backend, *h, *d, hi, di)(h, d, hi, di, layer)
 
 
 def backup_all_layers_to_page_first(
@@ -192,4 +188,4 @@ def backup_all_layers_to_page_first(
         for i, b in enumerate(layers):
             check_role_pair(f"device[{r}][{i}]", b, f"host[{r}][:, {i}]", a.select(1, i))
             d_top.check(b.shape[0], f"device[{r}][{i}]")
-    implementation(_BACKUP_PF, backend, *flat_d, *h, di, hi)(d, h, di, hi)
+    pick("backup_all_layers_to_page_first", backend, *flat_d, *h, di, hi)(d, h, di, hi)

@@ -40,8 +40,7 @@ from __future__ import annotations
 import torch
 
 from mem_cache_kernels import checks as v
-from mem_cache_kernels._dispatch import Backend, implementation
-from mem_cache_kernels._registry import op
+from mem_cache_kernels.dispatch import Backend, pick
 
 __all__ = [
     "NOPE_DIM",
@@ -73,8 +72,6 @@ PAGE_ALIGN = 576
 UE8M0_BIAS = 127
 _FP8 = torch.float8_e4m3fn
 _FP8_MAX = 448.0
-_PACK, _UNPACK = op("pack_records"), op("unpack_records")
-_WRITE, _READ = op("write_records"), op("read_records")
 
 
 def page_row_bytes(page_size: int) -> int:
@@ -179,7 +176,7 @@ def pack_records(
     out = torch.empty((n, TOKEN_BYTES), dtype=torch.uint8, device=nope_fp8.device)
     if n == 0:
         return out
-    implementation(_PACK, backend, nope_b, scales_b, rope_b)(nope_b, scales_b, rope_b, out)
+    pick("pack_records", backend, nope_b, scales_b, rope_b)(nope_b, scales_b, rope_b, out)
     return out
 
 
@@ -198,7 +195,7 @@ def unpack_records(
     scales = torch.empty((n, SCALE_BYTES), dtype=torch.uint8, device=dev)
     rope = torch.empty((n, 2 * ROPE_DIM), dtype=torch.uint8, device=dev)
     if n > 0:
-        implementation(_UNPACK, backend, rec)(rec, nope, scales, rope)
+        pick("unpack_records", backend, rec)(rec, nope, scales, rope)
     return nope.view(_FP8), scales, rope.view(torch.bfloat16)
 
 
@@ -242,7 +239,7 @@ def write_records(
         return
     _check_loc_range(loc, buffer, page_size)
     rec = records.contiguous()
-    implementation(_WRITE, backend, buffer, loc, rec)(buffer, loc, rec, page_size)
+    pick("write_records", backend, buffer, loc, rec)(buffer, loc, rec, page_size)
 
 
 def read_records(
@@ -264,5 +261,5 @@ def read_records(
     if loc.numel() == 0:
         return out
     _check_loc_range(loc, buffer, page_size)
-    implementation(_READ, backend, buffer, loc)(buffer, loc, out, page_size)
+    pick("read_records", backend, buffer, loc)(buffer, loc, out, page_size)
     return out

@@ -26,16 +26,9 @@ from collections.abc import Sequence
 import torch
 
 from mem_cache_kernels import checks as v
-from mem_cache_kernels._dispatch import Backend, implementation
-from mem_cache_kernels._registry import op
+from mem_cache_kernels.dispatch import Backend, pick
 
 __all__ = ["copy_state_slots", "gather_state_slots", "scatter_state_slots"]
-
-_COPY, _GATHER, _SCATTER = (
-    op("copy_state_slots"),
-    op("gather_state_slots"),
-    op("scatter_state_slots"),
-)
 
 
 def _entry_contiguous(name: str, t: torch.Tensor) -> None:
@@ -96,7 +89,7 @@ def copy_state_slots(
     _bound(src, "src_slots", s, "states")
     _bound(dst, "dst_slots", s, "states")
     v.check_distinct("dst_slots", dst[dst >= 0] if dst.is_cpu else dst)
-    implementation(_COPY, backend, *s)(s, src, dst)
+    pick("copy_state_slots", backend, *s)(s, src, dst)
 
 
 def _order(name: str, given: object, n: int, device: torch.device) -> torch.Tensor:
@@ -126,7 +119,7 @@ def gather_state_slots(
     v.check_same_length(slots=idx, out_slots=o_idx)
     _bound(idx, "slots", s, "states")
     _bound(o_idx, "out_slots", o, "out")
-    implementation(_GATHER, backend, *s, *o)(s, o, idx, o_idx)
+    pick("gather_state_slots", backend, *s, *o)(s, o, idx, o_idx)
 
 
 def scatter_state_slots(
@@ -150,4 +143,4 @@ def scatter_state_slots(
     v.check_same_length(slots=idx, src_slots=s_idx)
     _bound(idx, "slots", s, "states")
     _bound(s_idx, "src_slots", srcs, "src")
-    implementation(_SCATTER, backend, *s, *srcs)(srcs, s, s_idx, idx)
+    pick("scatter_state_slots", backend, *s, *srcs)(srcs, s, s_idx, idx)

@@ -2,9 +2,9 @@
 
 Same names and signatures as the public ops minus ``backend``. These functions **do not validate**
 their arguments: library code should call ``mem_cache_kernels.<op>(..., backend="torch")``, which
-validates and then runs exactly the same torch code. The data-movement ops are the shared bodies
-of :mod:`mem_cache_kernels._row_ops` bound to the torch row executor. The host-driven
-``direct_*`` ops have a single implementation and are not repeated here.
+validates and then runs exactly the same torch code (the ``torch`` column of
+:data:`mem_cache_kernels.dispatch.TABLE`). The host-driven ``direct_*`` ops have a single
+implementation and are not repeated here.
 """
 
 from __future__ import annotations
@@ -13,9 +13,8 @@ from collections.abc import Sequence
 
 import torch
 
-from mem_cache_kernels import _row_ops
+from mem_cache_kernels._torch import rows
 from mem_cache_kernels._torch.alloc import alloc_decode, alloc_extend
-from mem_cache_kernels._torch.jobs import run_jobs
 from mem_cache_kernels._torch.req_table import get_last_loc, write_req_to_token
 
 __all__ = [
@@ -44,7 +43,7 @@ def store_kv(
     dtype: torch.dtype | None = None,
 ) -> None:
     """``k_cache[loc] = k``, ``v_cache[loc] = v`` (cast to ``dtype``, stored as the cache dtype)."""
-    _row_ops.store_kv(run_jobs, k_cache, v_cache, loc, k, v, dtype)
+    rows.store_kv(k_cache, v_cache, loc, k, v, dtype)
 
 
 def set_mla_kv_buffer(
@@ -56,21 +55,21 @@ def set_mla_kv_buffer(
     dtype: torch.dtype | None = None,
 ) -> None:
     """``kv_buffer[loc, ..., :nope] = k_nope``; ``kv_buffer[loc, ..., nope:] = k_rope``."""
-    _row_ops.set_mla_kv_buffer(run_jobs, kv_buffer, loc, k_nope, k_rope, dtype)
+    rows.set_mla_kv_buffer(kv_buffer, loc, k_nope, k_rope, dtype)
 
 
 def get_mla_kv_buffer(
     kv_buffer: torch.Tensor, loc: torch.Tensor, nope_dim: int, *, dtype: torch.dtype | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Gather ``(kv_buffer[loc, ..., :nope_dim], kv_buffer[loc, ..., nope_dim:])``."""
-    return _row_ops.get_mla_kv_buffer(run_jobs, kv_buffer, loc, nope_dim, dtype)
+    return rows.get_mla_kv_buffer(kv_buffer, loc, nope_dim, dtype)
 
 
 def copy_all_layer_kv_cache(
     buffers: Sequence[torch.Tensor], tgt_loc: torch.Tensor, src_loc: torch.Tensor
 ) -> None:
     """For every buffer: rows ``tgt_loc`` get the old contents of rows ``src_loc``."""
-    _row_ops.copy_all_layer_kv_cache(run_jobs, buffers, tgt_loc, src_loc)
+    rows.copy_all_layer_kv_cache(buffers, tgt_loc, src_loc)
 
 
 def transfer_rows(
@@ -80,7 +79,7 @@ def transfer_rows(
     dst_indices: torch.Tensor,
 ) -> None:
     """One layer, layer-first both sides: ``dst[r][dst_indices] = src[r][src_indices]``."""
-    _row_ops.transfer_rows(run_jobs, src, dst, src_indices, dst_indices)
+    rows.transfer_rows(src, dst, src_indices, dst_indices)
 
 
 def transfer_rows_all_layers(
@@ -90,7 +89,7 @@ def transfer_rows_all_layers(
     dst_indices: torch.Tensor,
 ) -> None:
     """Every layer, ``[role][layer]`` both sides."""
-    _row_ops.transfer_rows_all_layers(run_jobs, src, dst, src_indices, dst_indices)
+    rows.transfer_rows_all_layers(src, dst, src_indices, dst_indices)
 
 
 def load_layer_from_page_first(
@@ -101,9 +100,7 @@ def load_layer_from_page_first(
     layer_id: int,
 ) -> None:
     """Page-first host ``[slots, L, *row]`` at ``layer_id`` -> device layer ``[rows, *row]``."""
-    _row_ops.load_layer_from_page_first(
-        run_jobs, host, device, host_indices, device_indices, layer_id
-    )
+    rows.load_layer_from_page_first(host, device, host_indices, device_indices, layer_id)
 
 
 def backup_all_layers_to_page_first(
@@ -113,4 +110,4 @@ def backup_all_layers_to_page_first(
     host_indices: torch.Tensor,
 ) -> None:
     """Device layers ``[role][layer]`` -> page-first host ``[slots, L, *row]`` (every layer)."""
-    _row_ops.backup_all_layers_to_page_first(run_jobs, device, host, device_indices, host_indices)
+    rows.backup_all_layers_to_page_first(device, host, device_indices, host_indices)

@@ -24,12 +24,15 @@ thousand elements, so the implementations minimise the *number* of ops, not the 
   by the request's page base, so the new-page slot is one ``index_select`` of ``free_pages`` and
   the result one ``where`` (~30 ops whatever the batch size). The page size is a power of two, so
   ``//`` and ``%`` are shifts and masks.
-* ``alloc_decode`` with the page count known (``num_new_pages``, the allocator passes it): ``out =
+* ``alloc_decode`` with the page count known (``num_new_pages``, the public op passes it): ``out =
   last_loc + 1`` then ``masked_scatter_`` of ``free_pages[:num_new_pages] * ps`` into the requests
   whose new token starts a page (5 ops, no host sync). Without it: exclusive ``cumsum`` ranks and
   ``where`` (sync-free). CPU batches of at most :data:`SMALL_DECODE` requests use Python ints.
 
-The paths are tested against each other (``SMALL``/``SMALL_DECODE`` patched).
+The paths are tested against each other (``SMALL``/``SMALL_DECODE`` patched). Arguments are
+trusted: the public ops of :mod:`mem_cache_kernels` (or a caller of
+:func:`mem_cache_kernels.dispatch.pick` that checked its own) validated them, the page counts
+included; nothing here re-derives or re-checks them.
 """
 
 from __future__ import annotations
@@ -76,17 +79,16 @@ def alloc_extend(  # noqa: PLR0917
     free_pages: torch.Tensor,
     out: torch.Tensor,
     page_size: int,
-    *,
     num_new_pages: int | None = None,
     num_tokens: int | None = None,
 ) -> None:
     """Write the new slots of every request into ``out`` (request-major, position ascending).
 
-    ``num_new_pages`` (optional) is the batch's page count; the per-request path checks it
-    (``ValueError``), the vectorised path does not need it. ``num_tokens`` (optional) must equal
-    ``out.numel()`` (checked by the public op; accepted here for signature parity).
+    Trusted arguments (the public op checked them): ``out`` has ``sum(seq - prefix)`` elements,
+    ``free_pages`` holds the batch's pages. ``num_new_pages`` / ``num_tokens`` are the public
+    op's checked hints; this implementation does not need them (signature parity).
     """
-    del num_tokens
+    del num_new_pages, num_tokens
     if out.numel() == 0:
         return
     if out.is_cpu and prefix_lens.shape[0] <= SMALL:
@@ -97,7 +99,6 @@ def alloc_extend(  # noqa: PLR0917
             free_pages,
             out,
             page_size,
-            num_new_pages,
         )
     else:
         _extend_vectorised(prefix_lens, seq_lens, last_loc, free_pages, out, page_size)
@@ -110,7 +111,6 @@ def _extend_small(  # noqa: PLR0917
     free_pages: torch.Tensor,
     out: torch.Tensor,
     page_size: int,
-    num_new_pages: int | None,
 ) -> None:
     """Per-request path: plan with Python ints, then one ``cat`` of block slices and fills."""
     mask = page_size - 1
@@ -138,16 +138,6 @@ def _extend_small(  # noqa: PLR0917
                 plan.append(run)
             o += m
             k += (m + mask) >> shift
-    if o != out.shape[0]:
-        raise ValueError(
-            f"out must have sum(seq_lens - prefix_lens) = {o} elements, got {out.shape[0]}"
-        )
-    if num_new_pages is not None and num_new_pages != k:
-        raise ValueError(f"num_new_pages must be {k} for these lengths, got {num_new_pages}")
-    if k > free_pages.shape[0]:
-        raise ValueError(
-            f"free_pages must hold the {k} pages this batch needs, got {free_pages.shape[0]}"
-        )
     if _np is not None and out.is_cpu:
         _extend_small_host(plan, free_pages, out, page_size, k)
         return
@@ -253,20 +243,19 @@ def _extend_vectorised(  # noqa: PLR0917
     torch.where(per_slot[:, 0] < 0, per_slot[:, 1], new, out=out)
 
 
-def alloc_decode(
+def alloc_decode(  # noqa: PLR0917
     seq_lens: torch.Tensor,
     last_loc: torch.Tensor,
     free_pages: torch.Tensor,
     out: torch.Tensor,
     page_size: int,
-    *,
     num_new_pages: int | None = None,
 ) -> None:
     """Write one new slot per request into ``out`` (``seq_lens`` include the new token).
 
-    ``num_new_pages`` (optional): the number of requests whose new token starts a page. With it
-    the op needs no prefix sum (and no host sync); a value smaller than the true count raises
-    ``ValueError``; a larger one gives the same slots (only the first pages are used).
+    ``num_new_pages`` (optional, trusted): the number of requests whose new token starts a page.
+    With it the op needs no prefix sum (and no host sync). ``free_pages`` holds at least that
+    many pages (the public op checked it).
     """
     bs = out.shape[0]
     if bs == 0:
@@ -286,14 +275,7 @@ def alloc_decode(
             pages = (
                 free_pages if free_pages.shape[0] == num_new_pages else free_pages[:num_new_pages]
             )
-            src = _i64(pages) << shift
-            try:
-                out.masked_scatter_(need, src)
-            except RuntimeError as exc:  # fewer pages than requests that start a page
-                raise ValueError(
-                    f"num_new_pages must be the number of requests whose new token starts a "
-                    f"page, got {num_new_pages} (too small)"
-                ) from exc
+            out.masked_scatter_(need, _i64(pages) << shift)
         return
     nxt = _i64(last_loc) + 1
     num_free = free_pages.shape[0]
@@ -312,10 +294,6 @@ def _decode_small(
     mask = page_size - 1
     starts = [(s - 1) & mask == 0 for s in seq]  # the new token starts a fresh page
     need = sum(starts)
-    if need > free_pages.shape[0]:
-        raise ValueError(
-            f"free_pages must hold the {need} pages this batch needs, got {free_pages.shape[0]}"
-        )
     free = free_pages[:need].tolist() if need else []
     slots: list[int] = []
     rank = 0

@@ -1,4 +1,13 @@
-"""Torch row-copy primitive shared by the store, move and transfer references.
+"""Torch implementation of the row-moving op families (store, move, transfer).
+
+Each op (``store_kv``, ``set_mla_kv_buffer``, ``get_mla_kv_buffer``, ``copy_all_layer_kv_cache``,
+``transfer_rows``, ``transfer_rows_all_layers``, ``load_layer_from_page_first``,
+``backup_all_layers_to_page_first``) takes the public op's arguments in order (``backend``
+dropped, keyword-only ones positional) and trusts them; it builds its byte-row jobs with the
+matching function of :mod:`mem_cache_kernels._layout` and runs them with :func:`run_jobs`. The
+Triton family module (:mod:`mem_cache_kernels._triton.rows`) has the same functions, building the
+same jobs, so both backends move exactly the same bytes. These functions are the CPU path of the
+library and the oracle of the tests (:mod:`mem_cache_kernels.reference`).
 
 ``copy_rows(src, dst, src_idx, dst_idx)`` copies byte rows: ``dst[dst_idx[i]] = src[src_idx[i]]``
 for every ``i`` where both indices are non-negative (a negative index skips the pair). ``src`` and
@@ -18,11 +27,28 @@ Two strategies, chosen per call (both plain torch, bit-exact):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
-from mem_cache_kernels._runs import run_starts
+from mem_cache_kernels import _layout as lay
+from mem_cache_kernels._layout import RowJob, run_starts
 
-__all__ = ["Runs", "copy_rows", "drop_negative", "plan_runs"]
+__all__ = [
+    "Runs",
+    "backup_all_layers_to_page_first",
+    "copy_all_layer_kv_cache",
+    "copy_rows",
+    "drop_negative",
+    "get_mla_kv_buffer",
+    "load_layer_from_page_first",
+    "plan_runs",
+    "run_jobs",
+    "set_mla_kv_buffer",
+    "store_kv",
+    "transfer_rows",
+    "transfer_rows_all_layers",
+]
 
 _RUN_BYTES = 32 << 10  # a slice copy_ costs several microseconds: worth it from ~32 KiB per run
 _CHUNK_BYTES = 256 << 10  # gather/scatter temporary (L2-sized)
@@ -165,3 +191,102 @@ def copy_rows(
         _chunked(s, d, src_idx, dst_idx)
         return
     _gather_scatter(s, d, src_idx, dst_idx)
+
+
+def run_jobs(
+    jobs: Sequence[RowJob], src_idx: torch.Tensor | None, dst_idx: torch.Tensor | None
+) -> None:
+    """Run every job with the same indices (negatives dropped and runs found once, not per job)."""
+    src_idx, dst_idx = drop_negative(src_idx, dst_idx)
+    runs = None
+    planned = False
+    if src_idx is not None and dst_idx is not None and len(jobs) > 1:
+        runs = plan_runs(src_idx, dst_idx, max(src.shape[1] for src, _ in jobs))
+        planned = True
+    for src, dst in jobs:
+        copy_rows(src, dst, src_idx, dst_idx, runs, planned=planned)
+
+
+# ----------------------------------------------------------------------------- the ops
+def store_kv(  # noqa: PLR0917
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    loc: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    dtype: torch.dtype | None,
+) -> None:
+    """``k_cache[loc] = k``, ``v_cache[loc] = v`` (cast to ``dtype``, stored as the cache dtype)."""
+    run_jobs(lay.store_jobs(k_cache, v_cache, k, v, dtype), None, loc)
+
+
+def set_mla_kv_buffer(
+    kv_buffer: torch.Tensor,
+    loc: torch.Tensor,
+    k_nope: torch.Tensor,
+    k_rope: torch.Tensor,
+    dtype: torch.dtype | None,
+) -> None:
+    """``kv_buffer[loc, ..., :nope] = k_nope``; ``kv_buffer[loc, ..., nope:] = k_rope``."""
+    run_jobs(lay.mla_set_jobs(kv_buffer, k_nope, k_rope, dtype), None, loc)
+
+
+def get_mla_kv_buffer(
+    kv_buffer: torch.Tensor, loc: torch.Tensor, nope_dim: int, dtype: torch.dtype | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gather ``(kv_buffer[loc, ..., :nope_dim], kv_buffer[loc, ..., nope_dim:])`` (zeros for
+    negative ``loc`` entries), viewed as ``dtype`` when given."""
+    nope, rope, jobs = lay.mla_get_jobs(kv_buffer, loc.shape[0], nope_dim)
+    run_jobs(jobs, loc, None)
+    return lay.as_logical(nope, kv_buffer.dtype, dtype), lay.as_logical(
+        rope, kv_buffer.dtype, dtype
+    )
+
+
+def copy_all_layer_kv_cache(
+    buffers: Sequence[torch.Tensor], tgt_loc: torch.Tensor, src_loc: torch.Tensor
+) -> None:
+    """For every buffer: rows ``tgt_loc`` get the old contents of rows ``src_loc`` (every read
+    happens before any write)."""
+    run_jobs(lay.copy_jobs(buffers), src_loc, tgt_loc)
+
+
+def transfer_rows(
+    src: Sequence[torch.Tensor],
+    dst: Sequence[torch.Tensor],
+    src_indices: torch.Tensor,
+    dst_indices: torch.Tensor,
+) -> None:
+    """One layer, layer-first both sides: ``dst[r][dst_indices] = src[r][src_indices]``."""
+    run_jobs(lay.role_jobs(src, dst), src_indices, dst_indices)
+
+
+def transfer_rows_all_layers(
+    src: Sequence[Sequence[torch.Tensor]],
+    dst: Sequence[Sequence[torch.Tensor]],
+    src_indices: torch.Tensor,
+    dst_indices: torch.Tensor,
+) -> None:
+    """Every layer, ``[role][layer]`` both sides."""
+    run_jobs(lay.all_layer_jobs(src, dst), src_indices, dst_indices)
+
+
+def load_layer_from_page_first(
+    host: Sequence[torch.Tensor],
+    device: Sequence[torch.Tensor],
+    host_indices: torch.Tensor,
+    device_indices: torch.Tensor,
+    layer_id: int,
+) -> None:
+    """Page-first host ``[slots, L, *row]`` at ``layer_id`` -> device layer ``[rows, *row]``."""
+    run_jobs(lay.load_page_first_jobs(host, device, layer_id), host_indices, device_indices)
+
+
+def backup_all_layers_to_page_first(
+    device: Sequence[Sequence[torch.Tensor]],
+    host: Sequence[torch.Tensor],
+    device_indices: torch.Tensor,
+    host_indices: torch.Tensor,
+) -> None:
+    """Device layers ``[role][layer]`` -> page-first host ``[slots, L, *row]`` (every layer)."""
+    run_jobs(lay.backup_page_first_jobs(device, host), device_indices, host_indices)

@@ -97,7 +97,6 @@ def alloc_extend(  # noqa: PLR0917
     free_pages: torch.Tensor,
     out: torch.Tensor,
     page_size: int,
-    *,
     num_new_pages: int | None = None,
     num_tokens: int | None = None,
 ) -> None:
@@ -129,13 +128,12 @@ def alloc_extend(  # noqa: PLR0917
         )
 
 
-def alloc_decode(
+def alloc_decode(  # noqa: PLR0917
     seq_lens: torch.Tensor,
     last_loc: torch.Tensor,
     free_pages: torch.Tensor,
     out: torch.Tensor,
     page_size: int,
-    *,
     num_new_pages: int | None = None,
 ) -> None:
     """Write one new slot per request into ``out`` (see the torch reference).

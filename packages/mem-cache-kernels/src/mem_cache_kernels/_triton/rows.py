@@ -1,12 +1,20 @@
-"""Triton row-copy kernel: the byte-moving core of every store, move and transfer op.
+"""Triton implementation of the row-moving op families (store, move, transfer).
 
-One launch copies rows for a batch of *jobs* (see :mod:`mem_cache_kernels._layout`) that share
-the row size and word width: grid ``(row_blocks, jobs)``. A job is addressed relative to a base
-tensor through a small int64 table (word delta of its base pointer, row stride in words), so one
-launch serves every role and layer without int-to-pointer casts. Rows are moved as 8/4/2/1-byte
-words (the widest that divides the row size, the strides and the base offsets). Every index is
-cast to int64 before it is multiplied by a stride, so rows beyond 2**31 bytes from a buffer's start
-are addressed correctly. A pair with a negative index is skipped.
+The same op functions as :mod:`mem_cache_kernels._torch.rows` (same arguments, trusted; same jobs
+from :mod:`mem_cache_kernels._layout`), run by one row-copy kernel. One launch copies rows for a
+batch of *jobs* that share the row size and word width: grid ``(row_blocks, jobs)``. A job is
+addressed relative to a base tensor through a small int64 table (word delta of its base pointer,
+row stride in words), so one launch serves every role and layer without int-to-pointer casts.
+Rows are moved as 8/4/2/1-byte words (the widest that divides the row size, the strides and the
+base offsets). Every index is cast to int64 before it is multiplied by a stride, so rows beyond
+2**31 bytes from a buffer's start are addressed correctly. A pair with a negative index is
+skipped.
+
+``copy_all_layer_kv_cache`` is overlap-safe in two phases: phase 1 gathers the ``src_loc`` rows of
+every buffer into a temporary, phase 2 scatters them to ``tgt_loc``. Since every read finishes
+before the first write (two launches on one stream), overlapping source and target rows are safe
+for any number of rows, unlike a single-launch load-then-store kernel whose guarantee holds only
+within one program.
 """
 
 from __future__ import annotations
@@ -18,9 +26,21 @@ import torch
 import triton
 import triton.language as tl
 
+from mem_cache_kernels import _layout as lay
 from mem_cache_kernels._layout import RowJob
 
-__all__ = ["run_jobs", "word_dtype"]
+__all__ = [
+    "backup_all_layers_to_page_first",
+    "copy_all_layer_kv_cache",
+    "get_mla_kv_buffer",
+    "load_layer_from_page_first",
+    "run_jobs",
+    "set_mla_kv_buffer",
+    "store_kv",
+    "transfer_rows",
+    "transfer_rows_all_layers",
+    "word_dtype",
+]
 
 # Words per program: BLOCK_ROWS * BLOCK_COLS ~= 4096 (32 KiB of int64 words) keeps enough
 # bytes in flight per program on a GPU while the interpreter (CPU) stays vectorised.
@@ -120,7 +140,7 @@ def run_jobs(
     """Copy ``src[src_idx] -> dst[dst_idx]`` for every job in one launch (per row size).
 
     Jobs must not write rows that another job (or the same job) reads in the same call; see
-    :func:`mem_cache_kernels._triton.move.copy_all_layer_kv_cache` for the overlap-safe variant.
+    :func:`copy_all_layer_kv_cache` for the overlap-safe variant.
     """
     if not jobs:
         return
@@ -207,3 +227,107 @@ def _launch_groups(
             BLOCK_COLS=block_cols,
             PAIRS=w == 8 and _aligned(group, 16),
         )
+
+
+# ----------------------------------------------------------------------------- the ops
+def store_kv(  # noqa: PLR0917
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    loc: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    dtype: torch.dtype | None,
+) -> None:
+    """``k_cache[loc] = k``, ``v_cache[loc] = v`` (see the torch implementation)."""
+    run_jobs(lay.store_jobs(k_cache, v_cache, k, v, dtype), None, loc)
+
+
+def set_mla_kv_buffer(
+    kv_buffer: torch.Tensor,
+    loc: torch.Tensor,
+    k_nope: torch.Tensor,
+    k_rope: torch.Tensor,
+    dtype: torch.dtype | None,
+) -> None:
+    """``kv_buffer[loc, ..., :nope] = k_nope``; ``kv_buffer[loc, ..., nope:] = k_rope``."""
+    run_jobs(lay.mla_set_jobs(kv_buffer, k_nope, k_rope, dtype), None, loc)
+
+
+def get_mla_kv_buffer(
+    kv_buffer: torch.Tensor, loc: torch.Tensor, nope_dim: int, dtype: torch.dtype | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gather ``(nope, rope)`` rows ``loc`` of ``kv_buffer`` (zeros for negative entries)."""
+    nope, rope, jobs = lay.mla_get_jobs(kv_buffer, loc.shape[0], nope_dim)
+    run_jobs(jobs, loc, None)
+    return lay.as_logical(nope, kv_buffer.dtype, dtype), lay.as_logical(
+        rope, kv_buffer.dtype, dtype
+    )
+
+
+_ALIGN = 16
+
+
+def copy_all_layer_kv_cache(
+    buffers: Sequence[torch.Tensor], tgt_loc: torch.Tensor, src_loc: torch.Tensor
+) -> None:
+    """For every buffer: rows ``tgt_loc`` get the old contents of rows ``src_loc`` (two phases,
+    see the module doc)."""
+    n = tgt_loc.shape[0]
+    if n == 0:
+        return
+    views = [lay.byte_rows(f"buffers[{i}]", b) for i, b in enumerate(buffers)]
+    # one temporary row holds every buffer's row, each part starting on a 16-byte boundary so the
+    # copies keep using the widest words the buffers allow
+    widths = [-(-v.shape[1] // _ALIGN) * _ALIGN for v in views]
+    tmp = torch.empty((n, sum(widths)), dtype=torch.uint8, device=views[0].device)
+    parts: list[torch.Tensor] = []
+    col = 0
+    for v, width in zip(views, widths):
+        parts.append(tmp[:, col : col + v.shape[1]])
+        col += width
+    # a pair with a negative index is skipped in both phases
+    src = torch.where(tgt_loc < 0, -1, src_loc.to(torch.int64))
+    tgt = torch.where(src_loc < 0, -1, tgt_loc.to(torch.int64))
+    run_jobs(list(zip(views, parts)), src, None)
+    run_jobs(list(zip(parts, views)), None, tgt)
+
+
+def transfer_rows(
+    src: Sequence[torch.Tensor],
+    dst: Sequence[torch.Tensor],
+    src_indices: torch.Tensor,
+    dst_indices: torch.Tensor,
+) -> None:
+    """One layer, layer-first both sides: ``dst[r][dst_indices] = src[r][src_indices]``."""
+    run_jobs(lay.role_jobs(src, dst), src_indices, dst_indices)
+
+
+def transfer_rows_all_layers(
+    src: Sequence[Sequence[torch.Tensor]],
+    dst: Sequence[Sequence[torch.Tensor]],
+    src_indices: torch.Tensor,
+    dst_indices: torch.Tensor,
+) -> None:
+    """Every layer, ``[role][layer]`` both sides."""
+    run_jobs(lay.all_layer_jobs(src, dst), src_indices, dst_indices)
+
+
+def load_layer_from_page_first(
+    host: Sequence[torch.Tensor],
+    device: Sequence[torch.Tensor],
+    host_indices: torch.Tensor,
+    device_indices: torch.Tensor,
+    layer_id: int,
+) -> None:
+    """Page-first host ``[slots, L, *row]`` at ``layer_id`` -> device layer ``[rows, *row]``."""
+    run_jobs(lay.load_page_first_jobs(host, device, layer_id), host_indices, device_indices)
+
+
+def backup_all_layers_to_page_first(
+    device: Sequence[Sequence[torch.Tensor]],
+    host: Sequence[torch.Tensor],
+    device_indices: torch.Tensor,
+    host_indices: torch.Tensor,
+) -> None:
+    """Device layers ``[role][layer]`` -> page-first host ``[slots, L, *row]`` (every layer)."""
+    run_jobs(lay.backup_page_first_jobs(device, host), device_indices, host_indices)
