@@ -30,7 +30,7 @@ from tools.gpu_check._op_cases import CASES, Case
 
 __all__ = ["discover_ops", "run_ops"]
 
-_SKIP_MODULES = frozenset({"reference", "shims"})
+_SKIP_MODULES = frozenset({"reference"})
 
 
 def _public_modules() -> list[ModuleType]:
