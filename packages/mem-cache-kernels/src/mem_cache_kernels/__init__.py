@@ -25,7 +25,6 @@ from mem_cache_kernels._direct import (
     direct_transfer_rows,
 )
 from mem_cache_kernels._move import copy_all_layer_kv_cache
-from mem_cache_kernels._names import caller_names
 from mem_cache_kernels._registry import OpInfo, list_ops
 from mem_cache_kernels._req_table import get_last_loc, write_req_to_token
 from mem_cache_kernels._store import get_mla_kv_buffer, set_mla_kv_buffer, store_kv
@@ -51,7 +50,6 @@ __all__ = [
     "alloc_decode",
     "alloc_extend",
     "backup_all_layers_to_page_first",
-    "caller_names",
     "copy_all_layer_kv_cache",
     "direct_backup_all_layers_to_page_first_direct",
     "direct_load_layer_from_page_first_direct",
