@@ -84,6 +84,33 @@ def _check_index_part(part: object) -> None:
         )
 
 
+_INTEGER_INDEX = frozenset(
+    (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)
+)
+"""Index tensor dtypes ``write`` accepts without a closer look (the rest go to the checks)."""
+
+
+def _write_values(values: object) -> torch.Tensor | int:
+    """``values`` of a ``write``, checked: an integer tensor with data whose values fit int32
+    (read on the CPU or in debug mode), as int32, or an int that fits int32. ``TypeError`` for
+    a float, a bool, a float or bool tensor; ``ValueError`` for a meta tensor or a value past
+    int32."""
+    if isinstance(values, torch.Tensor):
+        checks.check_tensor("values", values)  # meta: no data to write
+        if values.dtype.is_floating_point or values.dtype.is_complex or values.dtype == torch.bool:
+            raise TypeError(f"values must be an integer tensor (slots), got {values.dtype}")
+        checks.check_fits_dtype("values", checks.host_values(values), torch.int32, "int32")
+        return values.to(torch.int32)
+    try:
+        value = checks.check_int("values", values)
+    except TypeError:
+        raise TypeError(f"values must be an int or a tensor, got {type(values).__name__}") from None
+    lo32, hi32 = -(2**31), 2**31 - 1
+    if not lo32 <= value <= hi32:
+        raise ValueError(f"values must fit int32 [{lo32}, {hi32}], got {value}")
+    return value
+
+
 class ReqToTokenPool:
     """Fixed table of request rows; row allocation is host-side (a Python free list).
 
@@ -325,31 +352,20 @@ class ReqToTokenPool:
         always; tensors when their values are free to read, on the CPU, or in debug mode); so do
         indices outside the table. Nothing is written then.
         """
-        lo32, hi32 = -(2**31), 2**31 - 1
-        for name, arg in (("indices", indices), ("values", values)):
-            for part in arg if isinstance(arg, tuple) else (arg,):
-                if isinstance(part, torch.Tensor):
-                    checks.check_tensor(name, part)  # meta: no data to write or address
-        for part in indices if isinstance(indices, tuple) else (indices,):
+        # One pass over the index parts; the common ones (an int, a slice, an integer tensor)
+        # are accepted inline, anything else goes to _check_index_part (raises, or accepts
+        # None, ``...`` and lists).
+        for part in indices if type(indices) is tuple else (indices,):
+            kind = type(part)
+            if kind is slice or kind is int:
+                continue
+            if kind is torch.Tensor and not part.is_meta and part.dtype in _INTEGER_INDEX:
+                continue
+            if isinstance(part, torch.Tensor):
+                checks.check_tensor("indices", part)  # meta: no data to address
             _check_index_part(part)
-        if isinstance(values, torch.Tensor):
-            if (
-                values.dtype.is_floating_point
-                or values.dtype.is_complex
-                or values.dtype == torch.bool
-            ):
-                raise TypeError(f"values must be an integer tensor (slots), got {values.dtype}")
-            checks.check_fits_dtype("values", checks.host_values(values), torch.int32, "int32")
-            values = values.to(torch.int32)
-        else:
-            try:
-                checks.check_int("values", values)
-            except TypeError:
-                raise TypeError(
-                    f"values must be an int or a tensor, got {type(values).__name__}"
-                ) from None
-            if not lo32 <= values <= hi32:
-                raise ValueError(f"values must fit int32 [{lo32}, {hi32}], got {values}")
+        if not (type(values) is torch.Tensor and values.dtype == torch.int32 and not values.is_meta):
+            values = _write_values(values)
         try:
             self.req_to_token[indices] = values
         except IndexError as exc:
