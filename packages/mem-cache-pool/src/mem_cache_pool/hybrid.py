@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from mem_cache_kernels import caller_names, checks
+from mem_cache_kernels import checks
 from mem_cache_pool._checks import layer_id_of
 from mem_cache_pool._mamba_slots import MambaSlotFreeList
 from mem_cache_pool.base import CpuKVCopy, KVBufferDesc, KVCache, KVWriteLoc, LayerReadyWaiter
@@ -161,26 +161,23 @@ class HybridReqToTokenPool(ReqToTokenPool):
         mamba_envelope_layout: bool = False,
         enable_linear_replayssm_spec: bool = False,
     ) -> None:
-        names = caller_names(
-            size="mamba_size",
-            spec_state_size="mamba_spec_state_size",
-            speculative_num_draft_tokens="speculative_num_draft_tokens",
+        # checked here, under this pool's names (the Mamba pool calls them size, spec_state_size)
+        checks.check_int("mamba_size", mamba_size, minimum=0)
+        checks.check_int("mamba_spec_state_size", mamba_spec_state_size, minimum=0)
+        self._build_mamba_pool(
+            mamba_size,
+            mamba_spec_state_size,
+            cache_params,
+            mamba_layer_ids,
+            device,
+            enable_mamba_extra_buffer,
+            speculative_num_draft_tokens,
+            speculative_eagle_topk,
+            enable_linear_replayssm,
+            linear_replayssm_cache_len,
+            mamba_envelope_layout,
+            enable_linear_replayssm_spec,
         )
-        with names:
-            self._build_mamba_pool(
-                mamba_size,
-                mamba_spec_state_size,
-                cache_params,
-                mamba_layer_ids,
-                device,
-                enable_mamba_extra_buffer,
-                speculative_num_draft_tokens,
-                speculative_eagle_topk,
-                enable_linear_replayssm,
-                linear_replayssm_cache_len,
-                mamba_envelope_layout,
-                enable_linear_replayssm_spec,
-            )
 
     def _build_mamba_pool(  # noqa: PLR0917
         self,
@@ -398,15 +395,15 @@ class HybridReqToTokenPool(ReqToTokenPool):
     def copy_mamba_state(self, src_index: torch.Tensor, dst_index: torch.Tensor) -> None:
         """``mamba_pool.copy_from(src_index, dst_index)`` after the last Mamba layer is loaded
         (radix-cache copy-on-write of a checkpoint into a request's slot)."""
-        with caller_names(src_indices="src_index", dst_indices="dst_index"):
-            if isinstance(src_index, torch.Tensor) and src_index.numel() == 0:
-                self.mamba_pool.copy_from(src_index.reshape(-1), dst_index)
-                return
+        if isinstance(src_index, torch.Tensor) and src_index.numel() == 0:
+            src_index = src_index.reshape(-1)
+        src, dst = self.mamba_pool._check_copy("src_index", src_index, "dst_index", dst_index)
+        if src.numel():
             counter = self.layer_transfer_counter
             waits = counter is not None and getattr(counter, "consumer_index", 0) >= 0
             if waits and self.mamba_map:
                 self._wait(max(self.mamba_map))
-            self.mamba_pool.copy_from(src_index, dst_index)
+        self.mamba_pool._copy_slots(src, dst)
 
     def get_speculative_mamba2_params_all_layers(self) -> MambaPool.SpeculativeState:
         """See :meth:`MambaPool.get_speculative_mamba2_params_all_layers`."""
@@ -691,8 +688,7 @@ class HybridLinearKVPool(KVCache):
         self, layer_transfer_counter: LayerReadyWaiter | None
     ) -> None:
         """Install the waiter here; the inner pool waits for nothing (SGLang's split)."""
-        with caller_names(counter="layer_transfer_counter"):
-            super().register_layer_transfer_counter(layer_transfer_counter)
+        super().register_layer_transfer_counter(layer_transfer_counter)
         self.full_kv_pool.register_layer_transfer_counter(None)
 
     def get_key_buffer(self, layer_id: int, scale: float | None = None) -> torch.Tensor:
