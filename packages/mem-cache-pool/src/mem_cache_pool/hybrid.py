@@ -663,25 +663,34 @@ class HybridLinearKVPool(KVCache):
 
     # ------------------------------------------------------------------ layer ids
     def _transfer_full_attention_id(self, layer_id: object, name: str = "layer_id") -> int:
-        layer = layer_id_of(name, layer_id)
-        if layer not in self.full_attention_layer_id_mapping:
+        return self._full_attention_layer(layer_id, name)[1]
+
+    def _full_attention_layer(self, layer_id: object, name: str = "layer_id") -> tuple[int, int]:
+        """``(global id, dense index)`` of full-attention layer ``layer_id`` (an int or a layer
+        object): an int id of a full-attention layer is accepted inline, anything else is
+        checked by ``layer_id_of`` (which raises naming ``name``)."""
+        layer = getattr(layer_id, "layer_id", layer_id)
+        if type(layer) is not int:
+            layer = layer_id_of(name, layer_id)
+        index = self.full_attention_layer_id_mapping.get(layer)
+        if index is None:
             raise ValueError(
                 f"layer_id={layer} not in full attention layers: "
                 f"{list(self.full_attention_layer_id_mapping)}"
             )
-        return self.full_attention_layer_id_mapping[layer]
+        return layer, index
 
     def layer_index(self, layer_id: object, name: str = "layer_id") -> int:
         """Dense index of global full-attention layer ``layer_id`` (an int or a layer object)."""
-        return self._transfer_full_attention_id(layer_id, name)
+        return self._full_attention_layer(layer_id, name)[1]
 
     def _wait_for_layer(self, layer_id: int) -> None:
         if self.layer_transfer_counter is not None:
             self.layer_transfer_counter.wait_until(layer_id - self.start_layer)
 
     def _wait_layer(self, layer_id: object, name: str = "layer_id") -> int:
-        index = self._transfer_full_attention_id(layer_id, name)
-        self._wait_for_layer(layer_id_of(name, layer_id))
+        layer, index = self._full_attention_layer(layer_id, name)
+        self._wait_for_layer(layer)
         return index
 
     def register_layer_transfer_counter(

@@ -359,9 +359,10 @@ class SWAKVPool(BaseSWAKVPool):
                     + (" with swa_loc=None" if isinstance(loc_info, KVWriteLoc) else "")
                 )
             return pool, local, swa_loc
-        if isinstance(loc_info, KVWriteLoc) and loc_info.full_loc is not None:
-            return pool, local, loc_info.full_loc
-        return pool, local, _write_slots("loc_info", loc_info)
+        # the slots are checked once, by the sub-pool's write (which names them loc_info)
+        if isinstance(loc_info, KVWriteLoc):
+            return pool, local, loc_info.loc if loc_info.full_loc is None else loc_info.full_loc
+        return pool, local, loc_info
 
     def set_kv_buffer(  # noqa: PLR0917 (SGLang-compatible positional signature)
         self,
