@@ -135,7 +135,7 @@ class MLATokenToKVPool(KVCache):
     def _write_loc(self, loc_info: object) -> torch.Tensor:
         slots = loc_info.loc if isinstance(loc_info, KVWriteLoc) else loc_info
         if not isinstance(slots, torch.Tensor):
-            _write_slots("loc_info", loc_info)  # raises: not a tensor nor a KVWriteLoc
+            return self._device_loc("loc_info", _write_slots("loc_info", loc_info))  # raises
         return self._device_loc("loc_info", slots)
 
     def set_kv_buffer(

@@ -355,16 +355,22 @@ class ReqToTokenPool:
         # One pass over the index parts; the common ones (an int, a slice, an integer tensor)
         # are accepted inline, anything else goes to _check_index_part (raises, or accepts
         # None, ``...`` and lists).
-        for part in indices if type(indices) is tuple else (indices,):
+        parts: tuple[object, ...] = indices if type(indices) is tuple else (indices,)
+        for part in parts:
             kind = type(part)
             if kind is slice or kind is int:
                 continue
-            if kind is torch.Tensor and not part.is_meta and part.dtype in _INTEGER_INDEX:
-                continue
             if isinstance(part, torch.Tensor):
+                if kind is torch.Tensor and not part.is_meta and part.dtype in _INTEGER_INDEX:
+                    continue
                 checks.check_tensor("indices", part)  # meta: no data to address
             _check_index_part(part)
-        if not (type(values) is torch.Tensor and values.dtype == torch.int32 and not values.is_meta):
+        if not (
+            isinstance(values, torch.Tensor)
+            and type(values) is torch.Tensor
+            and values.dtype == torch.int32
+            and not values.is_meta
+        ):
             values = _write_values(values)
         try:
             self.req_to_token[indices] = values

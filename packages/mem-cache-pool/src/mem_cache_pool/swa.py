@@ -23,7 +23,6 @@ from mem_cache_pool.base import (
     KVBufferDesc,
     KVCache,
     KVWriteLoc,
-    _write_slots,
 )
 from mem_cache_pool.dsa import DSATokenToKVPool
 from mem_cache_pool.mha import MHATokenToKVPool
