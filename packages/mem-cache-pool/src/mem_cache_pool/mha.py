@@ -331,10 +331,16 @@ class MHATokenToKVPool(KVCache):
         if not isinstance(slots, torch.Tensor):
             _write_slots("loc_info", loc_info)  # raises: not a tensor nor a KVWriteLoc
         checks.check_index("loc_info", slots, device=self.device)
-        checks.check_index_values(
-            "loc_info", slots, limit=self.size + self.page_size, full=self.debug
-        )
         n = slots.shape[0]
+        rows = self.size + self.page_size
+        padded = True  # may loc_info hold the padding slot? (not known on a GPU: assume so)
+        if n and slots.device.type == "cpu":  # values free to read: one pass gives both answers
+            lo, hi = (int(x) for x in torch.aminmax(slots))
+            if lo < 0 or hi >= rows:
+                checks.check_index_values("loc_info", slots, limit=rows)  # raises
+            padded = lo == PADDING_SLOT
+        else:
+            checks.check_index_values("loc_info", slots, limit=rows, full=self.debug)
         device = self.device
         k, v = cache_k, cache_v
         if not (
@@ -360,7 +366,7 @@ class MHATokenToKVPool(KVCache):
             k_cache, v_cache = self.k_buffer[index], self.v_buffer[index]
             # The padding rule, decided here once: slot 0 becomes -1, a row the trusted store
             # skips (SGLang's CUDA store_cache leaves slot 0 alone).
-            loc = slots.masked_fill(slots == PADDING_SLOT, -1)
+            loc = slots.masked_fill(slots == PADDING_SLOT, -1) if padded else slots
             store = pick("store_kv", "auto", k_cache, v_cache, loc, k, v)
             store(k_cache, v_cache, loc, k, v, self.dtype)
 
