@@ -154,9 +154,9 @@ class DSATokenToKVPool(MLATokenToKVPool):
         self, name: str, loc: object, *, length: int | None = None
     ) -> torch.Tensor:
         """A slot tensor of the index buffer: checked against ``index_num_rows``."""
-        return check_slots(
-            name, loc, self.device, self.index_num_rows, full=self.debug, length=length
-        )
+        t = checks.check_index(name, loc, length=length, device=self.device)
+        checks.check_index_values(name, t, limit=self.index_num_rows, full=self.debug)
+        return t
 
     def get_index_k_with_scale_buffer(self, layer_id: int) -> torch.Tensor:
         """The raw page-major uint8 buffer of layer ``layer_id`` (waits for the layer)."""
