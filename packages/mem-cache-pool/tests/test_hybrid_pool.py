@@ -219,3 +219,15 @@ def test_kv_pool_unsupported_features() -> None:
         kv.get_index_k_with_scale_buffer(2)
     with pytest.raises(TypeError, match="mamba_pool"):
         HybridLinearKVPool(32, torch.bfloat16, 4, 2, 8, FULL, "cpu", object())  # type: ignore[arg-type]
+
+
+def test_copy_mamba_state_and_constructor_errors_name_this_pools_arguments() -> None:
+    pool = _req_pool()
+    with pytest.raises(ValueError, match=r"equal lengths, got src_index=2, dst_index=1"):
+        pool.copy_mamba_state(torch.tensor([1, 2]), torch.tensor([3]))
+    with pytest.raises(TypeError, match="src_index must be int32 or int64"):
+        pool.copy_mamba_state(torch.tensor([1.0]), torch.tensor([3]))
+    with pytest.raises(ValueError, match="dst_index must not repeat a slot"):
+        pool.copy_mamba_state(torch.tensor([1, 2]), torch.tensor([3, 3]))
+    with pytest.raises(ValueError, match="mamba_size must be >= 0, got -1"):
+        _req_pool(slots=-1)

@@ -5,6 +5,14 @@ switch) live in :mod:`mem_cache_kernels.checks`; this module holds only what is 
 pool: a slot tensor checked against the pool's row count, a row tensor of an exact shape, a slot
 mapping ending in the ``-1`` sentinel, a layer id in a half-open range, the shape of a CPU copy.
 
+Each public pool method checks its arguments once, at its entry, and then calls trusted code
+(the kernel bodies through :func:`mem_cache_kernels.dispatch.pick`). The hot methods (the
+``set_kv_buffer`` family, layer reads, ``ReqToTokenPool.write``) accept the common argument
+forms inline, in their own module, and call these checks only for the other forms: a check here
+then raises naming the argument, or accepts an unusual valid form (an ``int`` subclass, a device
+without an index). So a hot call on good arguments runs through the method's module,
+:mod:`mem_cache_kernels.checks` and the kernel, never through this module.
+
 The exception rule is the one of :mod:`mem_cache_kernels.checks`: ``TypeError`` for the wrong kind
 of object or a tensor of the wrong dtype, ``ValueError`` for a wrong value, shape, length or
 device; every message names the argument, the expected and the actual value. Checks that read

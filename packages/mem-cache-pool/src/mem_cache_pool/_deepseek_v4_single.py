@@ -7,6 +7,7 @@ import torch
 
 from mem_cache_kernels import checks, deepseek_v4
 from mem_cache_kernels.checks import check_dtype
+from mem_cache_kernels.dispatch import pick
 from mem_cache_pool._checks import (
     check_copy_layers,
     check_copy_roles,
@@ -139,7 +140,7 @@ class DeepSeekV4SingleKVPool(PageRowPool):
         slots = self._device_loc(name, _write_slots(name, loc))
         shape = (slots.numel(), deepseek_v4.TOKEN_BYTES)
         check_rows("records", records, shape, self.device, dtypes=(torch.uint8,))
-        deepseek_v4.write_records(self.kv_buffer[index], slots, records, self.page_size)
+        self._write_records(self.kv_buffer[index], slots, records)
 
     def set_key_buffer_parts(
         self,
@@ -163,7 +164,7 @@ class DeepSeekV4SingleKVPool(PageRowPool):
         )
         check_rows("rope", rope, (n, self.qk_rope_head_dim), self.device, dtypes=(torch.bfloat16,))
         records = deepseek_v4.pack_records(nope_fp8, scales, rope)
-        deepseek_v4.write_records(self.kv_buffer[index], slots, records, self.page_size)
+        self._write_records(self.kv_buffer[index], slots, records)
 
     def set_kv_buffer(
         self,
@@ -191,7 +192,13 @@ class DeepSeekV4SingleKVPool(PageRowPool):
         nope, scales = deepseek_v4.quantize_nope(k[:, : self.qk_nope_head_dim].float())
         rope = k[:, self.qk_nope_head_dim :].to(torch.bfloat16)
         records = deepseek_v4.pack_records(nope, scales, rope)
-        deepseek_v4.write_records(self.kv_buffer[index], slots, records, self.page_size)
+        self._write_records(self.kv_buffer[index], slots, records)
+
+    def _write_records(self, buf: torch.Tensor, slots: torch.Tensor, records: torch.Tensor) -> None:
+        """``write_records``' trusted body (dispatch.pick) on arguments the caller checked."""
+        if slots.numel():
+            rec = records.contiguous()
+            pick("write_records", "auto", buf, slots, rec)(buf, slots, rec, self.page_size)
 
     # ---------------------------------------------------------------- reads
     def get_key_records(self, layer_id: int, loc: torch.Tensor) -> torch.Tensor:
@@ -222,7 +229,7 @@ class DeepSeekV4SingleKVPool(PageRowPool):
             return
         for buf in self.kv_buffer:
             records = deepseek_v4.read_records(buf, src, self.page_size)
-            deepseek_v4.write_records(buf, tgt, records, self.page_size)
+            self._write_records(buf, tgt, records)
 
     def get_cpu_copy(
         self,
@@ -257,7 +264,7 @@ class DeepSeekV4SingleKVPool(PageRowPool):
         checks.check_distinct("indices", idx, full=self.debug)
         self._check_cpu_copy(kv_cache_cpu, idx)
         for buf, t in zip(self.kv_buffer, kv_cache_cpu["kv"]):
-            deepseek_v4.write_records(buf, idx, t.to(self.device), self.page_size)
+            self._write_records(buf, idx, t.to(self.device))
 
 
 class HiSparseC4DevicePool(DeepSeekV4SingleKVPool):

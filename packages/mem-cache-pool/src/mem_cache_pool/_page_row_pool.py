@@ -22,7 +22,6 @@ from collections.abc import Sequence
 import torch
 
 from mem_cache_kernels import checks
-from mem_cache_pool._checks import check_slots
 from mem_cache_pool.base import KVBufferDesc, KVCache
 
 __all__ = ["PageRowPool", "page_row_desc"]
@@ -98,7 +97,8 @@ class PageRowPool(KVCache):
 
     def _check_slots(self, name: str, loc: object, *, length: int | None = None) -> torch.Tensor:
         """A validated 1-D int32/int64 slot tensor on the pool's device, as int64."""
-        t = check_slots(name, loc, self.device, self.slot_limit, full=self.debug, length=length)
+        t = checks.check_index(name, loc, length=length, device=self.device)
+        checks.check_index_values(name, t, limit=self.slot_limit, full=self.debug)
         return t.long()
 
     def _get_key_buffer(self, layer_id: int) -> torch.Tensor:

@@ -33,15 +33,10 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-import mem_cache_kernels as kernels
 from mem_cache_kernels import checks
 from mem_cache_kernels.checks import check_dtype
-from mem_cache_pool._checks import (
-    check_copy_layers,
-    check_copy_roles,
-    check_layer,
-    check_slots,
-)
+from mem_cache_kernels.dispatch import pick
+from mem_cache_pool._checks import check_copy_layers, check_copy_roles, check_layer
 
 __all__ = [
     "FP8_DTYPES",
@@ -248,14 +243,6 @@ PADDING_SLOT = 0
 """The CUDA-graph padding slot: padded tokens write here; guarded stores skip it."""
 
 
-def _skip_padding_slot(slots: torch.Tensor) -> torch.Tensor:
-    """``slots`` with every ``PADDING_SLOT`` entry replaced by -1, a row the kernels skip.
-
-    Elementwise (no device synchronisation); the caller's tensor is not modified.
-    """
-    return slots.masked_fill(slots == PADDING_SLOT, -1)
-
-
 def _pointer_table(buffers: Sequence[Sequence[torch.Tensor]], device: torch.device) -> torch.Tensor:
     ptrs = [t.data_ptr() for role in buffers for t in role]
     # data pointers fit in int64 on every supported platform; reinterpret as uint64
@@ -435,6 +422,11 @@ class KVCache(abc.ABC):
         ``RadixAttention``); a bool is a ``TypeError``. ``name`` names it in errors."""
         return self._layer(layer_id, name) - self.start_layer
 
+    # The layer and slot checks below accept the common forms inline (an int or a layer
+    # object's int id in range; a slot tensor through mem_cache_kernels.checks) and hand
+    # anything else to the full check of mem_cache_pool._checks, which raises naming the
+    # argument (or accepts an unusual valid form): one check per argument either way.
+
     def _write_layer(self, layer: object, layer_id_override: object = None) -> int:
         """Local index of a write's layer: ``layer_id_override`` when given, else ``layer``."""
         if layer_id_override is not None:
@@ -443,19 +435,18 @@ class KVCache(abc.ABC):
 
     def _layer(self, layer: object, name: str = "layer_id") -> int:
         """The validated global layer id of ``layer`` (an int or a layer object)."""
+        lid = getattr(layer, "layer_id", layer)
+        if type(lid) is int and self.start_layer <= lid < self.end_layer:
+            return lid
         return check_layer(name, layer, self.start_layer, self.end_layer)
 
     def _check_loc(
         self, name: str, loc: object, *, limit: int | None = None, length: int | None = None
     ) -> torch.Tensor:
-        return check_slots(
-            name,
-            loc,
-            self.device,
-            self.num_rows if limit is None else limit,
-            full=self.debug,
-            length=length,
-        )
+        t = checks.check_index(name, loc, length=length, device=self.device)
+        rows = self.size + self.page_size if limit is None else limit
+        checks.check_index_values(name, t, limit=rows, full=self.debug)
+        return t
 
     def _wait_layer(self, layer_id: object, name: str = "layer_id") -> int:
         """Validate ``layer_id``, wait for it once, return its local index."""
@@ -544,7 +535,8 @@ class KVCache(abc.ABC):
         checks.check_distinct("tgt_loc", tgt, full=self.debug)
         src = self._check_loc("src_loc", src_loc, length=tgt.numel())
         if tgt.numel():
-            kernels.copy_all_layer_kv_cache(self._all_buffers(), tgt, src)
+            bufs = self._all_buffers()
+            pick("copy_all_layer_kv_cache", "auto", bufs[0], tgt, src)(bufs, tgt, src)
 
     def get_cpu_copy(
         self,
@@ -567,9 +559,9 @@ class KVCache(abc.ABC):
             for _, bufs in roles
         ]
         if idx.numel():
-            kernels.transfer_rows_all_layers(
-                [bufs for _, bufs in roles], dst, idx, torch.arange(idx.numel(), device=idx.device)
-            )
+            src = [bufs for _, bufs in roles]
+            rows = torch.arange(idx.numel(), device=idx.device)
+            pick("transfer_rows_all_layers", "auto", src[0][0], dst[0][0], idx)(src, dst, idx, rows)
         return {name: d for (name, _), d in zip(roles, dst)}
 
     def _check_cpu_copy(
@@ -603,6 +595,6 @@ class KVCache(abc.ABC):
         names = [name for name, _ in roles]
         if idx.numel():
             src = [kv_cache_cpu[name] for name in names]
-            kernels.transfer_rows_all_layers(
-                src, [bufs for _, bufs in roles], torch.arange(idx.numel()), idx
-            )
+            dst = [bufs for _, bufs in roles]
+            rows = torch.arange(idx.numel())
+            pick("transfer_rows_all_layers", "auto", src[0][0], dst[0][0], idx)(src, dst, rows, idx)

@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 import torch
 
-import mem_cache_kernels as kernels
 from mem_cache_kernels import checks
+from mem_cache_kernels.dispatch import pick
 from mem_cache_pool._checks import check_copy_layers, check_copy_roles, check_rows, check_slots
 from mem_cache_pool._index_pages import IndexPageLayout
 from mem_cache_pool.base import CpuKVCopy
@@ -154,9 +154,9 @@ class DSATokenToKVPool(MLATokenToKVPool):
         self, name: str, loc: object, *, length: int | None = None
     ) -> torch.Tensor:
         """A slot tensor of the index buffer: checked against ``index_num_rows``."""
-        return check_slots(
-            name, loc, self.device, self.index_num_rows, full=self.debug, length=length
-        )
+        t = checks.check_index(name, loc, length=length, device=self.device)
+        checks.check_index_values(name, t, limit=self.index_num_rows, full=self.debug)
+        return t
 
     def get_index_k_with_scale_buffer(self, layer_id: int) -> torch.Tensor:
         """The raw page-major uint8 buffer of layer ``layer_id`` (waits for the layer)."""
@@ -191,12 +191,10 @@ class DSATokenToKVPool(MLATokenToKVPool):
         lay, buf = self.index_layout, self.index_k_with_scale_buffer[index]
         key_src = keys.contiguous().view(torch.uint8).reshape(-1, lay.key_row_bytes)
         scale_src = scale.contiguous().reshape(n).view(torch.uint8).reshape(n, lay.scale_bytes)
-        kernels.transfer_rows(
-            [key_src], [lay.key_view(buf)], self._arange(key_src.shape[0]), lay.key_rows(slots)
+        _transfer_rows(
+            key_src, lay.key_view(buf), self._arange(key_src.shape[0]), lay.key_rows(slots)
         )
-        kernels.transfer_rows(
-            [scale_src], [lay.scale_view(buf)], self._arange(n), lay.scale_rows(slots)
-        )
+        _transfer_rows(scale_src, lay.scale_view(buf), self._arange(n), lay.scale_rows(slots))
 
     def get_index_k_scale_buffer(
         self,
@@ -321,8 +319,8 @@ class DSATokenToKVPool(MLATokenToKVPool):
         scales = torch.empty((n, lay.scale_bytes), dtype=torch.uint8, device=self.device)
         if n:
             rows = self._arange(keys.shape[0])
-            kernels.transfer_rows([lay.key_view(buf)], [keys], lay.key_rows(slots), rows)
-            kernels.transfer_rows([lay.scale_view(buf)], [scales], lay.scale_rows(slots), rows[:n])
+            _transfer_rows(lay.key_view(buf), keys, lay.key_rows(slots), rows)
+            _transfer_rows(lay.scale_view(buf), scales, lay.scale_rows(slots), rows[:n])
         return keys.view(n, INDEX_HEAD_DIM), scales
 
     def get_index_k(self, layer_id: int, loc: torch.Tensor) -> torch.Tensor:
@@ -372,12 +370,8 @@ class DSATokenToKVPool(MLATokenToKVPool):
         the page-major layout, not token rows)."""
         lay = self.index_layout
         bufs = self.index_k_with_scale_buffer
-        kernels.copy_all_layer_kv_cache(
-            [lay.key_view(b) for b in bufs], lay.key_rows(tgt), lay.key_rows(src)
-        )
-        kernels.copy_all_layer_kv_cache(
-            [lay.scale_view(b) for b in bufs], lay.scale_rows(tgt), lay.scale_rows(src)
-        )
+        _copy_rows([lay.key_view(b) for b in bufs], lay.key_rows(tgt), lay.key_rows(src))
+        _copy_rows([lay.scale_view(b) for b in bufs], lay.scale_rows(tgt), lay.scale_rows(src))
 
     # ---------------------------------------------------------------- moves and retraction
     def move_kv_cache(self, tgt_loc: torch.Tensor, src_loc: torch.Tensor) -> None:
@@ -387,7 +381,7 @@ class DSATokenToKVPool(MLATokenToKVPool):
         checks.check_distinct("tgt_loc", tgt, full=self.debug)
         src = self._check_loc("src_loc", src_loc, limit=limit, length=tgt.numel())
         if tgt.numel():
-            kernels.copy_all_layer_kv_cache(self.kv_buffer, tgt, src)
+            _copy_rows(self.kv_buffer, tgt, src)
             self._move_index_rows(tgt, src)
 
     def get_cpu_copy(
@@ -430,3 +424,17 @@ class DSATokenToKVPool(MLATokenToKVPool):
                 kv_cache_cpu["index_k"][i].to(self.device),
                 kv_cache_cpu["index_k_scale"][i].to(self.device).view(torch.float32).reshape(n),
             )
+
+
+# The trusted kernel bodies (dispatch.pick): the pool's methods checked their arguments, and the
+# byte views of the index buffer are the pool's own.
+def _transfer_rows(
+    src: torch.Tensor, dst: torch.Tensor, src_rows: torch.Tensor, dst_rows: torch.Tensor
+) -> None:
+    """``dst[dst_rows] = src[src_rows]`` (byte rows)."""
+    pick("transfer_rows", "auto", src, dst, src_rows)([src], [dst], src_rows, dst_rows)
+
+
+def _copy_rows(buffers: Sequence[torch.Tensor], tgt: torch.Tensor, src: torch.Tensor) -> None:
+    """Rows ``tgt`` of every buffer get the old rows ``src`` (overlap-safe)."""
+    pick("copy_all_layer_kv_cache", "auto", buffers[0], tgt, src)(buffers, tgt, src)

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 
 import torch
 
-import mem_cache_kernels as kernels
 from mem_cache_kernels import checks
+from mem_cache_kernels.dispatch import pick
 from mem_cache_pool._checks import check_mapping
 from mem_cache_pool.base import CpuKVCopy
 from mem_cache_pool.dsa import INDEX_HEAD_DIM, DSATokenToKVPool
@@ -175,7 +175,8 @@ class HiSparseDSATokenToKVPool(DSATokenToKVPool):
         checks.check_distinct("dst_indices", dst, full=self.debug)
         src = self._check_loc("src_indices", src_indices, length=dst.numel())
         if dst.numel():
-            kernels.transfer_rows_all_layers([self.kv_buffer], [self.kv_buffer], src, dst)
+            bufs = [self.kv_buffer]
+            pick("transfer_rows_all_layers", "auto", bufs[0][0], src)(bufs, bufs, src, dst)
 
     def move_kv_cache(self, tgt_loc: torch.Tensor, src_loc: torch.Tensor) -> None:
         """Move tokens ``src_loc -> tgt_loc`` (logical locations; see the class docstring)."""
@@ -191,7 +192,10 @@ class HiSparseDSATokenToKVPool(DSATokenToKVPool):
             for name, t in (("translated tgt_loc", dev_tgt), ("translated src_loc", dev_src)):
                 checks.check_index_values(name, t.clamp(min=0), limit=self.num_rows, full=True)
         if tgt.numel():
-            kernels.copy_all_layer_kv_cache(self.kv_buffer, dev_tgt, dev_src)
+            bufs = self.kv_buffer
+            pick("copy_all_layer_kv_cache", "auto", bufs[0], dev_tgt, dev_src)(
+                bufs, dev_tgt, dev_src
+            )
             self._move_index_rows(tgt, src)
 
     # ---------------------------------------------------------------- retraction

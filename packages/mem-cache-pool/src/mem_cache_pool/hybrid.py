@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from mem_cache_kernels import caller_names, checks
+from mem_cache_kernels import checks
 from mem_cache_pool._checks import layer_id_of
 from mem_cache_pool._mamba_slots import MambaSlotFreeList
 from mem_cache_pool.base import CpuKVCopy, KVBufferDesc, KVCache, KVWriteLoc, LayerReadyWaiter
@@ -161,26 +161,23 @@ class HybridReqToTokenPool(ReqToTokenPool):
         mamba_envelope_layout: bool = False,
         enable_linear_replayssm_spec: bool = False,
     ) -> None:
-        names = caller_names(
-            size="mamba_size",
-            spec_state_size="mamba_spec_state_size",
-            speculative_num_draft_tokens="speculative_num_draft_tokens",
+        # checked here, under this pool's names (the Mamba pool calls them size, spec_state_size)
+        checks.check_int("mamba_size", mamba_size, minimum=0)
+        checks.check_int("mamba_spec_state_size", mamba_spec_state_size, minimum=0)
+        self._build_mamba_pool(
+            mamba_size,
+            mamba_spec_state_size,
+            cache_params,
+            mamba_layer_ids,
+            device,
+            enable_mamba_extra_buffer,
+            speculative_num_draft_tokens,
+            speculative_eagle_topk,
+            enable_linear_replayssm,
+            linear_replayssm_cache_len,
+            mamba_envelope_layout,
+            enable_linear_replayssm_spec,
         )
-        with names:
-            self._build_mamba_pool(
-                mamba_size,
-                mamba_spec_state_size,
-                cache_params,
-                mamba_layer_ids,
-                device,
-                enable_mamba_extra_buffer,
-                speculative_num_draft_tokens,
-                speculative_eagle_topk,
-                enable_linear_replayssm,
-                linear_replayssm_cache_len,
-                mamba_envelope_layout,
-                enable_linear_replayssm_spec,
-            )
 
     def _build_mamba_pool(  # noqa: PLR0917
         self,
@@ -398,15 +395,15 @@ class HybridReqToTokenPool(ReqToTokenPool):
     def copy_mamba_state(self, src_index: torch.Tensor, dst_index: torch.Tensor) -> None:
         """``mamba_pool.copy_from(src_index, dst_index)`` after the last Mamba layer is loaded
         (radix-cache copy-on-write of a checkpoint into a request's slot)."""
-        with caller_names(src_indices="src_index", dst_indices="dst_index"):
-            if isinstance(src_index, torch.Tensor) and src_index.numel() == 0:
-                self.mamba_pool.copy_from(src_index.reshape(-1), dst_index)
-                return
+        if isinstance(src_index, torch.Tensor) and src_index.numel() == 0:
+            src_index = src_index.reshape(-1)
+        src, dst = self.mamba_pool._check_copy("src_index", src_index, "dst_index", dst_index)
+        if src.numel():
             counter = self.layer_transfer_counter
             waits = counter is not None and getattr(counter, "consumer_index", 0) >= 0
             if waits and self.mamba_map:
                 self._wait(max(self.mamba_map))
-            self.mamba_pool.copy_from(src_index, dst_index)
+        self.mamba_pool._copy_slots(src, dst)
 
     def get_speculative_mamba2_params_all_layers(self) -> MambaPool.SpeculativeState:
         """See :meth:`MambaPool.get_speculative_mamba2_params_all_layers`."""
@@ -666,33 +663,41 @@ class HybridLinearKVPool(KVCache):
 
     # ------------------------------------------------------------------ layer ids
     def _transfer_full_attention_id(self, layer_id: object, name: str = "layer_id") -> int:
-        layer = layer_id_of(name, layer_id)
-        if layer not in self.full_attention_layer_id_mapping:
+        return self._full_attention_layer(layer_id, name)[1]
+
+    def _full_attention_layer(self, layer_id: object, name: str = "layer_id") -> tuple[int, int]:
+        """``(global id, dense index)`` of full-attention layer ``layer_id`` (an int or a layer
+        object): an int id of a full-attention layer is accepted inline, anything else is
+        checked by ``layer_id_of`` (which raises naming ``name``)."""
+        layer = getattr(layer_id, "layer_id", layer_id)
+        if type(layer) is not int:
+            layer = layer_id_of(name, layer_id)
+        index = self.full_attention_layer_id_mapping.get(layer)
+        if index is None:
             raise ValueError(
                 f"layer_id={layer} not in full attention layers: "
                 f"{list(self.full_attention_layer_id_mapping)}"
             )
-        return self.full_attention_layer_id_mapping[layer]
+        return layer, index
 
     def layer_index(self, layer_id: object, name: str = "layer_id") -> int:
         """Dense index of global full-attention layer ``layer_id`` (an int or a layer object)."""
-        return self._transfer_full_attention_id(layer_id, name)
+        return self._full_attention_layer(layer_id, name)[1]
 
     def _wait_for_layer(self, layer_id: int) -> None:
         if self.layer_transfer_counter is not None:
             self.layer_transfer_counter.wait_until(layer_id - self.start_layer)
 
     def _wait_layer(self, layer_id: object, name: str = "layer_id") -> int:
-        index = self._transfer_full_attention_id(layer_id, name)
-        self._wait_for_layer(layer_id_of(name, layer_id))
+        layer, index = self._full_attention_layer(layer_id, name)
+        self._wait_for_layer(layer)
         return index
 
     def register_layer_transfer_counter(
         self, layer_transfer_counter: LayerReadyWaiter | None
     ) -> None:
         """Install the waiter here; the inner pool waits for nothing (SGLang's split)."""
-        with caller_names(counter="layer_transfer_counter"):
-            super().register_layer_transfer_counter(layer_transfer_counter)
+        super().register_layer_transfer_counter(layer_transfer_counter)
         self.full_kv_pool.register_layer_transfer_counter(None)
 
     def get_key_buffer(self, layer_id: int, scale: float | None = None) -> torch.Tensor:

@@ -36,8 +36,9 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from mem_cache_kernels import caller_names, checks
+from mem_cache_kernels import checks
 from mem_cache_kernels import mamba as state_ops
+from mem_cache_kernels.dispatch import pick
 
 __all__ = [
     "BaseLinearStateParams",
@@ -486,15 +487,24 @@ class MambaPool:
     def copy_from(self, src_indices: torch.Tensor, dst_indices: torch.Tensor) -> None:
         """Clone the states of slots ``src_indices`` into ``dst_indices`` (equal lengths; the
         destinations distinct; overlap-safe). Forks and radix checkpoints. Mutates ``dst``."""
-        src = self._check_slots("src_indices", src_indices)
-        dst = self._check_slots("dst_indices", dst_indices)
-        checks.check_same_length(src_indices=src, dst_indices=dst)
-        checks.check_distinct("dst_indices", dst, full=self.debug)
+        self._copy_slots(*self._check_copy("src_indices", src_indices, "dst_indices", dst_indices))
+
+    def _check_copy(
+        self, src_name: str, src_indices: object, dst_name: str, dst_indices: object
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The checks of :meth:`copy_from`, naming the caller's arguments: ``(src, dst)``."""
+        src = self._check_slots(src_name, src_indices)
+        dst = self._check_slots(dst_name, dst_indices)
+        checks.check_same_length(**{src_name: src, dst_name: dst})
+        checks.check_distinct(dst_name, dst, full=self.debug)
+        return src, dst
+
+    def _copy_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """:meth:`copy_from` on checked slots (trusted: no checks)."""
         if src.numel():
-            with caller_names(src_slots="src_indices", dst_slots="dst_indices"):
-                state_ops.copy_state_slots(
-                    self._state_tensors(), src.to(self.device), dst.to(self.device)
-                )
+            states = self._state_tensors()
+            copy = pick("copy_state_slots", "auto", *states)
+            copy(states, src.to(self.device), dst.to(self.device))
         for sibling in self._slot_siblings:
             sibling.copy_slots(src, dst)
 

@@ -7,10 +7,10 @@ from typing import Any
 
 import torch
 
-import mem_cache_kernels as kernels
 from mem_cache_kernels import checks
+from mem_cache_kernels.dispatch import pick
 from mem_cache_pool._checks import check_rows, check_scale
-from mem_cache_pool.base import KVCache, KVWriteLoc, _skip_padding_slot, _write_slots
+from mem_cache_pool.base import PADDING_SLOT, KVCache, KVWriteLoc, _write_slots
 
 __all__ = ["MHATokenToKVPool"]
 
@@ -315,26 +315,60 @@ class MHATokenToKVPool(KVCache):
         """
         if dcp_kv_mask is not None:
             raise NotImplementedError("dcp_kv_mask (decode context parallel) is not provided")
-        check_scale("k_scale", k_scale)
-        check_scale("v_scale", v_scale)
-        index = self._write_layer(layer, layer_id_override)
-        slots = self._check_loc("loc_info", _write_slots("loc_info", loc_info))
-        n = slots.numel()
-        k = check_rows("cache_k", cache_k, (n, self.head_num, self.head_dim), self.device)
-        v = check_rows("cache_v", cache_v, (n, self.head_num, self.v_head_dim), self.device)
-        if k.dtype != self.dtype and k_scale is not None:
+        # The common forms are accepted inline; anything else goes to the pool's full check,
+        # which raises naming the argument (or accepts an unusual valid form, e.g. an int
+        # subclass). Either way each argument is checked once, here.
+        if not (k_scale is None or isinstance(k_scale, (float, torch.Tensor))):
+            check_scale("k_scale", k_scale)
+        if not (v_scale is None or isinstance(v_scale, (float, torch.Tensor))):
+            check_scale("v_scale", v_scale)
+        start = self.start_layer
+        lid = layer if layer_id_override is None else layer_id_override
+        lid = getattr(lid, "layer_id", lid)
+        if type(lid) is not int or not start <= lid < self.end_layer:
+            lid = self._write_layer(layer, layer_id_override) + start
+        slots = loc_info.loc if isinstance(loc_info, KVWriteLoc) else loc_info
+        if not isinstance(slots, torch.Tensor):
+            _write_slots("loc_info", loc_info)  # raises: not a tensor nor a KVWriteLoc
+        checks.check_index("loc_info", slots, device=self.device)
+        n = slots.shape[0]
+        rows = self.size + self.page_size
+        padded = True  # may loc_info hold the padding slot? (not known on a GPU: assume so)
+        if n and slots.device.type == "cpu":  # values free to read: one pass gives both answers
+            lo, hi = (int(x) for x in torch.aminmax(slots))
+            if lo < 0 or hi >= rows:
+                checks.check_index_values("loc_info", slots, limit=rows)  # raises
+            padded = lo == PADDING_SLOT
+        else:
+            checks.check_index_values("loc_info", slots, limit=rows, full=self.debug)
+        device = self.device
+        k, v = cache_k, cache_v
+        if not (
+            isinstance(k, torch.Tensor)
+            and k.shape == (n, self.head_num, self.head_dim)
+            and k.dtype.is_floating_point
+            and checks.same_device(k.device, device)
+        ):
+            check_rows("cache_k", k, (n, self.head_num, self.head_dim), device)
+        if not (
+            isinstance(v, torch.Tensor)
+            and v.shape == (n, self.head_num, self.v_head_dim)
+            and v.dtype.is_floating_point
+            and checks.same_device(v.device, device)
+        ):
+            check_rows("cache_v", v, (n, self.head_num, self.v_head_dim), device)
+        if k_scale is not None and k.dtype != self.dtype:
             k = k / k_scale
-        if v.dtype != self.dtype and v_scale is not None:
+        if v_scale is not None and v.dtype != self.dtype:
             v = v / v_scale
         if n:
-            kernels.store_kv(
-                self.k_buffer[index],
-                self.v_buffer[index],
-                _skip_padding_slot(slots),
-                k,
-                v,
-                dtype=self.dtype,
-            )
+            index = lid - start
+            k_cache, v_cache = self.k_buffer[index], self.v_buffer[index]
+            # The padding rule, decided here once: slot 0 becomes -1, a row the trusted store
+            # skips (SGLang's CUDA store_cache leaves slot 0 alone).
+            loc = slots.masked_fill(slots == PADDING_SLOT, -1) if padded else slots
+            store = pick("store_kv", "auto", k_cache, v_cache, loc, k, v)
+            store(k_cache, v_cache, loc, k, v, self.dtype)
 
     def set_kv_buffer_prefix_valid(  # noqa: PLR0917 (SGLang-compatible signature)
         self,

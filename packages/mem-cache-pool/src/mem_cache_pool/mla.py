@@ -6,10 +6,10 @@ from collections.abc import Sequence
 
 import torch
 
-import mem_cache_kernels as kernels
 from mem_cache_kernels import checks
+from mem_cache_kernels.dispatch import pick
 from mem_cache_pool._checks import check_rows
-from mem_cache_pool.base import KVCache, KVWriteLoc, _skip_padding_slot, _write_slots
+from mem_cache_pool.base import PADDING_SLOT, KVCache, KVWriteLoc, _write_slots
 
 __all__ = ["MLATokenToKVPool"]
 
@@ -114,9 +114,29 @@ class MLATokenToKVPool(KVCache):
         """Bytes of the latent buffers summed over layers."""
         return sum(t.numel() * t.element_size() for t in self.kv_buffer)
 
+    # The write and read methods accept the common argument forms inline and hand anything else
+    # to the pool's full checks (:mod:`mem_cache_pool._checks`), which raise naming the argument
+    # (or accept an unusual valid form); either way each argument is checked once, at the
+    # public method, and the trusted kernel body (``dispatch.pick``) runs unchecked below it.
+    def _local_layer(self, layer: object, layer_id_override: object = None) -> int:
+        """Local index of a call's layer (``layer_id_override`` when given, else ``layer``)."""
+        lid = layer if layer_id_override is None else layer_id_override
+        lid = getattr(lid, "layer_id", lid)
+        if type(lid) is not int or not self.start_layer <= lid < self.end_layer:
+            return self._write_layer(layer, layer_id_override)
+        return lid - self.start_layer
+
     def _device_loc(self, name: str, loc: torch.Tensor) -> torch.Tensor:
         """Validated slots to write/read (HiSparse translates logical locations here)."""
-        return self._check_loc(name, loc)
+        t = checks.check_index(name, loc, device=self.device)
+        checks.check_index_values(name, t, limit=self.size + self.page_size, full=self.debug)
+        return t
+
+    def _write_loc(self, loc_info: object) -> torch.Tensor:
+        slots = loc_info.loc if isinstance(loc_info, KVWriteLoc) else loc_info
+        if not isinstance(slots, torch.Tensor):
+            return self._device_loc("loc_info", _write_slots("loc_info", loc_info))  # raises
+        return self._device_loc("loc_info", slots)
 
     def set_kv_buffer(
         self,
@@ -135,14 +155,16 @@ class MLATokenToKVPool(KVCache):
         0.5.23's packed-row store does (only :meth:`set_mla_kv_buffer` skips it). Validates
         before writing; mutates rows ``loc`` of one layer.
         """
-        index = self._write_layer(layer, layer_id_override)
-        slots = self._device_loc("loc_info", _write_slots("loc_info", loc_info))
-        n = slots.numel()
-        k = check_rows("cache_k", cache_k, (n, 1, self.kv_cache_dim), self.device)
+        index = self._local_layer(layer, layer_id_override)
+        slots = self._write_loc(loc_info)
+        n = slots.shape[0]
+        k = _rows("cache_k", cache_k, (n, 1, self.kv_cache_dim), self.device)
         if n:
             nd = self.kv_lora_rank
-            kernels.set_mla_kv_buffer(
-                self.kv_buffer[index], slots, k[..., :nd], k[..., nd:], dtype=self.dtype
+            buf = self.kv_buffer[index]
+            nope, rope = k[..., :nd], k[..., nd:]
+            pick("set_mla_kv_buffer", "auto", buf, slots, nope, rope)(
+                buf, slots, nope, rope, self.dtype
             )
 
     def set_mla_kv_buffer(
@@ -163,15 +185,18 @@ class MLATokenToKVPool(KVCache):
         slot, are skipped, as SGLang 0.5.23's ``set_mla_kv_buffer`` kernels do: slot 0 keeps its
         contents. Validates before writing; mutates rows ``loc`` of one layer.
         """
-        index = self._write_layer(layer, layer_id_override)
-        slots = self._device_loc("loc_info", _write_slots("loc_info", loc_info))
-        n = slots.numel()
-        nope = check_rows("cache_k_nope", cache_k_nope, (n, 1, self.kv_lora_rank), self.device)
+        index = self._local_layer(layer, layer_id_override)
+        slots = self._write_loc(loc_info)
+        n = slots.shape[0]
+        nope = _rows("cache_k_nope", cache_k_nope, (n, 1, self.kv_lora_rank), self.device)
         rope_dim = self.kv_cache_dim - self.kv_lora_rank
-        rope = check_rows("cache_k_rope", cache_k_rope, (n, 1, rope_dim), self.device)
+        rope = _rows("cache_k_rope", cache_k_rope, (n, 1, rope_dim), self.device)
         if n:
-            kernels.set_mla_kv_buffer(
-                self.kv_buffer[index], _skip_padding_slot(slots), nope, rope, dtype=self.dtype
+            buf = self.kv_buffer[index]
+            # the padding rule, decided here once: slot 0 becomes -1, a row the store skips
+            loc = slots.masked_fill(slots == PADDING_SLOT, -1)
+            pick("set_mla_kv_buffer", "auto", buf, loc, nope, rope)(
+                buf, loc, nope, rope, self.dtype
             )
 
     def get_mla_kv_buffer(
@@ -185,12 +210,16 @@ class MLATokenToKVPool(KVCache):
         ``dtype`` (bit-exact), or cast to ``dst_dtype`` when given. Waits once for the layer.
         Does not mutate the pool.
         """
-        checks.check_dtype_arg("dst_dtype", dst_dtype)
-        index = self._wait_layer(layer, "layer")
+        if dst_dtype is not None and not isinstance(dst_dtype, torch.dtype):
+            checks.check_dtype_arg("dst_dtype", dst_dtype)  # raises
+        index = self._local_layer(layer)
+        if self.layer_transfer_counter is not None:
+            self.layer_transfer_counter.wait_until(index)
         slots = self._device_loc("loc", loc)
         view = self.dtype if self.store_dtype != self.dtype else None
-        nope, rope = kernels.get_mla_kv_buffer(
-            self.kv_buffer[index], slots, self.kv_lora_rank, dtype=view
+        buf = self.kv_buffer[index]
+        nope, rope = pick("get_mla_kv_buffer", "auto", buf, slots)(
+            buf, slots, self.kv_lora_rank, view
         )
         if dst_dtype is not None and dst_dtype != nope.dtype:
             nope, rope = nope.to(dst_dtype), rope.to(dst_dtype)
@@ -205,3 +234,16 @@ class MLATokenToKVPool(KVCache):
         lens = [t.numel() * t.element_size() for t in self.kv_buffer]
         items = [t[0].numel() * t.element_size() * self.page_size for t in self.kv_buffer]
         return ptrs, lens, items
+
+
+def _rows(name: str, t: object, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """Rows to write: a floating tensor of exactly ``shape`` on ``device`` (else
+    :func:`~mem_cache_pool._checks.check_rows` raises naming ``name``)."""
+    if (
+        isinstance(t, torch.Tensor)
+        and t.shape == shape
+        and t.dtype.is_floating_point
+        and checks.same_device(t.device, device)
+    ):
+        return t
+    return check_rows(name, t, shape, device)

@@ -84,6 +84,41 @@ def _check_index_part(part: object) -> None:
         )
 
 
+_INTEGER_INDEX = frozenset(
+    (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)
+)
+"""Index tensor dtypes ``write`` accepts without a closer look (the rest go to the checks)."""
+
+
+def _check_write(parts: tuple[object, ...], values: object) -> torch.Tensor | int:
+    """The full check of ``write(indices, values)`` (``parts``: the index parts; ``()`` when
+    they were accepted already); returns ``values`` ready to store.
+
+    In order: a tensor without data among the parts or ``values`` (``ValueError``), the kind of
+    each part (:func:`_check_index_part`), then ``values``: an integer tensor whose values fit
+    int32 (read on the CPU or in debug mode), returned as int32, or an int that fits int32.
+    ``TypeError`` for a float, a bool, a float or bool tensor; ``ValueError`` past int32."""
+    for name, arg in (("indices", parts), ("values", values)):
+        for part in arg if isinstance(arg, tuple) else (arg,):
+            if isinstance(part, torch.Tensor):
+                checks.check_tensor(name, part)  # meta: no data to write or address
+    for part in parts:
+        _check_index_part(part)
+    if isinstance(values, torch.Tensor):
+        if values.dtype.is_floating_point or values.dtype.is_complex or values.dtype == torch.bool:
+            raise TypeError(f"values must be an integer tensor (slots), got {values.dtype}")
+        checks.check_fits_dtype("values", checks.host_values(values), torch.int32, "int32")
+        return values.to(torch.int32)
+    try:
+        value = checks.check_int("values", values)
+    except TypeError:
+        raise TypeError(f"values must be an int or a tensor, got {type(values).__name__}") from None
+    lo32, hi32 = -(2**31), 2**31 - 1
+    if not lo32 <= value <= hi32:
+        raise ValueError(f"values must fit int32 [{lo32}, {hi32}], got {value}")
+    return value
+
+
 class ReqToTokenPool:
     """Fixed table of request rows; row allocation is host-side (a Python free list).
 
@@ -325,31 +360,31 @@ class ReqToTokenPool:
         always; tensors when their values are free to read, on the CPU, or in debug mode); so do
         indices outside the table. Nothing is written then.
         """
-        lo32, hi32 = -(2**31), 2**31 - 1
-        for name, arg in (("indices", indices), ("values", values)):
-            for part in arg if isinstance(arg, tuple) else (arg,):
-                if isinstance(part, torch.Tensor):
-                    checks.check_tensor(name, part)  # meta: no data to write or address
-        for part in indices if isinstance(indices, tuple) else (indices,):
-            _check_index_part(part)
-        if isinstance(values, torch.Tensor):
+        # The common index parts (ints, slices, integer tensors) and int32 values are accepted
+        # inline; anything else goes to _check_write, the full check (raises naming the
+        # argument, or accepts None, ``...``, lists, other integer values).
+        parts: tuple[object, ...] = indices if isinstance(indices, tuple) else (indices,)
+        for part in parts:
+            kind = type(part)
+            if kind is slice or kind is int:
+                continue
             if (
-                values.dtype.is_floating_point
-                or values.dtype.is_complex
-                or values.dtype == torch.bool
+                kind is torch.Tensor
+                and isinstance(part, torch.Tensor)
+                and not part.is_meta
+                and part.dtype in _INTEGER_INDEX
             ):
-                raise TypeError(f"values must be an integer tensor (slots), got {values.dtype}")
-            checks.check_fits_dtype("values", checks.host_values(values), torch.int32, "int32")
-            values = values.to(torch.int32)
+                continue
+            values = _check_write(parts, values)
+            break
         else:
-            try:
-                checks.check_int("values", values)
-            except TypeError:
-                raise TypeError(
-                    f"values must be an int or a tensor, got {type(values).__name__}"
-                ) from None
-            if not lo32 <= values <= hi32:
-                raise ValueError(f"values must fit int32 [{lo32}, {hi32}], got {values}")
+            if not (
+                isinstance(values, torch.Tensor)
+                and type(values) is torch.Tensor
+                and values.dtype == torch.int32
+                and not values.is_meta
+            ):
+                values = _check_write((), values)
         try:
             self.req_to_token[indices] = values
         except IndexError as exc:

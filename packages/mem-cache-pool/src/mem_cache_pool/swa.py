@@ -15,15 +15,14 @@ from typing import Any
 
 import torch
 
-import mem_cache_kernels as kernels
 from mem_cache_kernels import checks
+from mem_cache_kernels.dispatch import pick
 from mem_cache_pool._checks import check_copy_roles, check_mapping, check_slots
 from mem_cache_pool.base import (
     CpuKVCopy,
     KVBufferDesc,
     KVCache,
     KVWriteLoc,
-    _write_slots,
 )
 from mem_cache_pool.dsa import DSATokenToKVPool
 from mem_cache_pool.mha import MHATokenToKVPool
@@ -359,9 +358,10 @@ class SWAKVPool(BaseSWAKVPool):
                     + (" with swa_loc=None" if isinstance(loc_info, KVWriteLoc) else "")
                 )
             return pool, local, swa_loc
-        if isinstance(loc_info, KVWriteLoc) and loc_info.full_loc is not None:
-            return pool, local, loc_info.full_loc
-        return pool, local, _write_slots("loc_info", loc_info)
+        # the slots are checked once, by the sub-pool's write (which names them loc_info)
+        if isinstance(loc_info, KVWriteLoc):
+            return pool, local, loc_info.loc if loc_info.full_loc is None else loc_info.full_loc
+        return pool, local, loc_info
 
     def set_kv_buffer(  # noqa: PLR0917 (SGLang-compatible positional signature)
         self,
@@ -462,7 +462,10 @@ class SWAKVPool(BaseSWAKVPool):
         if self._full is not None:
             self._full.move_kv_cache(tgt, src)
         if self._swa is not None and tgt.numel():
-            kernels.copy_all_layer_kv_cache(self._swa._all_buffers(), swa_tgt, swa_src)
+            bufs = self._swa._all_buffers()
+            pick("copy_all_layer_kv_cache", "auto", bufs[0], swa_tgt, swa_src)(
+                bufs, swa_tgt, swa_src
+            )
 
     # ---------------------------------------------------------------- retraction
     def get_cpu_copy(
@@ -510,9 +513,9 @@ class SWAKVPool(BaseSWAKVPool):
         rows = torch.arange(idx.numel())
         for name, pool, sub in parts:
             roles = pool._role_buffers()
-            kernels.transfer_rows_all_layers(
-                [sub[r] for r, _ in roles],
-                [bufs for _, bufs in roles],
-                rows,
-                swa_idx if name == "swa" else idx,
+            src = [sub[r] for r, _ in roles]
+            dst = [bufs for _, bufs in roles]
+            dst_rows = swa_idx if name == "swa" else idx
+            pick("transfer_rows_all_layers", "auto", src[0][0], dst[0][0], dst_rows)(
+                src, dst, rows, dst_rows
             )
