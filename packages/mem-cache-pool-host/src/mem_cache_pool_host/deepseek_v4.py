@@ -37,7 +37,6 @@ from mem_cache_kernels.checks import (
 )
 from mem_cache_pool.base import KVBufferDesc
 from mem_cache_pool.deepseek_v4 import DeepSeekV4SingleKVPool
-from mem_cache_pool_host._checks import check_index_device
 from mem_cache_pool_host.base import HostKVCache
 from mem_cache_pool_host.capacity import DEFAULT_HOST_TO_DEVICE_RATIO
 from mem_cache_pool_host.memory import HostBytesAllocator, HostTensorAllocator
@@ -144,7 +143,7 @@ class DeepSeekV4SingleKVPoolHost(HostKVCache):
         dev = check_index("device_indices", device_indices)
         check_same_length(host_indices=host, device_indices=dev)
         check_on_device("host_indices", host, torch.device("cpu"))
-        check_index_device("device_indices", dev, desc.device)
+        self._check_index_device("device_indices", dev, desc.device)
         limit = int(desc.buffers[0][0].shape[0]) * self.tokens_per_page
         check_index_values("device_indices", dev, limit=limit)
         check_index_values("host_indices", host, limit=self.token_size)
