@@ -16,8 +16,9 @@ Two kinds of transfer:
   :meth:`load_tokens_to_device_per_layer`): a token's record is two runs inside its page row, so
   these gather the records of the given token slots and scatter them into the other side's page
   rows (the trusted bodies of ``mem_cache_kernels.deepseek_v4.read_records`` / ``write_records``
-  through ``mem_cache_kernels.dispatch.pick``, after the method validated its arguments). Host token slot
-  ``h`` lives in host page row ``h // tokens_per_page`` at offset ``h % tokens_per_page``.
+  through ``mem_cache_kernels.dispatch.pick``, after the method validated its arguments). Host
+  token slot ``h`` lives in host page row ``h // tokens_per_page`` at offset
+  ``h % tokens_per_page``.
 
 Token-granular loads mark the layer done on ``layer_done_counter`` like page loads.
 """
