@@ -169,6 +169,7 @@ class HostKVCache:
         io_backend: str | None = None,
         allocator: HostTensorAllocator | HostBytesAllocator | None = None,
         reserve_bytes: int | None = None,
+        draft_buffer_infos: Sequence[Any] = (),
     ) -> None:
         """Build the host mirror of ``buffer_info``: a device pool with ``get_buffer_desc()`` (every
         ``mem_cache_pool`` pool) or its ``KVBufferDesc``. SGLang passes its own buffer-info
@@ -195,9 +196,11 @@ class HostKVCache:
         ``end_layer``) are checked against the device pool's (``ValueError`` on a mismatch);
         ``pool_label`` names the pool in logs. Decode context parallelism (``dcp_size > 1``) and
         SGLang's allocator-only dummy pools (``is_dummy=True``) are not supported:
-        ``NotImplementedError``. Raises ``ValueError``/``TypeError`` (naming the argument) before
-        allocating anything.
+        ``NotImplementedError``, nor are SGLang's packed MTP draft layers (``draft_buffer_infos``,
+        its MHA and MLA pools' argument: must be an empty sequence). Raises
+        ``ValueError``/``TypeError`` (naming the argument) before allocating anything.
         """
+        _sglang_args.check_no_draft_layers(draft_buffer_infos)
         desc = resolve_buffer_desc(buffer_info, name="buffer_info")
         if self.expected_roles is not None and desc.roles != self.expected_roles:
             raise ValueError(
