@@ -7,12 +7,19 @@ a capacity in GB or in tokens). Ours reads the geometry from the device pool's
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from mem_cache_kernels.checks import check_bool, check_int, check_number, check_optional_int
 from mem_cache_pool.base import KVBufferDesc
 
-__all__ = ["check_geometry", "check_unsupported", "resolve_capacity_bytes"]
+__all__ = [
+    "check_geometry",
+    "check_no_draft_layers",
+    "check_unsupported",
+    "resolve_capacity_bytes",
+]
 
 
 def resolve_capacity_bytes(
@@ -75,6 +82,20 @@ def check_geometry(
     for name, value in given.items():
         if check_optional_int(name, value) is not None and value != expected[name]:
             raise ValueError(f"{name} must be the device pool's {expected[name]}, got {value}")
+
+
+def check_no_draft_layers(draft_buffer_infos: object) -> None:
+    """SGLang's packed MTP draft layers (``draft_buffer_infos``, its MHA and MLA host pools'
+    argument) are not supported: ``TypeError`` unless a sequence, ``NotImplementedError`` unless
+    empty."""
+    if isinstance(draft_buffer_infos, (str, bytes)) or not isinstance(
+        draft_buffer_infos, Sequence
+    ):
+        raise TypeError(
+            f"draft_buffer_infos must be a sequence, got {type(draft_buffer_infos).__name__}"
+        )
+    if draft_buffer_infos:
+        raise NotImplementedError("packed MTP draft layers (draft_buffer_infos) not supported")
 
 
 def check_unsupported(*, dcp_size: int, dcp_rank: int, is_dummy: bool) -> None:

@@ -16,9 +16,12 @@ Contract:
   ``layer_done_counter``; ``backup_from_device_all_layer`` copies every layer device -> host. Rows
   are bit-exact byte copies in the store dtype. ``layer_id`` is the *local* layer index
   (``0..layer_num-1``, as the cache controller loops). Indices (int32/int64, equal lengths, in
-  range; whole pages for direct IO; ``-1`` entries skipped) are validated by the kernel ops before
-  any copy, so a rejected call copies nothing. ``"kernel"`` IO gets its indices on the device
-  pool's device, ``"direct"`` on the CPU. A failing load aborts the counter's batch in flight so
+  range; whole pages for direct IO; ``-1`` entries skipped) are validated by the transfer method
+  itself before any copy (errors name its arguments), so a rejected call copies nothing; the copy
+  is the kernels' trusted body (``mem_cache_kernels.dispatch.pick``), whose arguments come source
+  first (device then host for a backup, host then device for a load). ``"kernel"`` IO gets its
+  indices on the device pool's device, ``"direct"`` on the CPU (the host-driven
+  ``mem_cache_kernels.direct_*`` copies). A failing load aborts the counter's batch in flight so
   readers never deadlock.
 * Thread safety: alloc/free/clear/available_size/close hold ``self.lock`` (an RLock); transfers do
   not (IO threads move disjoint slots concurrently).
@@ -44,8 +47,14 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 
+from mem_cache_kernels import (
+    direct_backup_all_layers_to_page_first_direct,
+    direct_load_layer_from_page_first_direct,
+    direct_transfer_rows,
+)
 from mem_cache_kernels.checks import (
     check_bool,
+    check_choice,
     check_device_arg,
     check_index,
     check_index_values,
@@ -54,9 +63,9 @@ from mem_cache_kernels.checks import (
     check_same_length,
     check_tensor,
 )
+from mem_cache_kernels.dispatch import pick
 from mem_cache_pool.base import KVBufferDesc
-from mem_cache_pool_host import _flat_pages, _sglang_args, _transfer
-from mem_cache_pool_host._checks import check_index_device
+from mem_cache_pool_host import _flat_pages, _sglang_args
 from mem_cache_pool_host.capacity import (
     DEFAULT_HOST_TO_DEVICE_RATIO,
     HostCapacity,
@@ -65,6 +74,7 @@ from mem_cache_pool_host.capacity import (
 )
 from mem_cache_pool_host.layer_counter import LayerDoneCounter
 from mem_cache_pool_host.layout import (
+    IO_BACKENDS,
     IOBackend,
     Layout,
     effective_io_backend,
@@ -85,6 +95,7 @@ from mem_cache_pool_host.slots import HostSlotAllocator
 __all__ = ["DevicePoolLike", "HostKVCache", "resolve_buffer_desc"]
 
 _log = logging.getLogger(__name__)
+_CPU = torch.device("cpu")
 
 
 @runtime_checkable
@@ -117,6 +128,12 @@ class HostKVCache:
     """Base of the host pools (see the module docstring). Subclasses pin the expected roles."""
 
     expected_roles: ClassVar[tuple[str, ...] | None] = None
+
+    # transfer plan (``_plan_transfers``): [role][layer] host views (layer_first), and per local
+    # layer the host (layer_first) and device tensors of every role
+    _layer_views: tuple[tuple[torch.Tensor, ...], ...]
+    _host_layers: tuple[tuple[torch.Tensor, ...], ...]
+    _device_layers: tuple[tuple[torch.Tensor, ...], ...]
 
     # SGLang 0.5.23's class-level answers for features this package does not have: decode context
     # parallelism (one rank holds every token), shared compacting host layouts, page envelopes
@@ -152,6 +169,7 @@ class HostKVCache:
         io_backend: str | None = None,
         allocator: HostTensorAllocator | HostBytesAllocator | None = None,
         reserve_bytes: int | None = None,
+        draft_buffer_infos: Sequence[Any] = (),
     ) -> None:
         """Build the host mirror of ``buffer_info``: a device pool with ``get_buffer_desc()`` (every
         ``mem_cache_pool`` pool) or its ``KVBufferDesc``. SGLang passes its own buffer-info
@@ -178,9 +196,11 @@ class HostKVCache:
         ``end_layer``) are checked against the device pool's (``ValueError`` on a mismatch);
         ``pool_label`` names the pool in logs. Decode context parallelism (``dcp_size > 1``) and
         SGLang's allocator-only dummy pools (``is_dummy=True``) are not supported:
-        ``NotImplementedError``. Raises ``ValueError``/``TypeError`` (naming the argument) before
-        allocating anything.
+        ``NotImplementedError``, nor are SGLang's packed MTP draft layers (``draft_buffer_infos``,
+        its MHA and MLA pools' argument: must be an empty sequence). Raises
+        ``ValueError``/``TypeError`` (naming the argument) before allocating anything.
         """
+        _sglang_args.check_no_draft_layers(draft_buffer_infos)
         desc = resolve_buffer_desc(buffer_info, name="buffer_info")
         if self.expected_roles is not None and desc.roles != self.expected_roles:
             raise ValueError(
@@ -276,10 +296,7 @@ class HostKVCache:
         self._allocations: list[HostAllocation] = []
         self._kv_buffer: torch.Tensor | tuple[torch.Tensor, ...] | None = None
         self.buffers: tuple[torch.Tensor, ...] = self._allocate_buffers(self.allocator)
-        self._layer_views: tuple[tuple[torch.Tensor, ...], ...] = tuple(
-            tuple(h[l] for l in range(self.layer_num)) if self.layout == "layer_first" else ()
-            for h in self.buffers
-        )
+        self._plan_transfers()
         self._slots = HostSlotAllocator(self.page_num, page_size)
         self.lock: threading.RLock = self._slots.lock
         self.layer_done_counter = LayerDoneCounter(self.layer_num)
@@ -379,6 +396,8 @@ class HostKVCache:
                     self._release_pending = True
             self.buffers = ()
             self._layer_views = ()
+            self._host_layers = ()
+            self._device_layers = ()
             self._kv_buffer = None
             if not self._release_pending:
                 self._release_memory()
@@ -557,13 +576,47 @@ class HostKVCache:
             )
         return desc
 
-    def _check_indices(
-        self, desc: KVBufferDesc, host_indices: torch.Tensor, device_indices: torch.Tensor
-    ) -> None:
-        """Validate the caller's index tensors (names in errors are the caller's arguments).
+    def _plan_transfers(self) -> None:
+        """Everything about a transfer that depends only on the layout and the device pool this
+        host pool was built for, worked out once here so that a transfer call runs nothing of
+        ``layout.py`` and builds no per-layer lists: the backend each requested ``io_backend``
+        really uses (or why it cannot), the kernel op of each direction, and the per-layer host
+        and device tensors those ops take."""
+        self._io_effective: dict[str, IOBackend] = {}
+        self._io_refused: dict[str, str] = {}
+        for name in IO_BACKENDS:
+            try:
+                self._io_effective[name] = effective_io_backend(self.layout, name)
+            except ValueError as exc:
+                self._io_refused[name] = str(exc)
+        layer_first = self.layout == "layer_first"
+        # layer_first: [role][layer] views of the host tensors (what every layer-first op takes)
+        self._layer_views = tuple(
+            tuple(h[l] for l in range(self.layer_num)) if layer_first else () for h in self.buffers
+        )
+        # per local layer, the host tensors (one per role) and device tensors a load moves
+        self._host_layers = tuple(zip(*self._layer_views)) if layer_first else ()
+        self._device_layers = tuple(
+            tuple(role[l] for role in self.device_desc.buffers) for l in range(self.layer_num)
+        )
+        # the kernel op of a backup (device -> host, every layer) and its host operand
+        self._backup_op = (
+            "transfer_rows_all_layers" if layer_first else "backup_all_layers_to_page_first"
+        )
+
+    def _checked_indices(
+        self,
+        desc: KVBufferDesc,
+        backend: IOBackend,
+        host_indices: torch.Tensor,
+        device_indices: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The caller's index tensors, validated, on the device ``backend`` reads them from
+        (``kernel``: the device pool's; ``direct``: the CPU). Errors name the caller's arguments.
 
         Kind, dtype, rank, equal lengths and device are always checked; values (``-1`` = skip,
-        else below the host / device row count) when the tensor is on the CPU (no sync).
+        else below the host / device row count) when the tensor is on the CPU (no sync); direct
+        IO's whole pages (:meth:`_check_direct_pages`). The kernels below trust the result.
         """
         device_rows = int(desc.buffers[0][0].shape[0])
         for name, idx, limit in (
@@ -571,9 +624,29 @@ class HostKVCache:
             ("device_indices", device_indices, device_rows),
         ):
             check_index(name, idx)
-            check_index_device(name, idx, desc.device)
+            self._check_index_device(name, idx, desc.device)
             check_index_values(name, idx, limit=limit, minimum=-1)
         check_same_length(host_indices=host_indices, device_indices=device_indices)
+        target = _CPU if backend == "direct" else desc.device
+        host_idx = host_indices if host_indices.device == target else host_indices.to(
+            target, non_blocking=True
+        )
+        device_idx = device_indices if device_indices.device == target else device_indices.to(
+            target, non_blocking=True
+        )
+        if backend == "direct":
+            self._check_direct_pages(host_idx, device_idx)
+        return host_idx, device_idx
+
+    @staticmethod
+    def _check_index_device(name: str, idx: torch.Tensor, device: torch.device) -> None:
+        """A transfer index lives on the CPU or on the device pool's device *type* (an index on
+        another GPU of that type is moved to the pool's), else ``ValueError``."""
+        if idx.device.type not in ("cpu", device.type):
+            raise ValueError(
+                f"{name} must be on the CPU or on the device pool's device {device}, got "
+                f"{idx.device}"
+            )
 
     def _check_direct_pages(self, host_idx: torch.Tensor, device_idx: torch.Tensor) -> None:
         """Direct IO moves whole pages: each run of ``page_size`` entries must be one page's
@@ -601,7 +674,12 @@ class HostKVCache:
                 raise ValueError(f"{name} pages must start at multiples of page_size={ps}")
 
     def _io_backend(self, io_backend: str, desc: KVBufferDesc) -> IOBackend:
-        backend = effective_io_backend(self.layout, io_backend)
+        """The backend a transfer asking for ``io_backend`` really uses (planned at
+        construction; see ``layout.effective_io_backend``), else ``TypeError``/``ValueError``."""
+        backend = self._io_effective.get(io_backend) if isinstance(io_backend, str) else None
+        if backend is None:
+            check_choice("io_backend", io_backend, IO_BACKENDS)
+            raise ValueError(self._io_refused[io_backend])
         if backend == "kernel" and desc.device.type != "cpu" and not self.pinned:
             raise ValueError(
                 f"io_backend 'kernel' on a {desc.device.type} device pool reads host memory "
@@ -614,10 +692,6 @@ class HostKVCache:
                 "host pool: layout %r uses io_backend 'direct' for %r", self.layout, io_backend
             )
         return backend
-
-    def _indices_for(self, backend: str, desc: KVBufferDesc, idx: torch.Tensor) -> torch.Tensor:
-        target = torch.device("cpu") if backend == "direct" else desc.device
-        return idx if idx.device == target else idx.to(target, non_blocking=True)
 
     def prepare_transfer_indices(
         self, host_indices: torch.Tensor, device_indices: torch.Tensor, io_backend: str
@@ -679,6 +753,9 @@ class HostKVCache:
         The counter only tracks a batch the caller began (``layer_done_counter.begin()`` or
         ``load_batch()`` before the layer loop); without one, completing is a no-op. On any error
         the batch in flight is aborted (readers raise instead of hanging).
+
+        Validated here, once; the copy is the kernels' trusted body
+        (``mem_cache_kernels.dispatch.pick``), source (host) before destination (device).
         """
         check_bool("is_draft", is_draft)
         check_int("layer_id", layer_id)
@@ -689,22 +766,37 @@ class HostKVCache:
             check_int("layer_id", layer_id, minimum=0, maximum=self.layer_num - 1)
             desc = self._desc_for(device_pool)
             backend = self._io_backend(io_backend, desc)
-            self._check_indices(desc, host_indices, device_indices)
-            host_idx = self._indices_for(backend, desc, host_indices)
-            device_idx = self._indices_for(backend, desc, device_indices)
-            if backend == "direct":
-                self._check_direct_pages(host_idx, device_idx)
-            device_layer = [desc.buffers[r][layer_id] for r in range(len(self.roles))]
-            _transfer.load_one_layer(
-                layout=self.layout,
-                backend=backend,
-                host=self.buffers,
-                device_layer=device_layer,
-                host_indices=host_idx,
-                device_indices=device_idx,
-                layer=layer_id,
-                page_size=self.page_size,
+            host_idx, device_idx = self._checked_indices(
+                desc, backend, host_indices, device_indices
             )
+            device_layer = (
+                self._device_layers[layer_id]
+                if desc is self.device_desc
+                else tuple(role[layer_id] for role in desc.buffers)
+            )
+            host = self.buffers
+            if backend == "direct":
+                if self.layout == "layer_first":
+                    host_layer: tuple[torch.Tensor, ...] = self._host_layers[layer_id]
+                    direct_transfer_rows(
+                        [[h] for h in host_layer],
+                        [[d] for d in device_layer],
+                        host_idx,
+                        device_idx,
+                        self.page_size,
+                    )
+                else:
+                    direct_load_layer_from_page_first_direct(
+                        host, device_layer, host_idx, device_idx, layer_id, self.page_size
+                    )
+            elif self.layout == "layer_first":
+                pick("transfer_rows", "auto", host[0], device_layer[0])(
+                    self._host_layers[layer_id], device_layer, host_idx, device_idx
+                )
+            else:
+                pick("load_layer_from_page_first", "auto", host[0], device_layer[0])(
+                    host, device_layer, host_idx, device_idx, layer_id
+                )
             event: Any = None
             if desc.device.type == "cuda":
                 event = torch.cuda.Event()  # type: ignore[no-untyped-call]
@@ -721,24 +813,28 @@ class HostKVCache:
         device_indices: torch.Tensor,
         io_backend: str = "kernel",
     ) -> None:
-        """Copy device rows ``device_indices`` of every layer into host rows ``host_indices``."""
+        """Copy device rows ``device_indices`` of every layer into host rows ``host_indices``.
+
+        Validated here, once; the copy is the kernels' trusted body
+        (``mem_cache_kernels.dispatch.pick``), source (device) before destination (host)."""
         self._check_open()
         desc = self._desc_for(device_pool)
         backend = self._io_backend(io_backend, desc)
-        self._check_indices(desc, host_indices, device_indices)
-        host_idx = self._indices_for(backend, desc, host_indices)
-        device_idx = self._indices_for(backend, desc, device_indices)
+        host_idx, device_idx = self._checked_indices(desc, backend, host_indices, device_indices)
+        device = desc.buffers
         if backend == "direct":
-            self._check_direct_pages(host_idx, device_idx)
-        _transfer.backup_all_layers(
-            layout=self.layout,
-            backend=backend,
-            device=desc.buffers,
-            host=self.buffers,
-            host_layer_views=self._layer_views,
-            device_indices=device_idx,
-            host_indices=host_idx,
-            page_size=self.page_size,
+            if self.layout == "layer_first":
+                direct_transfer_rows(
+                    device, self._layer_views, device_idx, host_idx, self.page_size
+                )
+            else:
+                direct_backup_all_layers_to_page_first_direct(
+                    device, self.buffers, device_idx, host_idx, self.page_size
+                )
+            return
+        host = self._layer_views if self.layout == "layer_first" else self.buffers
+        pick(self._backup_op, "auto", device[0][0], self.buffers[0])(
+            device, host, device_idx, host_idx
         )
 
     # ------------------------------------------------------------------ storage (L3) pages

@@ -15,8 +15,10 @@ Two kinds of transfer:
 * Token-granular (:meth:`backup_tokens_from_device_all_layer`,
   :meth:`load_tokens_to_device_per_layer`): a token's record is two runs inside its page row, so
   these gather the records of the given token slots and scatter them into the other side's page
-  rows (``mem_cache_kernels.deepseek_v4.read_records`` / ``write_records``). Host token slot
-  ``h`` lives in host page row ``h // tokens_per_page`` at offset ``h % tokens_per_page``.
+  rows (the trusted bodies of ``mem_cache_kernels.deepseek_v4.read_records`` / ``write_records``
+  through ``mem_cache_kernels.dispatch.pick``, after the method validated its arguments). Host
+  token slot ``h`` lives in host page row ``h // tokens_per_page`` at offset
+  ``h % tokens_per_page``.
 
 Token-granular loads mark the layer done on ``layer_done_counter`` like page loads.
 """
@@ -27,7 +29,6 @@ from typing import Any, ClassVar
 
 import torch
 
-from mem_cache_kernels import deepseek_v4
 from mem_cache_kernels.checks import (
     check_index,
     check_index_values,
@@ -35,9 +36,10 @@ from mem_cache_kernels.checks import (
     check_on_device,
     check_same_length,
 )
+from mem_cache_kernels.deepseek_v4 import TOKEN_BYTES, page_row_bytes
+from mem_cache_kernels.dispatch import pick
 from mem_cache_pool.base import KVBufferDesc
 from mem_cache_pool.deepseek_v4 import DeepSeekV4SingleKVPool
-from mem_cache_pool_host._checks import check_index_device
 from mem_cache_pool_host.base import HostKVCache
 from mem_cache_pool_host.capacity import DEFAULT_HOST_TO_DEVICE_RATIO
 from mem_cache_pool_host.memory import HostBytesAllocator, HostTensorAllocator
@@ -86,6 +88,12 @@ class DeepSeekV4SingleKVPoolHost(HostKVCache):
         )
         self.tokens_per_page = device_pool.page_size
         self.page_bytes = device_pool.bytes_per_page_padded
+        if self.page_bytes != page_row_bytes(self.tokens_per_page):
+            self.close()
+            raise ValueError(
+                f"device_pool page rows must be {page_row_bytes(self.tokens_per_page)} bytes "
+                f"(page_size={self.tokens_per_page} records, padded), got {self.page_bytes}"
+            )
 
     @property
     def kv_buffer(self) -> torch.Tensor:
@@ -144,7 +152,7 @@ class DeepSeekV4SingleKVPoolHost(HostKVCache):
         dev = check_index("device_indices", device_indices)
         check_same_length(host_indices=host, device_indices=dev)
         check_on_device("host_indices", host, torch.device("cpu"))
-        check_index_device("device_indices", dev, desc.device)
+        self._check_index_device("device_indices", dev, desc.device)
         limit = int(desc.buffers[0][0].shape[0]) * self.tokens_per_page
         check_index_values("device_indices", dev, limit=limit)
         check_index_values("host_indices", host, limit=self.token_size)
@@ -163,8 +171,13 @@ class DeepSeekV4SingleKVPoolHost(HostKVCache):
             return
         ps = self.tokens_per_page
         for layer, device_layer in enumerate(desc.buffers[0]):
-            records = deepseek_v4.read_records(device_layer, dev, ps).cpu()
-            deepseek_v4.write_records(self._host_layer(layer), host, records, ps)
+            out = torch.zeros(
+                (dev.shape[0], TOKEN_BYTES), dtype=torch.uint8, device=desc.device
+            )
+            pick("read_records", "auto", device_layer, dev)(device_layer, dev, out, ps)
+            records = out.cpu()
+            host_layer = self._host_layer(layer)
+            pick("write_records", "auto", host_layer, host, records)(host_layer, host, records, ps)
 
     def load_tokens_to_device_per_layer(
         self,
@@ -182,9 +195,13 @@ class DeepSeekV4SingleKVPoolHost(HostKVCache):
             event: Any = None
             if host.numel():
                 ps = self.tokens_per_page
-                records = deepseek_v4.read_records(self._host_layer(layer_id), host, ps)
-                deepseek_v4.write_records(
-                    desc.buffers[0][layer_id], dev, records.to(desc.device), ps
+                host_layer = self._host_layer(layer_id)
+                out = torch.zeros((host.shape[0], TOKEN_BYTES), dtype=torch.uint8)
+                pick("read_records", "auto", host_layer, host)(host_layer, host, out, ps)
+                records = out.to(desc.device)
+                device_layer = desc.buffers[0][layer_id]
+                pick("write_records", "auto", device_layer, dev, records)(
+                    device_layer, dev, records, ps
                 )
                 if desc.device.type == "cuda":
                     event = torch.cuda.Event()  # type: ignore[no-untyped-call]

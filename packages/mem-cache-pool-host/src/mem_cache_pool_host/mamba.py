@@ -7,9 +7,11 @@ request's states over every Mamba layer (``page_size`` is 1: a state is not toke
   are contiguous per tensor), ``conv_buffer[i]``: ``[size, num_mamba_layers, 1, *conv[i]]``;
 * ``backup_from_device_all_layer(device_pool, host_indices, device_indices)`` copies device
   slots into host slots (every layer), ``load_to_device_per_layer(..., layer_id)`` one layer
-  back, then marks the layer done on ``layer_done_counter``; both bit-exact through
-  :mod:`mem_cache_kernels.mamba` (``io_backend="kernel"``: Triton on a GPU, torch on the CPU;
-  ``"direct"``: the torch path);
+  back, then marks the layer done on ``layer_done_counter``; both bit-exact, validated at the
+  method (errors name ``host_indices`` / ``device_indices``), then the trusted body of
+  :mod:`mem_cache_kernels.mamba`'s gather / scatter (``mem_cache_kernels.dispatch.pick``, source
+  before destination; ``io_backend="kernel"``: Triton on a GPU, torch on the CPU; ``"direct"``:
+  the torch path);
 * storage (L3) pages: ``get_data_page`` / ``set_from_flat_data_page`` move one slot as a flat
   ``uint8`` page (``temporal`` bytes, then each conv tensor's: SGLang's order), and
   ``get_page_buffer_meta`` gives the zero-copy ``(ptrs, sizes)`` of slots, SGLang's order
@@ -34,16 +36,18 @@ from typing import Any
 
 import torch
 
-from mem_cache_kernels import caller_names
-from mem_cache_kernels import mamba as state_ops
 from mem_cache_kernels.checks import (
     check_bool,
     check_choice,
+    check_distinct,
     check_index,
+    check_index_values,
     check_int,
     check_number,
+    check_on_device,
     check_tensor,
 )
+from mem_cache_kernels.dispatch import pick
 from mem_cache_pool_host.capacity import preflight_host_memory
 from mem_cache_pool_host.layer_counter import LayerDoneCounter
 from mem_cache_pool_host.memory import HostAllocation, default_host_tensor_allocator
@@ -73,6 +77,17 @@ class MambaStateBufferInfo:
                 f"mamba_pool must have a mamba_cache (a MambaPool), got {type(mamba_pool).__name__}"
             )
         return cls(temporal=cache.temporal, conv=tuple(cache.conv))
+
+
+def _entries_contiguous(t: torch.Tensor) -> bool:
+    """Whether the ``[*state]`` entries of a ``[layers, slots, *state]`` tensor are C-contiguous
+    (what the state kernels need; size-1 axes may have any stride)."""
+    expected = 1
+    for size, stride in zip(reversed(t.shape[2:]), reversed(t.stride()[2:])):
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 def _buffer_info(value: object) -> Any:
@@ -164,6 +179,15 @@ class MambaPoolHost:
         capacity = check_int("device_capacity", device_capacity, minimum=0)
         self.device_capacity_tokens = capacity
         self.buffer_info = info
+        self._device_source: object = buffer_info
+        self._own_states: list[torch.Tensor] = [*conv, temporal]
+        for i, t in enumerate(self._own_states):
+            if not _entries_contiguous(t):
+                what = "temporal" if t is temporal else f"conv[{i}]"
+                raise ValueError(
+                    f"buffer_info.{what} must have C-contiguous state entries, got strides "
+                    f"{tuple(t.stride())} for shape {tuple(t.shape)}"
+                )
         self.device_pool = None
         self.device = "cpu"
         self.page_size = 1
@@ -330,27 +354,56 @@ class MambaPoolHost:
         return [b.squeeze(2).transpose(0, 1) for b in (*self.conv_buffer, self.temporal_buffer)]
 
     def _device_states(self, device_pool: Any) -> list[torch.Tensor]:
-        info = self.buffer_info if device_pool is None else _buffer_info(device_pool)
+        """The device state tensors of ``device_pool`` (``None``: the construction-time one),
+        conv then temporal, checked against the host views (``ValueError`` on a mismatch)."""
+        if device_pool is None or device_pool is self._device_source or device_pool is (
+            self.buffer_info
+        ):
+            return self._own_states
+        info = _buffer_info(device_pool)
         states = [*info.conv, info.temporal]
+        for i, s in enumerate(states):
+            check_tensor(f"device_pool state {i}", s)
         for s, h in zip(states, self._host_views()):
             if s.shape[0] != h.shape[0] or s.shape[2:] != h.shape[2:] or s.dtype != h.dtype:
                 raise ValueError(
                     f"device_pool states {tuple(s.shape)} {s.dtype} do not match this host "
                     f"pool's [{h.shape[0]}, slots, {tuple(h.shape[2:])}] {h.dtype}"
                 )
+            check_on_device(f"device_pool state {tuple(s.shape)}", s, states[0].device)
+            if not _entries_contiguous(s):
+                raise ValueError(
+                    f"device_pool states must have C-contiguous state entries, got strides "
+                    f"{tuple(s.stride())} for shape {tuple(s.shape)}"
+                )
         return states
 
-    def _indices(self, host_indices: object, device_indices: object) -> tuple[Any, Any]:
-        with caller_names(slots="device_indices", out_slots="host_indices"):
-            h = check_index("host_indices", host_indices)
-            d = check_index("device_indices", device_indices, length=h.shape[0])
-        if h.numel() and not self._slots.is_allocated(h.cpu()):
-            raise ValueError("host_indices must be allocated host slots")
-        return h, d
-
-    def _backend(self, io_backend: str) -> str:
+    def _transfer_args(
+        self, device_pool: Any, host_indices: object, device_indices: object, io_backend: str
+    ) -> tuple[str, list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor, torch.Tensor]:
+        """Everything a transfer checks, once, before any byte moves: the kernel backend, the
+        (device state, host view) pairs with data, and both index tensors on the device of the
+        states. Errors name the caller's arguments: ``host_indices`` are allocated host slots
+        without repeats, ``device_indices`` (``-1`` skips a pair) lie below the device slot
+        count (values checked where free to read: CPU tensors)."""
         check_choice("io_backend", io_backend, ("kernel", "direct"))
-        return "torch" if io_backend == "direct" else "auto"
+        backend = "torch" if io_backend == "direct" else "auto"
+        h = check_index("host_indices", host_indices)
+        d = check_index("device_indices", device_indices, length=h.shape[0])
+        states = self._device_states(device_pool)
+        device_slots = min(int(s.shape[1]) for s in states)
+        check_index_values("device_indices", d, limit=device_slots, minimum=-1)
+        if h.numel():
+            hc = h.cpu()
+            check_index_values("host_indices", hc, limit=self.size)
+            check_distinct("host_indices", hc)
+            with self.lock:
+                allocated = bool(self._slots.page_used[hc].all())
+            if not allocated:
+                raise ValueError("host_indices must be allocated host slots")
+        pairs = [(s, v) for s, v in zip(states, self._host_views()) if s.numel()]
+        dev = states[0].device
+        return backend, pairs, h.to(dev), d.to(dev)
 
     def backup_from_device_all_layer(
         self,
@@ -362,21 +415,14 @@ class MambaPoolHost:
         """Copy device slots ``device_indices`` (every layer, conv and temporal) into host
         slots ``host_indices`` (allocated). ``device_pool``: the device ``MambaPool`` or its
         buffer info (``None``: the one given at construction)."""
-        backend = self._backend(io_backend)
-        h, d = self._indices(host_indices, device_indices)
-        states = self._device_states(device_pool)
-        pairs = [(s, v) for s, v in zip(states, self._host_views()) if s.numel()]
+        backend, pairs, h, d = self._transfer_args(
+            device_pool, host_indices, device_indices, io_backend
+        )
         if not h.numel() or not pairs:
             return
-        dev = states[0].device
-        with caller_names(slots="device_indices", out_slots="host_indices"):
-            state_ops.gather_state_slots(
-                [s for s, _ in pairs],
-                d.to(dev),
-                [v for _, v in pairs],
-                h.to(dev),
-                backend=backend,  # type: ignore[arg-type]
-            )
+        src = [s for s, _ in pairs]
+        dst = [v for _, v in pairs]
+        pick("gather_state_slots", backend, *src, *dst)(src, dst, d, h)
 
     def load_to_device_per_layer(
         self,
@@ -395,21 +441,15 @@ class MambaPoolHost:
             if is_draft:
                 raise NotImplementedError("MambaPoolHost: MTP draft layers are not supported")
             check_int("layer_id", layer_id, minimum=0, maximum=self.num_mamba_layers - 1)
-            backend = self._backend(io_backend)
-            h, d = self._indices(host_indices, device_indices)
-            states = self._device_states(device_pool)
-            pairs = [(s, v) for s, v in zip(states, self._host_views()) if s.numel()]
+            backend, pairs, h, d = self._transfer_args(
+                device_pool, host_indices, device_indices, io_backend
+            )
             event: Any = None
             if h.numel() and pairs:
-                dev = states[0].device
-                with caller_names(slots="device_indices", src_slots="host_indices"):
-                    state_ops.scatter_state_slots(
-                        [s[layer_id : layer_id + 1] for s, _ in pairs],
-                        d.to(dev),
-                        [v[layer_id : layer_id + 1] for _, v in pairs],
-                        h.to(dev),
-                        backend=backend,  # type: ignore[arg-type]
-                    )
+                src = [v[layer_id : layer_id + 1] for _, v in pairs]
+                dst = [s[layer_id : layer_id + 1] for s, _ in pairs]
+                pick("scatter_state_slots", backend, *dst, *src)(src, dst, h, d)
+                dev = dst[0].device
                 if dev.type == "cuda":
                     event = torch.cuda.Event()  # type: ignore[no-untyped-call]
                     event.record(torch.cuda.current_stream(dev))

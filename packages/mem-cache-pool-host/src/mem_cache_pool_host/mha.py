@@ -60,15 +60,6 @@ class MHATokenToKVPoolHost(HostKVCache):
         ``can_use_write_back_jit`` is False) is accepted and unused, as SGLang does on
         platforms without that kernel; ``head_group_num`` (``page_unified`` layout only) is
         recorded."""
-        if isinstance(draft_buffer_infos, (str, bytes)) or not isinstance(
-            draft_buffer_infos, Sequence
-        ):
-            raise TypeError(
-                "draft_buffer_infos must be a sequence, got "
-                f"{type(draft_buffer_infos).__name__}"
-            )
-        if draft_buffer_infos:
-            raise NotImplementedError("packed MTP draft layers (draft_buffer_infos) not supported")
         self.head_group_num = check_int("head_group_num", head_group_num, minimum=1)
         super().__init__(
             buffer_info,
@@ -88,6 +79,7 @@ class MHATokenToKVPoolHost(HostKVCache):
             io_backend=io_backend,
             allocator=allocator,
             reserve_bytes=reserve_bytes,
+            draft_buffer_infos=draft_buffer_infos,
         )
 
     @property

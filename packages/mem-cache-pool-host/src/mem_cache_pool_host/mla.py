@@ -64,15 +64,6 @@ class MLATokenToKVPoolHost(HiSparseHostPoolMixin, HostKVCache):
         and layer count (``ValueError``); packed MTP draft layers (``draft_buffer_infos``),
         decode context parallelism (``dcp_size > 1``) and layer-sharded device pools
         (``layer_shard_enabled``) are not supported (``NotImplementedError``)."""
-        if isinstance(draft_buffer_infos, (str, bytes)) or not isinstance(
-            draft_buffer_infos, Sequence
-        ):
-            raise TypeError(
-                "draft_buffer_infos must be a sequence, got "
-                f"{type(draft_buffer_infos).__name__}"
-            )
-        if draft_buffer_infos:
-            raise NotImplementedError("packed MTP draft layers (draft_buffer_infos) not supported")
         check_bool("layer_shard_enabled", layer_shard_enabled)
         if layer_shard_enabled:
             raise NotImplementedError("layer-sharded device pools are not supported")
@@ -98,6 +89,7 @@ class MLATokenToKVPoolHost(HiSparseHostPoolMixin, HostKVCache):
             io_backend=io_backend,
             allocator=allocator,
             reserve_bytes=reserve_bytes,
+            draft_buffer_infos=draft_buffer_infos,
         )
         for name, value, have in (
             ("override_kv_cache_dim", override_kv_cache_dim, self.kv_cache_dim),

@@ -41,7 +41,10 @@ class HostSlotAllocator:
         self._free_pages = torch.empty(0, dtype=torch.int64)
         self._released: list[torch.Tensor] = []
         self._num_free = 0
-        self._page_used = torch.zeros(num_pages, dtype=torch.bool)
+        self.page_used = torch.zeros(num_pages, dtype=torch.bool)
+        """Per page, whether it is allocated (CPU bool ``[num_pages]``): the allocator's own
+        state, for callers that test ownership on a hot path without a call into this module
+        (``bool(page_used[pages].all())``). Read it under :attr:`lock`; never write it."""
         self.clear()
 
     def clear(self) -> None:
@@ -50,7 +53,7 @@ class HostSlotAllocator:
             self._free_pages = torch.arange(self.num_pages, dtype=torch.int64)
             self._released = []
             self._num_free = self.num_pages
-            self._page_used.zero_()
+            self.page_used.zero_()
 
     def available_size(self) -> int:
         """Free slots (a multiple of ``page_size``)."""
@@ -72,7 +75,7 @@ class HostSlotAllocator:
             pages = self._free_pages[:need_pages]
             self._free_pages = self._free_pages[need_pages:]
             self._num_free -= need_pages
-            self._page_used[pages] = True
+            self.page_used[pages] = True
             return self._pages_to_slots(pages)
 
     def free(self, indices: torch.Tensor) -> int:
@@ -81,14 +84,14 @@ class HostSlotAllocator:
         with self.lock:
             if pages.numel() == 0:
                 return 0
-            used = self._page_used[pages]
+            used = self.page_used[pages]
             if not bool(used.all()):
                 bad = pages[~used][:8].tolist()
                 raise ValueError(
                     f"indices include pages that are not allocated (double free or never "
                     f"allocated): pages {bad}"
                 )
-            self._page_used[pages] = False
+            self.page_used[pages] = False
             self._released.append(pages.clone())
             self._num_free += pages.numel()
             return int(pages.numel()) * self.page_size
@@ -97,7 +100,7 @@ class HostSlotAllocator:
         """Whether every page of the (page-aligned) ``indices`` is currently allocated."""
         pages = self.pages_of(indices)
         with self.lock:
-            return bool(self._page_used[pages].all())
+            return bool(self.page_used[pages].all())
 
     def free_slots(self) -> torch.Tensor:
         """Slots of the merged free list (int64, in hand-out order; a copy)."""
@@ -112,7 +115,7 @@ class HostSlotAllocator:
     def slot_used(self) -> torch.Tensor:
         """Per slot, whether its page is allocated (bool ``[size]``; a copy)."""
         with self.lock:
-            return self._page_used.repeat_interleave(self.page_size)
+            return self.page_used.repeat_interleave(self.page_size)
 
     def pages_of(self, indices: torch.Tensor) -> torch.Tensor:
         """Validate page-aligned slot ``indices`` and return their page ids (CPU int64).
