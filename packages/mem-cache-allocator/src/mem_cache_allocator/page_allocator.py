@@ -1,66 +1,546 @@
-"""The shared implementation of the token and paged allocators (one free list of page ids).
+"""The page allocator: the engine of ``TokenToKVPoolAllocator`` and ``PagedTokenToKVPoolAllocator``.
 
-State (all lengths on the host):
+:class:`PageAllocatorCore` is the whole implementation of SGLang 0.5.23's token and paged KV slot
+allocators; :mod:`mem_cache_allocator.token` and :mod:`mem_cache_allocator.paged` are its two
+configurations (two class flags, no methods of their own but the token allocator's signature):
 
-* ``_free``: a :class:`ChunkedFreeList` of free page ids (slot ids when ``page_size == 1``);
-  allocation takes its prefix.
-* ``_release``: staged frees (``need_sort`` only), merged into ``_free`` and sorted when an
-  allocation finds ``_free`` too short (SGLang's trigger conditions, so the same calls give the
-  same slots).
+=============================  =================  ===============================================
+class                          freed pages go     ``free(slots)``
+=============================  =================  ===============================================
+``PagedTokenToKVPoolAllocator`` to the front       ``unique(slots // page_size)``, ascending
+``TokenToKVPoolAllocator``      to the back        the slots as given (no dedup), page size 1
+=============================  =================  ===============================================
 
-Subclasses choose where freed pages go (``_FREE_TO_FRONT``: paged reuses freed pages first, the
-token allocator last) and whether ``free`` deduplicates (``_SORT_FREES``: the paged allocator's
-``torch.unique`` pages, ascending; the token allocator keeps the slots as given, like SGLang's).
+Index conventions (:mod:`mem_cache_allocator.base`): page ``p`` owns slots ``[p * ps, (p + 1) *
+ps)``; page 0 is the padding page, never handed out; slots are int64 on the allocator's
+``device``; a request's slot of position ``j`` is congruent to ``j`` modulo ``ps``; ``last_loc
+== -1`` means an empty prefix.
 
-Free paths: ``free`` (any slot set; one dedup per call, or per free group), ``free_segment(s)``
-(page ids by stride at caller-stated positions: no dedup, no sync) and ``free_page_ids``. Every
-path validates first (``prepare_free`` / checks) and changes state only after (``commit_free``).
+State (lengths on the host, never read from the device):
+
+* ``_free``: a :class:`ChunkedFreeList` of free page ids (slot ids for page size 1); every
+  allocation takes its prefix, in request order.
+* ``_release``: ``need_sort`` only, the staged frees, merged into ``_free`` and sorted when an
+  allocation finds ``_free`` short (SGLang's trigger conditions: same calls, same slots).
+* ``_free_group``: the queued frees between ``free_group_begin`` and ``free_group_end``.
+* ``_debug``: debug mode's ownership bitmaps (:mod:`mem_cache_allocator._debug`), or ``None``.
+
+One way down. Every public method checks its arguments once, at its entry, on the host:
+structure and dtypes with :mod:`mem_cache_kernels.checks`, page counts with
+:mod:`mem_cache_kernels.pages` (:func:`check_extend_inputs`, :func:`check_decode_structure`);
+then it runs the trusted kernel body ``mem_cache_kernels.dispatch.pick("alloc_extend" |
+"alloc_decode", "auto", out)`` with the page count it computed (no second validation below
+it). Errors: ``TypeError`` for the wrong kind, ``ValueError`` for a wrong value (naming the
+argument, the requests and their values), raised before any state changes; debug mode raises
+:class:`~mem_cache_allocator.AllocatorDebugError`. Shortage returns ``None`` and changes
+nothing.
+
+Frees. ``free`` (any slot set: any order, int32 or int64, partial pages, duplicates, several
+requests concatenated, SGLang's contract) validates the structure, then on CPU tensors range
+checks and deduplicates in one numpy pass over the slots (:func:`host_unique_pages`); inside a
+free group the slots are queued and checked once, at ``free_group_end``. ``free_segment(s)``
+(page ids by stride at caller-stated positions: no dedup, no device sync) and ``free_page_ids``
+release exact pages. Every path checks first (range, the capacity count that catches a double
+free, debug ownership) and changes state only after (:meth:`PageAllocatorCore.commit_free`).
+
+Cost (host, per call): O(1) torch ops plus the kernel for an allocation; a free is O(pages
+freed), never O(free list); ``available_size()`` is host arithmetic. A paged ``free`` of GPU
+slots syncs once (``torch.unique``; once per group inside a group); nothing else reads device
+memory outside debug mode.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable
+from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-try:  # optional: the CPU dedup of ``free`` runs in numpy (a sort is ~2x cheaper than torch's)
+try:  # optional: the CPU dedup of ``free`` and the CPU decode run in numpy (cheaper than torch)
     import numpy as _np
 except ImportError:  # pragma: no cover - numpy ships with every torch wheel we test
     _np = None  # type: ignore[assignment]
 
-from mem_cache_allocator import _kernels
+from mem_cache_allocator import _debug
 from mem_cache_allocator._debug import DebugTracker
-from mem_cache_allocator._free_list import ChunkedFreeList, FreeListSnapshot
-from mem_cache_allocator._host_checks import (
-    check_decode_inputs,
-    check_decode_structure,
-    check_extend_inputs,
-)
-from mem_cache_allocator._page_arithmetic import (
-    check_start_pos,
-    decode_page_count,
-    trim_segments,
-)
 from mem_cache_allocator._scheduler_hooks import check_config
-from mem_cache_allocator.base import BaseTokenToKVPoolAllocator
+from mem_cache_allocator.base import (
+    BaseTokenToKVPoolAllocator,
+    check_cpu_lengths,
+    check_segments_iterable,
+)
 from mem_cache_kernels.checks import (
     INDEX_DTYPES,
+    SMALL_BATCH,
     check_index,
     check_int,
+    check_same_device,
     debug_enabled,
     describe,
 )
-from mem_cache_kernels.pages import decode_counts
+from mem_cache_kernels.pages import decode_counts, decode_page_starts, extend_counts, trim_segments
 
 if TYPE_CHECKING:
     from mem_cache_pool.base import KVCache
 
-__all__ = ["PageAllocatorCore", "PageAllocatorState"]
+__all__ = [
+    "CPU_LENGTH_NAMES",
+    "ChunkedFreeList",
+    "FreeListSnapshot",
+    "PageAllocatorCore",
+    "PageAllocatorState",
+    "check_decode_inputs",
+    "check_decode_structure",
+    "check_extend_inputs",
+]
 
 
+# ====================================================================== the free list
+FreeListSnapshot = tuple[tuple[torch.Tensor, ...], int, int]
+"""``(chunks front-to-back, ids already taken from the front chunk, total length)``: an
+immutable view of a :class:`ChunkedFreeList`."""
+
+_ARENA_MIN = 1 << 14  # ids per arena at least (an arena holds many pushes)
+MERGE_AHEAD = 1024  # ids a take that spans chunks may join beyond what it needs (8 KiB)
+
+
+class ChunkedFreeList:
+    """An ordered sequence of int64 page ids on ``device``, stored as a deque of 1-D chunks.
+
+    ``arena_size`` (optional): ids per ``push_back`` arena, typically the allocator's capacity
+    (frees between two arena switches then never exceed it).
+    """
+
+    __slots__ = (
+        "_arena",
+        "_arena_pos",
+        "_arena_size",
+        "_chunks",
+        "_device",
+        "_empty",
+        "_len",
+        "_off",
+        "_tail",
+    )
+
+    def __init__(
+        self, device: torch.device, initial: Iterable[torch.Tensor] = (), arena_size: int = 0
+    ) -> None:
+        self._device = device
+        self._empty = torch.empty(0, dtype=torch.int64, device=device)
+        self._chunks: deque[torch.Tensor] = deque()
+        self._off = 0  # ids of chunks[0] already taken
+        self._len = 0  # ids in the list (chunks minus the taken ones)
+        self._arena_size = max(arena_size, _ARENA_MIN)
+        self._arena: torch.Tensor | None = None
+        self._arena_pos = 0  # next arena index to write (only ever grows)
+        self._tail = -1  # arena start of chunks[-1] if it ends at _arena_pos, else -1
+        for chunk in initial:
+            self.push_back(chunk)
+
+    def __len__(self) -> int:
+        return self._len
+
+    @property
+    def num_chunks(self) -> int:
+        return len(self._chunks)
+
+    def push_front(self, chunk: torch.Tensor) -> None:
+        """Put ``chunk`` (1-D int64, owned by the list from now on) before every page id."""
+        n = chunk.shape[0]
+        if not n:
+            return
+        off = self._off
+        if off:  # the front chunk keeps only its untaken ids
+            self._chunks[0] = self._chunks[0][off:]
+            self._off = 0
+            if len(self._chunks) == 1 and self._tail >= 0:
+                self._tail += off  # it is also the back chunk (an arena view)
+        if not self._chunks:
+            self._tail = -1
+        self._chunks.appendleft(chunk)
+        self._len += n
+
+    def push_back(self, chunk: torch.Tensor) -> None:
+        """Put the ids of ``chunk`` (1-D int64) after every page id.
+
+        Into an empty list the chunk goes by reference (no copy; the list owns it from now on).
+        Otherwise its ids are copied into the arena and the back chunk widened when it ends there.
+        """
+        self.extend_back((chunk,))
+
+    def extend_back(self, parts: tuple[torch.Tensor, ...] | list[torch.Tensor]) -> None:
+        """Put the ids of ``parts`` (1-D int64 tensors, in this order) after every page id.
+
+        One write into the arena (a slice assignment for one part, ``torch.cat(out=)`` for
+        several) plus the widened back-chunk view; into an empty list the parts go by reference
+        (one part) or as one new tensor.
+        """
+        n = 0
+        for part in parts:
+            n += part.shape[0]
+        if not n:
+            return
+        chunks = self._chunks
+        if not chunks:
+            chunks.append(parts[0] if len(parts) == 1 else torch.cat(parts))
+            self._len = n
+            self._off = 0
+            self._tail = -1
+            return
+        arena = self._arena
+        pos = self._arena_pos
+        if arena is None or pos + n > arena.shape[0]:
+            arena = self._arena = torch.empty(
+                max(self._arena_size, n), dtype=torch.int64, device=self._device
+            )
+            pos = 0
+            self._tail = -1
+        end = pos + n
+        if len(parts) == 1:
+            arena[pos:end] = parts[0]
+        else:
+            torch.cat(parts, out=arena[pos:end])
+        start = self._tail
+        if start >= 0:  # the back chunk ends where this push starts: widen it
+            chunks[-1] = arena[start:end]
+        else:
+            chunks.append(arena[pos:end])
+            self._tail = pos
+        self._arena_pos = end
+        self._len += n
+
+    def head(self, n: int) -> torch.Tensor:
+        """The first ``n`` page ids as one contiguous tensor, without removing them.
+
+        Coalesces the chunks it touches into one front chunk (same logical content). Requires
+        ``0 <= n <= len(self)``; the caller checks (a ``RuntimeError`` here is an internal bug).
+        """
+        if n < 0 or n > self._len:
+            raise RuntimeError(f"free list head({n}) out of range (length {self._len})")
+        chunks = self._chunks
+        if n == 0:
+            return self._empty  # shared, immutable (no elements)
+        off = self._off
+        first = chunks[0]
+        if first.shape[0] - off >= n:
+            return first[off : off + n]
+        parts = [first[off:] if off else chunks[0]]
+        chunks.popleft()
+        got = parts[0].shape[0]
+        while got < n:
+            chunk = chunks.popleft()
+            parts.append(chunk)
+            got += chunk.shape[0]
+        # merge ahead: following small chunks (freed runs) join the same cat, so the next takes
+        # are slices instead of one more cat each
+        limit = max(n, MERGE_AHEAD)
+        while chunks and got + chunks[0].shape[0] <= limit:
+            chunk = chunks.popleft()
+            parts.append(chunk)
+            got += chunk.shape[0]
+        if not chunks:
+            self._tail = -1  # the back chunk was merged (a new tensor, not the arena)
+        merged = torch.cat(parts)
+        chunks.appendleft(merged)
+        self._off = 0
+        return merged[:n]
+
+    def drop(self, n: int) -> None:
+        """Remove the first ``n`` page ids (``0 <= n <= len(self)``)."""
+        if n < 0 or n > self._len:
+            raise RuntimeError(f"free list drop({n}) out of range (length {self._len})")
+        chunks = self._chunks
+        left = n + self._off
+        while left:
+            m = chunks[0].shape[0]
+            if m > left:
+                break
+            chunks.popleft()
+            left -= m
+        self._off = left
+        self._len -= n
+        if not chunks:
+            self._tail = -1
+
+    def take(self, n: int) -> torch.Tensor:
+        """Remove and return the first ``n`` page ids (a tensor the caller may keep)."""
+        out = self.head(n)
+        self.drop(n)
+        return out
+
+    def to_tensor(self) -> torch.Tensor:
+        """All page ids front-to-back as one tensor (O(len)); the list keeps them."""
+        return self.head(self._len)
+
+    def clear(self) -> None:
+        self._chunks.clear()
+        self._len = 0
+        self._off = 0
+        self._arena = None  # never rewrite memory that old chunks or results may view
+        self._arena_pos = 0
+        self._tail = -1
+
+    def snapshot(self) -> FreeListSnapshot:
+        return tuple(self._chunks), self._off, self._len
+
+    def restore(self, snap: FreeListSnapshot) -> None:
+        chunks, off, length = snap
+        self._chunks = deque(chunks)
+        self._off = off
+        self._len = length
+        self._tail = -1  # the back chunk may no longer end at the arena position
+
+
+# ====================================================================== argument checks
+CPU_LENGTH_NAMES = ("prefix_lens_cpu", "seq_lens_cpu")
+"""The argument names the page count of an extend reports (the host copies of the lengths)."""
+
+
+def lengths_ok(bs: int, cpus: tuple[object, ...], tensors: tuple[object, ...]) -> bool:
+    """Fast path of the structural checks (all fine): ``cpus`` 1-D CPU int32/int64 tensors of
+    ``bs`` entries, ``tensors`` 1-D int32/int64 tensors of ``bs`` entries. ``False``: run the
+    detailed checks (:func:`check_cpu_lengths`, :func:`mem_cache_kernels.checks.check_index`),
+    which raise naming the argument."""
+    for cpu in cpus:
+        if not (
+            isinstance(cpu, torch.Tensor)
+            and cpu.dtype in INDEX_DTYPES
+            and cpu.dim() == 1
+            and cpu.shape[0] == bs
+            and cpu.is_cpu
+        ):
+            return False
+    for t in tensors:
+        if not (isinstance(t, torch.Tensor) and t.dtype in INDEX_DTYPES and t.dim() == 1):
+            return False
+        if t.shape[0] != bs:
+            return False
+    return True
+
+
+def check_decode_structure(
+    seq_lens: torch.Tensor, seq_lens_cpu: torch.Tensor, last_loc: torch.Tensor
+) -> int:
+    """The batch size of an ``alloc_decode`` call: ``seq_lens_cpu`` a 1-D CPU integer tensor,
+    ``seq_lens`` / ``last_loc`` 1-D int32/int64 tensors of as many entries (meta allowed: the
+    sync-free tests run allocators there). ``TypeError`` / ``ValueError`` naming the argument."""
+    # the batch size when seq_lens_cpu is 1-D, else -1: lengths_ok fails and the detailed
+    # checks name the argument (inline: this runs on every call)
+    bs = (
+        seq_lens_cpu.shape[0]
+        if isinstance(seq_lens_cpu, torch.Tensor) and seq_lens_cpu.dim() == 1
+        else -1
+    )
+    if not lengths_ok(bs, (seq_lens_cpu,), (seq_lens, last_loc)):
+        bs = check_cpu_lengths("seq_lens_cpu", seq_lens_cpu)
+        for name, t in (("seq_lens", seq_lens), ("last_loc", last_loc)):
+            check_index(name, t, length=bs, allow_meta=True)
+    return bs
+
+
+def check_extend_num_tokens(tokens: int, extend_num_tokens: object) -> None:
+    """``extend_num_tokens`` is an int equal to ``sum(seq_lens_cpu - prefix_lens_cpu)``
+    (``tokens``)."""
+    if type(extend_num_tokens) is not int:  # the hot path skips the call
+        check_int("extend_num_tokens", extend_num_tokens)  # raises (an int subclass passes)
+    if tokens != extend_num_tokens:
+        raise ValueError(
+            f"extend_num_tokens must equal sum(seq_lens_cpu - prefix_lens_cpu) = {tokens}, "
+            f"got {extend_num_tokens}"
+        )
+
+
+def check_extend_inputs(  # noqa: PLR0917 - mirrors alloc_extend
+    prefix_lens: torch.Tensor,
+    prefix_lens_cpu: torch.Tensor,
+    seq_lens: torch.Tensor,
+    seq_lens_cpu: torch.Tensor,
+    last_loc: torch.Tensor,
+    extend_num_tokens: int,
+    page_size: int,
+    *,
+    allow_meta: bool = True,
+    num_new_pages: int | None = None,
+) -> tuple[int, int]:
+    """Every host-side check of an ``alloc_extend`` call, in this order; ``(new pages, new
+    tokens)``.
+
+    1. ``seq_lens_cpu`` / ``prefix_lens_cpu``: 1-D CPU integer tensors of one length ``bs``;
+       ``prefix_lens`` / ``seq_lens`` / ``last_loc``: 1-D int32/int64 tensors of ``bs`` entries
+       (on the meta device only with ``allow_meta``);
+    2. ``0 <= prefix_lens_cpu <= seq_lens_cpu`` (:func:`mem_cache_kernels.pages.extend_counts`,
+       which also counts the new pages and tokens);
+    3. ``extend_num_tokens`` an int equal to the new tokens; ``num_new_pages`` (when given)
+       equal to the new pages;
+    4. :func:`check_extend_device_inputs` (CPU "device" tensors against their host copies).
+
+    ``TypeError`` / ``ValueError`` naming the argument; reads no device memory.
+    """
+    # the batch size when seq_lens_cpu is 1-D, else -1: lengths_ok fails and the detailed
+    # checks name the argument (inline: this runs on every call)
+    bs = (
+        seq_lens_cpu.shape[0]
+        if isinstance(seq_lens_cpu, torch.Tensor) and seq_lens_cpu.dim() == 1
+        else -1
+    )
+    if not lengths_ok(bs, (seq_lens_cpu, prefix_lens_cpu), (prefix_lens, seq_lens, last_loc)) or (
+        not allow_meta and (prefix_lens.is_meta or seq_lens.is_meta or last_loc.is_meta)
+    ):
+        bs = check_cpu_lengths("seq_lens_cpu", seq_lens_cpu)
+        check_cpu_lengths("prefix_lens_cpu", prefix_lens_cpu, bs)
+        for name, t in (
+            ("prefix_lens", prefix_lens),
+            ("seq_lens", seq_lens),
+            ("last_loc", last_loc),
+        ):
+            check_index(name, t, length=bs, allow_meta=allow_meta)
+    pages, tokens = extend_counts(prefix_lens_cpu, seq_lens_cpu, page_size, names=CPU_LENGTH_NAMES)
+    check_extend_num_tokens(tokens, extend_num_tokens)
+    if num_new_pages is not None and num_new_pages != pages:
+        raise ValueError(f"num_new_pages must be {pages} for these lengths, got {num_new_pages}")
+    check_extend_device_inputs(
+        prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, page_size
+    )
+    return pages, tokens
+
+
+def _same(name: str, t: torch.Tensor, cpu_name: str, cpu: torch.Tensor) -> None:
+    if t is cpu:
+        return
+    a = t if t.dtype is torch.int64 else t.to(torch.int64)
+    b = cpu if cpu.dtype is torch.int64 else cpu.to(torch.int64)
+    if not torch.equal(a, b):
+        bad = torch.nonzero(a != b).reshape(-1)
+        raise ValueError(
+            f"{name} must equal {cpu_name}; requests {describe(bad)} have {name}="
+            f"{describe(a[bad])}, {cpu_name}={describe(b[bad])}"
+        )
+
+
+def _device_inputs_ok(  # noqa: PLR0917 - mirrors alloc_extend
+    prefix_lens: torch.Tensor,
+    prefix_lens_cpu: torch.Tensor,
+    seq_lens: torch.Tensor,
+    seq_lens_cpu: torch.Tensor,
+    last_loc: torch.Tensor,
+    page_size: int,
+) -> bool:
+    """Small batches: every check of :func:`check_extend_device_inputs` on Python lists (a few
+    ints beat a chain of small tensor ops); ``False`` when one fails (the caller raises)."""
+    pre: list[int] = prefix_lens_cpu.tolist()
+    if prefix_lens is not prefix_lens_cpu and prefix_lens.is_cpu and prefix_lens.tolist() != pre:
+        return False
+    if (
+        seq_lens is not seq_lens_cpu
+        and seq_lens.is_cpu
+        and seq_lens.tolist() != seq_lens_cpu.tolist()
+    ):
+        return False
+    if not last_loc.is_cpu:
+        return True
+    m = page_size - 1
+    for x, p in zip(last_loc.tolist(), pre, strict=True):  # a plain loop: no generator frames
+        if (x != -1) if p == 0 else (x < 0 or (x + 1) & m != p & m):
+            return False
+    return True
+
+
+def check_extend_device_inputs(  # noqa: PLR0917 - mirrors alloc_extend
+    prefix_lens: torch.Tensor,
+    prefix_lens_cpu: torch.Tensor,
+    seq_lens: torch.Tensor,
+    seq_lens_cpu: torch.Tensor,
+    last_loc: torch.Tensor,
+    page_size: int,
+) -> None:
+    """CPU "device" tensors: equal to their ``*_cpu`` copies, and ``last_loc`` consistent with
+    ``prefix_lens`` (-1 exactly for an empty prefix, ``(last_loc + 1) % ps == prefix % ps``)."""
+    if not (prefix_lens.is_cpu or seq_lens.is_cpu or last_loc.is_cpu):
+        return
+    if seq_lens_cpu.shape[0] <= SMALL_BATCH and _device_inputs_ok(
+        prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, page_size
+    ):
+        return
+    if prefix_lens.is_cpu:
+        _same("prefix_lens", prefix_lens, "prefix_lens_cpu", prefix_lens_cpu)
+    if seq_lens.is_cpu:
+        _same("seq_lens", seq_lens, "seq_lens_cpu", seq_lens_cpu)
+    if not last_loc.is_cpu:
+        return
+    m = page_size - 1
+    last64, pre64 = last_loc.to(torch.int64), prefix_lens_cpu.to(torch.int64)
+    bad_mask = torch.where(
+        pre64 == 0, last64 != -1, (last64 < 0) | (((last64 + 1) & m) != (pre64 & m))
+    )
+    bad = torch.nonzero(bad_mask).reshape(-1)
+    if bad.numel():
+        raise ValueError(
+            f"misaligned alloc_extend inputs: last_loc must be -1 for an empty prefix and "
+            f"the slot of position prefix_lens - 1 otherwise "
+            f"((last_loc + 1) % {page_size} == prefix_lens % {page_size}); requests "
+            f"{describe(bad)} have last_loc={describe(last64[bad])}, "
+            f"prefix_lens={describe(pre64[bad])}"
+        )
+
+
+def check_decode_inputs(seq_lens: torch.Tensor, seq_lens_cpu: torch.Tensor) -> None:
+    """``seq_lens_cpu >= 1`` (a decode includes its new token: 0 would hand out slot 0) and, for
+    a CPU ``seq_lens``, ``seq_lens == seq_lens_cpu``. (``last_loc`` of a decode batch is checked
+    by debug mode: on every step, a vectorised check costs more than the allocation itself.)"""
+    if seq_lens_cpu.shape[0] and int(seq_lens_cpu.min()) < 1:
+        s64 = seq_lens_cpu.to(torch.int64)
+        bad = torch.nonzero(s64 < 1).reshape(-1)
+        raise ValueError(
+            f"seq_lens_cpu must be >= 1 (they include the new token); requests {describe(bad)} "
+            f"have seq_lens_cpu={describe(s64[bad])}"
+        )
+    if seq_lens.device.type == "cpu":
+        _same("seq_lens", seq_lens, "seq_lens_cpu", seq_lens_cpu)
+
+
+# ====================================================================== kernels
+def pick(op: str, backend: str, *tensors: torch.Tensor) -> Callable[..., Any]:
+    """:func:`mem_cache_kernels.dispatch.pick`, imported on the first allocation (``import
+    mem_cache_allocator`` loads the kernels package only as far as its checks): this
+    placeholder binds the module global ``pick`` to the real function and forwards once."""
+    from mem_cache_kernels import dispatch
+
+    globals()["pick"] = dispatch.pick
+    return dispatch.pick(op, backend, *tensors)
+
+
+_TORCH_IMPLS: dict[str, Any] = {}
+
+
+def _torch_impl(op: str) -> Any:
+    """The torch implementation of kernel op ``op`` (looked up once, through the dispatch
+    module rather than this module's ``pick``, which tests replace by a stub)."""
+    fn = _TORCH_IMPLS.get(op)
+    if fn is None:
+        from mem_cache_kernels import dispatch
+
+        fn = _TORCH_IMPLS[op] = dispatch.pick(op, "torch")
+    return fn
+
+
+def host_decode(last_loc: torch.Tensor, need: Any, pages: torch.Tensor, shift: int) -> torch.Tensor:
+    """The decode slots of CPU tensors in numpy, where the torch kernel would run: ``last_loc +
+    1``, and ``pages << shift`` (the first slot of the next free page, request order) for the
+    requests whose new token starts a page (``need``: the numpy mask of
+    :func:`mem_cache_kernels.pages.decode_page_starts`, ``len(pages)`` true entries). The slots
+    of the ``alloc_decode`` kernel (tested against it), without a torch op per call. A new int64
+    CPU tensor; reads and writes nothing else."""
+    out = _np.add(last_loc.numpy(), 1, dtype=_np.int64)
+    if pages.shape[0]:
+        out[need] = pages.numpy() << shift
+    return torch.from_numpy(out)
+
+
+# ====================================================================== the allocator
 @dataclass(frozen=True, slots=True)
 class PageAllocatorState:
     """Opaque result of ``backup_state()`` (tensor references; debug bitmaps are copies)."""
@@ -193,7 +673,9 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
         """Whether allocations run the Triton kernels (a GPU allocator under the ``auto`` or
         ``triton`` kernel backend); ``False`` for CPU allocators, which use the torch / host
         path."""
-        return not _kernels.host_path(self) and self.device.type == "cuda"
+        if self.device.type != "cuda":
+            return False
+        return pick("alloc_extend", "auto", self._page_offsets) is not _torch_impl("alloc_extend")
 
     @property
     def staged_pages(self) -> list[torch.Tensor]:
@@ -318,6 +800,13 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
         extend_num_tokens: int,
         num_new_pages: int | None = None,
     ) -> torch.Tensor | None:
+        """Slots of an extend batch: request-major, positions ``prefix_lens[i] ..
+        seq_lens[i] - 1`` (the module doc's layout), int64 on this device, or ``None``.
+
+        Checks every argument once, on the host (:func:`check_extend_inputs`, which counts the
+        new pages), then runs the trusted kernel body (``pick("alloc_extend", ...)``): nothing
+        below re-checks or re-counts. Page size 1 hands out the free-list prefix (no kernel).
+        """
         ps = self.page_size
         pages, tokens = check_extend_inputs(
             prefix_lens,
@@ -329,20 +818,35 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
             ps,
             num_new_pages=num_new_pages,
         )
-        bs = seq_lens_cpu.shape[0]
-        if self.need_sort and extend_num_tokens // ps + bs + 1 > len(self._free):
+        dev = self.device
+        if ps > 1 and not (
+            prefix_lens.device == dev and seq_lens.device == dev and last_loc.device == dev
+        ):  # the kernel's operands share the allocator's device
+            check_same_device(dev, prefix_lens=prefix_lens, seq_lens=seq_lens, last_loc=last_loc)
+        if self.need_sort and extend_num_tokens // ps + seq_lens_cpu.shape[0] + 1 > len(self._free):
             self.merge_and_sort_free()
         if pages > len(self._free):
             return None
         if self._debug is not None:
-            self._debug_check_extend(prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc)
+            _debug.check_extend_inputs(
+                ps, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc
+            )
         head = self._free.head(pages)
         if ps == 1:
             out = head
         else:
             out = torch.empty(tokens, dtype=torch.int64, device=self.device)
             if tokens:
-                _kernels.alloc_extend(prefix_lens, seq_lens, last_loc, head, out, ps, pages)
+                pick("alloc_extend", "auto", out)(
+                    prefix_lens,
+                    seq_lens,
+                    last_loc,
+                    head,
+                    out,
+                    ps,
+                    num_new_pages=pages,
+                    num_tokens=tokens,
+                )
         if self._debug is not None:
             self._debug_commit(head, out)
         self._free.drop(pages)
@@ -351,12 +855,28 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
     def alloc_decode(
         self, seq_lens: torch.Tensor, seq_lens_cpu: torch.Tensor, last_loc: torch.Tensor
     ) -> torch.Tensor | None:
+        """One slot per request (``seq_lens`` count the new token): ``last_loc + 1``, or the
+        first slot of the next free page for a request whose new token starts a page (request
+        order). int64 ``[bs]`` on this device, or ``None``.
+
+        Checks once on the host (:func:`check_decode_structure`, the page count of
+        :mod:`mem_cache_kernels.pages`; ``last_loc`` of a GPU batch only in debug mode), then
+        runs the trusted kernel body, or on CPU tensors under the torch backend its numpy twin
+        :func:`host_decode`.
+        """
         bs = check_decode_structure(seq_lens, seq_lens_cpu, last_loc)
         ps = self.page_size
-        plan = decode_page_count(seq_lens, seq_lens_cpu, ps)
+        dev = self.device
+        if ps > 1 and not (seq_lens.device == dev and last_loc.device == dev):
+            check_same_device(dev, seq_lens=seq_lens, last_loc=last_loc)
+        plan = decode_page_starts(seq_lens_cpu, ps)
         need = None
-        if plan is None:
-            check_decode_inputs(seq_lens, seq_lens_cpu)
+        if plan is None or (
+            seq_lens is not seq_lens_cpu
+            and seq_lens.is_cpu
+            and _np.count_nonzero(seq_lens_cpu.numpy() != seq_lens.numpy())
+        ):
+            check_decode_inputs(seq_lens, seq_lens_cpu)  # raises naming the argument, or passes
             pages = decode_counts(seq_lens_cpu, ps, name="seq_lens_cpu")
         else:
             pages, need = plan
@@ -365,16 +885,23 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
         if pages > len(self._free):
             return None
         if self._debug is not None:
-            self._debug_check_decode(seq_lens, seq_lens_cpu, last_loc)
+            _debug.check_decode_inputs(ps, seq_lens, seq_lens_cpu, last_loc)
         head = self._free.head(pages)
         if ps == 1:
             out = head
-        elif need is not None and last_loc.is_cpu and seq_lens.is_cpu and _kernels.host_path(self):
-            out = _kernels.host_alloc_decode(last_loc, need, head, self._page_shift)
         else:
-            out = torch.empty(bs, dtype=torch.int64, device=self.device)
-            if bs:
-                _kernels.alloc_decode(seq_lens, last_loc, head, out, ps, pages)
+            impl = pick("alloc_decode", "auto", head)
+            if (
+                need is not None
+                and last_loc.is_cpu
+                and seq_lens.is_cpu
+                and impl is _torch_impl("alloc_decode")
+            ):
+                out = host_decode(last_loc, need, head, self._page_shift)
+            else:
+                out = torch.empty(bs, dtype=torch.int64, device=self.device)
+                if bs:
+                    impl(seq_lens, last_loc, head, out, ps, num_new_pages=pages)
         if self._debug is not None:
             self._debug_commit(head, out)
         self._free.drop(pages)
@@ -491,7 +1018,7 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
         page boundary after ``start_pos``. Releases exactly ``unique(free_index // page_size)``
         (a segment starting inside a page releases that page too), in position order.
         """
-        check_start_pos(start_pos)
+        check_int("start_pos", start_pos, minimum=0)
         idx = self._index_input("free_index", free_index, page_ids=False, check_range=False)
         if idx is None:
             return
@@ -509,6 +1036,7 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
         checked: list[tuple[torch.Tensor, torch.Tensor]] = []
         if self._debug is not None and isinstance(segments, list | tuple):
             segments = list(segments)  # the debug check sees the untrimmed slots
+        check_segments_iterable(segments)
         for free_index, start_pos in trim_segments(segments, self.page_size):
             idx = self._index_input("segments", free_index, page_ids=False, check_range=False)
             if idx is None:
@@ -732,50 +1260,3 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
         except BaseException:
             self._debug.restore(snap)
             raise
-
-    def _debug_check_extend(
-        self,
-        prefix_lens: torch.Tensor,
-        prefix_lens_cpu: torch.Tensor,
-        seq_lens: torch.Tensor,
-        seq_lens_cpu: torch.Tensor,
-        last_loc: torch.Tensor,
-    ) -> None:
-        pre = prefix_lens.detach().to("cpu", torch.int64)
-        seq = seq_lens.detach().to("cpu", torch.int64)
-        last = last_loc.detach().to("cpu", torch.int64)
-        if not torch.equal(pre, prefix_lens_cpu.to(torch.int64)) or not torch.equal(
-            seq, seq_lens_cpu.to(torch.int64)
-        ):
-            raise ValueError("prefix_lens/seq_lens differ from their *_cpu copies")
-        bad = torch.nonzero((seq < pre) | (pre < 0)).reshape(-1)
-        if bad.numel():
-            raise ValueError(f"requests {describe(bad)} have seq_lens < prefix_lens or negative")
-        ps = self.page_size
-        empty_ok = (pre == 0) == (last == -1)
-        misaligned = torch.nonzero(((last + 1) % ps != pre % ps) | ~empty_ok).reshape(-1)
-        if misaligned.numel():
-            raise ValueError(
-                f"misaligned alloc_extend inputs for requests {describe(misaligned)}: need "
-                f"(last_loc + 1) % {ps} == prefix_lens % {ps} and last_loc == -1 iff prefix is "
-                f"empty; last_loc={describe(last[misaligned])}, "
-                f"prefix_lens={describe(pre[misaligned])}"
-            )
-
-    def _debug_check_decode(
-        self, seq_lens: torch.Tensor, seq_lens_cpu: torch.Tensor, last_loc: torch.Tensor
-    ) -> None:
-        seq = seq_lens.detach().to("cpu", torch.int64)
-        last = last_loc.detach().to("cpu", torch.int64)
-        if not torch.equal(seq, seq_lens_cpu.to(torch.int64)):
-            raise ValueError("seq_lens differs from seq_lens_cpu")
-        ps = self.page_size
-        misaligned = torch.nonzero(
-            ((last + 2) % ps != seq % ps) | (seq < 1) | ((seq > 1) & (last < 0))
-        ).reshape(-1)
-        if misaligned.numel():
-            raise ValueError(
-                f"misaligned alloc_decode inputs for requests {describe(misaligned)}: need "
-                f"(last_loc + 2) % {ps} == seq_lens % {ps}; last_loc={describe(last[misaligned])}, "
-                f"seq_lens={describe(seq[misaligned])}"
-            )
