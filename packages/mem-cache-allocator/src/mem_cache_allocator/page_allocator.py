@@ -186,7 +186,8 @@ class ChunkedFreeList:
             return
         chunks = self._chunks
         if not chunks:
-            chunks.append(parts[0] if len(parts) == 1 else torch.cat(parts))
+            first = parts[0] if len(parts) == 1 else torch.cat(parts)
+            chunks.append(first if first.dtype is torch.int64 else first.to(torch.int64))
             self._len = n
             self._off = 0
             self._tail = -1
@@ -559,11 +560,11 @@ def unique_sorted(t: torch.Tensor) -> torch.Tensor:
 
 
 def host_unique_pages(parts: list[torch.Tensor], shift: int, num_pages: int) -> torch.Tensor | None:
-    """``torch.unique(torch.cat(parts) >> shift)`` of non-empty CPU int64 slot tensors, in numpy,
-    or ``None`` when a page falls outside ``[1, num_pages]`` (the caller's error path names the
-    slots): one copy, an in-place shift and sort, an adjacent-difference mask. Same values,
-    int64, at about a third of ``torch.unique``'s cost on a CPU. (A scatter into a page bitmap
-    plus a scan measured no faster on the benchmark's trace.)"""
+    """``torch.unique(torch.cat(parts) >> shift)`` of non-empty CPU int32/int64 slot tensors, in
+    numpy, as int64, or ``None`` when a page falls outside ``[1, num_pages]`` (the caller's error
+    path names the slots): one copy, an in-place shift and sort, an adjacent-difference mask.
+    Same values, int64, at about a third of ``torch.unique``'s cost on a CPU. (A scatter into a
+    page bitmap plus a scan measured no faster on the benchmark's trace.)"""
     assert _np is not None
     if len(parts) > 1:
         a = _np.concatenate([t.numpy() for t in parts])
@@ -580,6 +581,8 @@ def host_unique_pages(parts: list[torch.Tensor], shift: int, num_pages: int) -> 
         keep[0] = True
         _np.not_equal(a[1:], a[:-1], out=keep[1:])
         a = a[keep]
+    if a.dtype != _np.int64:
+        a = a.astype(_np.int64)
     return torch.from_numpy(a)
 
 
@@ -608,6 +611,7 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
         super().__init__(size, page_size, dtype, device, kvcache, need_sort)
         self.num_pages = size // page_size
         self._page_shift = page_size.bit_length() - 1  # slot >> shift == slot // page_size
+        self._cpu = self.device.type == "cpu"  # CPU frees keep the caller's index dtype
         self._free = ChunkedFreeList(self.device, arena_size=self.num_pages)
         self._release: list[torch.Tensor] = []
         self._num_release = 0
@@ -927,7 +931,25 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
         above capacity (a double free the host-side count can see); debug mode checks ownership.
         """
         group = self._free_group
-        # range checks of CPU inputs run on the deduplicated pages (paged) or at the group's end
+        t = free_index
+        if (
+            self._cpu
+            and isinstance(t, torch.Tensor)
+            and t.dim() == 1
+            and t.dtype in INDEX_DTYPES
+            and t.is_cpu
+        ):  # CPU slots of either index dtype: no conversion; the range is checked once, on
+            # the deduplicated pages (paged), in the token free's one pass, or at the group's end
+            if not t.shape[0]:
+                return
+            if group is not None:
+                group.append((t.clone(), _SLOTS))  # the group owns a copy (caller may reuse t)
+                return
+            if not self._SORT_FREES:
+                self._check_cpu_range("free_index", t, page_ids=False)
+            self.commit_free(self.prepare_free(t, free_index))
+            return
+        # other devices: int64 on this device (range checks as above, on CPU inputs only)
         idx = self._index_input(
             "free_index",
             free_index,
@@ -945,9 +967,12 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
         """The pages ``free`` would release for validated slots ``idx`` (int64, this device),
         checked (range on CPU, capacity count, debug ownership) but not released:
         :meth:`commit_free` does. Composites validate both sides before changing either."""
-        self._check_validated("idx", idx)
+        self._check_validated("idx", idx, any_index_dtype=self._cpu)
         if not self._SORT_FREES:
-            pages = idx.clone() if idx is caller else idx
+            if idx.dtype is not torch.int64:
+                pages = idx.to(torch.int64)  # a new tensor, owned
+            else:
+                pages = idx.clone() if idx is caller else idx
             if self._debug is not None:
                 self._debug.check_free_slots(idx, pages, aligned=False)
             self._check_count(pages.shape[0])
@@ -964,6 +989,8 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
             uniq = unique_sorted(idx >> self._page_shift if self.page_size > 1 else idx)
             if cpu:
                 self._check_sorted_pages("free_index", uniq, idx)
+            if uniq.dtype is not torch.int64:
+                uniq = uniq.to(torch.int64)
         if self._debug is not None:
             self._debug.check_free_slots(idx, uniq, aligned=False, dedup=True)
         self._check_count(uniq.shape[0])
@@ -1093,16 +1120,17 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
         return torch.cat((idx[:1], idx[first_boundary::ps])) >> self._page_shift
 
     # ------------------------------------------------------------------ free helpers
-    def _check_validated(self, name: str, t: object) -> None:
+    def _check_validated(self, name: str, t: object, *, any_index_dtype: bool = False) -> None:
         """Host-only type check of an already validated index tensor (int64, 1-D, this device:
-        what :meth:`check_free_input` returns)."""
+        what :meth:`check_free_input` returns; int32 too with ``any_index_dtype``)."""
         if not (
             isinstance(t, torch.Tensor)
-            and t.dtype is torch.int64
+            and (t.dtype is torch.int64 or (any_index_dtype and t.dtype in INDEX_DTYPES))
             and t.dim() == 1
             and t.device == self.device
         ):  # the fast path above; the generic check names what is wrong
-            check_index(name, t, dtypes=_INT64, device=self.device, allow_meta=True)
+            dtypes = INDEX_DTYPES if any_index_dtype else _INT64
+            check_index(name, t, dtypes=dtypes, device=self.device, allow_meta=True)
 
     def _free_input(self, name: str, t: object) -> torch.Tensor | None:
         """``t`` as int64 on the allocator's device (``None`` when empty), validated."""
@@ -1145,9 +1173,14 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
         return idx.to(device=self.device, dtype=torch.int64)
 
     def _check_cpu_range(self, name: str, t: torch.Tensor, *, page_ids: bool) -> None:
-        """Host-side checks on CPU inputs (no device sync): padding page 0 and out-of-range."""
-        lo_t, hi_t = torch.aminmax(t)
-        lo, hi = int(lo_t), int(hi_t)
+        """Host-side checks on CPU inputs (no device sync): padding page 0 and out-of-range.
+        One pass: two numpy reductions (``torch.aminmax`` without numpy)."""
+        if _np is not None:
+            a = t.numpy()
+            lo, hi = int(a.min()), int(a.max())
+        else:
+            lo_t, hi_t = torch.aminmax(t)
+            lo, hi = int(lo_t), int(hi_t)
         unit = 1 if page_ids else self.page_size
         limit = (self.num_pages + 1) * unit
         if lo < 0 or hi >= limit:
@@ -1204,6 +1237,8 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
         cpu = self.device.type == "cpu"
         if not self._SORT_FREES:
             merged = torch.cat([t for t, _ in group]) if len(group) > 1 else group[0][0]
+            if merged.dtype is not torch.int64:  # int32 slots queued as given
+                merged = merged.to(torch.int64)
             if cpu:
                 self._check_cpu_range("free_index", merged, page_ids=False)
             if self._debug is not None:
@@ -1234,6 +1269,8 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
                 )
                 if cpu:
                     self._check_sorted_pages("free_index", unique_pages, slots)
+                if unique_pages.dtype is not torch.int64:
+                    unique_pages = unique_pages.to(torch.int64)
             out.append(unique_pages)
         if page_parts:
             listed = torch.cat(page_parts) if len(page_parts) > 1 else page_parts[0]
