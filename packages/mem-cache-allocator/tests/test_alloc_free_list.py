@@ -10,6 +10,7 @@ import torch
 import mem_cache_kernels
 from mem_cache_allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator, page_allocator
 from mem_cache_allocator.page_allocator import ChunkedFreeList
+from mem_cache_kernels import dispatch
 
 CPU = torch.device("cpu")
 
@@ -86,7 +87,7 @@ def test_paged_allocator_passes_host_counts_to_the_kernels(
     """The allocator runs the trusted kernel body (``dispatch.pick``), never the validating
     public op, with the page count it computed on the host."""
     calls: list[tuple[str, dict[str, object]]] = []
-    real_pick = page_allocator.pick
+    real_pick = dispatch.pick  # not page_allocator.pick: a placeholder until first use
 
     def pick(op: str, backend: str, *tensors: torch.Tensor) -> object:
         impl = real_pick(op, backend, *tensors)
@@ -137,10 +138,11 @@ def test_cpu_decode_runs_on_the_host_unless_another_kernel_is_picked(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A CPU decode takes :func:`host_decode` when the torch body would run (backend ``auto``
-    or ``torch``), and the picked body otherwise (as under the Triton interpreter)."""
+    or ``torch``), and the picked body otherwise (as under the Triton interpreter); the body is
+    picked on the allocator's first kernel allocation and kept."""
     host_calls: list[int] = []
     kernel_calls: list[int] = []
-    real_host, real_pick = page_allocator.host_decode, page_allocator.pick
+    real_host, real_pick = page_allocator.host_decode, dispatch.pick
 
     def host(*args: object) -> torch.Tensor:
         host_calls.append(1)
@@ -170,8 +172,12 @@ def test_cpu_decode_runs_on_the_host_unless_another_kernel_is_picked(
         return other
 
     monkeypatch.setattr(page_allocator, "pick", pick)
-    assert torch.equal(a.alloc_decode(seq, seq, last), on_host)  # type: ignore[arg-type]
-    assert host_calls == [1, 1] and kernel_calls == [1]
+    # an allocator keeps the body it picked first: a new one picks the stand-in
+    assert a.alloc_decode(seq, seq, last) is not None and host_calls == [1, 1, 1]
+    b = PagedTokenToKVPoolAllocator(64 * 4, 4, torch.float16, "cpu", None)
+    assert b.alloc(8) is not None
+    assert torch.equal(b.alloc_decode(seq, seq, last), on_host)  # type: ignore[arg-type]
+    assert host_calls == [1, 1, 1] and kernel_calls == [1]
 
 
 def test_token_allocator_arena_path_is_sync_free() -> None:

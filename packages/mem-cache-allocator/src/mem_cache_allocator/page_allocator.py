@@ -25,15 +25,16 @@ State (lengths on the host, never read from the device):
 * ``_free_group``: the queued frees between ``free_group_begin`` and ``free_group_end``.
 * ``_debug``: debug mode's ownership bitmaps (:mod:`mem_cache_allocator._debug`), or ``None``.
 
-One way down. Every public method checks its arguments once, at its entry, on the host:
-structure and dtypes with :mod:`mem_cache_kernels.checks`, page counts with
-:mod:`mem_cache_kernels.pages` (:func:`check_extend_inputs`, :func:`check_decode_structure`);
-then it runs the trusted kernel body ``mem_cache_kernels.dispatch.pick("alloc_extend" |
-"alloc_decode", "auto", out)`` with the page count it computed (no second validation below
-it). Errors: ``TypeError`` for the wrong kind, ``ValueError`` for a wrong value (naming the
-argument, the requests and their values), raised before any state changes; debug mode raises
-:class:`~mem_cache_allocator.AllocatorDebugError`. Shortage returns ``None`` and changes
-nothing.
+One way down. Every public method checks its arguments once, at its entry, on the host: structure
+and dtypes with :mod:`mem_cache_kernels.checks`, page counts with :mod:`mem_cache_kernels.pages`
+(:func:`check_extend_inputs`, :func:`check_decode_structure`); then it runs the trusted kernel body
+``mem_cache_kernels.dispatch.pick("alloc_extend" | "alloc_decode", "auto", out)`` with the page
+count it computed (no second validation below it). The body is picked on the allocator's first
+allocation that runs a kernel and kept (the kernels' backend setting,
+``MEM_CACHE_KERNELS_BACKEND``, is read then, by the kernels). Errors: ``TypeError`` for the wrong
+kind, ``ValueError`` for a wrong value (naming the argument, the requests and their values), raised
+before any state changes; debug mode raises :class:`~mem_cache_allocator.AllocatorDebugError`.
+Shortage returns ``None`` and changes nothing.
 
 Frees. ``free`` (any slot set: any order, int32 or int64, partial pages, duplicates, several
 requests concatenated, SGLang's contract) validates the structure, then on CPU tensors range
@@ -612,6 +613,9 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
         self.num_pages = size // page_size
         self._page_shift = page_size.bit_length() - 1  # slot >> shift == slot // page_size
         self._cpu = self.device.type == "cpu"  # CPU frees keep the caller's index dtype
+        # kernel bodies by op name, picked on the first allocation that needs each (_bind)
+        self._impls: dict[str, Callable[..., Any]] = {}
+        self._decode_on_host = False  # the decode's torch body would run: numpy twin instead
         self._free = ChunkedFreeList(self.device, arena_size=self.num_pages)
         self._release: list[torch.Tensor] = []
         self._num_release = 0
@@ -841,7 +845,8 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
         else:
             out = torch.empty(tokens, dtype=torch.int64, device=self.device)
             if tokens:
-                pick("alloc_extend", "auto", out)(
+                impl = self._impls.get("alloc_extend") or self._bind("alloc_extend", out)
+                impl(
                     prefix_lens,
                     seq_lens,
                     last_loc,
@@ -894,13 +899,8 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
         if ps == 1:
             out = head
         else:
-            impl = pick("alloc_decode", "auto", head)
-            if (
-                need is not None
-                and last_loc.is_cpu
-                and seq_lens.is_cpu
-                and impl is _torch_impl("alloc_decode")
-            ):
+            impl = self._impls.get("alloc_decode") or self._bind("alloc_decode", head)
+            if need is not None and self._decode_on_host and last_loc.is_cpu and seq_lens.is_cpu:
                 out = host_decode(last_loc, need, head, self._page_shift)
             else:
                 out = torch.empty(bs, dtype=torch.int64, device=self.device)
@@ -910,6 +910,15 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
             self._debug_commit(head, out)
         self._free.drop(pages)
         return out
+
+    def _bind(self, op: str, operand: torch.Tensor) -> Callable[..., Any]:
+        """The trusted kernel body of ``op`` for this allocator's device, picked once
+        (``pick(op, "auto", operand)``: the kernels' backend setting is read on the allocator's
+        first allocation that runs a kernel, then kept for its lifetime)."""
+        impl = self._impls[op] = pick(op, "auto", operand)
+        if op == "alloc_decode":
+            self._decode_on_host = _np is not None and impl is _torch_impl(op)
+        return impl
 
     # ------------------------------------------------------------------ free
     def free(self, free_index: torch.Tensor) -> None:
@@ -938,12 +947,13 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
             and t.dim() == 1
             and t.dtype in INDEX_DTYPES
             and t.is_cpu
-        ):  # CPU slots of either index dtype: no conversion; the range is checked once, on
-            # the deduplicated pages (paged), in the token free's one pass, or at the group's end
+        ):  # CPU slots of either index dtype; the range is checked once: on the deduplicated
+            # pages (paged), in the token free's one pass, or at the group's end
             if not t.shape[0]:
                 return
-            if group is not None:
-                group.append((t.clone(), _SLOTS))  # the group owns a copy (caller may reuse t)
+            if group is not None:  # the group owns a copy (the caller may reuse t), int64:
+                # one op either way, and the group's end then concatenates one dtype
+                group.append((t.clone() if t.dtype is torch.int64 else t.to(torch.int64), _SLOTS))
                 return
             if not self._SORT_FREES:
                 self._check_cpu_range("free_index", t, page_ids=False)
@@ -1173,14 +1183,9 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
         return idx.to(device=self.device, dtype=torch.int64)
 
     def _check_cpu_range(self, name: str, t: torch.Tensor, *, page_ids: bool) -> None:
-        """Host-side checks on CPU inputs (no device sync): padding page 0 and out-of-range.
-        One pass: two numpy reductions (``torch.aminmax`` without numpy)."""
-        if _np is not None:
-            a = t.numpy()
-            lo, hi = int(a.min()), int(a.max())
-        else:
-            lo_t, hi_t = torch.aminmax(t)
-            lo, hi = int(lo_t), int(hi_t)
+        """Host-side checks on CPU inputs (no device sync): padding page 0 and out-of-range."""
+        lo_t, hi_t = torch.aminmax(t)
+        lo, hi = int(lo_t), int(hi_t)
         unit = 1 if page_ids else self.page_size
         limit = (self.num_pages + 1) * unit
         if lo < 0 or hi >= limit:
