@@ -54,12 +54,9 @@ if TYPE_CHECKING:
     from mem_cache_allocator._prefill_budget import PrefillBudget
     from mem_cache_pool.base import KVCache
 
-__all__ = [
-    "BaseTokenToKVPoolAllocator",
-    "check_cpu_lengths",
-    "check_index_tensor",
-    "check_segments_iterable",
-]
+# check_cpu_lengths, check_index_tensor, check_segments_iterable: shared by the package's
+# allocator modules, not exported
+__all__ = ["BaseTokenToKVPoolAllocator"]
 
 _INT_DTYPES = (
     torch.int64,
@@ -409,8 +406,7 @@ class BaseTokenToKVPoolAllocator(abc.ABC):
         descending segments, ``TypeError`` for malformed pairs (every segment is checked before
         the first is freed).
         """
-        check_segments_iterable(segments)
-        for free_index, start_pos in list(trim_segments(segments, self.page_size)):
+        for free_index, start_pos in trim_segments(segments, self.page_size):
             self.free_segment(free_index, start_pos=start_pos)
 
     def free_full_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
@@ -421,8 +417,7 @@ class BaseTokenToKVPoolAllocator(abc.ABC):
 
     def free_full_segments(self, segments: Iterable[tuple[torch.Tensor, int]]) -> None:
         """:meth:`free_segments` for the full side alone (see :meth:`free_full`)."""
-        check_segments_iterable(segments)
-        for free_index, start_pos in list(trim_segments(segments, self.page_size)):
+        for free_index, start_pos in trim_segments(segments, self.page_size):
             self.free_full_segment(free_index, start_pos=start_pos)
 
     def free_group_begin(self) -> None:

@@ -407,12 +407,9 @@ class DeepSeekV4HiSparseTokenToKVPoolAllocator(HiSparseAllocatorCommon):
         segs = list(segments)
         if not segs:
             return
-        for _ in trim_segments(segs, self.page_size):  # validates the segments first
-            pass
+        trim_segments(segs, self.page_size)  # validates the segments first
         slots = torch.cat([idx.to(self.device, torch.int64).reshape(-1) for idx, _ in segs])
         if self._free_group is not None:
-            for _ in trim_segments(segs, self.page_size):  # validates the segments
-                pass
             self.free(slots)  # set semantics at group end: the same pages, every entry
             return
         self._delegate("free_segments")(segs)

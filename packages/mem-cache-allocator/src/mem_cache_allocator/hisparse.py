@@ -211,8 +211,7 @@ class HiSparseTokenToKVPoolAllocator(HiSparseAllocatorCommon):
         device page goes -- trimming the shared page's slots would leave them mapped)."""
         check_segments_iterable(segments)
         segs = list(segments)
-        for _ in trim_segments(segs, self.page_size):  # validates the segments
-            pass
+        trim_segments(segs, self.page_size)  # validates the segments
         if segs:
             self.free(torch.cat([idx.to(self.device, torch.int64).reshape(-1) for idx, _ in segs]))
 

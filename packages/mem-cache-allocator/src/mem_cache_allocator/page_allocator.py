@@ -71,7 +71,6 @@ from mem_cache_allocator._scheduler_hooks import check_config
 from mem_cache_allocator.base import (
     BaseTokenToKVPoolAllocator,
     check_cpu_lengths,
-    check_segments_iterable,
 )
 from mem_cache_kernels.checks import (
     INDEX_DTYPES,
@@ -87,16 +86,9 @@ from mem_cache_kernels.pages import decode_counts, decode_page_starts, extend_co
 if TYPE_CHECKING:
     from mem_cache_pool.base import KVCache
 
-__all__ = [
-    "CPU_LENGTH_NAMES",
-    "ChunkedFreeList",
-    "FreeListSnapshot",
-    "PageAllocatorCore",
-    "PageAllocatorState",
-    "check_decode_inputs",
-    "check_decode_structure",
-    "check_extend_inputs",
-]
+# the public surface; the free list and the argument checks below are shared with the package's
+# other allocators (composites, Mamba) and documented here, not exported
+__all__ = ["PageAllocatorCore", "PageAllocatorState"]
 
 
 # ====================================================================== the free list
@@ -1073,7 +1065,6 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
         checked: list[tuple[torch.Tensor, torch.Tensor]] = []
         if self._debug is not None and isinstance(segments, list | tuple):
             segments = list(segments)  # the debug check sees the untrimmed slots
-        check_segments_iterable(segments)
         for free_index, start_pos in trim_segments(segments, self.page_size):
             idx = self._index_input("segments", free_index, page_ids=False, check_range=False)
             if idx is None:

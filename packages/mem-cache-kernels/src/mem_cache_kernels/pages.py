@@ -9,12 +9,20 @@ tensors; nothing here reads device memory.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 
-from mem_cache_kernels.checks import SMALL_BATCH, _np, check_index, check_int, describe
+from mem_cache_kernels.checks import (
+    INDEX_DTYPES,
+    SMALL_BATCH,
+    _np,
+    check_index,
+    check_int,
+    check_page_size,
+    describe,
+)
 
 __all__ = [
     "compressed_entry_offsets",
@@ -24,6 +32,28 @@ __all__ = [
     "extend_counts",
     "trim_segments",
 ]
+
+
+_INT_DTYPES = (
+    *INDEX_DTYPES,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
+    torch.uint16,
+    torch.uint32,
+    torch.uint64,
+)
+
+
+def _host_lengths(name: str, t: object) -> torch.Tensor:
+    """``t`` if it is a 1-D CPU integer tensor, else ``TypeError``/``ValueError`` naming
+    ``name`` (the fast path is one ``isinstance`` and three attribute reads)."""
+    if isinstance(t, torch.Tensor) and t.dtype in INDEX_DTYPES and t.dim() == 1 and t.is_cpu:
+        return t
+    idx = check_index(name, t, dtypes=_INT_DTYPES)
+    if not idx.is_cpu:
+        raise ValueError(f"{name} must be a CPU tensor (host-side lengths), got {idx.device}")
+    return idx
 
 
 def extend_counts(
@@ -108,6 +138,9 @@ def decode_page_starts(seq_lens: torch.Tensor, page_size: int) -> tuple[int, Any
     length is below 1, the batch is empty or numpy is missing. Cost: one reduction and, for
     ``page_size > 1``, one mask and one count; reads no device memory.
     """
+    _host_lengths("seq_lens", seq_lens)
+    if type(page_size) is not int:
+        check_page_size(page_size)
     bs = seq_lens.shape[0]
     if _np is None or not bs:
         return None
@@ -122,17 +155,25 @@ def decode_page_starts(seq_lens: torch.Tensor, page_size: int) -> tuple[int, Any
 
 def trim_segments(
     segments: Iterable[tuple[torch.Tensor, int]], page_size: int
-) -> Iterator[tuple[torch.Tensor, int]]:
+) -> list[tuple[torch.Tensor, int]]:
     """``(free_index, start_pos)`` segments of one request with shared boundary pages trimmed.
 
-    ``segments`` is an iterable of pairs (the caller has checked that much): ``free_index`` a
-    1-D int32/int64 tensor of the slots of positions ``start_pos ..`` (meta tensors pass here),
-    ``start_pos`` an int >= 0 (``TypeError``/``ValueError`` naming ``segments[k]``). Segments
-    must be ascending and disjoint in positions (``ValueError``). A segment that starts in the
-    page where the previous one ended loses its slots in that page (the previous segment
-    releases it); a segment entirely inside that page yields nothing; empty segments yield
-    nothing. Host arithmetic on positions and lengths: reads no tensor data.
+    ``segments`` is an iterable (not a tensor) of pairs: ``free_index`` a 1-D int32/int64 tensor
+    of the slots of positions ``start_pos ..`` (meta tensors pass here), ``start_pos`` an int
+    >= 0 (``TypeError``/``ValueError`` naming ``segments`` / ``segments[k]``). Segments must be
+    ascending and disjoint in positions (``ValueError``). A segment that starts in the page where
+    the previous one ended loses its slots in that page (the previous segment releases it); a
+    segment entirely inside that page is dropped, as are empty segments. Returns the trimmed
+    pairs as a list: every segment is checked before the caller frees the first. Host
+    arithmetic on positions and lengths: reads no tensor data.
     """
+    if isinstance(segments, torch.Tensor) or not isinstance(segments, Iterable):
+        raise TypeError(
+            f"segments must be an iterable of (free_index, start_pos) pairs, "
+            f"got {type(segments).__name__}"
+        )
+    page_size = check_page_size(page_size)
+    out: list[tuple[torch.Tensor, int]] = []
     prev_end: int | None = None
     for k, seg in enumerate(segments):
         if not isinstance(seg, (tuple, list)) or len(seg) != 2:
@@ -153,7 +194,8 @@ def trim_segments(
             skip = min(n, max(0, shared_end - start_pos))
         prev_end = start_pos + n
         if skip < n:
-            yield (free_index[skip:] if skip else free_index), start_pos + skip
+            out.append(((free_index[skip:] if skip else free_index), start_pos + skip))
+    return out
 
 
 def compressed_entry_offsets(
@@ -168,6 +210,9 @@ def compressed_entry_offsets(
     request-major and ascending. Example (ratio 4): prefixes ``[2, 0]``, seqs ``[9, 4]`` ->
     ``[1, 5, 10]``.
     """
+    _host_lengths("prefix_lens", prefix_lens)
+    _host_lengths("seq_lens", seq_lens)
+    check_int("ratio", ratio, minimum=1)
     pre, seq = prefix_lens.to(torch.int64), seq_lens.to(torch.int64)
     counts = seq // ratio - pre // ratio
     starts = torch.cumsum(seq - pre, 0) - (seq - pre)
@@ -195,6 +240,10 @@ def compressed_last_loc_on_device(
       there (no partial page to continue) and ``mapped_last`` may name another page's entry,
       so the congruent placeholder ``page_size - 1`` is returned.
     """
+    check_index("prefix_lens", prefix_lens, allow_meta=True)
+    check_index("mapped_last", mapped_last, allow_meta=True)
+    check_int("page_size", page_size, minimum=1)
+    check_int("ratio", ratio, minimum=1)
     c_prefix = prefix_lens.to(torch.int64) // ratio
     aligned = torch.full_like(mapped_last, page_size - 1)
     dev_last = torch.where(c_prefix % page_size == 0, aligned, mapped_last)
