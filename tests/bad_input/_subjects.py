@@ -275,6 +275,7 @@ OWNERS: dict[str, Callable[[], Any]] = {
     "mem_cache_pool.base:KVBufferDesc": _desc,
     "mem_cache_allocator.token:TokenToKVPoolAllocator": _token,
     "mem_cache_allocator.paged:PagedTokenToKVPoolAllocator": _paged,
+    "mem_cache_allocator.page_allocator:PageAllocatorCore": _paged,  # the engine of paged/token
     "mem_cache_allocator.swa:SWATokenToKVPoolAllocator": _swa_alloc,
     "mem_cache_allocator.hisparse:HiSparseTokenToKVPoolAllocator": _hisparse_alloc,
     "mem_cache_allocator.mamba:MambaSlotAllocator": _mamba,

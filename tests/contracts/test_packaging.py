@@ -208,8 +208,8 @@ def test_allocator_numpy_extra_installs_from_the_wheels(wheels: Path, torch_base
     _run(*pip, "install", "-q", "--no-index", "--find-links", wheels,
          "mem-cache-allocator[numpy]", env=env)
     probe = textwrap.dedent(SMOKE["mem_cache_allocator"]) + textwrap.dedent("""
-        from mem_cache_allocator import _page_allocator
-        assert _page_allocator._np is not None
+        from mem_cache_allocator import page_allocator
+        assert page_allocator._np is not None
         print("numpy ok")
     """)
     proc = _run(py, "-c", probe, env=env, cwd=tmp_path)

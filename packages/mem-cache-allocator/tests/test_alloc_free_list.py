@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import mem_cache_kernels
-from mem_cache_allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
-from mem_cache_allocator import _kernels as alloc_kernels
-from mem_cache_allocator._free_list import ChunkedFreeList
+from mem_cache_allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator, page_allocator
+from mem_cache_allocator.page_allocator import ChunkedFreeList
+from mem_cache_kernels import dispatch
 
 CPU = torch.device("cpu")
 
@@ -84,31 +84,35 @@ def test_token_allocator_takes_are_slices_after_frees() -> None:
 def test_paged_allocator_passes_host_counts_to_the_kernels(
     ps: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The allocator runs the trusted kernel body (``dispatch.pick``), never the validating
+    public op, with the page count it computed on the host."""
     calls: list[tuple[str, dict[str, object]]] = []
-    real_extend, real_decode = mem_cache_kernels.alloc_extend, mem_cache_kernels.alloc_decode
+    real_pick = dispatch.pick  # not page_allocator.pick: a placeholder until first use
 
-    def extend(*args: object, **kw: object) -> None:
-        calls.append(("extend", kw))
-        real_extend(*args, **kw)  # type: ignore[arg-type]
+    def pick(op: str, backend: str, *tensors: torch.Tensor) -> object:
+        impl = real_pick(op, backend, *tensors)
 
-    def decode(*args: object, **kw: object) -> None:
-        calls.append(("decode", kw))
-        real_decode(*args, **kw)  # type: ignore[arg-type]
+        def run(*args: object, **kw: object) -> None:
+            calls.append((op, kw))
+            impl(*args, **kw)
 
-    monkeypatch.setattr(mem_cache_kernels, "alloc_extend", extend)
-    monkeypatch.setattr(mem_cache_kernels, "alloc_decode", decode)
-    # the CPU decode runs on the host (test_host_decode_equals_the_kernel); the hint is what a
-    # device allocator passes
-    monkeypatch.setattr(alloc_kernels, "host_path", lambda allocator: False)
+        return run  # not the torch body: the CPU decode goes through it too (as on a GPU)
+
+    def public_op(*args: object, **kw: object) -> None:
+        raise AssertionError("the allocator called the validating public kernel op")
+
+    monkeypatch.setattr(page_allocator, "pick", pick)
+    monkeypatch.setattr(mem_cache_kernels, "alloc_extend", public_op)
+    monkeypatch.setattr(mem_cache_kernels, "alloc_decode", public_op)
     a = PagedTokenToKVPoolAllocator(64 * ps, ps, torch.float16, "cpu", None)
     pre, seq = _ids(0, 3), _ids(ps + 2, 3 + 2 * ps)
     out = a.alloc_extend(pre, pre, seq, seq, _ids(-1, 5 * ps + 2), 3 * ps + 2)
     assert out is not None
-    assert calls[-1] == ("extend", {"num_new_pages": 4, "num_tokens": 3 * ps + 2})
+    assert calls[-1] == ("alloc_extend", {"num_new_pages": 4, "num_tokens": 3 * ps + 2})
     dseq = _ids(ps + 3, 2 * ps + 1, 1)  # requests 1 and 2 start a page
     dec = a.alloc_decode(dseq, dseq, _ids(int(out[ps + 1]), 7 * ps - 1, -1))
     assert dec is not None and dec[0] == out[ps + 1] + 1
-    assert calls[-1] == ("decode", {"num_new_pages": 2})
+    assert calls[-1] == ("alloc_decode", {"num_new_pages": 2})
     with pytest.raises(ValueError, match="num_new_pages"):
         a.alloc_extend(pre, pre, seq, seq, _ids(-1, 5 * ps + 2), 3 * ps + 2, num_new_pages=5)
 
@@ -116,8 +120,7 @@ def test_paged_allocator_passes_host_counts_to_the_kernels(
 @pytest.mark.parametrize("ps", [2, 16, 64])
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
 def test_host_decode_equals_the_kernel(ps: int, dtype: torch.dtype) -> None:
-    """The CPU allocators' host decode returns the kernel's slots, batch for batch, and the
-    decode of a CPU allocator takes it (no kernel call) unless the backend is overridden."""
+    """The CPU allocators' host decode returns the kernel's slots, batch for batch."""
     g = torch.Generator().manual_seed(ps)
     for bs in (1, 3, 5, 40, 300):
         seq = torch.randint(1, 8 * ps, (bs,), generator=g)
@@ -127,36 +130,54 @@ def test_host_decode_equals_the_kernel(ps: int, dtype: torch.dtype) -> None:
         pages = torch.randperm(5000, generator=g)[:n] + 1
         want = torch.empty(bs, dtype=torch.int64)
         mem_cache_kernels.alloc_decode(seq, last, pages, want, ps, backend="torch")
-        got = alloc_kernels.host_alloc_decode(last, starts.numpy(), pages, ps.bit_length() - 1)
+        got = page_allocator.host_decode(last, starts.numpy(), pages, ps.bit_length() - 1)
         assert got.dtype == torch.int64 and torch.equal(got, want), (bs, ps)
 
 
-def test_cpu_decode_runs_on_the_host_unless_the_backend_is_overridden(
+def test_cpu_decode_runs_on_the_host_unless_another_kernel_is_picked(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """A CPU decode takes :func:`host_decode` when the torch body would run (backend ``auto``
+    or ``torch``), and the picked body otherwise (as under the Triton interpreter); the body is
+    picked on the allocator's first kernel allocation and kept."""
+    host_calls: list[int] = []
     kernel_calls: list[int] = []
-    real = mem_cache_kernels.alloc_decode
+    real_host, real_pick = page_allocator.host_decode, dispatch.pick
 
-    def decode(*args: object, **kw: object) -> None:
-        kernel_calls.append(1)
-        real(*args, **kw)  # type: ignore[arg-type]
+    def host(*args: object) -> torch.Tensor:
+        host_calls.append(1)
+        return real_host(*args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(mem_cache_kernels, "alloc_decode", decode)
+    monkeypatch.setattr(page_allocator, "host_decode", host)
     a = PagedTokenToKVPoolAllocator(64 * 4, 4, torch.float16, "cpu", None)
     x = a.alloc(8)
     assert x is not None
     seq, last = _ids(4, 5), torch.stack((x[2], x[7]))  # request 1's token starts a page
     st = a.backup_state()
-    host = a.alloc_decode(seq, seq, last)
-    assert kernel_calls == []
+    on_host = a.alloc_decode(seq, seq, last)
+    assert on_host is not None and host_calls == [1]
     a.restore_state(st)
     monkeypatch.setenv("MEM_CACHE_KERNELS_BACKEND", "torch")
-    assert torch.equal(a.alloc_decode(seq, seq, last), host)  # type: ignore[arg-type]
-    assert kernel_calls == []
+    assert torch.equal(a.alloc_decode(seq, seq, last), on_host)  # type: ignore[arg-type]
+    assert host_calls == [1, 1]
     a.restore_state(st)
-    monkeypatch.setattr(alloc_kernels, "host_path", lambda allocator: False)
-    assert torch.equal(a.alloc_decode(seq, seq, last), host)  # type: ignore[arg-type]
-    assert kernel_calls == [1]
+
+    def pick(op: str, backend: str, *tensors: torch.Tensor) -> object:
+        impl = real_pick(op, backend, *tensors)
+
+        def other(*args: object, **kw: object) -> None:
+            kernel_calls.append(1)
+            impl(*args, **kw)
+
+        return other
+
+    monkeypatch.setattr(page_allocator, "pick", pick)
+    # an allocator keeps the body it picked first: a new one picks the stand-in
+    assert a.alloc_decode(seq, seq, last) is not None and host_calls == [1, 1, 1]
+    b = PagedTokenToKVPoolAllocator(64 * 4, 4, torch.float16, "cpu", None)
+    assert b.alloc(8) is not None
+    assert torch.equal(b.alloc_decode(seq, seq, last), on_host)  # type: ignore[arg-type]
+    assert host_calls == [1, 1, 1] and kernel_calls == [1]
 
 
 def test_token_allocator_arena_path_is_sync_free() -> None:
@@ -181,7 +202,7 @@ def test_token_allocator_arena_path_is_sync_free() -> None:
 
 
 def test_alloc_unique_sorted_matches_torch_unique_on_long_inputs() -> None:
-    from mem_cache_allocator._page_allocator import unique_sorted
+    from mem_cache_allocator.page_allocator import unique_sorted
 
     g = torch.Generator().manual_seed(3)
     for n, hi in ((10, 5), (2048, 100), (2049, 100), (5000, 400), (9000, 1 << 20), (7000, 3)):

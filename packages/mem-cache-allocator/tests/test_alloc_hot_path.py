@@ -14,8 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mem_cache_allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
-from mem_cache_allocator import _kernels as kernels_shim
+from mem_cache_allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator, page_allocator
 from mem_cache_allocator.swa import SWATokenToKVPoolAllocator
 
 META = torch.device("meta")
@@ -24,15 +23,15 @@ F16 = torch.float16
 
 @pytest.fixture(autouse=True)
 def _stub_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
-    def fill(*args: torch.Tensor | int) -> None:
-        # (..., free_pages, out, page_size, num_new_pages): the host-side page count is passed
-        free, out, pages = args[-4], args[-3], args[-1]
+    def fill(*args: torch.Tensor | int, num_new_pages: int, **kw: int) -> None:
+        # (..., free_pages, out, page_size; num_new_pages=): the host-side page count is passed
+        free, out = args[-3], args[-2]
         assert isinstance(out, torch.Tensor) and isinstance(free, torch.Tensor)
-        assert isinstance(pages, int) and free.shape[0] == pages
+        assert free.shape[0] == num_new_pages
         out.fill_(0)
 
-    monkeypatch.setattr(kernels_shim, "alloc_extend", fill)
-    monkeypatch.setattr(kernels_shim, "alloc_decode", fill)
+    # the trusted kernel bodies the allocator picks (after its own checks)
+    monkeypatch.setattr(page_allocator, "pick", lambda op, backend, *tensors: fill)
 
 
 def cpu(*values: int) -> torch.Tensor:

@@ -11,8 +11,8 @@ from mem_cache_allocator import (
     BaseTokenToKVPoolAllocator,
     PagedTokenToKVPoolAllocator,
     TokenToKVPoolAllocator,
+    page_allocator,
 )
-from mem_cache_allocator import _kernels as kernels_shim
 from mem_cache_allocator._reference import ReferenceAllocator as NaiveAllocator
 
 F16 = torch.float16
@@ -215,11 +215,10 @@ def test_alloc_shortage_returns_none_without_state_change_and_without_kernel(
     assert x is not None
     before = a.free_pages_tensor()
 
-    def boom(*args: object) -> None:
+    def boom(*args: object, **kw: object) -> None:
         raise AssertionError("kernel launched despite a shortage")
 
-    monkeypatch.setattr(kernels_shim, "alloc_extend", boom)
-    monkeypatch.setattr(kernels_shim, "alloc_decode", boom)
+    monkeypatch.setattr(page_allocator, "pick", lambda op, backend, *tensors: boom)
     assert extend(a, [0], [9], [-1]) is None  # 3 pages needed, 2 free
     assert a.alloc(12) is None
     assert a.alloc_decode(t(1, 5, 9), t(1, 5, 9), t(-1, 7, 11)) is None  # 3 new pages

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from mem_cache_allocator._page_allocator import PageAllocatorCore
+from mem_cache_allocator.page_allocator import PageAllocatorCore
 from mem_cache_allocator.paged import PagedTokenToKVPoolAllocator
 from mem_cache_allocator.token import TokenToKVPoolAllocator
 from mem_cache_kernels.checks import check_int

@@ -20,7 +20,12 @@ import torch
 
 from mem_cache_kernels.checks import describe
 
-__all__ = ["AllocatorDebugError", "DebugTracker"]
+__all__ = [
+    "AllocatorDebugError",
+    "DebugTracker",
+    "check_decode_inputs",
+    "check_extend_inputs",
+]
 
 
 class AllocatorDebugError(ValueError, AssertionError):
@@ -192,3 +197,61 @@ class DebugTracker:
         self._owned[p] = False
         slots = (p[:, None] * self.page_size + torch.arange(self.page_size)[None, :]).reshape(-1)
         self._live[slots] = False
+
+
+# ---------------------------------------------------------------- input checks (debug mode)
+def check_extend_inputs(  # noqa: PLR0917 - mirrors alloc_extend
+    page_size: int,
+    prefix_lens: torch.Tensor,
+    prefix_lens_cpu: torch.Tensor,
+    seq_lens: torch.Tensor,
+    seq_lens_cpu: torch.Tensor,
+    last_loc: torch.Tensor,
+) -> None:
+    """Debug mode's checks of an ``alloc_extend`` call that need device data (copied to the
+    host): the device lengths equal their ``*_cpu`` copies, ``0 <= prefix <= seq`` and
+    ``last_loc`` is the slot of position ``prefix - 1`` modulo the page (-1 exactly for an empty
+    prefix). ``ValueError`` naming the requests; changes nothing."""
+    pre = prefix_lens.detach().to("cpu", torch.int64)
+    seq = seq_lens.detach().to("cpu", torch.int64)
+    last = last_loc.detach().to("cpu", torch.int64)
+    if not torch.equal(pre, prefix_lens_cpu.to(torch.int64)) or not torch.equal(
+        seq, seq_lens_cpu.to(torch.int64)
+    ):
+        raise ValueError("prefix_lens/seq_lens differ from their *_cpu copies")
+    bad = torch.nonzero((seq < pre) | (pre < 0)).reshape(-1)
+    if bad.numel():
+        raise ValueError(f"requests {describe(bad)} have seq_lens < prefix_lens or negative")
+    ps = page_size
+    empty_ok = (pre == 0) == (last == -1)
+    misaligned = torch.nonzero(((last + 1) % ps != pre % ps) | ~empty_ok).reshape(-1)
+    if misaligned.numel():
+        raise ValueError(
+            f"misaligned alloc_extend inputs for requests {describe(misaligned)}: need "
+            f"(last_loc + 1) % {ps} == prefix_lens % {ps} and last_loc == -1 iff prefix is "
+            f"empty; last_loc={describe(last[misaligned])}, "
+            f"prefix_lens={describe(pre[misaligned])}"
+        )
+
+
+def check_decode_inputs(
+    page_size: int, seq_lens: torch.Tensor, seq_lens_cpu: torch.Tensor, last_loc: torch.Tensor
+) -> None:
+    """Debug mode's checks of an ``alloc_decode`` call that need device data: ``seq_lens``
+    equals ``seq_lens_cpu`` and ``last_loc`` is the slot of position ``seq - 2`` modulo the
+    page (``seq >= 1``; ``last_loc >= 0`` unless ``seq == 1``). ``ValueError`` naming the
+    requests; changes nothing."""
+    seq = seq_lens.detach().to("cpu", torch.int64)
+    last = last_loc.detach().to("cpu", torch.int64)
+    if not torch.equal(seq, seq_lens_cpu.to(torch.int64)):
+        raise ValueError("seq_lens differs from seq_lens_cpu")
+    ps = page_size
+    misaligned = torch.nonzero(
+        ((last + 2) % ps != seq % ps) | (seq < 1) | ((seq > 1) & (last < 0))
+    ).reshape(-1)
+    if misaligned.numel():
+        raise ValueError(
+            f"misaligned alloc_decode inputs for requests {describe(misaligned)}: need "
+            f"(last_loc + 2) % {ps} == seq_lens % {ps}; last_loc={describe(last[misaligned])}, "
+            f"seq_lens={describe(seq[misaligned])}"
+        )

@@ -24,7 +24,6 @@ from typing import Any
 
 import torch
 
-from mem_cache_allocator._deepseek_v4_slots import entry_offsets
 from mem_cache_allocator._hisparse_device import (
     check_slots,
     lookup,
@@ -33,12 +32,15 @@ from mem_cache_allocator._hisparse_device import (
     plan_device_extend,
     surplus_pages,
 )
-from mem_cache_allocator._host_checks import check_extend_inputs, extend_page_counts
-from mem_cache_allocator._page_allocator import PageAllocatorCore
-from mem_cache_allocator._page_arithmetic import check_index_tensor
 from mem_cache_allocator._paired import PairedAllocators
-from mem_cache_allocator.base import BaseTokenToKVPoolAllocator, _optional
+from mem_cache_allocator.base import BaseTokenToKVPoolAllocator, _optional, check_index_tensor
+from mem_cache_allocator.page_allocator import (
+    CPU_LENGTH_NAMES,
+    PageAllocatorCore,
+    check_extend_inputs,
+)
 from mem_cache_kernels.checks import check_bool, check_int
+from mem_cache_kernels.pages import compressed_entry_offsets, extend_counts
 
 __all__ = ["HiSparseAllocatorCommon"]
 
@@ -163,7 +165,7 @@ class HiSparseAllocatorCommon(BaseTokenToKVPoolAllocator):
         dev_pages = logical_pages
         if ratio != 1:
             c_pre_cpu, c_seq_cpu = prefix_lens_cpu // ratio, seq_lens_cpu // ratio
-            dev_pages, _ = extend_page_counts(c_pre_cpu, c_seq_cpu, dps)
+            dev_pages, _ = extend_counts(c_pre_cpu, c_seq_cpu, dps, names=CPU_LENGTH_NAMES)
         if not self._pair.fits(logical_pages, dev_pages):
             return None
         plan = plan_device_extend(
@@ -196,7 +198,7 @@ class HiSparseAllocatorCommon(BaseTokenToKVPoolAllocator):
         if ratio == 1:
             mapping[logical] = dev
         elif dev.numel():
-            rows = entry_offsets(prefix_lens_cpu, seq_lens_cpu, ratio).to(
+            rows = compressed_entry_offsets(prefix_lens_cpu, seq_lens_cpu, ratio).to(
                 self.device, non_blocking=True
             )
             mapping[logical[rows] // ratio] = dev

@@ -130,11 +130,38 @@ class PrefillBudget:
         chunk_limit: int | None,
         auxiliary_swa_host_hit_length: int = 0,
     ) -> tuple[bool, int | None]:
-        """``(admit, chunk bound)``: admitted with ``chunk_limit`` iff ``total_tokens`` is below
-        :attr:`remaining_total`, else ``(False, None)``."""
-        if total_tokens < self.remaining_total:
-            return True, chunk_limit
-        return False, None
+        """``(admit, chunk bound)``: ``(False, None)`` unless ``total_tokens`` is below
+        :attr:`remaining_total`; then the window side's verdict (:meth:`_check_window`; a single
+        pool admits with ``chunk_limit``)."""
+        if total_tokens >= self.remaining_total:
+            return False, None
+        return self._check_window(
+            extend_input_len, max_new_tokens, swa_host_hit_length, chunk_limit
+        )
+
+    def _check_window(
+        self,
+        extend_input_len: int,
+        max_new_tokens: int,
+        swa_host_hit_length: int,
+        chunk_limit: int | None,
+    ) -> tuple[bool, int | None]:
+        """The window side of :meth:`check_prefill` (none here: admit with ``chunk_limit``)."""
+        return True, chunk_limit
+
+    def _window_admits(
+        self, extend_input_len: int, max_new_tokens: int, chunk_limit: int | None
+    ) -> bool:
+        """The window side of :meth:`can_allocate_prefill` (none here: always)."""
+        return True
+
+    def _chunk_room(self) -> int:
+        """Tokens a chunk may take now (the full side: :attr:`remaining_total`)."""
+        return int(self.remaining_total)
+
+    #: what :meth:`available_chunk_tokens` answers without room: a single-pool continuation
+    #: must progress to release its KV (``True``: its ``chunk_limit``), a windowed one waits.
+    _chunk_progresses_when_full = True
 
     def can_allocate_prefill(
         self,
@@ -144,14 +171,19 @@ class PrefillBudget:
         max_new_tokens: int,
         chunk_limit: int | None,
     ) -> bool:
-        """Whether ``paged_input`` tokens fit both remaining counts."""
-        return paged_input <= min(self.remaining_current, self.remaining_total)
+        """Whether ``paged_input`` tokens fit both remaining counts (and the window side)."""
+        return paged_input <= min(
+            self.remaining_current, self.remaining_total
+        ) and self._window_admits(extend_input_len, max_new_tokens, chunk_limit)
 
     def available_chunk_tokens(self, chunk_limit: int) -> int | None:
-        """The chunk the pool allows (``min(chunk_limit, remaining_total)``), or ``chunk_limit``
-        when nothing is left: a single-pool continuation must progress to release its KV."""
-        available = min(chunk_limit, int(self.remaining_total))
-        return available if available > 0 else chunk_limit
+        """The chunk the pools allow (``min(chunk_limit, room)``, room: :meth:`_chunk_room`);
+        when nothing is left ``chunk_limit`` for a single pool (a continuation must progress to
+        release its KV), ``None`` for a windowed one (it waits)."""
+        available = min(chunk_limit, self._chunk_room())
+        if available > 0:
+            return available
+        return chunk_limit if self._chunk_progresses_when_full else None
 
     def fit_chunk(
         self, *, extend_input_len: int, max_new_tokens: int, chunk_limit: int
@@ -169,10 +201,21 @@ class PrefillBudget:
         is_chunked_continuation: bool = False,
     ) -> None:
         """Reserve an admitted request: its prefill in pages plus a page and ``extra_tokens``
-        now (both offsets), its ``max_new_tokens`` for later (total only)."""
+        now (both offsets), its ``max_new_tokens`` for later (total only); then the window side
+        (:meth:`_reserve_window`)."""
         immediate = self.ceil_paged_tokens(extend_input_len) + self.page_size + extra_tokens
         self.total_offset += immediate + max_new_tokens
         self.current_offset += immediate
+        self._reserve_window(extend_input_len, max_new_tokens, chunk_limit, is_chunked_continuation)
+
+    def _reserve_window(
+        self,
+        extend_input_len: int,
+        max_new_tokens: int,
+        chunk_limit: int | None,
+        is_chunked_continuation: bool,
+    ) -> None:
+        """The window side of :meth:`reserve` (none here)."""
 
 
 class SWAPrefillBudget(PrefillBudget):
@@ -222,6 +265,11 @@ class SWAPrefillBudget(PrefillBudget):
             host_hit_length=swa_host_hit_length,
         )
 
+    def _fits(self, needed: int) -> bool:
+        """Whether a window need of ``needed`` tokens fits :attr:`remaining_swa` now (a window
+        ring may fill the pool exactly; a shared window pool keeps one token)."""
+        return needed <= self.remaining_swa if self.req_ring else needed < self.remaining_swa
+
     def swa_never_fits(self, extend_input_len: int, max_new_tokens: int, **kwargs: Any) -> bool:
         """Whether the request's window need exceeds the whole window pool (``size_swa``)."""
         needed = self.swa_tokens(extend_input_len, max_new_tokens, **kwargs)
@@ -233,33 +281,25 @@ class SWAPrefillBudget(PrefillBudget):
         cap = int(self.remaining_swa) - headroom
         return max(0, cap // self.page_size * self.page_size)
 
-    def check_prefill(
+    def _check_window(
         self,
-        *,
         extend_input_len: int,
-        total_tokens: int,
         max_new_tokens: int,
-        input_tokens: int,
         swa_host_hit_length: int,
         chunk_limit: int | None,
-        auxiliary_swa_host_hit_length: int = 0,
     ) -> tuple[bool, int | None]:
-        """The full side as the base class; then the window need against
-        :attr:`remaining_swa`. A request whose window need can never fit may still be admitted
-        with a smaller chunk (only with ``chunk_limit``); transient pressure waits."""
-        if total_tokens >= self.remaining_total:
-            return False, None
+        """The window need against :attr:`remaining_swa`. A request whose window need can never
+        fit may still be admitted with a smaller chunk (only with ``chunk_limit``); transient
+        pressure waits."""
         extend = self.ceil_paged_tokens(extend_input_len)
-        needed = self.swa_tokens(
-            extend, max_new_tokens, chunk_limit=chunk_limit, swa_host_hit_length=swa_host_hit_length
-        )
-        fits = needed <= self.remaining_swa if self.req_ring else needed < self.remaining_swa
-        if fits:
+        kw: dict[str, Any] = {
+            "chunk_limit": chunk_limit,
+            "swa_host_hit_length": swa_host_hit_length,
+        }
+        if self._fits(self.swa_tokens(extend, max_new_tokens, **kw)):
             return True, chunk_limit
         cap = 0
-        if self.swa_never_fits(
-            extend, max_new_tokens, chunk_limit=chunk_limit, swa_host_hit_length=swa_host_hit_length
-        ):
+        if self.swa_never_fits(extend, max_new_tokens, **kw):
             cap = self._chunk_cap(max_new_tokens, swa_host_hit_length)
         if chunk_limit is None or cap <= 0:
             return False, None
@@ -268,45 +308,31 @@ class SWAPrefillBudget(PrefillBudget):
     def has_capacity(self) -> bool:
         return super().has_capacity() and self.remaining_swa > 0
 
-    def available_chunk_tokens(self, chunk_limit: int) -> int | None:
-        """As the base class, also bounded by the window side less a page; ``None`` when
-        nothing is left (a windowed continuation waits)."""
-        available = min(chunk_limit, int(self.remaining_total))
-        if not self.req_ring:
-            available = min(available, int(self.remaining_swa) - self.page_size)
-        return available if available > 0 else None
+    _chunk_progresses_when_full = False
 
-    def can_allocate_prefill(
+    def _chunk_room(self) -> int:
+        """The full side's room, bounded by the window side less a page (no bound with a
+        window ring: the request owns its ring)."""
+        room = int(self.remaining_total)
+        if not self.req_ring:
+            room = min(room, int(self.remaining_swa) - self.page_size)
+        return room
+
+    def _window_admits(
+        self, extend_input_len: int, max_new_tokens: int, chunk_limit: int | None
+    ) -> bool:
+        needed = self.swa_tokens(extend_input_len, max_new_tokens, chunk_limit=chunk_limit)
+        return needed <= self.remaining_swa
+
+    def _reserve_window(
         self,
-        *,
-        paged_input: int,
         extend_input_len: int,
         max_new_tokens: int,
         chunk_limit: int | None,
-    ) -> bool:
-        return (
-            super().can_allocate_prefill(
-                paged_input=paged_input,
-                extend_input_len=extend_input_len,
-                max_new_tokens=max_new_tokens,
-                chunk_limit=chunk_limit,
-            )
-            and self.swa_tokens(extend_input_len, max_new_tokens, chunk_limit=chunk_limit)
-            <= self.remaining_swa
-        )
-
-    def reserve(
-        self,
-        extend_input_len: int,
-        max_new_tokens: int,
-        *,
-        extra_tokens: int = 0,
-        chunk_limit: int | None = None,
-        is_chunked_continuation: bool = False,
+        is_chunked_continuation: bool,
     ) -> None:
-        """The full side as the base class; the window side by :meth:`swa_tokens` (a chunked
-        continuation with a window ring already owns its ring)."""
-        super().reserve(extend_input_len, max_new_tokens, extra_tokens=extra_tokens)
+        """The window side by :meth:`swa_tokens` (a chunked continuation with a window ring
+        already owns its ring)."""
         if not (self.req_ring and is_chunked_continuation):
             self.swa_offset += self.swa_tokens(
                 self.ceil_paged_tokens(extend_input_len), max_new_tokens, chunk_limit=chunk_limit

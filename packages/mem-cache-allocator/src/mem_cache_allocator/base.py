@@ -41,19 +41,66 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from mem_cache_allocator import _scheduler_hooks as _hooks
-from mem_cache_allocator._page_arithmetic import (
-    check_cpu_lengths,
-    check_index_tensor,
-    check_start_pos,
-    trim_segments,
+from mem_cache_kernels.checks import (
+    check_bool,
+    check_device_arg,
+    check_index,
+    check_int,
+    check_page_size,
 )
-from mem_cache_kernels.checks import check_bool, check_device_arg, check_int, check_page_size
+from mem_cache_kernels.pages import trim_segments
 
 if TYPE_CHECKING:
     from mem_cache_allocator._prefill_budget import PrefillBudget
     from mem_cache_pool.base import KVCache
 
+# check_cpu_lengths, check_index_tensor, check_segments_iterable: shared by the package's
+# allocator modules, not exported
 __all__ = ["BaseTokenToKVPoolAllocator"]
+
+_INT_DTYPES = (
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
+    torch.uint16,
+    torch.uint32,
+    torch.uint64,
+)
+
+
+# ---------------------------------------------------------------- argument checks of the API
+# (allocator-specific shapes of :mod:`mem_cache_kernels.checks`; every allocator module uses them)
+def check_cpu_lengths(name: str, t: torch.Tensor, bs: int | None = None) -> int:
+    """Validate a 1-D CPU integer length tensor (``bs`` entries when given); return its length.
+
+    The allocator-specific part is the device: the page counts are host-side, so the tensor must
+    be a CPU tensor (``ValueError``); the rest is :func:`mem_cache_kernels.checks.check_index`.
+    """
+    if isinstance(t, torch.Tensor) and t.device.type != "cpu":
+        raise ValueError(f"{name} must be a CPU tensor (host-side page count), got {t.device}")
+    check_index(name, t, dtypes=_INT_DTYPES, length=bs)
+    return int(t.shape[0])
+
+
+def check_index_tensor(name: str, t: object, device: torch.device) -> None:
+    """``TypeError``/``ValueError`` naming ``name`` unless ``t`` is an int32/int64 tensor (any
+    shape) with data (not on the meta device, unless the allocator's ``device`` is meta: the
+    sync-free tests run allocators there). Host-only: reads no tensor data."""
+    flat = t.reshape(-1) if isinstance(t, torch.Tensor) and t.dim() != 1 else t
+    check_index(name, flat, allow_meta=device.type == "meta")
+
+
+def check_segments_iterable(segments: object) -> None:
+    """``TypeError`` naming ``segments`` unless it is an iterable (not a tensor) of pairs."""
+    if not isinstance(segments, (list, tuple)) and (
+        isinstance(segments, torch.Tensor) or not isinstance(segments, Iterable)
+    ):
+        raise TypeError(
+            f"segments must be an iterable of (free_index, start_pos) pairs, "
+            f"got {type(segments).__name__}"
+        )
 
 
 def _optional(**kwargs: Any) -> dict[str, Any]:
@@ -348,7 +395,7 @@ class BaseTokenToKVPoolAllocator(abc.ABC):
         ends inside a page releases that page whole). ``start_pos`` is a non-negative int
         (``ValueError`` otherwise). Default: a plain :meth:`free`.
         """
-        check_start_pos(start_pos)
+        check_int("start_pos", start_pos, minimum=0)
         self.free(free_index)
 
     def free_segments(self, segments: Iterable[tuple[torch.Tensor, int]]) -> None:
@@ -359,18 +406,18 @@ class BaseTokenToKVPoolAllocator(abc.ABC):
         descending segments, ``TypeError`` for malformed pairs (every segment is checked before
         the first is freed).
         """
-        for free_index, start_pos in list(trim_segments(segments, self.page_size)):
+        for free_index, start_pos in trim_segments(segments, self.page_size):
             self.free_segment(free_index, start_pos=start_pos)
 
     def free_full_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
         """:meth:`free_full` of a request's kv-row segment (the :meth:`free_segment` contract:
         positions ``[start_pos, start_pos + len(free_index))``)."""
-        check_start_pos(start_pos)
+        check_int("start_pos", start_pos, minimum=0)
         self.free_full(free_index)
 
     def free_full_segments(self, segments: Iterable[tuple[torch.Tensor, int]]) -> None:
         """:meth:`free_segments` for the full side alone (see :meth:`free_full`)."""
-        for free_index, start_pos in list(trim_segments(segments, self.page_size)):
+        for free_index, start_pos in trim_segments(segments, self.page_size):
             self.free_full_segment(free_index, start_pos=start_pos)
 
     def free_group_begin(self) -> None:

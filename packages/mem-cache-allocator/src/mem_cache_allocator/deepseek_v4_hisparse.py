@@ -18,9 +18,9 @@ pool works (the conformance kit also uses a paged one).
 * ``alloc_extend``: logical slots, then device slots for the ``seq // 4 - prefix // 4`` new
   compressed tokens of every request (capacity of both checked on the host first, SGLang's
   pre-check; a failure leaves nothing changed). The device ``last_loc`` is
-  ``mapping[(L - 3) // 4]`` (``_deepseek_v4_slots.device_last_loc``). A request whose
-  compressed prefix ends inside a device page on an entry without device slot (a logical-only
-  decode token) gets a fresh device page; SGLang hands out the padding page there.
+  ``mapping[(L - 3) // 4]`` (``mem_cache_kernels.pages.compressed_last_loc_on_device``). A
+  request whose compressed prefix ends inside a device page on an entry without device slot (a
+  logical-only decode token) gets a fresh device page; SGLang hands out the padding page there.
 * ``alloc(n)``: whole logical pages plus the matching device pages (an extension: SGLang's class
   has no ``alloc``; it lets the allocator conformance kit drive this class).
 * ``alloc_decode`` / ``alloc_logical_only``: logical slots only (the HiSparse coordinator places
@@ -47,20 +47,19 @@ from typing import Any
 import torch
 
 from mem_cache_allocator._composite import check_need_size, new_mapping
-from mem_cache_allocator._deepseek_v4_slots import device_last_loc
 from mem_cache_allocator._hisparse_common import HiSparseAllocatorCommon
 from mem_cache_allocator._hisparse_device import check_slots
-from mem_cache_allocator._page_arithmetic import (
-    check_index_tensor,
-    check_segments_iterable,
-    trim_segments,
-)
 from mem_cache_allocator._paired import PairedAllocators, check_own_state
 from mem_cache_allocator._prefill_budget import SWAPrefillBudget
 from mem_cache_allocator._scheduler_hooks import capacity_pair, check_tree_cache
-from mem_cache_allocator.base import BaseTokenToKVPoolAllocator
+from mem_cache_allocator.base import (
+    BaseTokenToKVPoolAllocator,
+    check_index_tensor,
+    check_segments_iterable,
+)
 from mem_cache_allocator.paged import PagedTokenToKVPoolAllocator
 from mem_cache_kernels.checks import check_int
+from mem_cache_kernels.pages import compressed_last_loc_on_device, trim_segments
 from mem_cache_pool.deepseek_v4 import (
     DeepSeekV4TokenToKVPool,
     HiSparseC4DevicePool,
@@ -307,9 +306,10 @@ class DeepSeekV4HiSparseTokenToKVPoolAllocator(HiSparseAllocatorCommon):
     def _device_extend_last_loc(
         self, prefix_lens: torch.Tensor, last_loc: torch.Tensor
     ) -> torch.Tensor:
-        """The device allocator's ``last_loc`` (see :func:`device_last_loc`)."""
+        """The device allocator's ``last_loc`` (see
+        :func:`mem_cache_kernels.pages.compressed_last_loc_on_device`)."""
         mapped = self.get_last_loc_hisparse_device(last_loc)
-        return device_last_loc(prefix_lens, mapped, self.hisparse_page_size, _RATIO)
+        return compressed_last_loc_on_device(prefix_lens, mapped, self.hisparse_page_size, _RATIO)
 
     def alloc_extend_swa_tail(  # noqa: PLR0917 - SGLang-compatible positional signature
         self,
@@ -407,12 +407,9 @@ class DeepSeekV4HiSparseTokenToKVPoolAllocator(HiSparseAllocatorCommon):
         segs = list(segments)
         if not segs:
             return
-        for _ in trim_segments(segs, self.page_size):  # validates the segments first
-            pass
+        trim_segments(segs, self.page_size)  # validates the segments first
         slots = torch.cat([idx.to(self.device, torch.int64).reshape(-1) for idx, _ in segs])
         if self._free_group is not None:
-            for _ in trim_segments(segs, self.page_size):  # validates the segments
-                pass
             self.free(slots)  # set semantics at group end: the same pages, every entry
             return
         self._delegate("free_segments")(segs)

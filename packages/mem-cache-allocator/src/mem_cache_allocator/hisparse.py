@@ -34,14 +34,11 @@ import torch
 from mem_cache_allocator._composite import check_need_size, make_inner, new_mapping
 from mem_cache_allocator._hisparse_common import HiSparseAllocatorCommon
 from mem_cache_allocator._hisparse_device import check_slots, lookup
-from mem_cache_allocator._page_allocator import PageAllocatorCore, PageAllocatorState
-from mem_cache_allocator._page_arithmetic import (
-    check_index_tensor,
-    check_segments_iterable,
-    trim_segments,
-)
 from mem_cache_allocator._paired import PairedAllocators, check_own_state
+from mem_cache_allocator.base import check_index_tensor, check_segments_iterable
+from mem_cache_allocator.page_allocator import PageAllocatorCore, PageAllocatorState
 from mem_cache_kernels.checks import check_int
+from mem_cache_kernels.pages import trim_segments
 
 __all__ = ["HiSparseAllocatorState", "HiSparseTokenToKVPoolAllocator"]
 
@@ -214,8 +211,7 @@ class HiSparseTokenToKVPoolAllocator(HiSparseAllocatorCommon):
         device page goes -- trimming the shared page's slots would leave them mapped)."""
         check_segments_iterable(segments)
         segs = list(segments)
-        for _ in trim_segments(segs, self.page_size):  # validates the segments
-            pass
+        trim_segments(segs, self.page_size)  # validates the segments
         if segs:
             self.free(torch.cat([idx.to(self.device, torch.int64).reshape(-1) for idx, _ in segs]))
 

@@ -15,7 +15,7 @@ O(free list); a debug mode checks ownership.
 
 from __future__ import annotations
 
-from mem_cache_allocator._page_allocator import PageAllocatorCore, PageAllocatorState
+from mem_cache_allocator.page_allocator import PageAllocatorCore, PageAllocatorState
 
 __all__ = ["PageAllocatorState", "PagedTokenToKVPoolAllocator"]
 

@@ -23,13 +23,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from mem_cache_allocator._composite import make_inner, new_mapping
-from mem_cache_allocator._host_checks import check_extend_inputs
-from mem_cache_allocator._page_allocator import PageAllocatorState
-from mem_cache_allocator._page_arithmetic import (
-    check_cpu_lengths,
-    check_index_tensor,
-    check_start_pos,
-)
 from mem_cache_allocator._paired import PairedAllocators, check_own_state
 from mem_cache_allocator._prefill_budget import SWAPrefillBudget
 from mem_cache_allocator._scheduler_hooks import (
@@ -40,7 +33,12 @@ from mem_cache_allocator._scheduler_hooks import (
     evict_shortfall,
     supports_prefix_sharing,
 )
-from mem_cache_allocator.base import BaseTokenToKVPoolAllocator
+from mem_cache_allocator.base import (
+    BaseTokenToKVPoolAllocator,
+    check_cpu_lengths,
+    check_index_tensor,
+)
+from mem_cache_allocator.page_allocator import PageAllocatorState, check_extend_inputs
 from mem_cache_kernels.checks import check_int, check_optional_int
 
 if TYPE_CHECKING:
@@ -391,7 +389,7 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
     def free_swa_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
         """:meth:`free_swa` of a request's kv-row segment (positions ``[start_pos, start_pos +
         len(free_index))``; ``start_pos`` a non-negative int): the same window pages."""
-        check_start_pos(start_pos)
+        check_int("start_pos", start_pos, minimum=0)
         self.free_swa(free_index)
 
     def free_full_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:

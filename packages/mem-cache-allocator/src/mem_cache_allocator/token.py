@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from mem_cache_allocator._page_allocator import PageAllocatorCore, PageAllocatorState
+from mem_cache_allocator.page_allocator import PageAllocatorCore, PageAllocatorState
 
 if TYPE_CHECKING:
     from mem_cache_pool.base import KVCache

@@ -1,0 +1,1295 @@
+"""The page allocator: the engine of ``TokenToKVPoolAllocator`` and ``PagedTokenToKVPoolAllocator``.
+
+:class:`PageAllocatorCore` is the whole implementation of SGLang 0.5.23's token and paged KV slot
+allocators; :mod:`mem_cache_allocator.token` and :mod:`mem_cache_allocator.paged` are its two
+configurations (two class flags, no methods of their own but the token allocator's signature):
+
+=============================  =================  ===============================================
+class                          freed pages go     ``free(slots)``
+=============================  =================  ===============================================
+``PagedTokenToKVPoolAllocator`` to the front       ``unique(slots // page_size)``, ascending
+``TokenToKVPoolAllocator``      to the back        the slots as given (no dedup), page size 1
+=============================  =================  ===============================================
+
+Index conventions (:mod:`mem_cache_allocator.base`): page ``p`` owns slots ``[p * ps, (p + 1) *
+ps)``; page 0 is the padding page, never handed out; slots are int64 on the allocator's
+``device``; a request's slot of position ``j`` is congruent to ``j`` modulo ``ps``; ``last_loc
+== -1`` means an empty prefix.
+
+State (lengths on the host, never read from the device):
+
+* ``_free``: a :class:`ChunkedFreeList` of free page ids (slot ids for page size 1); every
+  allocation takes its prefix, in request order.
+* ``_release``: ``need_sort`` only, the staged frees, merged into ``_free`` and sorted when an
+  allocation finds ``_free`` short (SGLang's trigger conditions: same calls, same slots).
+* ``_free_group``: the queued frees between ``free_group_begin`` and ``free_group_end``.
+* ``_debug``: debug mode's ownership bitmaps (:mod:`mem_cache_allocator._debug`), or ``None``.
+
+One way down. Every public method checks its arguments once, at its entry, on the host: structure
+and dtypes with :mod:`mem_cache_kernels.checks`, page counts with :mod:`mem_cache_kernels.pages`
+(:func:`check_extend_inputs`, :func:`check_decode_structure`); then it runs the trusted kernel body
+``mem_cache_kernels.dispatch.pick("alloc_extend" | "alloc_decode", "auto", out)`` with the page
+count it computed (no second validation below it). The body is picked on the allocator's first
+allocation that runs a kernel and kept (the kernels' backend setting,
+``MEM_CACHE_KERNELS_BACKEND``, is read then, by the kernels). Errors: ``TypeError`` for the wrong
+kind, ``ValueError`` for a wrong value (naming the argument, the requests and their values), raised
+before any state changes; debug mode raises :class:`~mem_cache_allocator.AllocatorDebugError`.
+Shortage returns ``None`` and changes nothing.
+
+Frees. ``free`` (any slot set: any order, int32 or int64, partial pages, duplicates, several
+requests concatenated, SGLang's contract) validates the structure, then on CPU tensors range
+checks and deduplicates in one numpy pass over the slots (:func:`host_unique_pages`); inside a
+free group the slots are queued and checked once, at ``free_group_end``. ``free_segment(s)``
+(page ids by stride at caller-stated positions: no dedup, no device sync) and ``free_page_ids``
+release exact pages. Every path checks first (range, the capacity count that catches a double
+free, debug ownership) and changes state only after (:meth:`PageAllocatorCore.commit_free`).
+
+Cost (host, per call): O(1) torch ops plus the kernel for an allocation; a free is O(pages
+freed), never O(free list); ``available_size()`` is host arithmetic. A paged ``free`` of GPU
+slots syncs once (``torch.unique``; once per group inside a group); nothing else reads device
+memory outside debug mode.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+
+try:  # optional: the CPU dedup of ``free`` and the CPU decode run in numpy (cheaper than torch)
+    import numpy as _np
+except ImportError:  # pragma: no cover - numpy ships with every torch wheel we test
+    _np = None  # type: ignore[assignment]
+
+from mem_cache_allocator import _debug
+from mem_cache_allocator._debug import DebugTracker
+from mem_cache_allocator._scheduler_hooks import check_config
+from mem_cache_allocator.base import (
+    BaseTokenToKVPoolAllocator,
+    check_cpu_lengths,
+)
+from mem_cache_kernels.checks import (
+    INDEX_DTYPES,
+    SMALL_BATCH,
+    check_index,
+    check_int,
+    check_same_device,
+    debug_enabled,
+    describe,
+)
+from mem_cache_kernels.pages import decode_counts, decode_page_starts, extend_counts, trim_segments
+
+if TYPE_CHECKING:
+    from mem_cache_pool.base import KVCache
+
+# the public surface; the free list and the argument checks below are shared with the package's
+# other allocators (composites, Mamba) and documented here, not exported
+__all__ = ["PageAllocatorCore", "PageAllocatorState"]
+
+
+# ====================================================================== the free list
+FreeListSnapshot = tuple[tuple[torch.Tensor, ...], int, int]
+"""``(chunks front-to-back, ids already taken from the front chunk, total length)``: an
+immutable view of a :class:`ChunkedFreeList`."""
+
+_ARENA_MIN = 1 << 14  # ids per arena at least (an arena holds many pushes)
+MERGE_AHEAD = 1024  # ids a take that spans chunks may join beyond what it needs (8 KiB)
+
+
+class ChunkedFreeList:
+    """An ordered sequence of int64 page ids on ``device``, stored as a deque of 1-D chunks.
+
+    ``arena_size`` (optional): ids per ``push_back`` arena, typically the allocator's capacity
+    (frees between two arena switches then never exceed it).
+    """
+
+    __slots__ = (
+        "_arena",
+        "_arena_pos",
+        "_arena_size",
+        "_chunks",
+        "_device",
+        "_empty",
+        "_len",
+        "_off",
+        "_tail",
+    )
+
+    def __init__(
+        self, device: torch.device, initial: Iterable[torch.Tensor] = (), arena_size: int = 0
+    ) -> None:
+        self._device = device
+        self._empty = torch.empty(0, dtype=torch.int64, device=device)
+        self._chunks: deque[torch.Tensor] = deque()
+        self._off = 0  # ids of chunks[0] already taken
+        self._len = 0  # ids in the list (chunks minus the taken ones)
+        self._arena_size = max(arena_size, _ARENA_MIN)
+        self._arena: torch.Tensor | None = None
+        self._arena_pos = 0  # next arena index to write (only ever grows)
+        self._tail = -1  # arena start of chunks[-1] if it ends at _arena_pos, else -1
+        for chunk in initial:
+            self.push_back(chunk)
+
+    def __len__(self) -> int:
+        return self._len
+
+    @property
+    def num_chunks(self) -> int:
+        return len(self._chunks)
+
+    def push_front(self, chunk: torch.Tensor) -> None:
+        """Put ``chunk`` (1-D int64, owned by the list from now on) before every page id."""
+        n = chunk.shape[0]
+        if not n:
+            return
+        off = self._off
+        if off:  # the front chunk keeps only its untaken ids
+            self._chunks[0] = self._chunks[0][off:]
+            self._off = 0
+            if len(self._chunks) == 1 and self._tail >= 0:
+                self._tail += off  # it is also the back chunk (an arena view)
+        if not self._chunks:
+            self._tail = -1
+        self._chunks.appendleft(chunk)
+        self._len += n
+
+    def push_back(self, chunk: torch.Tensor) -> None:
+        """Put the ids of ``chunk`` (1-D int64) after every page id.
+
+        Into an empty list the chunk goes by reference (no copy; the list owns it from now on).
+        Otherwise its ids are copied into the arena and the back chunk widened when it ends there.
+        """
+        self.extend_back((chunk,))
+
+    def extend_back(self, parts: tuple[torch.Tensor, ...] | list[torch.Tensor]) -> None:
+        """Put the ids of ``parts`` (1-D int64 tensors, in this order) after every page id.
+
+        One write into the arena (a slice assignment for one part, ``torch.cat(out=)`` for
+        several) plus the widened back-chunk view; into an empty list the parts go by reference
+        (one part) or as one new tensor.
+        """
+        n = 0
+        for part in parts:
+            n += part.shape[0]
+        if not n:
+            return
+        chunks = self._chunks
+        if not chunks:
+            first = parts[0] if len(parts) == 1 else torch.cat(parts)
+            chunks.append(first if first.dtype is torch.int64 else first.to(torch.int64))
+            self._len = n
+            self._off = 0
+            self._tail = -1
+            return
+        arena = self._arena
+        pos = self._arena_pos
+        if arena is None or pos + n > arena.shape[0]:
+            arena = self._arena = torch.empty(
+                max(self._arena_size, n), dtype=torch.int64, device=self._device
+            )
+            pos = 0
+            self._tail = -1
+        end = pos + n
+        if len(parts) == 1:
+            arena[pos:end] = parts[0]
+        else:
+            torch.cat(parts, out=arena[pos:end])
+        start = self._tail
+        if start >= 0:  # the back chunk ends where this push starts: widen it
+            chunks[-1] = arena[start:end]
+        else:
+            chunks.append(arena[pos:end])
+            self._tail = pos
+        self._arena_pos = end
+        self._len += n
+
+    def head(self, n: int) -> torch.Tensor:
+        """The first ``n`` page ids as one contiguous tensor, without removing them.
+
+        Coalesces the chunks it touches into one front chunk (same logical content). Requires
+        ``0 <= n <= len(self)``; the caller checks (a ``RuntimeError`` here is an internal bug).
+        """
+        if n < 0 or n > self._len:
+            raise RuntimeError(f"free list head({n}) out of range (length {self._len})")
+        chunks = self._chunks
+        if n == 0:
+            return self._empty  # shared, immutable (no elements)
+        off = self._off
+        first = chunks[0]
+        if first.shape[0] - off >= n:
+            return first[off : off + n]
+        parts = [first[off:] if off else chunks[0]]
+        chunks.popleft()
+        got = parts[0].shape[0]
+        while got < n:
+            chunk = chunks.popleft()
+            parts.append(chunk)
+            got += chunk.shape[0]
+        # merge ahead: following small chunks (freed runs) join the same cat, so the next takes
+        # are slices instead of one more cat each
+        limit = max(n, MERGE_AHEAD)
+        while chunks and got + chunks[0].shape[0] <= limit:
+            chunk = chunks.popleft()
+            parts.append(chunk)
+            got += chunk.shape[0]
+        if not chunks:
+            self._tail = -1  # the back chunk was merged (a new tensor, not the arena)
+        merged = torch.cat(parts)
+        chunks.appendleft(merged)
+        self._off = 0
+        return merged[:n]
+
+    def drop(self, n: int) -> None:
+        """Remove the first ``n`` page ids (``0 <= n <= len(self)``)."""
+        if n < 0 or n > self._len:
+            raise RuntimeError(f"free list drop({n}) out of range (length {self._len})")
+        chunks = self._chunks
+        left = n + self._off
+        while left:
+            m = chunks[0].shape[0]
+            if m > left:
+                break
+            chunks.popleft()
+            left -= m
+        self._off = left
+        self._len -= n
+        if not chunks:
+            self._tail = -1
+
+    def take(self, n: int) -> torch.Tensor:
+        """Remove and return the first ``n`` page ids (a tensor the caller may keep)."""
+        out = self.head(n)
+        self.drop(n)
+        return out
+
+    def to_tensor(self) -> torch.Tensor:
+        """All page ids front-to-back as one tensor (O(len)); the list keeps them."""
+        return self.head(self._len)
+
+    def clear(self) -> None:
+        self._chunks.clear()
+        self._len = 0
+        self._off = 0
+        self._arena = None  # never rewrite memory that old chunks or results may view
+        self._arena_pos = 0
+        self._tail = -1
+
+    def snapshot(self) -> FreeListSnapshot:
+        return tuple(self._chunks), self._off, self._len
+
+    def restore(self, snap: FreeListSnapshot) -> None:
+        chunks, off, length = snap
+        self._chunks = deque(chunks)
+        self._off = off
+        self._len = length
+        self._tail = -1  # the back chunk may no longer end at the arena position
+
+
+# ====================================================================== argument checks
+CPU_LENGTH_NAMES = ("prefix_lens_cpu", "seq_lens_cpu")
+"""The argument names the page count of an extend reports (the host copies of the lengths)."""
+
+
+def lengths_ok(bs: int, cpus: tuple[object, ...], tensors: tuple[object, ...]) -> bool:
+    """Fast path of the structural checks (all fine): ``cpus`` 1-D CPU int32/int64 tensors of
+    ``bs`` entries, ``tensors`` 1-D int32/int64 tensors of ``bs`` entries. ``False``: run the
+    detailed checks (:func:`check_cpu_lengths`, :func:`mem_cache_kernels.checks.check_index`),
+    which raise naming the argument."""
+    for cpu in cpus:
+        if not (
+            isinstance(cpu, torch.Tensor)
+            and cpu.dtype in INDEX_DTYPES
+            and cpu.dim() == 1
+            and cpu.shape[0] == bs
+            and cpu.is_cpu
+        ):
+            return False
+    for t in tensors:
+        if not (isinstance(t, torch.Tensor) and t.dtype in INDEX_DTYPES and t.dim() == 1):
+            return False
+        if t.shape[0] != bs:
+            return False
+    return True
+
+
+def check_decode_structure(
+    seq_lens: torch.Tensor, seq_lens_cpu: torch.Tensor, last_loc: torch.Tensor
+) -> int:
+    """The batch size of an ``alloc_decode`` call: ``seq_lens_cpu`` a 1-D CPU integer tensor,
+    ``seq_lens`` / ``last_loc`` 1-D int32/int64 tensors of as many entries (meta allowed: the
+    sync-free tests run allocators there). ``TypeError`` / ``ValueError`` naming the argument."""
+    # the batch size when seq_lens_cpu is 1-D, else -1: lengths_ok fails and the detailed
+    # checks name the argument (inline: this runs on every call)
+    bs = (
+        seq_lens_cpu.shape[0]
+        if isinstance(seq_lens_cpu, torch.Tensor) and seq_lens_cpu.dim() == 1
+        else -1
+    )
+    if not lengths_ok(bs, (seq_lens_cpu,), (seq_lens, last_loc)):
+        bs = check_cpu_lengths("seq_lens_cpu", seq_lens_cpu)
+        for name, t in (("seq_lens", seq_lens), ("last_loc", last_loc)):
+            check_index(name, t, length=bs, allow_meta=True)
+    return bs
+
+
+def check_extend_num_tokens(tokens: int, extend_num_tokens: object) -> None:
+    """``extend_num_tokens`` is an int equal to ``sum(seq_lens_cpu - prefix_lens_cpu)``
+    (``tokens``)."""
+    if type(extend_num_tokens) is not int:  # the hot path skips the call
+        check_int("extend_num_tokens", extend_num_tokens)  # raises (an int subclass passes)
+    if tokens != extend_num_tokens:
+        raise ValueError(
+            f"extend_num_tokens must equal sum(seq_lens_cpu - prefix_lens_cpu) = {tokens}, "
+            f"got {extend_num_tokens}"
+        )
+
+
+def check_extend_inputs(  # noqa: PLR0917 - mirrors alloc_extend
+    prefix_lens: torch.Tensor,
+    prefix_lens_cpu: torch.Tensor,
+    seq_lens: torch.Tensor,
+    seq_lens_cpu: torch.Tensor,
+    last_loc: torch.Tensor,
+    extend_num_tokens: int,
+    page_size: int,
+    *,
+    allow_meta: bool = True,
+    num_new_pages: int | None = None,
+) -> tuple[int, int]:
+    """Every host-side check of an ``alloc_extend`` call, in this order; ``(new pages, new
+    tokens)``.
+
+    1. ``seq_lens_cpu`` / ``prefix_lens_cpu``: 1-D CPU integer tensors of one length ``bs``;
+       ``prefix_lens`` / ``seq_lens`` / ``last_loc``: 1-D int32/int64 tensors of ``bs`` entries
+       (on the meta device only with ``allow_meta``);
+    2. ``0 <= prefix_lens_cpu <= seq_lens_cpu`` (:func:`mem_cache_kernels.pages.extend_counts`,
+       which also counts the new pages and tokens);
+    3. ``extend_num_tokens`` an int equal to the new tokens; ``num_new_pages`` (when given)
+       equal to the new pages;
+    4. :func:`check_extend_device_inputs` (CPU "device" tensors against their host copies).
+
+    ``TypeError`` / ``ValueError`` naming the argument; reads no device memory.
+    """
+    # the batch size when seq_lens_cpu is 1-D, else -1: lengths_ok fails and the detailed
+    # checks name the argument (inline: this runs on every call)
+    bs = (
+        seq_lens_cpu.shape[0]
+        if isinstance(seq_lens_cpu, torch.Tensor) and seq_lens_cpu.dim() == 1
+        else -1
+    )
+    if not lengths_ok(bs, (seq_lens_cpu, prefix_lens_cpu), (prefix_lens, seq_lens, last_loc)) or (
+        not allow_meta and (prefix_lens.is_meta or seq_lens.is_meta or last_loc.is_meta)
+    ):
+        bs = check_cpu_lengths("seq_lens_cpu", seq_lens_cpu)
+        check_cpu_lengths("prefix_lens_cpu", prefix_lens_cpu, bs)
+        for name, t in (
+            ("prefix_lens", prefix_lens),
+            ("seq_lens", seq_lens),
+            ("last_loc", last_loc),
+        ):
+            check_index(name, t, length=bs, allow_meta=allow_meta)
+    pages, tokens = extend_counts(prefix_lens_cpu, seq_lens_cpu, page_size, names=CPU_LENGTH_NAMES)
+    check_extend_num_tokens(tokens, extend_num_tokens)
+    if num_new_pages is not None and num_new_pages != pages:
+        raise ValueError(f"num_new_pages must be {pages} for these lengths, got {num_new_pages}")
+    check_extend_device_inputs(
+        prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, page_size
+    )
+    return pages, tokens
+
+
+def _same(name: str, t: torch.Tensor, cpu_name: str, cpu: torch.Tensor) -> None:
+    if t is cpu:
+        return
+    a = t if t.dtype is torch.int64 else t.to(torch.int64)
+    b = cpu if cpu.dtype is torch.int64 else cpu.to(torch.int64)
+    if not torch.equal(a, b):
+        bad = torch.nonzero(a != b).reshape(-1)
+        raise ValueError(
+            f"{name} must equal {cpu_name}; requests {describe(bad)} have {name}="
+            f"{describe(a[bad])}, {cpu_name}={describe(b[bad])}"
+        )
+
+
+def _device_inputs_ok(  # noqa: PLR0917 - mirrors alloc_extend
+    prefix_lens: torch.Tensor,
+    prefix_lens_cpu: torch.Tensor,
+    seq_lens: torch.Tensor,
+    seq_lens_cpu: torch.Tensor,
+    last_loc: torch.Tensor,
+    page_size: int,
+) -> bool:
+    """Small batches: every check of :func:`check_extend_device_inputs` on Python lists (a few
+    ints beat a chain of small tensor ops); ``False`` when one fails (the caller raises)."""
+    pre: list[int] = prefix_lens_cpu.tolist()
+    if prefix_lens is not prefix_lens_cpu and prefix_lens.is_cpu and prefix_lens.tolist() != pre:
+        return False
+    if (
+        seq_lens is not seq_lens_cpu
+        and seq_lens.is_cpu
+        and seq_lens.tolist() != seq_lens_cpu.tolist()
+    ):
+        return False
+    if not last_loc.is_cpu:
+        return True
+    m = page_size - 1
+    for x, p in zip(last_loc.tolist(), pre, strict=True):  # a plain loop: no generator frames
+        if (x != -1) if p == 0 else (x < 0 or (x + 1) & m != p & m):
+            return False
+    return True
+
+
+def check_extend_device_inputs(  # noqa: PLR0917 - mirrors alloc_extend
+    prefix_lens: torch.Tensor,
+    prefix_lens_cpu: torch.Tensor,
+    seq_lens: torch.Tensor,
+    seq_lens_cpu: torch.Tensor,
+    last_loc: torch.Tensor,
+    page_size: int,
+) -> None:
+    """CPU "device" tensors: equal to their ``*_cpu`` copies, and ``last_loc`` consistent with
+    ``prefix_lens`` (-1 exactly for an empty prefix, ``(last_loc + 1) % ps == prefix % ps``)."""
+    if not (prefix_lens.is_cpu or seq_lens.is_cpu or last_loc.is_cpu):
+        return
+    if seq_lens_cpu.shape[0] <= SMALL_BATCH and _device_inputs_ok(
+        prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, page_size
+    ):
+        return
+    if prefix_lens.is_cpu:
+        _same("prefix_lens", prefix_lens, "prefix_lens_cpu", prefix_lens_cpu)
+    if seq_lens.is_cpu:
+        _same("seq_lens", seq_lens, "seq_lens_cpu", seq_lens_cpu)
+    if not last_loc.is_cpu:
+        return
+    m = page_size - 1
+    last64, pre64 = last_loc.to(torch.int64), prefix_lens_cpu.to(torch.int64)
+    bad_mask = torch.where(
+        pre64 == 0, last64 != -1, (last64 < 0) | (((last64 + 1) & m) != (pre64 & m))
+    )
+    bad = torch.nonzero(bad_mask).reshape(-1)
+    if bad.numel():
+        raise ValueError(
+            f"misaligned alloc_extend inputs: last_loc must be -1 for an empty prefix and "
+            f"the slot of position prefix_lens - 1 otherwise "
+            f"((last_loc + 1) % {page_size} == prefix_lens % {page_size}); requests "
+            f"{describe(bad)} have last_loc={describe(last64[bad])}, "
+            f"prefix_lens={describe(pre64[bad])}"
+        )
+
+
+def check_decode_inputs(seq_lens: torch.Tensor, seq_lens_cpu: torch.Tensor) -> None:
+    """``seq_lens_cpu >= 1`` (a decode includes its new token: 0 would hand out slot 0) and, for
+    a CPU ``seq_lens``, ``seq_lens == seq_lens_cpu``. (``last_loc`` of a decode batch is checked
+    by debug mode: on every step, a vectorised check costs more than the allocation itself.)"""
+    if seq_lens_cpu.shape[0] and int(seq_lens_cpu.min()) < 1:
+        s64 = seq_lens_cpu.to(torch.int64)
+        bad = torch.nonzero(s64 < 1).reshape(-1)
+        raise ValueError(
+            f"seq_lens_cpu must be >= 1 (they include the new token); requests {describe(bad)} "
+            f"have seq_lens_cpu={describe(s64[bad])}"
+        )
+    if seq_lens.device.type == "cpu":
+        _same("seq_lens", seq_lens, "seq_lens_cpu", seq_lens_cpu)
+
+
+# ====================================================================== kernels
+def pick(op: str, backend: str, *tensors: torch.Tensor) -> Callable[..., Any]:
+    """:func:`mem_cache_kernels.dispatch.pick`, imported on the first allocation (``import
+    mem_cache_allocator`` loads the kernels package only as far as its checks): this
+    placeholder binds the module global ``pick`` to the real function and forwards once."""
+    from mem_cache_kernels import dispatch
+
+    globals()["pick"] = dispatch.pick
+    return dispatch.pick(op, backend, *tensors)
+
+
+_TORCH_IMPLS: dict[str, Any] = {}
+
+
+def _torch_impl(op: str) -> Any:
+    """The torch implementation of kernel op ``op`` (looked up once, through the dispatch
+    module rather than this module's ``pick``, which tests replace by a stub)."""
+    fn = _TORCH_IMPLS.get(op)
+    if fn is None:
+        from mem_cache_kernels import dispatch
+
+        fn = _TORCH_IMPLS[op] = dispatch.pick(op, "torch")
+    return fn
+
+
+def host_decode(last_loc: torch.Tensor, need: Any, pages: torch.Tensor, shift: int) -> torch.Tensor:
+    """The decode slots of CPU tensors in numpy, where the torch kernel would run: ``last_loc +
+    1``, and ``pages << shift`` (the first slot of the next free page, request order) for the
+    requests whose new token starts a page (``need``: the numpy mask of
+    :func:`mem_cache_kernels.pages.decode_page_starts`, ``len(pages)`` true entries). The slots
+    of the ``alloc_decode`` kernel (tested against it), without a torch op per call. A new int64
+    CPU tensor; reads and writes nothing else."""
+    out = _np.add(last_loc.numpy(), 1, dtype=_np.int64)
+    if pages.shape[0]:
+        out[need] = pages.numpy() << shift
+    return torch.from_numpy(out)
+
+
+# ====================================================================== the allocator
+@dataclass(frozen=True, slots=True)
+class PageAllocatorState:
+    """Opaque result of ``backup_state()`` (tensor references; debug bitmaps are copies)."""
+
+    owner: int
+    free: FreeListSnapshot
+    release: tuple[torch.Tensor, ...]
+    num_release: int
+    debug: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None
+
+
+def unique_sorted(t: torch.Tensor) -> torch.Tensor:
+    """``torch.unique(t)``: ascending, deduplicated (a data-dependent shape: syncs on GPUs)."""
+    out: torch.Tensor = torch.unique(t)
+    return out
+
+
+def host_unique_pages(parts: list[torch.Tensor], shift: int, num_pages: int) -> torch.Tensor | None:
+    """``torch.unique(torch.cat(parts) >> shift)`` of non-empty CPU int32/int64 slot tensors, in
+    numpy, as int64, or ``None`` when a page falls outside ``[1, num_pages]`` (the caller's error
+    path names the slots): one copy, an in-place shift and sort, an adjacent-difference mask.
+    Same values, int64, at about a third of ``torch.unique``'s cost on a CPU. (A scatter into a
+    page bitmap plus a scan measured no faster on the benchmark's trace.)"""
+    assert _np is not None
+    if len(parts) > 1:
+        a = _np.concatenate([t.numpy() for t in parts])
+        if shift:
+            _np.right_shift(a, shift, out=a)
+    else:
+        a = _np.right_shift(parts[0].numpy(), shift)  # a new array (shift 0 included)
+    a.sort()
+    if a[0] < 1 or a[-1] > num_pages:
+        return None
+    n = a.shape[0]
+    if n > 1:
+        keep = _np.empty(n, dtype=_np.bool_)
+        keep[0] = True
+        _np.not_equal(a[1:], a[:-1], out=keep[1:])
+        a = a[keep]
+    if a.dtype != _np.int64:
+        a = a.astype(_np.int64)
+    return torch.from_numpy(a)
+
+
+_INT64 = (torch.int64,)
+_SLOTS = "slots"  # free-group entry kinds: slot ids (``free``; page ids for paged) ...
+_PAGES = "pages"  # ... or exact page ids (``free_segment(s)`` / ``free_page_ids``)
+
+
+class PageAllocatorCore(BaseTokenToKVPoolAllocator):
+    """Page-granular free-list allocator; see :class:`PagedTokenToKVPoolAllocator`."""
+
+    _FREE_TO_FRONT: ClassVar[bool] = True
+    _SORT_FREES: ClassVar[bool] = True
+
+    def __init__(  # noqa: PLR0917 - SGLang-compatible positional signature
+        self,
+        size: int,
+        page_size: int,
+        dtype: torch.dtype,
+        device: str | torch.device,
+        kvcache: KVCache | None,
+        need_sort: bool = False,
+        *,
+        debug: bool = False,
+    ) -> None:
+        super().__init__(size, page_size, dtype, device, kvcache, need_sort)
+        self.num_pages = size // page_size
+        self._page_shift = page_size.bit_length() - 1  # slot >> shift == slot // page_size
+        self._cpu = self.device.type == "cpu"  # CPU frees keep the caller's index dtype
+        # kernel bodies by op name, picked on the first allocation that needs each (_bind)
+        self._impls: dict[str, Callable[..., Any]] = {}
+        self._decode_on_host = False  # the decode's torch body would run: numpy twin instead
+        self._free = ChunkedFreeList(self.device, arena_size=self.num_pages)
+        self._release: list[torch.Tensor] = []
+        self._num_release = 0
+        self._page_offsets = torch.arange(page_size, dtype=torch.int64, device=self.device)
+        self._free_empty = torch.empty(0, dtype=torch.int64, device=self.device)
+        self._debug: DebugTracker | None = (
+            DebugTracker(type(self).__name__, self.num_pages, page_size)
+            if debug_enabled(debug)
+            else None
+        )
+        self.clear()
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def debug(self) -> bool:
+        """Whether debug-mode ownership checks run (constructor flag or ``MEM_CACHE_DEBUG``)."""
+        return self._debug is not None
+
+    @property
+    def capacity(self) -> int:
+        """Tokens this allocator can hand out at most: ``(size // page_size) * page_size``."""
+        return self.num_pages * self.page_size
+
+    def available_size(self) -> int:
+        return (len(self._free) + self._num_release) * self.page_size
+
+    def free_page_count(self) -> int:
+        """Pages on the free list plus staged pages (host-side)."""
+        return len(self._free) + self._num_release
+
+    @property
+    def free_pages(self) -> torch.Tensor:
+        """Read-only view under SGLang's name: the free list front-to-back (staged pages not
+        included; a tensor the allocator never writes, O(free pages) on first access)."""
+        return self._free.to_tensor()
+
+    @property
+    def release_pages(self) -> torch.Tensor:
+        """Read-only view under SGLang's name: the staged (``need_sort``) pages, a new tensor."""
+        if not self._release:
+            return self._free_empty
+        return torch.cat(self._release) if len(self._release) > 1 else self._release[0]
+
+    @property
+    def free_group(self) -> list[torch.Tensor] | None:
+        """Read-only view under SGLang's name: ``None`` outside a free group, else the queued
+        tensors (page ids for paged ``free``/``free_segment``, slots for the token allocator)."""
+        group = self._free_group
+        return None if group is None else [t for t, _ in group]
+
+    @property
+    def is_not_in_free_group(self) -> bool:
+        """SGLang 0.5.14's flag: ``True`` outside a free group."""
+        return self._free_group is None
+
+    @property
+    def debug_mode(self) -> bool:
+        """SGLang's name of :attr:`debug` (its ``SGLANG_DEBUG_MEMORY_POOL`` checks)."""
+        return self._debug is not None
+
+    @property
+    def use_triton_kernels(self) -> bool:
+        """Whether allocations run the Triton kernels (a GPU allocator under the ``auto`` or
+        ``triton`` kernel backend); ``False`` for CPU allocators, which use the torch / host
+        path."""
+        if self.device.type != "cuda":
+            return False
+        return pick("alloc_extend", "auto", self._page_offsets) is not _torch_impl("alloc_extend")
+
+    @property
+    def staged_pages(self) -> list[torch.Tensor]:
+        """SGLang's ``need_sort`` staging list: the staged page-id tensors (a new list; the
+        tensors are the allocator's, treat them as read-only)."""
+        return list(self._release)
+
+    @property
+    def num_staged_pages(self) -> int:
+        """Pages in :attr:`staged_pages` (host-side)."""
+        return self._num_release
+
+    @property
+    def free_page_ids_group(self) -> list[torch.Tensor]:
+        """SGLang's queue of exact page-id frees (``free_segment(s)`` / ``free_page_ids``) in
+        the open free group; ``[]`` outside a group."""
+        group = self._free_group
+        return [] if group is None else [t for t, kind in group if kind is _PAGES]
+
+    def get_all_free_pages(self) -> torch.Tensor:
+        """Every free page id: the free list front-to-back, then the staged pages (a copy)."""
+        return self.free_pages_tensor()
+
+    def resize(self, config: Any) -> None:
+        """Resize to ``config.max_total_num_tokens`` tokens (``num_pages`` whole pages) and
+        :meth:`clear`: the free list, staging and debug bookkeeping are rebuilt for the new
+        capacity. The pool is the caller's to resize. Outstanding slots are forgotten."""
+        size = check_config(config, "max_total_num_tokens")["max_total_num_tokens"]
+        self.size = size
+        self.num_pages = size // self.page_size
+        self._free = ChunkedFreeList(self.device, arena_size=self.num_pages)
+        if self._debug is not None:
+            self._debug = DebugTracker(type(self).__name__, self.num_pages, self.page_size)
+        self.clear()
+
+    def free_pages_tensor(self) -> torch.Tensor:
+        """The free list front-to-back followed by staged pages (a copy; O(free pages))."""
+        parts = [self._free.to_tensor(), *self._release]
+        return torch.cat(parts) if len(parts) > 1 else parts[0].clone()
+
+    # ------------------------------------------------------------------ state
+    def clear(self) -> None:
+        self._free.clear()
+        self._free.push_back(
+            torch.arange(1, self.num_pages + 1, dtype=torch.int64, device=self.device)
+        )
+        self._release = []
+        self._num_release = 0
+        self._free_group = None
+        if self._debug is not None:
+            self._debug.reset()
+
+    def backup_state(self) -> PageAllocatorState:
+        return PageAllocatorState(
+            owner=id(self),
+            free=self._free.snapshot(),
+            release=tuple(self._release),
+            num_release=self._num_release,
+            debug=None if self._debug is None else self._debug.snapshot(),
+        )
+
+    def restore_state(self, state: Any) -> None:
+        if not isinstance(state, PageAllocatorState) or state.owner != id(self):
+            raise ValueError(
+                f"state must come from this allocator's backup_state(), got {type(state).__name__}"
+            )
+        self._free.restore(state.free)
+        self._release = list(state.release)
+        self._num_release = state.num_release
+        if self._debug is not None and state.debug is not None:
+            self._debug.restore(state.debug)
+
+    def merge_and_sort_free(self) -> None:
+        if not self._num_release:
+            return
+        merged = torch.sort(torch.cat([self._free.to_tensor(), *self._release])).values
+        self._free.clear()
+        self._free.push_back(merged)
+        self._release = []
+        self._num_release = 0
+
+    def merge_for_decode(self, bs: int) -> None:
+        """SGLang's ``alloc_decode`` merge trigger (``need_sort`` and ``bs > len(free)``); the
+        paired allocators run it on both sides before their capacity pre-check."""
+        check_int("bs", bs)
+        if self.need_sort and bs > len(self._free):
+            self.merge_and_sort_free()
+
+    # ------------------------------------------------------------------ allocation
+    def _pages_to_slots(self, pages: torch.Tensor) -> torch.Tensor:
+        if self.page_size == 1:
+            return pages  # a view of an immutable free-list chunk (as in SGLang)
+        return (pages[:, None] * self.page_size + self._page_offsets).reshape(-1)
+
+    def alloc(self, need_size: int) -> torch.Tensor | None:
+        if type(need_size) is not int or need_size < 0:  # the hot path skips the call
+            check_int("need_size", need_size, minimum=0)  # raises (an int subclass passes)
+        ps = self.page_size
+        if need_size % ps:
+            raise ValueError(
+                f"need_size must be a multiple of page_size={ps} (whole pages), got {need_size}"
+            )
+        n = need_size // ps
+        if self.need_sort and n > len(self._free):
+            self.merge_and_sort_free()
+        if n > len(self._free):
+            return None
+        pages = self._free.head(n)
+        out = self._pages_to_slots(pages)
+        if self._debug is not None:
+            self._debug_commit(pages, out)
+        self._free.drop(n)
+        return out
+
+    def alloc_extend(  # noqa: PLR0917 - SGLang-compatible positional signature
+        self,
+        prefix_lens: torch.Tensor,
+        prefix_lens_cpu: torch.Tensor,
+        seq_lens: torch.Tensor,
+        seq_lens_cpu: torch.Tensor,
+        last_loc: torch.Tensor,
+        extend_num_tokens: int,
+        num_new_pages: int | None = None,
+    ) -> torch.Tensor | None:
+        """Slots of an extend batch: request-major, positions ``prefix_lens[i] ..
+        seq_lens[i] - 1`` (the module doc's layout), int64 on this device, or ``None``.
+
+        Checks every argument once, on the host (:func:`check_extend_inputs`, which counts the
+        new pages), then runs the trusted kernel body (``pick("alloc_extend", ...)``): nothing
+        below re-checks or re-counts. Page size 1 hands out the free-list prefix (no kernel).
+        """
+        ps = self.page_size
+        pages, tokens = check_extend_inputs(
+            prefix_lens,
+            prefix_lens_cpu,
+            seq_lens,
+            seq_lens_cpu,
+            last_loc,
+            extend_num_tokens,
+            ps,
+            num_new_pages=num_new_pages,
+        )
+        dev = self.device
+        if ps > 1 and not (
+            prefix_lens.device == dev and seq_lens.device == dev and last_loc.device == dev
+        ):  # the kernel's operands share the allocator's device
+            check_same_device(dev, prefix_lens=prefix_lens, seq_lens=seq_lens, last_loc=last_loc)
+        if self.need_sort and extend_num_tokens // ps + seq_lens_cpu.shape[0] + 1 > len(self._free):
+            self.merge_and_sort_free()
+        if pages > len(self._free):
+            return None
+        if self._debug is not None:
+            _debug.check_extend_inputs(
+                ps, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc
+            )
+        head = self._free.head(pages)
+        if ps == 1:
+            out = head
+        else:
+            out = torch.empty(tokens, dtype=torch.int64, device=self.device)
+            if tokens:
+                impl = self._impls.get("alloc_extend") or self._bind("alloc_extend", out)
+                impl(
+                    prefix_lens,
+                    seq_lens,
+                    last_loc,
+                    head,
+                    out,
+                    ps,
+                    num_new_pages=pages,
+                    num_tokens=tokens,
+                )
+        if self._debug is not None:
+            self._debug_commit(head, out)
+        self._free.drop(pages)
+        return out
+
+    def alloc_decode(
+        self, seq_lens: torch.Tensor, seq_lens_cpu: torch.Tensor, last_loc: torch.Tensor
+    ) -> torch.Tensor | None:
+        """One slot per request (``seq_lens`` count the new token): ``last_loc + 1``, or the
+        first slot of the next free page for a request whose new token starts a page (request
+        order). int64 ``[bs]`` on this device, or ``None``.
+
+        Checks once on the host (:func:`check_decode_structure`, the page count of
+        :mod:`mem_cache_kernels.pages`; ``last_loc`` of a GPU batch only in debug mode), then
+        runs the trusted kernel body, or on CPU tensors under the torch backend its numpy twin
+        :func:`host_decode`.
+        """
+        bs = check_decode_structure(seq_lens, seq_lens_cpu, last_loc)
+        ps = self.page_size
+        dev = self.device
+        if ps > 1 and not (seq_lens.device == dev and last_loc.device == dev):
+            check_same_device(dev, seq_lens=seq_lens, last_loc=last_loc)
+        plan = decode_page_starts(seq_lens_cpu, ps)
+        need = None
+        if plan is None or (
+            seq_lens is not seq_lens_cpu
+            and seq_lens.is_cpu
+            and _np.count_nonzero(seq_lens_cpu.numpy() != seq_lens.numpy())
+        ):
+            check_decode_inputs(seq_lens, seq_lens_cpu)  # raises naming the argument, or passes
+            pages = decode_counts(seq_lens_cpu, ps, name="seq_lens_cpu")
+        else:
+            pages, need = plan
+        if self.need_sort and bs > len(self._free):
+            self.merge_and_sort_free()
+        if pages > len(self._free):
+            return None
+        if self._debug is not None:
+            _debug.check_decode_inputs(ps, seq_lens, seq_lens_cpu, last_loc)
+        head = self._free.head(pages)
+        if ps == 1:
+            out = head
+        else:
+            impl = self._impls.get("alloc_decode") or self._bind("alloc_decode", head)
+            if need is not None and self._decode_on_host and last_loc.is_cpu and seq_lens.is_cpu:
+                out = host_decode(last_loc, need, head, self._page_shift)
+            else:
+                out = torch.empty(bs, dtype=torch.int64, device=self.device)
+                if bs:
+                    impl(seq_lens, last_loc, head, out, ps, num_new_pages=pages)
+        if self._debug is not None:
+            self._debug_commit(head, out)
+        self._free.drop(pages)
+        return out
+
+    def _bind(self, op: str, operand: torch.Tensor) -> Callable[..., Any]:
+        """The trusted kernel body of ``op`` for this allocator's device, picked once
+        (``pick(op, "auto", operand)``: the kernels' backend setting is read on the allocator's
+        first allocation that runs a kernel, then kept for its lifetime)."""
+        impl = self._impls[op] = pick(op, "auto", operand)
+        if op == "alloc_decode":
+            self._decode_on_host = _np is not None and impl is _torch_impl(op)
+        return impl
+
+    # ------------------------------------------------------------------ free
+    def free(self, free_index: torch.Tensor) -> None:
+        """Release every page any slot of ``free_index`` touches (SGLang 0.5.23's ``free``).
+
+        Any slot set: any order, int32 or int64, partial pages, several requests concatenated,
+        duplicates. Paged: the pages ``unique(free_index // page_size)`` go, ascending, in front
+        of the free list (``need_sort``: staged). Token allocator (page size 1): the slots are
+        appended in the given order, no dedup (as SGLang). Inside a free group the call is
+        queued and the group's pages are deduplicated at :meth:`free_group_end`.
+
+        Cost: ``torch.unique`` has a data-dependent output shape, so a paged ``free`` outside a
+        group makes one device->host sync (one per group inside a group). The sync-free release
+        is :meth:`free_segment` / :meth:`free_segments` (the caller states the positions).
+
+        Errors (before any state change): ``TypeError``/``ValueError`` for a non-tensor or a
+        non-integer / non-1-D tensor; on CPU tensors ``ValueError`` for a slot of the padding
+        page 0 or out of range; ``ValueError`` when the free would push ``available_size()``
+        above capacity (a double free the host-side count can see); debug mode checks ownership.
+        """
+        group = self._free_group
+        t = free_index
+        if (
+            self._cpu
+            and isinstance(t, torch.Tensor)
+            and t.dim() == 1
+            and t.dtype in INDEX_DTYPES
+            and t.is_cpu
+        ):  # CPU slots of either index dtype; the range is checked once: on the deduplicated
+            # pages (paged), in the token free's one pass, or at the group's end
+            if not t.shape[0]:
+                return
+            if group is not None:  # the group owns a copy (the caller may reuse t), int64:
+                # one op either way, and the group's end then concatenates one dtype
+                group.append((t.clone() if t.dtype is torch.int64 else t.to(torch.int64), _SLOTS))
+                return
+            if not self._SORT_FREES:
+                self._check_cpu_range("free_index", t, page_ids=False)
+            self.commit_free(self.prepare_free(t, free_index))
+            return
+        # other devices: int64 on this device (range checks as above, on CPU inputs only)
+        idx = self._index_input(
+            "free_index",
+            free_index,
+            page_ids=False,
+            check_range=group is None and not self._SORT_FREES,
+        )
+        if idx is None:
+            return
+        if group is not None:
+            group.append((idx.clone() if idx is free_index else idx, _SLOTS))
+            return
+        self.commit_free(self.prepare_free(idx, free_index))
+
+    def prepare_free(self, idx: torch.Tensor, caller: object = None) -> torch.Tensor:
+        """The pages ``free`` would release for validated slots ``idx`` (int64, this device),
+        checked (range on CPU, capacity count, debug ownership) but not released:
+        :meth:`commit_free` does. Composites validate both sides before changing either."""
+        self._check_validated("idx", idx, any_index_dtype=self._cpu)
+        if not self._SORT_FREES:
+            if idx.dtype is not torch.int64:
+                pages = idx.to(torch.int64)  # a new tensor, owned
+            else:
+                pages = idx.clone() if idx is caller else idx
+            if self._debug is not None:
+                self._debug.check_free_slots(idx, pages, aligned=False)
+            self._check_count(pages.shape[0])
+            return pages
+        cpu = idx.device.type == "cpu"
+        host = (
+            host_unique_pages([idx], self._page_shift, self.num_pages)
+            if cpu and _np is not None
+            else None
+        )
+        if host is not None:
+            uniq = host
+        else:
+            uniq = unique_sorted(idx >> self._page_shift if self.page_size > 1 else idx)
+            if cpu:
+                self._check_sorted_pages("free_index", uniq, idx)
+            if uniq.dtype is not torch.int64:
+                uniq = uniq.to(torch.int64)
+        if self._debug is not None:
+            self._debug.check_free_slots(idx, uniq, aligned=False, dedup=True)
+        self._check_count(uniq.shape[0])
+        return uniq
+
+    def commit_free(self, pages: torch.Tensor) -> None:
+        """Release ``pages`` from :meth:`prepare_free` (only a type check: a 1-D int64 tensor on
+        this device, else ``TypeError``/``ValueError`` before any change)."""
+        self._check_validated("pages", pages)
+        if self._debug is not None:
+            self._debug.on_free_pages(pages)
+        self._push(pages)
+
+    def check_free_input(self, name: str, t: object) -> torch.Tensor | None:
+        """Validate a slot tensor as ``free`` does; int64 on this device, ``None`` if empty.
+        ``name`` (a str) is the caller's argument name used in the error messages."""
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a str (the argument name), got {type(name).__name__}")
+        return self._free_input(name, t)
+
+    def free_unaligned(self, free_index: torch.Tensor) -> None:
+        """Deprecated alias of :meth:`free` (``free`` accepts unaligned slots since SGLang's
+        contract became ours); warns once per call and is removed after one release."""
+        warnings.warn(
+            "free_unaligned is deprecated: free accepts the same input (SGLang's contract); "
+            "call free",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        self.free(free_index)
+
+    def free_page_ids(self, page_ids: torch.Tensor) -> None:
+        """Release exactly ``page_ids`` (no dedup, kept in the given order); sync-free."""
+        pages = self._index_input("page_ids", page_ids, page_ids=True)
+        if pages is None:
+            return
+        pages = pages.clone() if pages is page_ids else pages
+        if self._free_group is not None:
+            self._free_group.append((pages, _PAGES))
+            return
+        if self._debug is not None:
+            self._debug.check_free_pages(pages)
+        self._check_count(pages.shape[0])
+        self.commit_free(pages)
+
+    def free_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
+        """Free one request's slots of positions ``[start_pos, start_pos + len(free_index))``.
+
+        Sync-free: the caller states the structure (``free_index[k]`` is the slot of position
+        ``start_pos + k`` of one request, so a page's slots sit together), and the page ids are
+        taken by stride on the host-known positions: the first slot, then the first slot of every
+        page boundary after ``start_pos``. Releases exactly ``unique(free_index // page_size)``
+        (a segment starting inside a page releases that page too), in position order.
+        """
+        check_int("start_pos", start_pos, minimum=0)
+        idx = self._index_input("free_index", free_index, page_ids=False, check_range=False)
+        if idx is None:
+            return
+        pages = self._segment_pages(idx, start_pos)
+        self._release_page_list([pages], free_index, [(idx, pages)])
+
+    def free_segments(self, segments: Iterable[tuple[torch.Tensor, int]]) -> None:
+        """Free ascending ``(free_index, start_pos)`` segments of one request's kv row.
+
+        A page shared by two consecutive segments (one ends inside it, the next starts in it) is
+        released once; every other page as :meth:`free_segment` would. Sync-free; one release
+        (one free-list insertion) for all segments, pages in position order.
+        """
+        parts: list[torch.Tensor] = []
+        checked: list[tuple[torch.Tensor, torch.Tensor]] = []
+        if self._debug is not None and isinstance(segments, list | tuple):
+            segments = list(segments)  # the debug check sees the untrimmed slots
+        for free_index, start_pos in trim_segments(segments, self.page_size):
+            idx = self._index_input("segments", free_index, page_ids=False, check_range=False)
+            if idx is None:
+                continue
+            pages = self._segment_pages(idx, start_pos)
+            parts.append(pages)
+            checked.append((idx, pages))
+        if parts:
+            whole: list[torch.Tensor] | None = None
+            if self._debug is not None and isinstance(segments, list):
+                whole = []
+                for seg in segments:
+                    i = self._free_input("segments", seg[0])
+                    if i is not None:
+                        whole.append(i)
+            self._release_page_list(parts, None, checked, whole)
+
+    def _release_page_list(
+        self,
+        parts: list[torch.Tensor],
+        caller: torch.Tensor | None,
+        checked: list[tuple[torch.Tensor, torch.Tensor]],
+        whole: list[torch.Tensor] | None = None,
+    ) -> None:
+        pages = torch.cat(parts) if len(parts) > 1 else parts[0]
+        if pages is caller:
+            pages = pages.clone()
+        if self._free_group is not None:
+            self._free_group.append((pages, _PAGES))
+            return
+        if pages.device.type == "cpu":
+            self._check_cpu_range("free_segment", pages, page_ids=True)
+        if self._debug is not None:
+            for idx, p in checked:
+                self._debug.check_derivation(idx, p)
+            slots = whole or [idx for idx, _ in checked]
+            self._debug.check_free_slots(
+                torch.cat(slots) if len(slots) > 1 else slots[0], pages, aligned=False
+            )
+        self._check_count(pages.shape[0])
+        self.commit_free(pages)
+
+    def _segment_pages(self, idx: torch.Tensor, start_pos: int) -> torch.Tensor:
+        """Page ids of the segment ``idx`` of positions from ``start_pos`` (position order)."""
+        ps = self.page_size
+        if ps == 1:
+            return idx.clone()  # the free list / the group owns what it keeps
+        head = start_pos & (ps - 1)
+        if head == 0:
+            return idx[::ps] >> self._page_shift
+        first_boundary = ps - head  # local index of the first slot of the next page
+        if first_boundary >= idx.shape[0]:
+            return idx[:1] >> self._page_shift
+        return torch.cat((idx[:1], idx[first_boundary::ps])) >> self._page_shift
+
+    # ------------------------------------------------------------------ free helpers
+    def _check_validated(self, name: str, t: object, *, any_index_dtype: bool = False) -> None:
+        """Host-only type check of an already validated index tensor (int64, 1-D, this device:
+        what :meth:`check_free_input` returns; int32 too with ``any_index_dtype``)."""
+        if not (
+            isinstance(t, torch.Tensor)
+            and (t.dtype is torch.int64 or (any_index_dtype and t.dtype in INDEX_DTYPES))
+            and t.dim() == 1
+            and t.device == self.device
+        ):  # the fast path above; the generic check names what is wrong
+            dtypes = INDEX_DTYPES if any_index_dtype else _INT64
+            check_index(name, t, dtypes=dtypes, device=self.device, allow_meta=True)
+
+    def _free_input(self, name: str, t: object) -> torch.Tensor | None:
+        """``t`` as int64 on the allocator's device (``None`` when empty), validated."""
+        return self._index_input(name, t, page_ids=False)
+
+    def _check_sorted_pages(self, name: str, pages: torch.Tensor, slots: torch.Tensor) -> None:
+        """Range of ascending CPU page ids ``pages`` derived from ``slots`` (two reads)."""
+        lo, hi = int(pages[0]), int(pages[-1])
+        if lo >= 1 and hi <= self.num_pages:
+            return
+        if lo < 0 or hi > self.num_pages:
+            limit = (self.num_pages + 1) * self.page_size
+            bad = slots[(slots < 0) | (slots >= limit)]
+            raise ValueError(
+                f"{name} has out-of-range slots {describe(bad)} (valid: [{self.page_size}, "
+                f"{limit}))"
+            )
+        bad = slots[slots < self.page_size]
+        raise ValueError(
+            f"{name}: free of the padding page 0: {describe(bad)} (page 0 is never handed out)"
+        )
+
+    def _index_input(
+        self, name: str, t: object, *, page_ids: bool, check_range: bool = True
+    ) -> torch.Tensor | None:
+        # the structural check: a fast path, else the generic check, which raises naming what
+        # is wrong (meta tensors pass it; they are refused below unless the allocator is on meta)
+        if isinstance(t, torch.Tensor) and t.dim() == 1 and t.dtype in INDEX_DTYPES:
+            idx = t
+        else:
+            idx = check_index(name, t, allow_meta=True)
+        if idx.shape[0] == 0:
+            return None
+        if check_range and idx.device.type == "cpu":
+            self._check_cpu_range(name, idx, page_ids=page_ids)
+        if idx.dtype is torch.int64 and idx.device == self.device:
+            return idx
+        if idx.is_meta:
+            raise ValueError(f"{name} must hold data (on {self.device}), got a meta tensor")
+        return idx.to(device=self.device, dtype=torch.int64)
+
+    def _check_cpu_range(self, name: str, t: torch.Tensor, *, page_ids: bool) -> None:
+        """Host-side checks on CPU inputs (no device sync): padding page 0 and out-of-range."""
+        lo_t, hi_t = torch.aminmax(t)
+        lo, hi = int(lo_t), int(hi_t)
+        unit = 1 if page_ids else self.page_size
+        limit = (self.num_pages + 1) * unit
+        if lo < 0 or hi >= limit:
+            bad = t[(t < 0) | (t >= limit)]
+            what = "page ids" if page_ids else "slots"
+            raise ValueError(
+                f"{name} has out-of-range {what} {describe(bad)} (valid: [{unit}, {limit}))"
+            )
+        if lo < unit:
+            bad = t[t < unit]
+            raise ValueError(
+                f"{name}: free of the padding page 0: {describe(bad)} (page 0 is never handed out)"
+            )
+
+    def _check_count(self, n: int, queued: int = 0) -> None:
+        """A free of ``n`` pages must not push the free count above capacity (double free)."""
+        have = len(self._free) + self._num_release + queued
+        if have + n > self.num_pages:
+            raise ValueError(
+                f"{type(self).__name__}: double free: releasing {n} pages with {have} of "
+                f"{self.num_pages} already free would exceed capacity (available_size() "
+                f"{(have + n) * self.page_size} > {self.capacity})"
+            )
+
+    def _push(self, pages: torch.Tensor) -> None:
+        if self.need_sort:
+            self._release.append(pages)
+            self._num_release += pages.shape[0]
+        elif self._FREE_TO_FRONT:
+            self._free.push_front(pages)
+        else:
+            self._free.push_back(pages)
+
+    def _flush_free_group(self, group: list[Any]) -> None:
+        """Apply the group's frees as SGLang does: one free of their union.
+
+        Paged: the pages of every ``free`` in the group, deduplicated and ascending, go first
+        (one ``torch.unique``: the group's one sync), then the pages of ``free_segment(s)`` /
+        ``free_page_ids`` calls that the ``free`` calls did not release already, in call order,
+        in front of them. Token allocator: every slot in call order, appended. On an error
+        (double free by the count, debug ownership) nothing is released and the group stays
+        open.
+        """
+        try:
+            pages = self._group_pages(group)
+        except BaseException:
+            self._free_group = group
+            raise
+        if pages is not None:
+            for part in pages:
+                self._push(part)
+
+    def _group_pages(self, group: list[Any]) -> list[torch.Tensor] | None:
+        cpu = self.device.type == "cpu"
+        if not self._SORT_FREES:
+            merged = torch.cat([t for t, _ in group]) if len(group) > 1 else group[0][0]
+            if merged.dtype is not torch.int64:  # int32 slots queued as given
+                merged = merged.to(torch.int64)
+            if cpu:
+                self._check_cpu_range("free_index", merged, page_ids=False)
+            if self._debug is not None:
+                self._debug.check_free_slots(merged, merged, aligned=False)
+            self._check_count(merged.shape[0])
+            if self._debug is not None:
+                self._debug.on_free_pages(merged)
+            if not (self.need_sort or self._FREE_TO_FRONT):
+                self._free.extend_back([t for t, _ in group])
+                return None
+            return [merged]
+        slot_parts = [t for t, kind in group if kind is _SLOTS]
+        page_parts = [t for t, kind in group if kind is _PAGES]
+        out: list[torch.Tensor] = []
+        unique_pages: torch.Tensor | None = None
+        if slot_parts:
+            host = (
+                host_unique_pages(slot_parts, self._page_shift, self.num_pages)
+                if cpu and _np is not None  # one numpy pass: range check, sort, mask
+                else None
+            )
+            if host is not None:
+                unique_pages = host
+            else:
+                slots = torch.cat(slot_parts) if len(slot_parts) > 1 else slot_parts[0]
+                unique_pages = unique_sorted(
+                    slots >> self._page_shift if self.page_size > 1 else slots
+                )
+                if cpu:
+                    self._check_sorted_pages("free_index", unique_pages, slots)
+                if unique_pages.dtype is not torch.int64:
+                    unique_pages = unique_pages.to(torch.int64)
+            out.append(unique_pages)
+        if page_parts:
+            listed = torch.cat(page_parts) if len(page_parts) > 1 else page_parts[0]
+            if cpu:
+                self._check_cpu_range("free_segment / free_page_ids", listed, page_ids=True)
+            if unique_pages is not None:  # a page both kinds release goes once
+                listed = listed[~torch.isin(listed, unique_pages)]
+            out.append(listed)
+        merged = torch.cat(out) if len(out) > 1 else out[0]
+        if self._debug is not None:
+            self._debug.check_free_pages(merged)
+        self._check_count(merged.shape[0])
+        if self._debug is not None:
+            self._debug.on_free_pages(merged)
+        return out
+
+    # ------------------------------------------------------------------ debug helpers
+    def _debug_commit(self, pages: torch.Tensor, slots: torch.Tensor) -> None:
+        assert self._debug is not None
+        snap = self._debug.snapshot()
+        try:
+            self._debug.on_take_pages(pages)
+            self._debug.on_hand_out(slots)
+        except BaseException:
+            self._debug.restore(snap)
+            raise
