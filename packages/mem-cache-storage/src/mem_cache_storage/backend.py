@@ -276,7 +276,8 @@ def check_keys(keys: object, name: str = "keys") -> list[str]:
 
 @dataclass(frozen=True, slots=True)
 class KeySpace:
-    """Maps caller keys to storage keys for one (model, weights, page size, rank) (see module)."""
+    """Maps caller keys to storage keys for one (model, weights, page size, rank) (the key
+    scheme: :mod:`mem_cache_storage.keys`)."""
 
     model_name: str
     model_fingerprint: str
