@@ -455,8 +455,8 @@ def bools(n: int, result: object) -> list[bool]:
     """``result`` as ``n`` bools (``True`` only for ``True``); ``ValueError`` for anything but a
     list of ``n`` (the :func:`guarded` answer of a per-page call)."""
     if not isinstance(result, list) or len(result) != n:
-        raise ValueError(f"returned {type(result).__name__} "
-                         f"{len(result) if isinstance(result, list) else ''} for {n} pages")
+        what = f"{len(result)} results" if isinstance(result, list) else type(result).__name__
+        raise ValueError(f"returned {what} for {n} pages")
     return [r is True for r in result]
 
 
