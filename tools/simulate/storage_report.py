@@ -20,6 +20,7 @@ def l3_dict(stats: SimStats) -> dict[str, Any] | None:
     s: L3Stats | None = stats.l3
     if s is None:
         return None
+    c = s.controller
     return {
         "backend": s.backend, "write_policy": s.write_policy,
         "lookups": s.lookups, "hits": s.hits, "hit_tokens": s.hit_tokens,
@@ -29,11 +30,11 @@ def l3_dict(stats: SimStats) -> dict[str, Any] | None:
         if stats.reusable_tokens else 0.0,
         "hits_after_restart": s.hits_after_restart, "load_failures": s.load_failures,
         "timeouts": s.timeouts, "restarts": s.restarts,
-        "pages_loaded": s.pages_loaded, "bytes_loaded": s.bytes_loaded,
-        "load_gb_per_s": round(s.load_gb_per_s, 3),
-        "pages_written": s.pages_written, "pages_skipped": s.pages_skipped,
-        "pages_write_failed": s.pages_write_failed, "bytes_written": s.bytes_written,
-        "write_gb_per_s": round(s.write_gb_per_s, 3),
+        "pages_loaded": c.pages_loaded, "bytes_loaded": c.bytes_loaded,
+        "load_gb_per_s": round(c.load_gb_per_s, 3),
+        "pages_written": c.pages_written, "pages_skipped": c.pages_skipped,
+        "pages_write_failed": c.pages_write_failed, "bytes_written": c.bytes_written,
+        "write_gb_per_s": round(c.write_gb_per_s, 3),
         "prefetch_p50_ms": round(s.prefetch_p50_s * 1e3, 3),
         "prefetch_p99_ms": round(s.prefetch_p99_s * 1e3, 3),
         "backend_errors": s.backend_errors, "pages_rejected": s.pages_rejected,
@@ -59,6 +60,7 @@ def l3_rows(stats: SimStats, cfg: SimConfig) -> list[tuple[str, str, str]]:
     s: L3Stats | None = stats.l3
     if s is None:
         return [("L3 storage", "off", backend_label(cfg).removeprefix("off ").strip("()"))]
+    c = s.controller
     faults = ", ".join(f"{k} {v}" for k, v in s.faults.items())
     where = (f"directory {s.directory}" if s.backend == "file"
              else f"master {s.directory}")
@@ -69,13 +71,13 @@ def l3_rows(stats: SimStats, cfg: SimConfig) -> list[tuple[str, str, str]]:
          f"{_pct(s.hit_tokens, stats.reusable_tokens)} of prefix tokens ({s.hit_tokens:,}, all "
          f"verified bit-exact on load); {s.lookups} lookups after L1/L2 misses; restarts "
          f"{s.restarts} ({s.hits_after_restart} hits after)"),
-        ("L3 read (prefetch)", f"{s.load_gb_per_s:,.2f} GB/s",
-         f"{s.pages_loaded:,} pages, {s.bytes_loaded / 2**20:,.1f} MiB; prefetch p50 "
+        ("L3 read (prefetch)", f"{c.load_gb_per_s:,.2f} GB/s",
+         f"{c.pages_loaded:,} pages, {c.bytes_loaded / 2**20:,.1f} MiB; prefetch p50 "
          f"{s.prefetch_p50_s * 1e3:,.2f} ms, p99 {s.prefetch_p99_s * 1e3:,.2f} ms; "
          f"timeouts {s.timeouts}, failed loads {s.load_failures}"),
-        ("L3 write", f"{s.write_gb_per_s:,.2f} GB/s",
-         f"{s.write_policy}: {s.pages_written:,} pages, {s.bytes_written / 2**20:,.1f} MiB; "
-         f"{s.pages_skipped:,} already stored; {s.pages_write_failed} failed; "
+        ("L3 write", f"{c.write_gb_per_s:,.2f} GB/s",
+         f"{s.write_policy}: {c.pages_written:,} pages, {c.bytes_written / 2**20:,.1f} MiB; "
+         f"{c.pages_skipped:,} already stored; {c.pages_write_failed} failed; "
          f"{s.pages_evicted:,} evicted (LRU, capacity)"),
         ("L3 faults", f"{sum(s.faults.values()):,}",
          f"{faults}; backend errors {s.backend_errors}, corrupted/foreign pages rejected "

@@ -54,7 +54,10 @@ def token_ids(session: int, start: int, end: int) -> torch.Tensor:
 
 @dataclass(slots=True)
 class L3Stats:
-    """What the report shows about the storage tier (accumulated over restarts)."""
+    """What the report shows about the storage tier (accumulated over restarts): the
+    controllers' own counters (``controller``: every controller's :class:`ControllerStats`
+    summed), the backends' (``backend_errors``, ``pages_rejected``, ``pages_evicted``) and what
+    only the simulator knows (lookups, verified hits, restarts, end-to-end prefetch latency)."""
 
     backend: str = "none"
     directory: str = ""
@@ -66,14 +69,8 @@ class L3Stats:
     load_failures: int = 0
     timeouts: int = 0
     restarts: int = 0
-    pages_loaded: int = 0
-    bytes_loaded: int = 0
-    load_seconds: float = 0.0
-    pages_written: int = 0
-    pages_skipped: int = 0
-    pages_write_failed: int = 0
-    bytes_written: int = 0
-    write_seconds: float = 0.0
+    controller: ControllerStats = field(default_factory=ControllerStats)
+    #: backend calls that failed: the controllers' ``backend_errors`` plus the backends' errors
     backend_errors: int = 0
     pages_rejected: int = 0
     pages_evicted: int = 0
@@ -82,13 +79,12 @@ class L3Stats:
     prefetch_reserved_at_end: int = 0
     faults: dict[str, int] = field(default_factory=dict)
 
-    @property
-    def load_gb_per_s(self) -> float:
-        return self.bytes_loaded / self.load_seconds / 1e9 if self.load_seconds else 0.0
-
-    @property
-    def write_gb_per_s(self) -> float:
-        return self.bytes_written / self.write_seconds / 1e9 if self.write_seconds else 0.0
+    def __getattr__(self, name: str) -> Any:
+        """The controllers' counters read through (``pages_written``, ``load_gb_per_s``, ...:
+        every :class:`ControllerStats` attribute this class does not have itself)."""
+        if name != "controller" and hasattr(ControllerStats, name):
+            return getattr(self.controller, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
 
 class StorageTier:
@@ -173,17 +169,11 @@ class StorageTier:
         """Fold the current controller's and backend's counters into ``stats``."""
         c: ControllerStats = self.controller.stats()
         s = self.stats
-        s.pages_loaded += c.pages_loaded
-        s.bytes_loaded += c.bytes_loaded
-        s.load_seconds += c.load_seconds
-        s.pages_written += c.pages_written
-        s.pages_skipped += c.pages_skipped
-        s.pages_write_failed += c.pages_write_failed
-        s.bytes_written += c.bytes_written
-        s.write_seconds += c.write_seconds
-        s.backend_errors += c.backend_errors + self.file.get_stats().errors
-        s.pages_rejected += self.file.get_stats().rejected
-        s.pages_evicted += getattr(self.file.get_stats(), "evicted", 0)
+        s.controller += c
+        backend = self.file.get_stats()
+        s.backend_errors += c.backend_errors + backend.errors
+        s.pages_rejected += backend.rejected
+        s.pages_evicted += getattr(backend, "evicted", 0)
         for kind, n in self.storage.injected.items():
             self._faults[kind] += n
 

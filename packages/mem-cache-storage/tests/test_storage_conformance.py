@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from mem_cache_storage import HiCacheFile, HiCacheMemory, HiCacheStorageConfig
-from mem_cache_storage.memory import HiCacheMemory as _Memory
+from mem_cache_storage.backend import HiCacheMemory as _Memory
 from mem_cache_storage.testing import StorageConformanceSuite, run_conformance
 
 

@@ -357,7 +357,8 @@ EXEMPT_CLASSES: dict[str, str] = {
     "ControllerStats": "a result record built by StorageController.stats",
     "HiCacheStorageExtraInfo": "carried through untouched (SGLang's per-call extra data)",
     "LatencySummary": "a result record built by LatencyRecorder.summary",
-    "PageFormat": "a page-layout record built by mem_cache_storage.pages",
+    "PageBatch": "host pool buffer meta wrapped by host_page_ranges (the pool's own lists)",
+    "PageFormat": "a page-layout record built by mem_cache_storage.backend's page helpers",
     "PoolHitPolicy": "a str enum of SGLang's policy names (a value, not a call)",
     "PoolName": "a str enum of SGLang's pool names (a value, not a call)",
     "PoolTransfer": "SGLang's descriptor record; the v2 calls check what they read from it",
@@ -371,7 +372,7 @@ EXEMPT_METHODS: dict[tuple[str, str], str] = {
     ("LatencyRecorder", "record"): "called by the controller with perf_counter differences",
 }
 EXEMPT_FUNCTIONS: dict[str, str] = {
-    "checksum": "runs over PageRanges built by mem_cache_storage.pages (not caller input)",
+    "checksum": "runs over PageRanges built by the backend base (not caller input)",
 }
 
 

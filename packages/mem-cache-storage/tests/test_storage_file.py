@@ -144,11 +144,11 @@ def test_registry_builtin_dynamic_and_errors(tmp_path: Path, host: Any) -> None:
     st = create_backend("file", CFG, host, storage_dir=str(tmp_path))
     assert isinstance(st, HiCacheFile) and st.mem_pool_host is host
     dyn_cfg = HiCacheStorageConfig(extra_config={
-        "backend_name": "mine", "module_path": "mem_cache_storage.memory",
+        "backend_name": "mine", "module_path": "mem_cache_storage.backend",
         "class_name": "HiCacheMemory"})
     dyn = create_backend("dynamic", dyn_cfg, host)
     assert isinstance(dyn, HiCacheMemory)
-    register_backend("mem2", "mem_cache_storage.memory", "HiCacheMemory")
+    register_backend("mem2", "mem_cache_storage.backend", "HiCacheMemory")
     assert isinstance(create_backend("mem2", CFG, host), HiCacheMemory)
     with pytest.raises(ValueError, match="unknown storage backend 'nope'"):
         create_backend("nope", CFG)
@@ -157,7 +157,7 @@ def test_registry_builtin_dynamic_and_errors(tmp_path: Path, host: Any) -> None:
     register_backend("broken", "mem_cache_storage.no_such_module", "X")
     with pytest.raises(ImportError, match="cannot import"):
         create_backend("broken", CFG)
-    register_backend("notstorage", "mem_cache_storage.keys", "KeySpace")
+    register_backend("notstorage", "mem_cache_storage.backend", "KeySpace")
     with pytest.raises(TypeError, match="is not a HiCacheStorage"):
         create_backend("notstorage", CFG)
 

@@ -5,9 +5,10 @@ role's page in the layout's native row order, flattened: ``[layer_num, page_size
 ``layer_first`` and ``page_first_direct``, ``[page_size, layer_num, *row]`` for ``page_first``
 (SGLang 0.5.23's bytes for the same layout).
 
-Buffer meta (pointers) is layout native too (zero-copy): per page, ``layer_first`` lists one range
-per layer and role (``k0 v0 k1 v1 ...``, SGLang's order); the page-major layouts one range per
-role.
+Buffer meta (pointers, ``HostKVCache.get_page_buffer_meta``) is layout native too (zero-copy):
+per page, ``layer_first`` lists one range per layer and role (``k0 v0 k1 v1 ...``, SGLang's
+order); the page-major layouts one range per role. :func:`stride_page_aligned` says whether every
+such range is aligned.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch
 
 from mem_cache_pool_host.layout import Layout
 
-__all__ = ["page_buffer_meta", "read_page", "role_page", "stride_page_aligned", "write_page"]
+__all__ = ["read_page", "role_page", "stride_page_aligned", "write_page"]
 
 
 def role_page(layout: Layout, host: torch.Tensor, page: int, page_size: int) -> torch.Tensor:
@@ -52,41 +53,10 @@ def write_page(
         offset += n
 
 
-def page_buffer_meta(
-    layout: Layout, host: Sequence[torch.Tensor], pages: Sequence[int], page_size: int
-) -> tuple[list[int], list[int]]:
-    """``(ptrs, sizes)`` of the contiguous byte ranges holding ``pages`` (layout native).
-
-    ``layer_first``: per page, per layer, per role one range of ``page_size * row_bytes``
-    (``k0 v0 k1 v1 ...``, SGLang 0.5.23's order). ``page_first`` / ``page_first_direct``: per
-    page, per role one range of ``layer_num * page_size * row_bytes``.
-    """
-    ptrs: list[int] = []
-    sizes: list[int] = []
-    for page in pages:
-        if layout == "layer_first":
-            layer_num = host[0].shape[0]
-            for layer in range(layer_num):
-                for h in host:
-                    item = h.element_size()
-                    row_bytes = h.stride(1) * item
-                    base = h.data_ptr() + page * page_size * row_bytes
-                    ptrs.append(base + layer * h.stride(0) * item)
-                    sizes.append(page_size * row_bytes)
-            continue
-        for h in host:
-            page_bytes = (
-                h.stride(0) * h.element_size() * (page_size if layout == "page_first" else 1)
-            )
-            ptrs.append(h.data_ptr() + page * page_bytes)
-            sizes.append(page_bytes)
-    return ptrs, sizes
-
-
 def stride_page_aligned(
     layout: Layout, host: Sequence[torch.Tensor], page_size: int, alignment: int
 ) -> bool:
-    """Whether every range from :func:`page_buffer_meta` starts at a multiple of ``alignment``."""
+    """Whether every range of ``get_page_buffer_meta`` starts at a multiple of ``alignment``."""
     for h in host:
         item = h.element_size()
         if h.data_ptr() % alignment:

@@ -940,8 +940,26 @@ class HostKVCache:
             for k, i in enumerate(indices):
                 check_int(f"indices[{k}]", i)
             idx = torch.tensor(list(indices), dtype=torch.int64)
-        pages = self._slots.pages_of(idx).tolist()
-        return _flat_pages.page_buffer_meta(self.layout, self.buffers, pages, self.page_size)
+        ps, pages = self.page_size, self._slots.pages_of(idx).tolist()
+        ptrs: list[int] = []
+        sizes: list[int] = []
+        if self.layout == "layer_first":  # per page, per layer, per role (k0 v0 k1 v1 ...)
+            for page in pages:
+                for layer in range(self.buffers[0].shape[0]):
+                    for h in self.buffers:
+                        row_bytes = h.stride(1) * h.element_size()
+                        ptrs.append(h.data_ptr() + page * ps * row_bytes
+                                    + layer * h.stride(0) * h.element_size())
+                        sizes.append(ps * row_bytes)
+            return ptrs, sizes
+        rows = ps if self.layout == "page_first" else 1  # page-major: one range per role
+        roles = [(h.data_ptr(), h.stride(0) * h.element_size() * rows)
+                 for h in self.buffers]
+        for page in pages:
+            for base, page_bytes in roles:
+                ptrs.append(base + page * page_bytes)
+                sizes.append(page_bytes)
+        return ptrs, sizes
 
     def get_page_buffer_element_size(self, split_factor: int = 1) -> int | None:
         """Bytes of one zero-copy range of :meth:`get_page_buffer_meta` (the first range of

@@ -1,18 +1,44 @@
-"""Bases for storage backends: :class:`PageStorageBackend` (pages as byte ranges) and
-:class:`PointerStorageBackend` (clients with ``batch_put_from`` / ``batch_get_into`` /
-``batch_is_exist`` over ``(keys, ptrs, sizes)``, like Mooncake Store).
+"""Storage backends over byte-range pages: everything a zero-copy read or write of this package
+runs through, in one module.
+
+* **Pages.** A page is host memory ranges in page order (:data:`PageRanges`) plus a
+  :class:`PageFormat` saying how those bytes are laid out; a batch of pages is a
+  :class:`PageBatch`: SGLang's ``get_page_buffer_meta`` lists (``ptrs``, ``sizes``), ``per``
+  consecutive ranges per page, kept as they come from the host pool (never regrouped):
+
+  * the **copying path** (``get``/``set`` with a tensor, e.g. ``host_pool.get_data_page(i)``): one
+    range, format ``flat`` or, when a host pool is registered, ``flat:<page_format.tag>`` (the
+    host pool's flat page follows its layout, as SGLang's does, so the tag keeps a ``page_first``
+    page from being read into a ``layer_first`` pool);
+  * the **zero-copy path** (``batch_get_v1``/``batch_set_v1``): the ranges the host pool's
+    ``get_page_buffer_meta`` returns, format ``native:<layout>`` (byte order depends on the
+    layout).
+
+  A backend stores the format's :attr:`PageFormat.format_id` with the page and treats a page
+  stored in another format as a miss, so bytes are never reinterpreted across formats.
+* **Storage keys** (:class:`KeySpace`): how a caller key (a page hash, see
+  :mod:`mem_cache_storage.keys`) becomes the key a backend stores under.
+* **Counters** (:class:`StorageStats`) and **the one failure guard** (:func:`guarded`): a failing
+  backend call (an exception, a malformed or short result) is counted once, logged once and
+  becomes a miss / failed set, never an exception in the engine. The controller uses the same
+  guard for backends that are not ours.
+* **Bases.** :class:`PageStorageBackend` (pages as byte ranges) and
+  :class:`PointerStorageBackend` (clients with ``batch_put_from`` / ``batch_get_into`` /
+  ``batch_is_exist`` over ``(keys, ptrs, sizes)``, like Mooncake Store), and
+  :class:`HiCacheMemory`, the in-process reference pointer backend.
 
 :class:`PageStorageBackend` implements the whole SGLang-facing :class:`HiCacheStorage` API once:
-caller keys become storage keys (:class:`~mem_cache_storage.keys.KeySpace`), tensors and host
-pool pages become byte ranges (:mod:`mem_cache_storage.pages`), counters are kept, and a failing
-backend call (an exception, a malformed or short result) becomes a miss / failed set instead of
-an exception in the engine. A subclass implements four hooks on *storage* keys:
+caller keys become storage keys, tensors and host pool pages become byte ranges, counters are
+kept, and failures go through :func:`guarded`. A subclass implements four hooks on *storage*
+keys:
 
 * ``_put_pages(keys, pages, fmt) -> list[bool]``: store each page (its ranges, in order);
 * ``_get_pages(keys, pages, fmt) -> list[bool]``: fill each page's ranges; ``True`` only when
   the stored page has format ``fmt`` and verified intact;
 * ``_exist_pages(keys) -> list[bool]``;
 * ``_clear()``.
+
+``pages`` is a :class:`PageBatch` (a sequence of :data:`PageRanges`, one per key).
 
 Constructor (every backend): ``Backend(storage_config=None, kwargs=None, /, **options)``. That is
 exactly what SGLang's ``dynamic`` loader calls (``backend_class(storage_config, kwargs)``) and
@@ -21,7 +47,7 @@ mem_pool_host)``): the second positional argument may be an options dict or a ho
 Options are ``storage_config.extra_config`` updated by that dict and then by ``**options``.
 Common options: ``page_size`` (needed for keys until a host pool is registered),
 ``model_fingerprint`` and ``key_scheme`` (``mem_cache``, the default, or ``sglang`` where the
-backend supports it: see :mod:`mem_cache_storage.keys`).
+backend supports it: see :class:`KeySpace`).
 
 **Page bytes under the ``sglang`` scheme.** SGLang stores a page as its host pool's *flat* page
 (``get_data_page(i, flat=True)``). For the ``page_first`` and ``page_first_direct`` layouts the
@@ -29,45 +55,420 @@ ranges ``get_page_buffer_meta`` reports, in order, are exactly those bytes (K pa
 MHA, one range for MLA), so the zero-copy path moves them directly; for any other layout the page
 goes through the pool's ``get_data_page`` / ``set_from_flat_data_page`` (one copy).
 
-**Several pools per page (v2).** ``batch_exists_v2`` / ``batch_get_v2`` / ``batch_set_v2`` move
-the pages of every pool registered with ``register_mem_host_pool_v2`` (the KV pool falls back to
-``register_mem_pool_host``'s); a pool's page of caller key ``k`` is stored under ``{k}.{pool}``
-(:func:`~mem_cache_storage.pools.pool_key`), in the pool's native page format, with the same
-verification as a KV page.
+**Several pools per page (v2)**: see :mod:`mem_cache_storage.pools` (the v2 calls are
+:class:`~mem_cache_storage.pools.PoolPagesMixin`'s).
 """
 
 from __future__ import annotations
 
+import ctypes
+import hashlib
 import logging
+import re
 import struct
 import threading
 import zlib
 from abc import abstractmethod
-from collections.abc import Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, TypeVar, overload
 
 import torch
 
-from mem_cache_kernels.checks import check_int
-from mem_cache_storage import _memory
+from mem_cache_kernels.checks import check_index, check_int
 from mem_cache_storage.base import HiCacheStorage
 from mem_cache_storage.config import HiCacheStorageConfig, HiCacheStorageExtraInfo
-from mem_cache_storage.keys import KEY_SCHEMES, KeySpace, check_keys
-from mem_cache_storage.pages import PageFormat, PageRanges, host_page_ranges, tensor_page_ranges
-from mem_cache_storage.pools import PoolHitPolicy, PoolTransferResult, pool_key
-from mem_cache_storage.stats import StorageStats
+from mem_cache_storage.pools import PoolPagesMixin
 
-__all__ = ["PageStorageBackend", "PointerStorageBackend", "checksum"]
+__all__ = [
+    "FLAT_NATIVE_LAYOUTS",
+    "KEY_SCHEMES",
+    "HiCacheMemory",
+    "KeySpace",
+    "PageBatch",
+    "PageFormat",
+    "PageRanges",
+    "PageStorageBackend",
+    "PointerStorageBackend",
+    "StorageStats",
+    "check_keys",
+    "checksum",
+    "guarded",
+    "host_page_ranges",
+    "tensor_page_ranges",
+    "view",
+]
 
 _log = logging.getLogger(__name__)
+_T = TypeVar("_T")
+
+
+# ----------------------------------------------------------------- raw memory
+def view(ptr: int, nbytes: int) -> memoryview:
+    """A writable byte view of ``nbytes`` at host address ``ptr`` (the caller owns the memory)."""
+    if nbytes == 0:
+        return memoryview(bytearray())
+    return memoryview((ctypes.c_ubyte * nbytes).from_address(ptr)).cast("B")
+
+
+# ---------------------------------------------------------------------- pages
+PageRanges = tuple[tuple[int, int], ...]
+"""One page: ``((ptr, nbytes), ...)`` host memory ranges, in page order."""
+
+
+@dataclass(frozen=True, slots=True)
+class PageFormat:
+    """How a page's bytes are laid out: ``kind`` (``"flat"`` or ``"native:<layout>"``), element
+    ``dtype`` and the byte size of each range."""
+
+    kind: str
+    dtype: str
+    sizes: tuple[int, ...]
+    #: bytes of one page (the sum of ``sizes``)
+    nbytes: int = field(init=False, repr=False, compare=False)
+    #: a 64-bit id of (kind, dtype, sizes), stored with every page
+    format_id: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        text = f"{self.kind}|{self.dtype}|{','.join(map(str, self.sizes))}"
+        object.__setattr__(self, "nbytes", sum(self.sizes))
+        object.__setattr__(self, "format_id",
+                           int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little"))
+
+    @property
+    def tag(self) -> str:
+        """``format_id`` as 16 hex characters."""
+        return f"{self.format_id:016x}"
+
+
+class PageBatch(Sequence[PageRanges]):
+    """Pages as the host pool lists them: ``ptrs[i]``, ``sizes[i]`` of every range, ``per``
+    consecutive ranges per page (SGLang's ``get_page_buffer_meta`` lists, not copied). Indexing
+    gives one page's :data:`PageRanges` (a slice, a list of them); pointer backends use the lists
+    directly."""
+
+    __slots__ = ("per", "ptrs", "sizes")
+
+    def __init__(self, ptrs: list[int], sizes: list[int], per: int) -> None:
+        self.ptrs = ptrs
+        self.sizes = sizes
+        self.per = per
+
+    @classmethod
+    def of(cls, pages: Sequence[PageRanges]) -> PageBatch:
+        """A batch of pages given as ranges (every page with the same number of ranges)."""
+        if isinstance(pages, PageBatch):
+            return pages
+        per = len(pages[0]) if pages else 0
+        return cls([p for page in pages for p, _ in page], [n for page in pages for _, n in page],
+                   per)
+
+    def __len__(self) -> int:
+        return len(self.ptrs) // self.per if self.per else 0
+
+    @overload
+    def __getitem__(self, index: int) -> PageRanges: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[PageRanges]: ...
+    def __getitem__(self, index: int | slice) -> PageRanges | list[PageRanges]:
+        n = len(self)
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(n))]
+        if index < 0:
+            index += n
+        if not 0 <= index < n:
+            raise IndexError(f"page {index} of a batch of {n}")
+        lo = index * self.per
+        return tuple(zip(self.ptrs[lo : lo + self.per], self.sizes[lo : lo + self.per]))
+
+    def __iter__(self) -> Iterator[PageRanges]:
+        per, ptrs, sizes = self.per, self.ptrs, self.sizes
+        for lo in range(0, len(ptrs) if per else 0, per or 1):
+            yield tuple(zip(ptrs[lo : lo + per], sizes[lo : lo + per]))
+
+
+def tensor_page_ranges(
+    tensor: Any, name: str = "target_location", pool: Any | None = None
+) -> tuple[PageRanges, PageFormat]:
+    """The single range of a contiguous CPU tensor, format ``flat`` (``flat:<tag>`` with the
+    registered host ``pool``'s ``page_format.tag``, when it has one)."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.device.type != "cpu":
+        raise ValueError(f"{name} must be a CPU tensor, got device {tensor.device}")
+    if not tensor.is_contiguous():
+        raise ValueError(f"{name} must be contiguous")
+    nbytes = tensor.numel() * tensor.element_size()
+    if nbytes == 0:
+        raise ValueError(f"{name} must not be empty")
+    page_format = getattr(pool, "page_format", None)
+    tag = getattr(page_format, "tag", None)
+    kind = "flat" if tag is None else f"flat:{tag}"
+    return ((tensor.data_ptr(), nbytes),), PageFormat(kind, str(tensor.dtype), (nbytes,))
+
+
+def host_page_ranges(
+    pool: Any, host_indices: torch.Tensor, num_pages: int
+) -> tuple[PageBatch, PageFormat]:
+    """The ranges of ``num_pages`` whole pages of host slots ``host_indices`` in ``pool``
+    (through its public ``get_page_buffer_meta``, SGLang's lists kept as they are), format
+    ``native:<pool.layout>``."""
+    if pool is None:
+        raise RuntimeError("no host pool registered: call register_mem_pool_host(pool) first")
+    check_index("host_indices", host_indices)
+    page_size = int(pool.page_size)
+    if host_indices.numel() != num_pages * page_size:
+        raise ValueError(
+            f"host_indices must be 1-D with len(keys) * page_size = {num_pages * page_size} "
+            f"slots, got shape {tuple(host_indices.shape)}"
+        )
+    # SGLang's host pools name the element type ``dtype``; ours also have ``store_dtype``
+    dtype = str(getattr(pool, "store_dtype", getattr(pool, "dtype", "")))
+    layout = str(getattr(pool, "layout", ""))
+    if num_pages == 0:
+        return PageBatch([], [], 0), PageFormat(f"native:{layout}", dtype, ())
+    ptrs, sizes = pool.get_page_buffer_meta(host_indices.to("cpu", torch.int64))
+    per = len(ptrs) // num_pages
+    if len(ptrs) != len(sizes) or len(ptrs) % num_pages:
+        raise RuntimeError(
+            f"get_page_buffer_meta returned {len(ptrs)} pointers / {len(sizes)} sizes for "
+            f"{num_pages} pages"
+        )
+    first = list(sizes[:per])
+    if list(sizes) != first * num_pages:
+        raise RuntimeError("get_page_buffer_meta returned pages of different sizes")
+    fmt = PageFormat(f"native:{layout}", dtype, tuple(int(s) for s in first))
+    return PageBatch(list(ptrs), list(sizes), per), fmt
+
+
+# ----------------------------------------------------------------------- keys
+#: storage key schemes: ours (default) and SGLang 0.5.23's
+KEY_SCHEMES = ("mem_cache", "sglang")
+
+_KEY = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
+_SLUG = re.compile(r"[^A-Za-z0-9_\-]")
+
+
+def _check_key(key: object, name: str = "key") -> str:
+    if not isinstance(key, str):
+        raise TypeError(f"{name} must be a str, got {type(key).__name__}")
+    if not _KEY.fullmatch(key):
+        raise ValueError(f"{name} must match [A-Za-z0-9_.-]{{1,128}}, got {key!r}")
+    return key
+
+
+def check_keys(keys: object, name: str = "keys") -> list[str]:
+    """``keys`` (a sequence of caller keys, e.g. a list) as a list; ``TypeError`` for anything else
+    (a single ``str`` included) or a non-``str`` key, ``ValueError`` for a key outside the
+    alphabet."""
+    if isinstance(keys, (str, bytes)) or not isinstance(keys, Sequence):
+        raise TypeError(f"{name} must be a list of str, got {type(keys).__name__}")
+    out = list(keys)
+    match = _KEY.fullmatch
+    for i, k in enumerate(out):
+        if not (isinstance(k, str) and match(k)):  # the message is built only on failure
+            _check_key(k, f"{name}[{i}]")
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class KeySpace:
+    """Maps caller keys to storage keys for one (model, weights, page size, rank) (the key
+    scheme: :mod:`mem_cache_storage.keys`)."""
+
+    model_name: str
+    model_fingerprint: str
+    page_size: int
+    tp_rank: int = 0
+    tp_size: int = 1
+    pp_rank: int = 0
+    pp_size: int = 1
+    cp_rank: int = 0
+    cp_size: int = 1
+    is_mla: bool = False
+    scheme: str = "mem_cache"
+    #: the ``sglang`` scheme's naming: ``file`` (SGLang's HiCacheFile) or ``mooncake``
+    #: (SGLang's MooncakeStore: ``{model}_{key}_{tp_rank}[_{pp_rank}]``, MLA ``{model}_{key}_``
+    #: ``[{pp_rank}]``; the backend appends ``_k`` / ``_v``)
+    flavor: str = "file"
+    #: the first 16 hex characters of the key space's SHA-256 (see the storage key scheme)
+    fingerprint: str = field(init=False, repr=False, compare=False)
+    #: ``{model}.{fingerprint}.`` (the ``mem_cache`` scheme's prefix)
+    prefix: str = field(init=False, repr=False, compare=False)
+    #: what every storage key of this key space starts with
+    prefix_for_clear: str = field(init=False, repr=False, compare=False)
+    #: what follows the key in every storage key of this rank
+    suffix: str = field(init=False, repr=False, compare=False)
+    #: the suffix with the TP rank, MLA or not (the suffix of Mamba state keys)
+    tp_suffix: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.scheme not in KEY_SCHEMES:
+            raise ValueError(f"key scheme must be one of {KEY_SCHEMES}, got {self.scheme!r}")
+        for name in ("model_name", "model_fingerprint"):
+            value = getattr(self, name)
+            if not isinstance(value, str):
+                raise TypeError(f"{name} must be a str, got {type(value).__name__}")
+        check_int("page_size", self.page_size, minimum=1)
+        for dim in ("tp", "pp", "cp"):
+            size = check_int(f"{dim}_size", getattr(self, f"{dim}_size"), minimum=1)
+            check_int(f"{dim}_rank", getattr(self, f"{dim}_rank"), minimum=0, maximum=size - 1)
+        text = "\0".join(("mem-cache-storage/key/v1", self.model_name, self.model_fingerprint,
+                          str(self.page_size)))
+        fingerprint = hashlib.sha256(text.encode()).hexdigest()[:16]
+        prefix = f"{_SLUG.sub('-', self.model_name)[:48] or 'model'}.{fingerprint}."
+        if self.scheme != "sglang":
+            for_clear = prefix
+        else:
+            model = "-".join(self.model_name.split("/"))
+            for_clear = f"{model}_" if self.flavor == "mooncake" and model else ""
+        for name, value in (("fingerprint", fingerprint), ("prefix", prefix),
+                            ("prefix_for_clear", for_clear), ("suffix", self._suffix(self.is_mla)),
+                            ("tp_suffix", self._suffix(False))):
+            object.__setattr__(self, name, value)
+
+    @classmethod
+    def from_config(
+        cls, config: HiCacheStorageConfig, page_size: int, model_fingerprint: str | None = None,
+        scheme: str | None = None, flavor: str = "file",
+    ) -> KeySpace:
+        """The key space of ``config`` with pages of ``page_size`` tokens; the fingerprint is
+        ``model_fingerprint`` if given, else ``config.extra_config["model_fingerprint"]``."""
+        if not isinstance(config, HiCacheStorageConfig):
+            raise TypeError(f"config must be a HiCacheStorageConfig, got {type(config).__name__}")
+        if model_fingerprint is None:
+            model_fingerprint = str(config.extra.get("model_fingerprint", ""))
+        return cls(
+            model_name=config.model_name or "",
+            model_fingerprint=model_fingerprint,
+            page_size=page_size,
+            tp_rank=config.tp_rank,
+            tp_size=config.tp_size,
+            pp_rank=config.pp_rank,
+            pp_size=config.pp_size,
+            cp_rank=config.attn_cp_rank,
+            cp_size=config.attn_cp_size,
+            is_mla=config.is_mla_model,
+            scheme=str(config.extra.get("key_scheme", "mem_cache")) if scheme is None else scheme,
+            flavor=flavor,
+        )
+
+    def _suffix(self, mla: bool) -> str:
+        if self.scheme == "sglang" and self.flavor == "mooncake":
+            pp = f"_{self.pp_rank}" if self.pp_size > 1 else ""
+            return f"_{pp[1:]}" if mla else f"_{self.tp_rank}{pp}"
+        if self.scheme == "sglang":
+            model = "-".join(self.model_name.split("/"))
+            shard = f"_{self.pp_size}_{self.pp_rank}" if self.pp_size > 1 else ""
+            if self.cp_size > 1:
+                shard += f"_cp{self.cp_rank}_{self.cp_size}"
+            return f"_{model}{shard}" if mla else f"_{model}_{self.tp_rank}_{self.tp_size}{shard}"
+        s = "" if mla else f".tp{self.tp_rank}-{self.tp_size}"
+        if self.pp_size > 1:
+            s += f".pp{self.pp_rank}-{self.pp_size}"
+        if self.cp_size > 1:
+            s += f".cp{self.cp_rank}-{self.cp_size}"
+        return s
+
+    def storage_key(self, key: str) -> str:
+        """The storage key of caller key ``key`` (``ValueError`` for a key outside the
+        alphabet)."""
+        return self.storage_keys([_check_key(key)])[0]
+
+    def storage_keys(self, keys: Sequence[str]) -> list[str]:
+        """The storage keys of caller ``keys`` (checked with :func:`check_keys`)."""
+        p, s, t = self.prefix_for_clear, self.suffix, self.tp_suffix
+        # a Mamba state is TP-sharded even when the model's KV is replicated
+        return [f"{p}{k}{t if k.endswith('.mamba') else s}" for k in check_keys(keys)]
+
+
+# ------------------------------------------------------------------ counters
+@dataclass(slots=True)
+class StorageStats:
+    """Page counters of one backend (a snapshot is a copy: :meth:`snapshot`).
+
+    ``get_*``/``set_*`` count pages of the get and set paths (both the copying and the zero-copy
+    calls); ``*_bytes`` count payload bytes of successful pages; ``errors`` count backend calls
+    that raised or returned a malformed result (their pages count as misses / failed sets);
+    ``rejected`` count stored pages that failed verification (torn, foreign, corrupted);
+    ``set_refused`` counts page writes the store refused (Mooncake's "BatchPut failed ...
+    insufficient space"), every attempt, including those a retry then stored: ``set_failed``
+    is what stayed unstored.
+    """
+
+    get_hits: int = 0
+    get_misses: int = 0
+    get_bytes: int = 0
+    set_ok: int = 0
+    set_failed: int = 0
+    set_bytes: int = 0
+    exists_queries: int = 0
+    errors: int = 0
+    rejected: int = 0
+    evicted: int = 0
+    set_refused: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, **deltas: int) -> None:
+        with self._lock:
+            for name, delta in deltas.items():
+                setattr(self, name, getattr(self, name) + delta)
+
+    def snapshot(self) -> StorageStats:
+        with self._lock:
+            return StorageStats(
+                self.get_hits, self.get_misses, self.get_bytes, self.set_ok, self.set_failed,
+                self.set_bytes, self.exists_queries, self.errors, self.rejected, self.evicted,
+                self.set_refused,
+            )
+
+    def as_dict(self) -> dict[str, int]:
+        s = self.snapshot()
+        return {
+            "get_hits": s.get_hits, "get_misses": s.get_misses, "get_bytes": s.get_bytes,
+            "set_ok": s.set_ok, "set_failed": s.set_failed, "set_bytes": s.set_bytes,
+            "exists_queries": s.exists_queries, "errors": s.errors, "rejected": s.rejected,
+            "evicted": s.evicted,
+        }
+
+
+# ------------------------------------------------------------ the failure guard
+def guarded(call: Callable[[], object], answer: Callable[[Any], _T], default: _T, *,
+            owner: str, what: str, count_error: Callable[[], object]) -> _T:
+    """The one place a storage failure is swallowed: ``answer(call())``, or ``default`` when
+    ``call`` raises or ``answer`` rejects its result (raises): then ``count_error()`` once and
+    one warning naming ``owner`` and ``what``. A failing backend is a miss, never an engine
+    crash."""
+    try:
+        return answer(call())
+    except Exception as exc:
+        count_error()
+        _log.warning("%s: %s failed (%s: %s): treated as a miss", owner, what,
+                     type(exc).__name__, exc)
+        return default
+
+
+def bools(n: int, result: object) -> list[bool]:
+    """``result`` as ``n`` bools (``True`` only for ``True``); ``ValueError`` for anything but a
+    list of ``n`` (the :func:`guarded` answer of a per-page call)."""
+    if not isinstance(result, list) or len(result) != n:
+        what = f"{len(result)} results" if isinstance(result, list) else type(result).__name__
+        raise ValueError(f"returned {what} for {n} pages")
+    return [r is True for r in result]
+
+
+def _prefix_of(n: int, result: object) -> int:
+    return check_int("_exist_prefix result", result, minimum=0, maximum=n)
 
 
 def checksum(page: PageRanges) -> int:
     """CRC-32 over a page's ranges, in order."""
     crc = 0
     for ptr, nbytes in page:
-        crc = zlib.crc32(_memory.view(ptr, nbytes), crc)
+        crc = zlib.crc32(view(ptr, nbytes), crc)
     return crc
 
 
@@ -86,18 +487,15 @@ def _is_pool(obj: object) -> bool:
 FLAT_NATIVE_LAYOUTS = ("page_first", "page_first_direct")
 
 
-def _name(pool_name: object) -> str:
-    return str(getattr(pool_name, "value", pool_name))
-
-
-class PageStorageBackend(HiCacheStorage):
+class PageStorageBackend(PoolPagesMixin, HiCacheStorage):
     """Base of byte-range backends (see the module docstring)."""
 
     backend_name = "page"
     #: key schemes this backend can store pages under
     key_schemes: tuple[str, ...] = ("mem_cache",)
-    #: naming of the ``sglang`` key scheme (see :class:`~mem_cache_storage.keys.KeySpace`)
+    #: naming of the ``sglang`` key scheme (see :class:`KeySpace`)
     sglang_flavor = "file"
+    _check_keys = staticmethod(check_keys)
 
     def __init__(
         self, storage_config: object | None = None, kwargs: object | None = None, /,
@@ -126,6 +524,7 @@ class PageStorageBackend(HiCacheStorage):
             )
         self.key_scheme = scheme
         self.stats = StorageStats()
+        self._count_error = partial(self.stats.add, errors=1)
         self._keyspace: KeySpace | None = None
         self._ks_lock = threading.Lock()
         page_size = opts.get("page_size")
@@ -162,7 +561,7 @@ class PageStorageBackend(HiCacheStorage):
         return ks
 
     def storage_key(self, key: str) -> str:
-        """The storage key of caller key ``key`` (see :mod:`mem_cache_storage.keys`)."""
+        """The storage key of caller key ``key`` (see :class:`KeySpace`)."""
         return self.keyspace.storage_key(key)
 
     def register_mem_pool_host(self, mem_pool_host: Any) -> None:
@@ -176,11 +575,11 @@ class PageStorageBackend(HiCacheStorage):
 
     # ------------------------------------------------------------ subclass hooks
     @abstractmethod
-    def _put_pages(self, keys: list[str], pages: list[PageRanges], fmt: PageFormat) -> list[bool]:
+    def _put_pages(self, keys: list[str], pages: PageBatch, fmt: PageFormat) -> list[bool]:
         """Store each page under its storage key; one bool per page."""
 
     @abstractmethod
-    def _get_pages(self, keys: list[str], pages: list[PageRanges], fmt: PageFormat) -> list[bool]:
+    def _get_pages(self, keys: list[str], pages: PageBatch, fmt: PageFormat) -> list[bool]:
         """Fill each page from storage; ``True`` only for an intact page of format ``fmt``."""
 
     @abstractmethod
@@ -192,33 +591,20 @@ class PageStorageBackend(HiCacheStorage):
         """Remove every page."""
 
     # ------------------------------------------------------------ guarded calls
-    def _guard(self, what: str, result: object, n: int) -> list[bool]:
-        if not isinstance(result, list) or len(result) != n:
-            self.stats.add(errors=1)
-            _log.warning("%s: %s returned %r for %d pages: treated as failed",
-                         type(self).__name__, what, type(result).__name__, n)
-            return [False] * n
-        return [r is True for r in result]
-
-    def _call(self, what: str, fn: Any, n: int, *args: Any) -> list[bool]:
+    def _call(self, what: str, fn: Callable[..., object], n: int, *args: object) -> list[bool]:
+        """A hook call through :func:`guarded` (a failure counts in ``stats.errors``)."""
         if n == 0:
             return []
-        try:
-            result = fn(*args)
-        except Exception as exc:  # a failing backend is a miss, never an engine crash
-            self.stats.add(errors=1)
-            _log.warning("%s: %s failed (%s: %s): treated as a miss",
-                         type(self).__name__, what, type(exc).__name__, exc)
-            return [False] * n
-        return self._guard(what, result, n)
+        return guarded(partial(fn, *args), partial(bools, n), [False] * n,
+                       owner=type(self).__name__, what=what, count_error=self._count_error)
 
-    def _get(self, skeys: list[str], pages: list[PageRanges], fmt: PageFormat) -> list[bool]:
+    def _get(self, skeys: list[str], pages: PageBatch, fmt: PageFormat) -> list[bool]:
         ok = self._call("get", self._get_pages, len(skeys), skeys, pages, fmt)
         hits = sum(ok)
         self.stats.add(get_hits=hits, get_misses=len(ok) - hits, get_bytes=hits * fmt.nbytes)
         return ok
 
-    def _put(self, skeys: list[str], pages: list[PageRanges], fmt: PageFormat) -> list[bool]:
+    def _put(self, skeys: list[str], pages: PageBatch, fmt: PageFormat) -> list[bool]:
         ok = self._call("set", self._put_pages, len(skeys), skeys, pages, fmt)
         good = sum(ok)
         self.stats.add(set_ok=good, set_failed=len(ok) - good, set_bytes=good * fmt.nbytes)
@@ -245,7 +631,7 @@ class PageStorageBackend(HiCacheStorage):
     ) -> torch.Tensor | None:
         target = self._target(target_location)
         page, fmt = tensor_page_ranges(target, pool=self.mem_pool_host)
-        ok = self._get([self.storage_key(key)], [page], fmt)
+        ok = self._get([self.storage_key(key)], PageBatch.of([page]), fmt)
         return target if ok[0] else None
 
     def batch_get(
@@ -276,7 +662,7 @@ class PageStorageBackend(HiCacheStorage):
             raise TypeError(f"value must be a torch.Tensor, got {type(tensor).__name__}")
         tensor = tensor.detach().to("cpu").contiguous()
         page, fmt = tensor_page_ranges(tensor, "value", pool=self.mem_pool_host)
-        return self._put([self.storage_key(key)], [page], fmt)[0]
+        return self._put([self.storage_key(key)], PageBatch.of([page]), fmt)[0]
 
     def batch_set(
         self, keys: list[str], values: Any | None = None, target_locations: Any | None = None,
@@ -302,18 +688,8 @@ class PageStorageBackend(HiCacheStorage):
         self.stats.add(exists_queries=len(skeys))
         if not skeys:
             return 0
-        try:
-            n = self._exist_prefix(skeys)
-        except Exception as exc:  # a failing backend holds nothing
-            self.stats.add(errors=1)
-            _log.warning("%s: exists failed (%s: %s): treated as a miss",
-                         type(self).__name__, type(exc).__name__, exc)
-            return 0
-        try:
-            return check_int("_exist_prefix result", n, minimum=0, maximum=len(skeys))
-        except (TypeError, ValueError):  # a malformed backend answer holds nothing
-            self.stats.add(errors=1)
-            return 0
+        return guarded(partial(self._exist_prefix, skeys), partial(_prefix_of, len(skeys)), 0,
+                       owner=type(self).__name__, what="exists", count_error=self._count_error)
 
     def _exist_prefix(self, keys: list[str]) -> int:
         """How many leading storage keys hold a page (default: one ``_exist_pages`` call;
@@ -357,7 +733,7 @@ class PageStorageBackend(HiCacheStorage):
             tensors = [pool.get_dummy_flat_data_page().contiguous() for _ in firsts]
         nbytes = tensors[0].numel() * tensors[0].element_size()
         fmt = PageFormat("flat", str(tensors[0].dtype), (nbytes,))
-        pages: list[PageRanges] = [((t.data_ptr(), nbytes),) for t in tensors]
+        pages = PageBatch([t.data_ptr() for t in tensors], [nbytes] * len(tensors), 1)
         if write:
             return self._put(skeys, pages, fmt)
         ok = self._get(skeys, pages, fmt)
@@ -379,99 +755,6 @@ class PageStorageBackend(HiCacheStorage):
     ) -> list[bool]:
         return self._host_io(True, self.mem_pool_host, self.keyspace.storage_keys(keys),
                              host_indices)
-
-    # ------------------------------------------------------------- v2 (pools)
-    def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
-        if not _is_pool(host_pool):
-            raise TypeError(
-                "host_pool must be a host pool (get_page_buffer_meta, page_size), got "
-                f"{type(host_pool).__name__}"
-            )
-        super().register_mem_host_pool_v2(host_pool, host_pool_name)
-
-    def _pool(self, name: str) -> Any:
-        pool = self.registered_pools.get(name)
-        if pool is None and name == "kv":
-            pool = self.mem_pool_host
-        return pool
-
-    def batch_exists_v2(
-        self, keys: list[str], pool_transfers: list[Any] | None = None,
-        extra_info: HiCacheStorageExtraInfo | None = None,
-    ) -> PoolTransferResult:
-        """SGLang's v2 existence query: the KV prefix of ``keys`` and, per pool of
-        ``pool_transfers``, the prefix lengths its hit policy can restore (see
-        :mod:`mem_cache_storage.pools`); a failing backend holds nothing."""
-        keys = check_keys(keys)
-        transfers = list(pool_transfers or [])
-        names = [_name(t.name) for t in transfers]
-        policies = [_name(getattr(t, "hit_policy", PoolHitPolicy.ALL_PAGES)) for t in transfers]
-        for policy in policies:
-            if policy not in (PoolHitPolicy.ALL_PAGES.value, PoolHitPolicy.TRAILING_PAGES.value):
-                raise ValueError(
-                    f"pool_transfers hit_policy must be 'all_pages' or 'trailing_pages', "
-                    f"got {policy!r}"
-                )
-        ks = self.keyspace
-        n = len(keys)
-        skeys = ks.storage_keys(keys)
-        for name in names:
-            skeys += ks.storage_keys([pool_key(name, k) for k in keys])
-        found = self._exist(skeys)
-        kv_pages = found[:n].index(False) if False in found[:n] else n
-        hit: dict[str, int] = {"kv": kv_pages} if kv_pages else {}
-        restorable = list(range(1, kv_pages + 1))
-        for p, (transfer, name, policy) in enumerate(zip(transfers, names, policies)):
-            if not restorable:
-                break
-            have = found[(p + 1) * n : (p + 2) * n]
-            if policy == PoolHitPolicy.ALL_PAGES.value:
-                boundary = next((i for i in range(kv_pages) if not have[i]), kv_pages)
-                ok = set(range(1, boundary + 1))
-            else:
-                trailing = max(1, len(transfer.keys) if transfer.keys else 1)
-                ok = {m for m in range(1, kv_pages + 1)
-                      if all(have[max(0, m - trailing) : m])}
-                boundary = max(ok, default=0)
-            if boundary:
-                hit[name] = boundary
-            restorable = [m for m in restorable if m in ok]
-        return PoolTransferResult(restorable[-1] if restorable else 0, hit, restorable)
-
-    def _batch_io_v2(self, write: bool, transfers: list[Any]) -> dict[str, list[bool]]:
-        if isinstance(transfers, (str, bytes)) or not isinstance(transfers, Sequence):
-            raise TypeError(f"transfers must be a list of PoolTransfer, got "
-                            f"{type(transfers).__name__}")
-        out: dict[str, list[bool]] = {}
-        for transfer in transfers:
-            name = _name(transfer.name)
-            keys = check_keys(list(transfer.keys or []), f"transfers[{name}].keys")
-            pool = self._pool(name)
-            indices = transfer.host_indices
-            ps = int(getattr(pool, "page_size", 0) or 0)
-            if pool is None or indices is None or indices.numel() != len(keys) * ps:
-                _log.warning("%s: v2 %s of pool %r: no such pool or %s host slots for %d pages",
-                             type(self).__name__, "set" if write else "get", name,
-                             None if indices is None else indices.numel(), len(keys))
-                out[name] = [False] * len(keys)
-                continue
-            skeys = self.keyspace.storage_keys([pool_key(name, k) for k in keys])
-            out[name] = self._host_io(write, pool, skeys, indices)
-        return out
-
-    def batch_get_v2(
-        self, transfers: list[Any], extra_info: HiCacheStorageExtraInfo | None = None
-    ) -> dict[str, list[bool]]:
-        """Read every transfer's pages into its pool (``registered_pools[transfer.name]``); a
-        pool that is not registered or slots that are not ``len(keys)`` pages give all
-        ``False``; a page that fails verification is ``False`` (its slots hold undefined bytes)."""
-        return self._batch_io_v2(False, transfers)
-
-    def batch_set_v2(
-        self, transfers: list[Any], extra_info: HiCacheStorageExtraInfo | None = None
-    ) -> dict[str, list[bool]]:
-        """Write every transfer's pages from its pool; one bool per key per pool."""
-        return self._batch_io_v2(True, transfers)
 
     def clear(self) -> None:
         self._clear()
@@ -529,19 +812,17 @@ class PointerStorageBackend(PageStorageBackend):
         crc = checksum(page) if self.verify_checksum else 0
         return _META.pack(_META_MAGIC, fmt.format_id, fmt.nbytes, crc)
 
-    def _put_pages(self, keys: list[str], pages: list[PageRanges], fmt: PageFormat) -> list[bool]:
-        okeys: list[str] = []
-        ptrs: list[int] = []
-        sizes: list[int] = []
-        for key, page in zip(keys, pages):
-            for i, (ptr, n) in enumerate(page):
-                okeys.append(f"{key}.{i}")
-                ptrs.append(ptr)
-                sizes.append(n)
-        data_ok = self._batch_put_from(okeys, ptrs, sizes)
+    @staticmethod
+    def _object_keys(keys: Sequence[str], per: int) -> list[str]:
+        """The data object keys of pages ``keys`` with ``per`` ranges each, in range order."""
+        return [f"{k}.{i}" for k in keys for i in range(per)]
+
+    def _put_pages(self, keys: list[str], pages: PageBatch, fmt: PageFormat) -> list[bool]:
+        per = pages.per
+        okeys = self._object_keys(keys, per)
+        data_ok = self._batch_put_from(okeys, pages.ptrs, pages.sizes)
         if len(data_ok) != len(okeys):
             raise RuntimeError(f"_batch_put_from returned {len(data_ok)} results for {len(okeys)}")
-        per = len(fmt.sizes)
         page_ok = [all(data_ok[p * per : (p + 1) * per]) for p in range(len(keys))]
         metas = [torch.frombuffer(bytearray(self._meta(pg, fmt)), dtype=torch.uint8)
                  for pg, ok in zip(pages, page_ok) if ok]
@@ -554,7 +835,7 @@ class PointerStorageBackend(PageStorageBackend):
         it = iter(meta_ok)
         return [bool(next(it)) if ok else False for ok in page_ok]
 
-    def _get_pages(self, keys: list[str], pages: list[PageRanges], fmt: PageFormat) -> list[bool]:
+    def _get_pages(self, keys: list[str], pages: PageBatch, fmt: PageFormat) -> list[bool]:
         n = len(keys)
         bufs = [torch.zeros(_META.size, dtype=torch.uint8) for _ in range(n)]
         meta_ok = self._batch_get_into(
@@ -567,25 +848,22 @@ class PointerStorageBackend(PageStorageBackend):
         for p in range(n):
             if not meta_ok[p]:
                 continue
-            magic, fid, nbytes, crc = _META.unpack(bytes(_memory.view(bufs[p].data_ptr(),
-                                                                      _META.size)))
+            magic, fid, nbytes, crc = _META.unpack(bytes(view(bufs[p].data_ptr(), _META.size)))
             if magic != _META_MAGIC or fid != fmt.format_id or nbytes != fmt.nbytes:
                 self.stats.add(rejected=1)
                 continue
             want.append(p)
             crcs[p] = crc
-        okeys: list[str] = []
-        ptrs: list[int] = []
-        sizes: list[int] = []
-        for p in want:
-            for i, (ptr, nb) in enumerate(pages[p]):
-                okeys.append(f"{keys[p]}.{i}")
-                ptrs.append(ptr)
-                sizes.append(nb)
+        per = pages.per
+        if len(want) == n:  # every page: the batch's lists as they are
+            okeys, ptrs, sizes = self._object_keys(keys, per), pages.ptrs, pages.sizes
+        else:
+            okeys = self._object_keys([keys[p] for p in want], per)
+            ptrs = [x for p in want for x in pages.ptrs[p * per : (p + 1) * per]]
+            sizes = [x for p in want for x in pages.sizes[p * per : (p + 1) * per]]
         data_ok = self._batch_get_into(okeys, ptrs, sizes) if okeys else []
         if len(data_ok) != len(okeys):
             raise RuntimeError(f"_batch_get_into returned {len(data_ok)} results for {len(okeys)}")
-        per = len(fmt.sizes)
         out = [False] * n
         for j, p in enumerate(want):
             if not all(data_ok[j * per : (j + 1) * per]):
@@ -598,3 +876,59 @@ class PointerStorageBackend(PageStorageBackend):
 
     def _exist_pages(self, keys: list[str]) -> list[bool]:
         return self._batch_is_exist([f"{k}.m" for k in keys])
+
+
+class HiCacheMemory(PointerStorageBackend):
+    """Objects in a process-local ordered dict (see the module docstring)."""
+
+    backend_name = "memory"
+
+    def __init__(
+        self, storage_config: object | None = None, kwargs: object | None = None, /,
+        **options: Any,
+    ) -> None:
+        super().__init__(storage_config, kwargs, **options)
+        store = self.options.get("store")
+        if store is not None and not isinstance(store, OrderedDict):
+            raise TypeError(f"store must be an OrderedDict, got {type(store).__name__}")
+        self._store: OrderedDict[str, bytes] = store if store is not None else OrderedDict()
+        self.capacity_bytes = int(self.options.get("capacity_bytes", 0) or 0)
+        self._lock = threading.Lock()
+        self._usage = sum(len(v) for v in self._store.values())
+
+    def _batch_put_from(self, keys: list[str], ptrs: list[int], sizes: list[int]) -> list[bool]:
+        with self._lock:
+            for key, ptr, n in zip(keys, ptrs, sizes):
+                data = bytes(view(ptr, n))
+                old = self._store.pop(key, None)
+                self._usage += n - (len(old) if old is not None else 0)
+                self._store[key] = data
+            evicted = 0
+            while self.capacity_bytes and self._usage > self.capacity_bytes and self._store:
+                _, old = self._store.popitem(last=False)
+                self._usage -= len(old)
+                evicted += 1
+        if evicted:
+            self.stats.add(evicted=evicted)
+        return [True] * len(keys)
+
+    def _batch_get_into(self, keys: list[str], ptrs: list[int], sizes: list[int]) -> list[bool]:
+        out: list[bool] = []
+        with self._lock:
+            for key, ptr, n in zip(keys, ptrs, sizes):
+                data = self._store.get(key)
+                if data is None or len(data) != n:
+                    out.append(False)
+                    continue
+                view(ptr, n)[:] = data
+                out.append(True)
+        return out
+
+    def _batch_is_exist(self, keys: list[str]) -> list[bool]:
+        with self._lock:
+            return [k in self._store for k in keys]
+
+    def _clear(self) -> None:
+        with self._lock:
+            self._store.clear()
+            self._usage = 0

@@ -22,10 +22,17 @@ Ownership: the pages of a finished prefetch belong to the controller until
 whatever the prefetch reserved, whenever the background work ends; :attr:`reserved_pages` is the
 number of pages still held by prefetches, so ``0`` after :meth:`close` is the leak check.
 
+Counters: :class:`ControllerStats` (a frozen snapshot, :meth:`StorageController.stats`) is the
+one declaration of the controller's counters; the mutable counter behind it keeps one value per
+field under a lock, and the simulator reports the same snapshot type.
+
 Failures: an exception or a malformed result from the backend, a backend that is too slow for
 the caller's ``wait`` timeout, or a partial batch all end as a shorter prefix or a miss, with
 every reserved page released; nothing raises into the engine, and a page is only returned when
-the backend said it was read intact.
+the backend said it was read intact. Backend calls go through
+:func:`mem_cache_storage.backend.guarded` (the one place a failure is swallowed: counted once in
+``backend_errors``, logged once); a backend of this package already answers its own failures
+as misses (counted in its ``get_stats().errors``), so one failure is counted once.
 """
 
 from __future__ import annotations
@@ -33,19 +40,23 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields
+from functools import partial
 from typing import Any, Literal
 
 import torch
 
 from mem_cache_kernels.checks import check_choice, check_index, check_int, check_optional_int
+from mem_cache_storage.backend import bools, guarded
 from mem_cache_storage.config import STORAGE_BATCH_SIZE
-from mem_cache_storage.stats import LatencyRecorder, LatencySummary
 
 __all__ = [
     "ControllerStats",
+    "LatencyRecorder",
+    "LatencySummary",
     "PrefetchHandle",
     "PrefetchResult",
     "PrefetchStatus",
@@ -92,6 +103,21 @@ def _check_write_args(keys: Iterable[str], host_indices: torch.Tensor) -> list[s
 _EMPTY = torch.empty(0, dtype=torch.int64)
 
 
+def _clamped(n: int, result: object) -> int:
+    """A ``batch_exists`` answer as a prefix length in ``[0, n]``."""
+    return max(0, min(int(result), n))  # type: ignore[call-overload, no-any-return]
+
+
+def _bools_or_stub(n: int, result: object) -> list[bool] | None:
+    """A v1 answer as ``n`` bools; ``None`` stays ``None`` (SGLang's base stub: no v1 path)."""
+    return None if result is None and n else bools(n, result)
+
+
+def _same(result: Any) -> list[bool]:
+    out: list[bool] = result
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class PrefetchResult:
     """Outcome of one prefetch. ``host_indices``: ``pages * page_size`` host slots holding the
@@ -114,38 +140,51 @@ class WriteResult:
 
 
 @dataclass(frozen=True, slots=True)
+class LatencySummary:
+    """Percentiles (seconds) over the last ``count`` samples kept (``total`` ever recorded)."""
+
+    count: int
+    total: int
+    p50_s: float
+    p99_s: float
+    max_s: float
+
+
+_NO_LATENCY = LatencySummary(0, 0, 0.0, 0.0, 0.0)
+
+
+class LatencyRecorder:
+    """Keeps the last ``window`` latencies; :meth:`summary` gives p50/p99/max (thread safe)."""
+
+    def __init__(self, window: int = 8192) -> None:
+        check_int("window", window, minimum=1)
+        self._samples: deque[float] = deque(maxlen=window)
+        self._total = 0
+        self._lock = threading.Lock()
+
+    def record(self, seconds: float) -> None:
+        with self._lock:
+            self._samples.append(float(seconds))
+            self._total += 1
+
+    def summary(self) -> LatencySummary:
+        with self._lock:
+            data = sorted(self._samples)
+            total = self._total
+        if not data:
+            return LatencySummary(0, total, 0.0, 0.0, 0.0)
+
+        def pct(q: float) -> float:
+            return data[min(len(data) - 1, int(q * (len(data) - 1) + 0.5))]
+
+        return LatencySummary(len(data), total, pct(0.50), pct(0.99), data[-1])
+
+
+@dataclass(frozen=True, slots=True)
 class ControllerStats:
-    """Counters of a controller (a snapshot)."""
+    """Counters of a controller (a snapshot; the one declaration of them: the controller fills
+    them, the simulator sums the snapshots of its controllers with ``+``)."""
 
-    prefetches: int
-    prefetch_hits: int
-    prefetch_misses: int
-    prefetch_failed: int
-    prefetch_cancelled: int
-    prefetch_timeouts: int
-    pages_loaded: int
-    bytes_loaded: int
-    load_seconds: float
-    pages_written: int
-    pages_skipped: int
-    pages_write_failed: int
-    bytes_written: int
-    write_seconds: float
-    backend_errors: int
-    prefetch_latency: LatencySummary
-    write_latency: LatencySummary
-
-    @property
-    def load_gb_per_s(self) -> float:
-        return self.bytes_loaded / self.load_seconds / 1e9 if self.load_seconds else 0.0
-
-    @property
-    def write_gb_per_s(self) -> float:
-        return self.bytes_written / self.write_seconds / 1e9 if self.write_seconds else 0.0
-
-
-@dataclass(slots=True)
-class _Counters:
     prefetches: int = 0
     prefetch_hits: int = 0
     prefetch_misses: int = 0
@@ -161,12 +200,49 @@ class _Counters:
     bytes_written: int = 0
     write_seconds: float = 0.0
     backend_errors: int = 0
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    prefetch_latency: LatencySummary = _NO_LATENCY
+    write_latency: LatencySummary = _NO_LATENCY
+
+    @property
+    def load_gb_per_s(self) -> float:
+        return self.bytes_loaded / self.load_seconds / 1e9 if self.load_seconds else 0.0
+
+    @property
+    def write_gb_per_s(self) -> float:
+        return self.bytes_written / self.write_seconds / 1e9 if self.write_seconds else 0.0
+
+    def __add__(self, other: ControllerStats) -> ControllerStats:
+        """The counters of both summed (latencies: ``other``'s, the later snapshot's)."""
+        if not isinstance(other, ControllerStats):
+            return NotImplemented
+        sums = {n: getattr(self, n) + getattr(other, n) for n in _COUNTER_NAMES}
+        return ControllerStats(**sums, prefetch_latency=other.prefetch_latency,
+                               write_latency=other.write_latency)
+
+
+#: the counters of :class:`ControllerStats` (its int and float fields)
+_COUNTER_NAMES = tuple(f.name for f in fields(ControllerStats) if f.type in ("int", "float"))
+
+
+class _Counters:
+    """The mutable counter behind :class:`ControllerStats`: one value per counter, one lock."""
+
+    __slots__ = ("_lock", "_values")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._values: dict[str, Any] = dict.fromkeys(_COUNTER_NAMES, 0)
 
     def add(self, **deltas: float) -> None:
-        with self.lock:
+        with self._lock:
             for name, delta in deltas.items():
-                setattr(self, name, getattr(self, name) + delta)
+                self._values[name] += delta
+
+    def snapshot(self, prefetch: LatencyRecorder, write: LatencyRecorder) -> ControllerStats:
+        with self._lock:
+            values = dict(self._values)
+        return ControllerStats(**values, prefetch_latency=prefetch.summary(),
+                               write_latency=write.summary())
 
 
 class PrefetchHandle:
@@ -270,6 +346,7 @@ class StorageController:
                                       thread_name_prefix="storage-prefetch")
         self._backup = ThreadPoolExecutor(max_workers=1, thread_name_prefix="storage-backup")
         self._counters = _Counters()
+        self._count_error = partial(self._counters.add, backend_errors=1)
         self._prefetch_latency = LatencyRecorder()
         self._write_latency = LatencyRecorder()
         self._closed = False
@@ -282,14 +359,8 @@ class StorageController:
             return self._reserved
 
     def stats(self) -> ControllerStats:
-        c = self._counters
-        with c.lock:
-            values = (c.prefetches, c.prefetch_hits, c.prefetch_misses, c.prefetch_failed,
-                      c.prefetch_cancelled, c.prefetch_timeouts, c.pages_loaded, c.bytes_loaded,
-                      c.load_seconds, c.pages_written, c.pages_skipped, c.pages_write_failed,
-                      c.bytes_written, c.write_seconds, c.backend_errors)
-        return ControllerStats(*values, self._prefetch_latency.summary(),
-                               self._write_latency.summary())
+        """A snapshot of this controller's counters."""
+        return self._counters.snapshot(self._prefetch_latency, self._write_latency)
 
     def _slots_of(self, slots: torch.Tensor, first_page: int, pages: int) -> torch.Tensor:
         ps = self.page_size
@@ -300,13 +371,10 @@ class StorageController:
         found = 0
         for lo in range(0, len(keys), self.batch_pages):
             batch = keys[lo : lo + self.batch_pages]
-            try:
-                n = int(self.storage.batch_exists(batch))
-            except Exception as exc:
-                self._counters.add(backend_errors=1)
-                _log.warning("storage batch_exists failed (%s): treated as a miss", exc)
+            n = guarded(partial(self.storage.batch_exists, batch), partial(_clamped, len(batch)),
+                        -1, owner="storage", what="batch_exists", count_error=self._count_error)
+            if n < 0:  # failed: what was found so far
                 return found
-            n = max(0, min(n, len(batch)))
             found += n
             if n < len(batch):
                 break
@@ -315,49 +383,43 @@ class StorageController:
     def _call_v1(self, name: str, keys: list[str], slots: torch.Tensor) -> list[bool]:
         if self.generic_io:
             return self._call_generic(name == "batch_set_v1", keys, slots)
-        try:
-            result = getattr(self.storage, name)(keys, slots, None)
-        except Exception as exc:
-            self._counters.add(backend_errors=1)
-            _log.warning("storage %s failed (%s): treated as failed", name, exc)
-            return [False] * len(keys)
-        if result is None and keys:  # SGLang's base stub: the backend has no v1 path
+        n = len(keys)
+        failed: list[bool] | None = [False] * n
+        result = guarded(partial(getattr(self.storage, name), keys, slots, None),
+                         partial(_bools_or_stub, n), failed, owner="storage", what=name,
+                         count_error=self._count_error)
+        if result is None:  # SGLang's base stub: the backend has no v1 path
             _log.info("storage %s returned None: using batch_get / batch_set from now on", name)
             self.generic_io = True
             return self._call_generic(name == "batch_set_v1", keys, slots)
-        if not isinstance(result, list) or len(result) != len(keys):
-            self._counters.add(backend_errors=1)
-            return [False] * len(keys)
-        return [r is True for r in result]
+        return result
 
     def _call_generic(self, write: bool, keys: list[str], slots: torch.Tensor) -> list[bool]:
         """The copying path (SGLang's ``_generic_page_get`` / ``_generic_page_set``): flat pages
         through the host pool and the backend's ``batch_get`` / ``batch_set``. ``batch_set``
         answers one bool for the batch; ``batch_get`` a tensor or ``None`` per key, and the
         leading run of tensors is copied into the host pages."""
+        return guarded(partial(self._generic_io, write, keys, slots), _same, [False] * len(keys),
+                       owner="storage", what="batch_set" if write else "batch_get",
+                       count_error=self._count_error)
+
+    def _generic_io(self, write: bool, keys: list[str], slots: torch.Tensor) -> list[bool]:
         pool, ps, n = self.host_pool, self.page_size, len(keys)
         firsts = [int(i) for i in slots[::ps].tolist()]
-        try:
-            if write:
-                data = [pool.get_data_page(i, flat=True) for i in firsts]
-                return [self.storage.batch_set(keys, data) is True] * n
-            dummies = [pool.get_dummy_flat_data_page() for _ in firsts]
-            got = self.storage.batch_get(keys, dummies)
-            if not isinstance(got, list) or len(got) != n:
-                self._counters.add(backend_errors=1)
-                return [False] * n
-            out = [False] * n
-            for j, (first, page) in enumerate(zip(firsts, got)):
-                if not isinstance(page, torch.Tensor):
-                    break
-                pool.set_from_flat_data_page(first, page)
-                out[j] = True
-            return out
-        except Exception as exc:
-            self._counters.add(backend_errors=1)
-            _log.warning("storage %s failed (%s): treated as failed",
-                         "batch_set" if write else "batch_get", exc)
-            return [False] * n
+        if write:
+            data = [pool.get_data_page(i, flat=True) for i in firsts]
+            return [self.storage.batch_set(keys, data) is True] * n
+        dummies = [pool.get_dummy_flat_data_page() for _ in firsts]
+        got = self.storage.batch_get(keys, dummies)
+        if not isinstance(got, list) or len(got) != n:
+            raise ValueError(f"batch_get returned {type(got).__name__} for {n} pages")
+        out = [False] * n
+        for j, (first, page) in enumerate(zip(firsts, got)):
+            if not isinstance(page, torch.Tensor):
+                break
+            pool.set_from_flat_data_page(first, page)
+            out[j] = True
+        return out
 
     def lookup(self, keys: Sequence[str]) -> int:
         """How many leading ``keys`` storage holds (``batch_exists`` in batches; a failing

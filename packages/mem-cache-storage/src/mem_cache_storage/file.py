@@ -49,10 +49,15 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from mem_cache_storage import _memory
-from mem_cache_storage.backend import PageStorageBackend, checksum
-from mem_cache_storage.keys import KeySpace
-from mem_cache_storage.pages import PageFormat, PageRanges
+from mem_cache_storage.backend import (
+    KeySpace,
+    PageBatch,
+    PageFormat,
+    PageRanges,
+    PageStorageBackend,
+    checksum,
+    view,
+)
 
 __all__ = ["DEFAULT_STORAGE_DIR", "FILE_SUFFIX", "SGLANG_FILE_SUFFIX", "HiCacheFile"]
 
@@ -182,7 +187,7 @@ class HiCacheFile(PageStorageBackend):
         # one open, one writev (header and every range), one rename: no Python file object
         tmp = f"{self._dir}{_TMP_PREFIX}{uuid.uuid4().hex}"
         bufs: list[Any] = [header] if header else []
-        bufs += [_memory.view(ptr, n) for ptr, n in page]
+        bufs += [view(ptr, n) for ptr, n in page]
         total = len(header) + fmt.nbytes
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
@@ -205,7 +210,7 @@ class HiCacheFile(PageStorageBackend):
             raise
         return total
 
-    def _put_pages(self, keys: list[str], pages: list[PageRanges], fmt: PageFormat) -> list[bool]:
+    def _put_pages(self, keys: list[str], pages: PageBatch, fmt: PageFormat) -> list[bool]:
         out: list[bool] = []
         grown = False
         for skey, page in zip(keys, pages):
@@ -268,7 +273,7 @@ class HiCacheFile(PageStorageBackend):
         """Read the page of open file ``fd`` into ``page`` with one ``preadv``, checking the
         size (and, in our scheme, the header); ``(ok, checksum to verify or None)``."""
         size = os.fstat(fd).st_size
-        bufs: list[Any] = [_memory.view(ptr, n) for ptr, n in page]
+        bufs: list[Any] = [view(ptr, n) for ptr, n in page]
         if self.sglang_layout:
             want = self._read_sidecar(skey, fmt.nbytes)
             if want is False or size != fmt.nbytes:
@@ -286,7 +291,7 @@ class HiCacheFile(PageStorageBackend):
             return False, None
         return True, crc
 
-    def _get_pages(self, keys: list[str], pages: list[PageRanges], fmt: PageFormat) -> list[bool]:
+    def _get_pages(self, keys: list[str], pages: PageBatch, fmt: PageFormat) -> list[bool]:
         out: list[bool] = []
         for skey, page in zip(keys, pages):
             try:

@@ -1,4 +1,5 @@
-"""Storage keys: chained SHA-256 page hashes plus a model fingerprint prefix and a rank suffix.
+"""Storage keys: chained SHA-256 page hashes (here) plus a model fingerprint prefix and a rank
+suffix (applied by the backends: :class:`mem_cache_storage.backend.KeySpace`).
 
 **Page hash** (computed by the engine/controller; backends never hash): for page ``i`` of a
 token sequence, ``SHA-256(parent || t_0 || ... || t_{ps-1})`` as 64 lowercase hex characters,
@@ -46,26 +47,16 @@ from __future__ import annotations
 
 import array
 import hashlib
-import re
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
 from mem_cache_kernels.checks import check_index, check_int
-from mem_cache_storage.config import HiCacheStorageConfig
 
-__all__ = [
-    "HASH_HEX_LEN", "KEY_SCHEMES", "KeySpace", "get_hash_str", "namespace_seed", "page_hashes",
-]
-
-#: storage key schemes: ours (default) and SGLang 0.5.23's
-KEY_SCHEMES = ("mem_cache", "sglang")
+__all__ = ["HASH_HEX_LEN", "get_hash_str", "namespace_seed", "page_hashes"]
 
 HASH_HEX_LEN = 64
-_KEY = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
-_SLUG = re.compile(r"[^A-Za-z0-9_\-]")
 _U32 = 1 << 32
 _U32_CODE = next(c for c in "IL" if array.array(c).itemsize == 4)
 _TOKEN_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
@@ -81,28 +72,6 @@ def _parent(prior_hash: object) -> bytes:
         return bytes.fromhex(prior_hash)
     except ValueError:
         raise ValueError(f"prior_hash must be a hex string, got {prior_hash!r}") from None
-
-
-def _check_key(key: object, name: str = "key") -> str:
-    if not isinstance(key, str):
-        raise TypeError(f"{name} must be a str, got {type(key).__name__}")
-    if not _KEY.fullmatch(key):
-        raise ValueError(f"{name} must match [A-Za-z0-9_.-]{{1,128}}, got {key!r}")
-    return key
-
-
-def check_keys(keys: object, name: str = "keys") -> list[str]:
-    """``keys`` (a sequence of caller keys, e.g. a list) as a list; ``TypeError`` for anything else
-    (a single ``str`` included) or a non-``str`` key, ``ValueError`` for a key outside the
-    alphabet."""
-    if isinstance(keys, (str, bytes)) or not isinstance(keys, Sequence):
-        raise TypeError(f"{name} must be a list of str, got {type(keys).__name__}")
-    out = list(keys)
-    match = _KEY.fullmatch
-    for i, k in enumerate(out):
-        if not (isinstance(k, str) and match(k)):  # the message is built only on failure
-            _check_key(k, f"{name}[{i}]")
-    return out
 
 
 def _token_bytes(token_ids: Sequence[int] | torch.Tensor) -> bytes:
@@ -171,124 +140,3 @@ def page_hashes(
         parent = h.digest()
         out.append(h.hexdigest())
     return out
-
-
-@dataclass(frozen=True, slots=True)
-class KeySpace:
-    """Maps caller keys to storage keys for one (model, weights, page size, rank) (see module)."""
-
-    model_name: str
-    model_fingerprint: str
-    page_size: int
-    tp_rank: int = 0
-    tp_size: int = 1
-    pp_rank: int = 0
-    pp_size: int = 1
-    cp_rank: int = 0
-    cp_size: int = 1
-    is_mla: bool = False
-    scheme: str = "mem_cache"
-    #: the ``sglang`` scheme's naming: ``file`` (SGLang's HiCacheFile) or ``mooncake``
-    #: (SGLang's MooncakeStore: ``{model}_{key}_{tp_rank}[_{pp_rank}]``, MLA ``{model}_{key}_``
-    #: ``[{pp_rank}]``; the backend appends ``_k`` / ``_v``)
-    flavor: str = "file"
-
-    def __post_init__(self) -> None:
-        if self.scheme not in KEY_SCHEMES:
-            raise ValueError(f"key scheme must be one of {KEY_SCHEMES}, got {self.scheme!r}")
-        for name in ("model_name", "model_fingerprint"):
-            value = getattr(self, name)
-            if not isinstance(value, str):
-                raise TypeError(f"{name} must be a str, got {type(value).__name__}")
-        check_int("page_size", self.page_size, minimum=1)
-        for dim in ("tp", "pp", "cp"):
-            size = check_int(f"{dim}_size", getattr(self, f"{dim}_size"), minimum=1)
-            check_int(f"{dim}_rank", getattr(self, f"{dim}_rank"), minimum=0, maximum=size - 1)
-
-    @classmethod
-    def from_config(
-        cls, config: HiCacheStorageConfig, page_size: int, model_fingerprint: str | None = None,
-        scheme: str | None = None, flavor: str = "file",
-    ) -> KeySpace:
-        """The key space of ``config`` with pages of ``page_size`` tokens; the fingerprint is
-        ``model_fingerprint`` if given, else ``config.extra_config["model_fingerprint"]``."""
-        if not isinstance(config, HiCacheStorageConfig):
-            raise TypeError(f"config must be a HiCacheStorageConfig, got {type(config).__name__}")
-        if model_fingerprint is None:
-            model_fingerprint = str(config.extra.get("model_fingerprint", ""))
-        return cls(
-            model_name=config.model_name or "",
-            model_fingerprint=model_fingerprint,
-            page_size=page_size,
-            tp_rank=config.tp_rank,
-            tp_size=config.tp_size,
-            pp_rank=config.pp_rank,
-            pp_size=config.pp_size,
-            cp_rank=config.attn_cp_rank,
-            cp_size=config.attn_cp_size,
-            is_mla=config.is_mla_model,
-            scheme=str(config.extra.get("key_scheme", "mem_cache")) if scheme is None else scheme,
-            flavor=flavor,
-        )
-
-    @property
-    def fingerprint(self) -> str:
-        text = "\0".join(
-            ("mem-cache-storage/key/v1", self.model_name, self.model_fingerprint,
-             str(self.page_size))
-        )
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-    @property
-    def prefix(self) -> str:
-        slug = _SLUG.sub("-", self.model_name)[:48] or "model"
-        return f"{slug}.{self.fingerprint}."
-
-    def _suffix(self, mla: bool) -> str:
-        if self.scheme == "sglang" and self.flavor == "mooncake":
-            pp = f"_{self.pp_rank}" if self.pp_size > 1 else ""
-            return f"_{pp[1:]}" if mla else f"_{self.tp_rank}{pp}"
-        if self.scheme == "sglang":
-            model = "-".join(self.model_name.split("/"))
-            shard = f"_{self.pp_size}_{self.pp_rank}" if self.pp_size > 1 else ""
-            if self.cp_size > 1:
-                shard += f"_cp{self.cp_rank}_{self.cp_size}"
-            return f"_{model}{shard}" if mla else f"_{model}_{self.tp_rank}_{self.tp_size}{shard}"
-        s = "" if mla else f".tp{self.tp_rank}-{self.tp_size}"
-        if self.pp_size > 1:
-            s += f".pp{self.pp_rank}-{self.pp_size}"
-        if self.cp_size > 1:
-            s += f".cp{self.cp_rank}-{self.cp_size}"
-        return s
-
-    @property
-    def suffix(self) -> str:
-        """What follows the key in every storage key of this rank."""
-        return self._suffix(self.is_mla)
-
-    @property
-    def tp_suffix(self) -> str:
-        """The suffix with the TP rank, MLA or not (the suffix of Mamba state keys)."""
-        return self._suffix(False)
-
-    def _key(self, key: str, prefix: str, suffix: str, tp_suffix: str) -> str:
-        # a Mamba state is TP-sharded even when the model's KV is replicated
-        return f"{prefix}{key}{tp_suffix if key.endswith('.mamba') else suffix}"
-
-    def storage_key(self, key: str) -> str:
-        """The storage key of caller key ``key`` (``ValueError`` for a key outside the
-        alphabet)."""
-        return self.storage_keys([_check_key(key)])[0]
-
-    @property
-    def prefix_for_clear(self) -> str:
-        """What every storage key of this key space starts with."""
-        if self.scheme != "sglang":
-            return self.prefix
-        model = "-".join(self.model_name.split("/"))
-        return f"{model}_" if self.flavor == "mooncake" and model else ""
-
-    def storage_keys(self, keys: Sequence[str]) -> list[str]:
-        prefix = self.prefix_for_clear
-        suffix, tp_suffix = self.suffix, self.tp_suffix
-        return [self._key(k, prefix, suffix, tp_suffix) for k in check_keys(keys)]

@@ -70,12 +70,11 @@ import re
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-from mem_cache_storage import _memory
 from mem_cache_storage._mooncake_client import (
     DEFAULT_MASTER,
     MOONCAKE_DIST,
@@ -84,8 +83,13 @@ from mem_cache_storage._mooncake_client import (
     MooncakeClient,
     MooncakeUnavailableError,
 )
-from mem_cache_storage.backend import PageStorageBackend, checksum
-from mem_cache_storage.pages import PageFormat, PageRanges
+from mem_cache_storage.backend import (
+    PageFormat,
+    PageRanges,
+    PageStorageBackend,
+    checksum,
+    view,
+)
 
 __all__ = [
     "DEFAULT_MASTER",
@@ -197,7 +201,7 @@ class HiCacheMooncake(PageStorageBackend):
     def _run(self, what: str, fn: Callable[..., Any], n: int, *args: Any) -> list[int]:
         return self._client.run(what, fn, n, *args)
 
-    def _with_ranges(self, pages: list[PageRanges], call: Callable[[], list[int]]) -> list[int]:
+    def _with_ranges(self, pages: Sequence[PageRanges], call: Callable[[], list[int]]) -> list[int]:
         """``call()`` with the ranges of ``pages`` that lie outside the registered buffers
         registered for its duration (cheap first/last check for host pool pages)."""
         regs = self._client.registered
@@ -221,7 +225,9 @@ class HiCacheMooncake(PageStorageBackend):
             out.extend(c == 1 for c in codes)
         return out
 
-    def _put_pages(self, keys: list[str], pages: list[PageRanges], fmt: PageFormat) -> list[bool]:
+    def _put_pages(
+        self, keys: list[str], pages: Sequence[PageRanges], fmt: PageFormat
+    ) -> list[bool]:
         if self.key_scheme == "sglang":
             return self._sgl_put(keys, pages, fmt)
         out = [False] * len(keys)
@@ -243,7 +249,7 @@ class HiCacheMooncake(PageStorageBackend):
                 time.sleep(0.002 * (attempt + 1))
         return out
 
-    def _put_once(self, keys: list[str], pages: list[PageRanges], headers: list[bytes],
+    def _put_once(self, keys: list[str], pages: Sequence[PageRanges], headers: list[bytes],
                   fmt: PageFormat) -> list[bool]:
         present = self._exist_pages(keys)
         res = [False] * len(keys)
@@ -269,7 +275,7 @@ class HiCacheMooncake(PageStorageBackend):
                     res[i] = ok
         return res
 
-    def _put_chunk(self, keys: list[str], pages: list[PageRanges], headers: list[bytes]
+    def _put_chunk(self, keys: list[str], pages: Sequence[PageRanges], headers: list[bytes]
                    ) -> list[bool]:
         arena = self._put_arena
         with arena.lock:
@@ -313,7 +319,7 @@ class HiCacheMooncake(PageStorageBackend):
                 for i, c in enumerate(codes)]
 
     def _upsert_chunk(
-        self, keys: list[str], pages: list[PageRanges], headers: list[bytes], fmt: PageFormat
+        self, keys: list[str], pages: Sequence[PageRanges], headers: list[bytes], fmt: PageFormat
     ) -> list[bool]:
         # upsert has no multi-buffer form: stage [header | payload] per page
         total = HEADER_BYTES + fmt.nbytes
@@ -324,7 +330,7 @@ class HiCacheMooncake(PageStorageBackend):
                 bytearray(hdr), dtype=torch.uint8)
             off = i * total + HEADER_BYTES
             for ptr, n in page:
-                staging[off : off + n].copy_(torch.frombuffer(_memory.view(ptr, n),
+                staging[off : off + n].copy_(torch.frombuffer(view(ptr, n),
                                                               dtype=torch.uint8))
                 off += n
         cfg = self._client.replicate
@@ -339,7 +345,9 @@ class HiCacheMooncake(PageStorageBackend):
         self._count_refused(codes)
         return [c == 0 for c in codes]
 
-    def _get_pages(self, keys: list[str], pages: list[PageRanges], fmt: PageFormat) -> list[bool]:
+    def _get_pages(
+        self, keys: list[str], pages: Sequence[PageRanges], fmt: PageFormat
+    ) -> list[bool]:
         if self.key_scheme == "sglang":
             return self._sgl_get(keys, pages, fmt)
         out: list[bool] = []
@@ -347,7 +355,9 @@ class HiCacheMooncake(PageStorageBackend):
             out.extend(self._get_chunk(keys[lo : lo + _CHUNK], pages[lo : lo + _CHUNK], fmt))
         return out
 
-    def _get_chunk(self, keys: list[str], pages: list[PageRanges], fmt: PageFormat) -> list[bool]:
+    def _get_chunk(
+        self, keys: list[str], pages: Sequence[PageRanges], fmt: PageFormat
+    ) -> list[bool]:
         arena = self._get_arena
         want = HEADER_BYTES + fmt.nbytes
         with arena.lock:
@@ -404,7 +414,7 @@ class HiCacheMooncake(PageStorageBackend):
             off += n
         return [(f"{skey}_k", tuple(k)), (f"{skey}_v", tuple(v))]
 
-    def _sgl_objects(self, keys: list[str], pages: list[PageRanges]
+    def _sgl_objects(self, keys: list[str], pages: Sequence[PageRanges]
                      ) -> tuple[list[str], list[PageRanges], int]:
         okeys: list[str] = []
         oranges: list[PageRanges] = []
@@ -424,7 +434,9 @@ class HiCacheMooncake(PageStorageBackend):
             found.extend(c == 1 for c in codes)
         return [all(found[i * per : (i + 1) * per]) for i in range(len(keys))]
 
-    def _sgl_put(self, keys: list[str], pages: list[PageRanges], fmt: PageFormat) -> list[bool]:
+    def _sgl_put(
+        self, keys: list[str], pages: Sequence[PageRanges], fmt: PageFormat
+    ) -> list[bool]:
         """SGLang's objects, raw bytes; a present page is kept (same key, same prefix: same
         bytes, as SGLang's ``batch_set_v1`` does); a side-car ``{skey}_mcs`` (magic, size,
         CRC-32) is written first when checksums are on."""
@@ -454,7 +466,7 @@ class HiCacheMooncake(PageStorageBackend):
                 out[i] = side_ok[j] and all(c == 0 for c in codes[j * per : (j + 1) * per])
         return out
 
-    def _sgl_put_sidecars(self, keys: list[str], pages: list[PageRanges], fmt: PageFormat
+    def _sgl_put_sidecars(self, keys: list[str], pages: Sequence[PageRanges], fmt: PageFormat
                           ) -> list[bool]:
         staging = torch.zeros(len(keys) * _SIDE.size, dtype=torch.uint8)
         base = int(staging.data_ptr())
@@ -474,7 +486,9 @@ class HiCacheMooncake(PageStorageBackend):
         self._count_refused(codes)
         return [c == 0 for c in codes]
 
-    def _sgl_get(self, keys: list[str], pages: list[PageRanges], fmt: PageFormat) -> list[bool]:
+    def _sgl_get(
+        self, keys: list[str], pages: Sequence[PageRanges], fmt: PageFormat
+    ) -> list[bool]:
         out: list[bool] = []
         for lo in range(0, len(keys), _CHUNK):
             ks, ps = keys[lo : lo + _CHUNK], pages[lo : lo + _CHUNK]

@@ -10,7 +10,7 @@
   without being registered.
 
 Built in: ``file`` (:class:`~mem_cache_storage.file.HiCacheFile`) and ``memory``
-(:class:`~mem_cache_storage.memory.HiCacheMemory`).
+(:class:`~mem_cache_storage.backend.HiCacheMemory`).
 """
 
 from __future__ import annotations
@@ -142,5 +142,5 @@ def create_backend(
 
 
 register_backend("file", "mem_cache_storage.file", "HiCacheFile")
-register_backend("memory", "mem_cache_storage.memory", "HiCacheMemory")
+register_backend("memory", "mem_cache_storage.backend", "HiCacheMemory")
 register_backend("mooncake", "mem_cache_storage.mooncake", "HiCacheMooncake")

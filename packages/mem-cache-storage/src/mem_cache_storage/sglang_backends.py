@@ -31,7 +31,7 @@ __all__ = ["BACKENDS", "sglang_backend_class"]
 #: name answered here -> (our module, our class)
 BACKENDS: dict[str, tuple[str, str]] = {
     "HiCacheFile": ("mem_cache_storage.file", "HiCacheFile"),
-    "HiCacheMemory": ("mem_cache_storage.memory", "HiCacheMemory"),
+    "HiCacheMemory": ("mem_cache_storage.backend", "HiCacheMemory"),
     "HiCacheMooncake": ("mem_cache_storage.mooncake", "HiCacheMooncake"),
 }
 _SGLANG_BASE = ("sglang.srt.mem_cache.hicache_storage", "HiCacheStorage")

@@ -1,0 +1,166 @@
+"""Pages as the host pool lists them (PageBatch), the one failure guard (counted once, logged
+once, a clean miss) and the one declaration of the controller's counters."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+import pytest
+import torch
+
+from mem_cache_storage import (
+    ControllerStats,
+    HiCacheMemory,
+    HiCacheStorageConfig,
+    PageBatch,
+    StorageController,
+    page_hashes,
+)
+from mem_cache_storage.backend import bools, guarded, host_page_ranges
+
+from .conftest import PS, make_host, pages_of
+
+CFG = HiCacheStorageConfig(model_name="m")
+
+
+@pytest.mark.parametrize("layout", ["layer_first", "page_first", "page_first_direct"])
+def test_page_batch_is_the_pools_buffer_meta_page_by_page(layout: str) -> None:
+    host = make_host(layout)
+    try:
+        slots = host.alloc(3 * PS)
+        ptrs, sizes = host.get_page_buffer_meta(slots)
+        batch, fmt = host_page_ranges(host, slots, 3)
+        assert (batch.ptrs, batch.sizes) == (ptrs, sizes)  # the pool's lists, not regrouped
+        per = len(ptrs) // 3
+        assert batch.per == per and len(batch) == 3 and len(fmt.sizes) == per
+        grouped = [tuple(zip(ptrs[p * per : (p + 1) * per], sizes[p * per : (p + 1) * per]))
+                   for p in range(3)]
+        assert list(batch) == grouped
+        assert [batch[i] for i in range(3)] == grouped and batch[-1] == grouped[2]
+        assert batch[1:] == grouped[1:] and batch[::2] == [grouped[0], grouped[2]]
+        assert PageBatch.of(grouped).ptrs == ptrs and PageBatch.of(batch) is batch
+        with pytest.raises(IndexError):
+            batch[3]
+        assert fmt.nbytes == sum(sizes[:per]) == host.page_numel * host.buffers[0].element_size()
+        host.free(slots)
+    finally:
+        host.close()
+
+
+def test_an_empty_page_batch() -> None:
+    empty = PageBatch([], [], 0)
+    assert len(empty) == 0 and list(empty) == [] and empty[:] == []
+
+
+@pytest.mark.parametrize("layout", ["layer_first", "page_first"])
+def test_zero_copy_round_trip_is_bit_exact(layout: str) -> None:
+    host = make_host(layout)
+    try:
+        storage = HiCacheMemory(CFG, host)
+        keys = page_hashes(list(range(3 * PS)), PS)
+        src = host.alloc(3 * PS)
+        assert storage.batch_set_v1(keys, src) == [True] * 3
+        dst = host.alloc(3 * PS)
+        assert storage.batch_get_v1(keys, dst) == [True] * 3
+        for a, b in zip(pages_of(host, src), pages_of(host, dst)):
+            assert torch.equal(a, b)
+        # a page stored for another layout's ranges is never read back into this one
+        if layout == "layer_first":
+            assert len(host.get_page_buffer_meta(src)[0]) == 3 * 2 * host.layer_num
+    finally:
+        host.close()
+
+
+def test_guard_counts_and_logs_each_failure_once(caplog: pytest.LogCaptureFixture) -> None:
+    errors: list[int] = []
+
+    def count() -> None:
+        errors.append(1)
+
+    def boom() -> object:
+        raise OSError("disk gone")
+
+    with caplog.at_level(logging.WARNING, logger="mem_cache_storage"):
+        assert guarded(boom, lambda r: bools(2, r), [False, False], owner="B", what="get",
+                       count_error=count) == [False, False]
+        assert guarded(lambda: [True], lambda r: bools(2, r), [False, False], owner="B",
+                       what="get", count_error=count) == [False, False]  # short answer
+        assert guarded(lambda: [True, 1], lambda r: bools(2, r), [False, False], owner="B",
+                       what="get", count_error=count) == [True, False]  # only True is True
+    assert len(errors) == 2
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2 and "disk gone" in warnings[0].getMessage()
+
+
+class _Foreign:
+    """A backend that is not ours (like SGLang's): every call raises."""
+
+    def __init__(self) -> None:
+        self.mem_pool_host: Any = None
+        self.present = True
+
+    def register_mem_pool_host(self, pool: Any) -> None:
+        self.mem_pool_host = pool
+
+    def batch_exists(self, keys: list[str], extra_info: object = None) -> int:
+        return len(keys) if self.present else 0
+
+    def batch_get_v1(self, keys: list[str], host_indices: torch.Tensor,
+                     extra_info: object = None) -> list[bool]:
+        raise ConnectionError("store unreachable")
+
+    def batch_set_v1(self, keys: list[str], host_indices: torch.Tensor,
+                     extra_info: object = None) -> list[bool]:
+        raise ConnectionError("store unreachable")
+
+
+def test_a_failing_foreign_backend_is_counted_once_by_the_controller(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    host = make_host()
+    try:
+        keys = page_hashes(list(range(2 * PS)), PS)
+        storage = _Foreign()
+        with StorageController(storage, host) as c, \
+                caplog.at_level(logging.WARNING, logger="mem_cache_storage"):
+            src = host.alloc(2 * PS)
+            free = host.available_size()
+            result = c.prefetch(keys).wait(30)
+            assert (result.status, result.pages) == ("miss", 0)
+            assert host.available_size() == free  # every reserved page released
+            storage.present = False
+            assert c.write(keys, src).failed == 2
+            stats = c.stats()
+            assert stats.backend_errors == 2 and stats.prefetch_misses == 1
+            assert stats.pages_write_failed == 2
+        warnings = [r for r in caplog.records if "store unreachable" in r.getMessage()]
+        assert len(warnings) == 2
+    finally:
+        host.close()
+
+
+def test_controller_stats_is_the_one_declaration_and_sums() -> None:
+    names = [f.name for f in dataclasses.fields(ControllerStats)]
+    assert len(names) == 17 and names[-2:] == ["prefetch_latency", "write_latency"]
+    a = ControllerStats(pages_loaded=2, bytes_loaded=100, load_seconds=1.0, backend_errors=1)
+    b = ControllerStats(pages_loaded=3, bytes_loaded=300, load_seconds=1.0, prefetches=4)
+    total = a + b
+    assert (total.pages_loaded, total.bytes_loaded, total.prefetches, total.backend_errors) == (
+        5, 400, 4, 1)
+    assert total.load_gb_per_s == pytest.approx(400 / 2.0 / 1e9)
+    assert ControllerStats() + ControllerStats() == ControllerStats()
+    host = make_host()
+    try:
+        with StorageController(HiCacheMemory(CFG), host) as c:
+            keys = page_hashes(list(range(2 * PS)), PS)
+            c.write(keys, host.alloc(2 * PS))
+            s = c.stats()
+            assert isinstance(s, ControllerStats)
+            assert (s.pages_written, s.bytes_written) == (2, 2 * c.page_bytes)
+            assert s.write_latency.total == 1
+            with pytest.raises(dataclasses.FrozenInstanceError):
+                s.pages_written = 0  # type: ignore[misc]
+    finally:
+        host.close()
