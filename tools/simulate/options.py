@@ -13,7 +13,7 @@ import argparse
 import os
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
@@ -43,7 +43,7 @@ __all__ = [
 
 PROG = "tools/dev run"
 
-#: the options of the multi-instance mode (``--instances N``: ``tools/mooncake_instances.py``)
+#: the options of the multi-instance mode (``--instances N``: ``tools/mooncake/instances.py``)
 MULTI_INSTANCE_OPTIONS = ("instances", "routing", "kill_master_at", "segment_mib")
 
 #: what each storage backend ignores (``--storage none``: every L3 option)
@@ -164,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--storage", choices=STORAGE_BACKENDS, default=d.storage,
                     help="L3 backend: 'file' (one file per page in --storage-dir), 'mooncake' "
                     "(a Mooncake Store: --storage-master, or a local one started for the run) "
-                    "or 'none' (mha/mla; dsv4 has no L3)")
+                    "or 'none' (mha/mla; deepseek_v4 has no L3)")
     st.add_argument("--storage-dir", default=d.storage_dir, metavar="DIR",
                     help="--storage file: the L3 directory, created when missing (default: a "
                     "temporary directory, removed afterwards)")
@@ -192,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--check-every", type=int, default=d.check_every, metavar="N",
                    help="run the slot-conservation check every N steps")
     mi = p.add_argument_group(
-        "multi-instance (--storage mooncake --instances N: tools/mooncake_instances.py)",
+        "multi-instance (--storage mooncake --instances N: tools/mooncake/instances.py)",
         "N simulator engines (processes) on one Mooncake Store, a session's turns on different "
         "engines; the other options apply to every instance (its own defaults: --requests 240, "
         "--device-tokens 8192, --host-tokens 8192, --max-running 32)")
@@ -232,25 +232,28 @@ def explicit_options(parser: argparse.ArgumentParser, argv: Sequence[str]) -> se
 def refuse_ignored(cfg: SimConfig, given: set[str]) -> None:
     """``UsageError`` for an explicitly given option that the chosen model or storage backend
     would ignore, naming the option and the mode."""
-    for name in MODEL_IGNORES.get(cfg.model, ()):
-        if name == "storage" and cfg.storage == "none":
-            continue  # `--storage none` says what a model without a storage tier does anyway
-        if name in given:
-            extra = "" if cfg.model in MODELS_WITH_L3 else " (it has no storage tier)"
-            raise UsageError(f"{flag(name)} {getattr(cfg, name)} is ignored by --model "
-                             f"{cfg.model}{extra}: drop it or pick another --model")
-    if cfg.model in MODELS_WITH_L3:
-        for name in STORAGE_IGNORES[cfg.storage]:
+    extra = "" if cfg.model in MODELS_WITH_L3 else " (it has no storage tier)"
+    # (options, the message refusing one): the model's, the storage backend's, the metadata
+    # server without a master, the multi-instance mode's; the first option given is refused
+    rules: tuple[tuple[Iterable[str], Callable[[str], str]], ...] = (
+        # `--storage none` says what a model without a storage tier does anyway
+        ([n for n in MODEL_IGNORES.get(cfg.model, ()) if (n, cfg.storage) != ("storage", "none")],
+         lambda n: f"{flag(n)} {getattr(cfg, n)} is ignored by --model {cfg.model}{extra}: "
+                   "drop it or pick another --model"),
+        (STORAGE_IGNORES[cfg.storage] if cfg.model in MODELS_WITH_L3 else (),
+         lambda n: f"{flag(n)} {getattr(cfg, n)} is ignored by --storage {cfg.storage}: drop it "
+                   "or pick another --storage"),
+        (() if cfg.storage_master else ("storage_metadata",),
+         lambda n: "--storage-metadata is ignored without --storage-master (the local store "
+                   "brings its own metadata server)"),
+        (MULTI_INSTANCE_OPTIONS[1:],
+         lambda n: f"{flag(n)} is an option of the multi-instance mode: add --storage mooncake "
+                   "--instances N"),
+    )
+    for names, message in rules:
+        for name in names:
             if name in given:
-                raise UsageError(f"{flag(name)} {getattr(cfg, name)} is ignored by --storage "
-                                 f"{cfg.storage}: drop it or pick another --storage")
-    if "storage_metadata" in given and not cfg.storage_master:
-        raise UsageError("--storage-metadata is ignored without --storage-master (the local "
-                         "store brings its own metadata server)")
-    for name in MULTI_INSTANCE_OPTIONS[1:]:
-        if name in given:
-            raise UsageError(f"{flag(name)} is an option of the multi-instance mode: add "
-                             "--storage mooncake --instances N")
+                raise UsageError(message(name))
 
 
 def check_storage_dir(directory: str) -> None:

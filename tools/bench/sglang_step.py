@@ -319,7 +319,7 @@ def _run_alone(sgl: types.SimpleNamespace, ps: int, cfg: StepConfig) -> float:
 def step_rows(*, quick: bool, rounds: int, page_sizes: Sequence[int],
               make_row: Callable[..., Any], skipped_row: Callable[..., Any],
               goal: float) -> list[Any]:
-    """Rows of :mod:`tools.bench_sglang` (its ``make_row`` / ``skipped_row`` passed in)."""
+    """Rows of :mod:`tools.bench.sglang` (its ``make_row`` / ``skipped_row`` passed in)."""
     cfg = StepConfig(num_requests=24, running=8, capacity=1 << 13) if quick else StepConfig()
     sgl = _load()
     rows = []
