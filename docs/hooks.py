@@ -8,8 +8,12 @@
   pages are added to the site (``on_files``) and to the navigation under their package
   (``on_config``).
 * The architecture page must name every distribution and import name of ``packages/*`` (and the
-  import names inside its layer diagram, the first ``text`` block after ``## Layers``): the
-  build fails otherwise (``check_architecture``), so a new distribution cannot be left out.
+  import names inside its layer diagram, the first ``text`` block after ``## Layers``), say how
+  many there are, and give each distribution a row in its layer table whose "may import" cell
+  names exactly the distribution's mem-cache dependencies (``packages/*/pyproject.toml``): the
+  build fails otherwise (``check_architecture``), so a new distribution or a new dependency
+  between layers cannot be left out. ``check_layer_table`` is the same check for any such
+  table (tests/test_docs_consistency.py runs it on the README's).
 """
 
 from __future__ import annotations
@@ -42,6 +46,66 @@ def distributions() -> dict[str, str]:
     return found
 
 
+def layers() -> dict[str, set[str]]:
+    """Distribution name -> the mem-cache distributions it depends on (its ``dependencies`` in
+    ``packages/*/pyproject.toml``, versions and markers dropped)."""
+    dists = distributions()
+    found = {}
+    for pyproject in sorted(ROOT.glob("packages/*/pyproject.toml")):
+        project = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]
+        deps = {re.split(r"[\s<>=!~;\[]", d, maxsplit=1)[0]
+                for d in project.get("dependencies", [])}
+        found[project["name"]] = deps & set(dists)
+    return found
+
+
+def _short(dist: str) -> str:
+    """``mem-cache-pool-host`` -> ``pool-host`` (how the layer tables name a dependency)."""
+    return dist.removeprefix("mem-cache-")
+
+
+def _table_rows(markdown: str, column: str) -> dict[str, str]:
+    """Distribution -> its cell in ``column`` of the first markdown table with that header."""
+    lines = markdown.splitlines()
+    for i, line in enumerate(lines):
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.lstrip().startswith("|") and column in cells:
+            at = cells.index(column)
+            rows = {}
+            for row in lines[i + 2:]:
+                if not row.lstrip().startswith("|"):
+                    break
+                values = [c.strip() for c in row.strip().strip("|").split("|")]
+                if len(values) > at:
+                    rows[values[0].strip("`")] = values[at]
+            return rows
+    return {}
+
+
+def check_layer_table(markdown: str, column: str, where: str) -> None:
+    """``DocsCheckError`` unless the first table with a ``column`` header has one row per
+    distribution whose ``column`` cell names exactly its mem-cache dependencies (short names:
+    ``pool-host, pool, kernels``; anything else in the cell, e.g. ``torch``, is ignored)."""
+    rows = _table_rows(markdown, column)
+    if not rows:
+        raise DocsCheckError(f"{where}: no table with a {column!r} column")
+    short = sorted((_short(d) for d in distributions()), key=len, reverse=True)
+    token = re.compile(rf"(?<![\w-])({'|'.join(map(re.escape, short))})(?![\w-])")
+    wrong = []
+    for dist, deps in layers().items():
+        if dist not in rows:
+            wrong.append(f"{dist} has no row")
+            continue
+        named = set(token.findall(rows[dist]))
+        want = {_short(d) for d in deps}
+        if named != want:
+            wrong.append(f"{dist} may import {', '.join(sorted(want)) or 'none of the others'}, "
+                         f"the table says {', '.join(sorted(named)) or 'none'}")
+    if wrong:
+        raise DocsCheckError(f"{where}, {column!r} column: {'; '.join(wrong)} "
+                             "(packages/*/pyproject.toml)")
+
+
 def _names(name: str, text: str) -> bool:
     """``name`` occurs in ``text`` as a whole name (``mem-cache-pool`` not inside
     ``mem-cache-pool-host``)."""
@@ -50,7 +114,8 @@ def _names(name: str, text: str) -> bool:
 
 def check_architecture(markdown: str) -> None:
     """``DocsCheckError`` naming every distribution or import name the architecture page (or its
-    layer diagram) leaves out, and a count of distributions that is not the real one."""
+    layer diagram) leaves out, a layer table row that is missing or names other dependencies
+    (:func:`check_layer_table`), and a count of distributions that is not the real one."""
     dists = distributions()
     missing = [n for pair in dists.items() for n in pair if not _names(n, markdown)]
     layers = markdown.split("## Layers", 1)[-1]
@@ -62,6 +127,7 @@ def check_architecture(markdown: str) -> None:
     if missing:
         raise DocsCheckError(f"docs/architecture.md does not name: {', '.join(missing)} "
                              f"(packages/ holds {len(dists)} distributions)")
+    check_layer_table(layers, "may import", "docs/architecture.md")
     words = {4: "Four", 5: "Five", 6: "Six", 7: "Seven", 8: "Eight"}
     word = words.get(len(dists), str(len(dists)))
     if f"{word} distributions" not in layers.split("```", 1)[0]:

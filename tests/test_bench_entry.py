@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tools import bench
+from tools.bench import suite as bench
 
 
 def test_list_is_dry(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -51,7 +51,7 @@ def test_a_failing_tool_fails_the_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # a real module without main(): the aggregator must report it, not crash or pass
-    broken = bench.Benchmark("broken", "tools.import_contracts", "has no main()")
+    broken = bench.Benchmark("broken", "tools.mooncake", "has no main()")
     monkeypatch.setattr(bench, "BENCHMARKS", (broken,))
     assert bench.main(["--out", str(tmp_path), "--no-plots"]) == 1
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -100,7 +100,7 @@ def _check_panels(fig: Any, panels: int, series: int, *, reference: bool) -> Non
     series label across the figure."""
     from matplotlib.colors import to_hex
 
-    from tools.bench_plots import MEMCPY_GID
+    from tools.bench.plots import MEMCPY_GID
 
     axes = [ax for ax in fig.get_axes() if ax.get_visible()]
     assert len(axes) == panels
@@ -137,7 +137,7 @@ def test_plot_panels_are_readable(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     import matplotlib.pyplot as plt
 
-    from tools import bench_plots
+    from tools.bench import plots as bench_plots
 
     _write_synthetic(tmp_path, storage=True)
     figs = dict(bench_plots.figures(tmp_path))
@@ -160,7 +160,7 @@ def test_kernel_panels_split_by_direction_when_rows_carry_one(tmp_path: Path) ->
     pytest.importorskip("matplotlib")
     import matplotlib.pyplot as plt
 
-    from tools import bench_plots
+    from tools.bench import plots as bench_plots
 
     rows = [{"op": f"{d}_op", "direction": d, "pattern": p, "item_bytes": item, "gbps": 1.0,
              "roofline_gbps": 2.0} for d in ("d2h", "h2d") for p in ("runs", "tokens")
@@ -201,7 +201,7 @@ def test_allocator_ratio_and_prefetch_are_plotted(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     import matplotlib.pyplot as plt
 
-    from tools import bench_plots
+    from tools.bench import plots as bench_plots
 
     results = [{"page_size": ps, "total_ratio": 0.4, "median_total_ratio": 0.6,
                 "ops": {op: {"ours": {"mean_us": 2.0}, "baseline": {"mean_us": 4.0 + i}}
@@ -237,7 +237,7 @@ def test_many_series_keep_distinct_styles() -> None:
     mpl = pytest.importorskip("matplotlib")
     from matplotlib.colors import to_hex
 
-    from tools import bench_plots
+    from tools.bench import plots as bench_plots
 
     styles = bench_plots._styles(mpl, 24)
     keys = [(to_hex(c), ls, m) for c, ls, m in styles]

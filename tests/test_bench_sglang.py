@@ -1,4 +1,4 @@
-"""``python -m tools.bench_sglang``: ours / SGLang 0.5.23's own classes, smoke test at a tiny size.
+"""``python -m tools.bench.sglang``: ours / SGLang 0.5.23's own classes, smoke test at a tiny size.
 
 No timing is asserted (the figures depend on the machine); what is asserted is that every
 section runs both sides, checks them equal, and writes rows, JSON and the plot. Needs SGLang's
@@ -16,8 +16,10 @@ from typing import Any
 import pytest
 import torch
 
-from tools import bench, bench_sglang, bench_sglang_step
-from tools.bench_sglang import make_row
+from tools.bench import sglang as bench_sglang
+from tools.bench import sglang_step as bench_sglang_step
+from tools.bench import suite as bench
+from tools.bench.sglang import make_row
 
 
 def test_make_row_ratio_spread_and_verdicts() -> None:
@@ -112,7 +114,7 @@ def test_bench_against_sglang_selects_it_without_if_available(
 ) -> None:
     assert bench.main(["--list", "--against", "sglang", "--out", str(tmp_path)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 1 and "python -m tools.bench_sglang --json" in lines[0]
+    assert len(lines) == 1 and "python -m tools.bench.sglang --json" in lines[0]
     assert "--if-available" not in lines[0]
     assert bench.main(["--list", "--out", str(tmp_path)]) == 0
-    assert "tools.bench_sglang --json" in capsys.readouterr().out
+    assert "tools.bench.sglang --json" in capsys.readouterr().out

@@ -1,13 +1,16 @@
 """The README, the architecture page, the package READMEs and ``tools/dev run --help`` name the
-same six distributions, and the docs build fails when the architecture page leaves one out
+same six distributions and layers (what each may import: ``packages/*/pyproject.toml``), and the
+docs build fails when the architecture page leaves a distribution or a layer out
 (``docs/hooks.py``'s ``check_architecture``, run by ``mkdocs build --strict``)."""
 
 from __future__ import annotations
 
 import importlib.util
 import re
+import subprocess
+import sys
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 
 import pytest
 
@@ -76,6 +79,67 @@ def test_hook_fails_on_a_wrong_count() -> None:
     text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
     with pytest.raises(HOOKS.DocsCheckError, match="Six distributions"):
         HOOKS.check_architecture(text.replace("Six distributions", "Five distributions"))
+
+
+def test_layers_come_from_the_pyprojects() -> None:
+    layers = HOOKS.layers()
+    assert layers["mem-cache-storage"] == {"mem-cache-pool-host", "mem-cache-pool",
+                                           "mem-cache-kernels"}
+    assert layers["mem-cache-kernels"] == set() and layers["mem-cache-refactor"] == set()
+
+
+def test_readme_layer_table_matches_the_pyprojects() -> None:
+    HOOKS.check_layer_table((ROOT / "README.md").read_text(encoding="utf-8"), "depends on",
+                            "README.md")
+
+
+def test_hook_fails_when_a_layer_dependency_is_missing() -> None:
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    broken = text.replace("| pool-host, pool, kernels |", "| pool, kernels |", 1)
+    assert broken != text
+    with pytest.raises(HOOKS.DocsCheckError,
+                       match="mem-cache-storage may import kernels, pool, pool-host"):
+        HOOKS.check_architecture(broken)
+
+
+def test_hook_fails_when_a_layer_row_is_missing() -> None:
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    broken = "\n".join(line for line in text.splitlines()
+                       if not line.startswith("| mem-cache-pool-host |"))
+    with pytest.raises(HOOKS.DocsCheckError, match="mem-cache-pool-host has no row"):
+        HOOKS.check_layer_table(broken, "may import", "docs/architecture.md")
+
+
+def test_the_build_fails_on_a_broken_architecture_page() -> None:
+    from mkdocs.exceptions import PluginError
+
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    page = SimpleNamespace(file=SimpleNamespace(src_uri="architecture.md"))
+    HOOKS.on_page_markdown(text, page=page)  # the real page builds
+    with pytest.raises(PluginError, match="mem_cache_storage"):
+        HOOKS.on_page_markdown(text.replace("mem_cache_storage", "storage"), page=page)
+
+
+def test_package_readmes_state_the_same_stack() -> None:
+    """Every package README opens with the same "Part of mem-cache" paragraph (the stack)."""
+    paragraphs = {}
+    for readme in sorted(ROOT.glob("packages/*/README.md")):
+        text = readme.read_text(encoding="utf-8")
+        start = text.index("Part of mem-cache: ")
+        paragraphs[readme.parent.name] = text[start:text.index("Install", start)]
+    assert len(set(paragraphs.values())) == 1, paragraphs
+    assert len(paragraphs) == len(DISTS)
+
+
+def test_dev_help_has_no_stale_count() -> None:
+    text = " ".join(subprocess.run([sys.executable, str(ROOT / "tools" / "dev"), "--help"],
+                                   capture_output=True, text=True, check=True).stdout.split())
+    run_help = " ".join(build_parser().format_help().split())
+    for doc in (text, run_help):
+        for word in ("four", "five", "seven"):
+            assert f"{word} mem-cache" not in doc.lower(), word
+            assert f"{word} distributions" not in doc.lower(), word
+    assert "all six distributions" in text
 
 
 def test_one_api_page_per_public_module() -> None:

@@ -1,4 +1,4 @@
-"""Several simulator engines on one real Mooncake Store (``tools.mooncake_instances``): a
+"""Several simulator engines on one real Mooncake Store (``tools.mooncake.instances``): a
 session's turns run on different instances, pages written by one are served bit-exact to
 another; a master killed mid-run and injected storage faults cost misses, never integrity
 failures or leaks. Also: ``--storage mooncake`` in the single-engine simulator."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tools.mooncake_instances import build_parser, run
+from tools.mooncake.instances import build_parser, run
 from tools.simulate.config import SimConfig
 from tools.simulate.simulation import run_simulation
 

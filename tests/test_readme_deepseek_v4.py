@@ -21,7 +21,7 @@ READMES = [
 _BLOCK = re.compile(r"^```python\n(.*?)^```", re.DOTALL | re.MULTILINE)
 
 
-def _dsv4_blocks(text: str) -> list[str]:
+def _deepseek_v4_blocks(text: str) -> list[str]:
     blocks: list[str] = []
     for section in re.split(r"^## ", text, flags=re.MULTILINE)[1:]:
         if "DeepSeek-V4" in section.splitlines()[0]:
@@ -31,7 +31,7 @@ def _dsv4_blocks(text: str) -> list[str]:
 
 @pytest.mark.parametrize("readme", READMES)
 def test_deepseek_v4_readme_examples_run(readme: str) -> None:
-    blocks = _dsv4_blocks((ROOT / readme).read_text(encoding="utf-8"))
+    blocks = _deepseek_v4_blocks((ROOT / readme).read_text(encoding="utf-8"))
     assert blocks, f"{readme}: no python example in a DeepSeek-V4 section"
     for code in blocks:
         exec(compile(code, readme, "exec"), {"__name__": "readme_example"})
@@ -39,4 +39,4 @@ def test_deepseek_v4_readme_examples_run(readme: str) -> None:
 
 def test_blocks_are_found_only_in_the_named_sections() -> None:
     text = "## Other\n```python\nraise SystemExit\n```\n## DeepSeek-V4 x\n```python\nx = 1\n```\n"
-    assert _dsv4_blocks(text) == ["x = 1\n"]
+    assert _deepseek_v4_blocks(text) == ["x = 1\n"]

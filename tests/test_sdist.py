@@ -281,17 +281,17 @@ def test_the_scan_catches_a_test_that_needs_the_repository(
     (root / "tests" / "test_bound.py").write_text(
         "import subprocess, sys\n"
         "from pathlib import Path\n"
-        "from tools import bench_allocator\n"
+        "from tools.bench import allocator as bench_allocator\n"
         "import mem_cache_allocator\n"
         "from .helpers import make\n"
         "ROOT = Path(__file__).resolve().parents[3]\n"
-        "subprocess.run([sys.executable, '-m', 'tools.bench_host'], cwd=ROOT)\n"
+        "subprocess.run([sys.executable, '-m', 'tools.bench.host'], cwd=ROOT)\n"
     )
     fake = Sdist(pool.name, pool.import_name, root, ("tests/test_bound.py",),
                  pool.allowed_imports)
     found = "\n".join(_problems(fake, "tests/test_bound.py"))
     for needle in ("imports tools", "imports mem_cache_allocator", "relative import .helpers",
-                   "climbs 4 directories", "'tools.bench_host'"):
+                   "climbs 4 directories", "'tools.bench.host'"):
         assert needle in found, (needle, found)
 
 

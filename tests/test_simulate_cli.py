@@ -105,9 +105,10 @@ def test_bad_value_is_refused_with_one_line(dest: str, tmp_path: Path,
 
 
 @pytest.mark.parametrize(("argv", "expected"), [
-    (["--model", "dsv4", "--storage", "file"],
-     "--storage file is ignored by --model dsv4 (it has no storage tier)"),
-    (["--model", "dsv4", "--restart-at", "5"], "--restart-at 5 is ignored by --model dsv4"),
+    (["--model", "deepseek_v4", "--storage", "file"],
+     "--storage file is ignored by --model deepseek_v4 (it has no storage tier)"),
+    (["--model", "deepseek_v4", "--restart-at", "5"],
+     "--restart-at 5 is ignored by --model deepseek_v4"),
     (["--model", "mla", "--heads", "8"], "--heads 8 is ignored by --model mla"),
     (["--model", "mha", "--kv-lora-rank", "8"], "--kv-lora-rank 8 is ignored by --model mha"),
     (["--storage", "none", "--storage-dir", "/tmp"],
@@ -176,12 +177,12 @@ def test_help_is_the_manual(capsys: pytest.CaptureFixture[str]) -> None:
         assert option in text
 
 
-def test_model_dsv4_report_says_why_l3_is_off(capsys: pytest.CaptureFixture[str]) -> None:
-    rc = main(["--model", "dsv4", "--layers", "2", "--requests", "3", "--device-tokens", "1024",
-               "--host-tokens", "1024", "--no-progress"])
+def test_model_deepseek_v4_report_says_why_l3_is_off(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["--model", "deepseek_v4", "--layers", "2", "--requests", "3",
+               "--device-tokens", "1024", "--host-tokens", "1024", "--no-progress"])
     out = capsys.readouterr().out
     assert rc == 0
-    assert "--model dsv4 has no storage tier" in " ".join(out.split())
+    assert "--model deepseek_v4 has no storage tier" in " ".join(out.split())
     assert "--storage none" not in out
 
 

@@ -1,6 +1,6 @@
-"""The allocator soak (tools/soak.py) at 10^4 operations per class: misuse mixed in under debug
-mode, conservation and no double hand-out checked after every operation. The full run
-(``python -m tools.soak``, 10^6 per class) is a tool, not part of CI."""
+"""The allocator soak (tools/bench/soak.py) at 10^4 operations per class: misuse mixed in under
+debug mode, conservation and no double hand-out checked after every operation. The full run
+(``python -m tools.bench.soak``, 10^6 per class) is a tool, not part of CI."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tools.soak import CLASSES, main, soak
+from tools.bench.soak import CLASSES, main, soak
 
 OPS = 10_000
 XFAIL: dict[str, str] = {}  # class name -> reason (strict xfail); none known

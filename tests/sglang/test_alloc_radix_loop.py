@@ -15,15 +15,18 @@ evictions, admission answers, available sizes after every step) are identical. K
 checked at every prefix hit and after every re-admission: every token's K/V is written through
 the pool's ``set_kv_buffer(layer, ...)`` with a value determined by its token prefix, so a
 cached slot must read back exactly the value of the prefix it is matched for.
+
+The stand-ins for SGLang's ``Req`` and ``ScheduleBatch``, the tree and the batches are the
+radix-loop driver's (``tools/sglang_ref/radix_loop.py``, shared with the scheduler-step
+benchmark ``tools/bench/sglang_step.py``).
 """
 
 from __future__ import annotations
 
 import random
 import types
-from array import array
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -31,26 +34,14 @@ import torch
 
 from mem_cache_allocator import PagedTokenToKVPoolAllocator as OurPaged
 from mem_cache_allocator import TokenToKVPoolAllocator as OurToken
+from tools.sglang_ref.radix_loop import RadixLoop, Req, load_modules
 
-_MODULES = (
-    "sglang.srt.mem_cache.radix_cache",
-    "sglang.srt.mem_cache.allocation",
-    "sglang.srt.mem_cache.base_prefix_cache",
-    "sglang.srt.mem_cache.cache_init_params",
-    "sglang.srt.mem_cache.memory_pool",
-    "sglang.srt.mem_cache.allocator",
-    "sglang.srt.managers.schedule_batch",
-)
 _HEAD_DIM = 2
 
 
 @pytest.fixture(scope="module")
 def sgl(sglang_load: Callable[..., list[types.ModuleType]]) -> types.SimpleNamespace:
-    rc, alloc_fns, bpc, cip, mp, alloc, sb = sglang_load(*_MODULES)
-    # no server runtime context here: the attention backends a CPU run has (the torch paths of
-    # write_cache_indices / get_last_loc, which do not need Triton)
-    alloc_fns.attention_backends = lambda: ("torch_native", "torch_native")
-    return types.SimpleNamespace(rc=rc, fn=alloc_fns, bpc=bpc, cip=cip, mp=mp, alloc=alloc, sb=sb)
+    return load_modules(sglang_load)
 
 
 def _value(tokens: list[int], pos: int) -> float:
@@ -62,63 +53,12 @@ def _value(tokens: list[int], pos: int) -> float:
 
 
 @dataclass
-class _Req:
-    """The request attributes SGLang's allocation / radix paths read."""
+class _Req(Req):
+    """The driver's request plus this workload's progress."""
 
-    rid: int
-    tokens: list[int]  # prompt, grows with decode
-    max_new: int
-    kv: Any
-    prefix_len: int = 0
     extend_done: int = 0  # positions already prefilled (chunked prefill)
     decoded: int = 0
-    last_node: Any = None
-    lock: Any = None
     backup: Any = None
-    extra_key: Any = None
-    cache_salt: Any = None
-    priority: Any = None
-    dllm_incomplete_ids: Any = None
-    beam_group: Any = None
-    session: Any = None
-
-    @property
-    def seqlen(self) -> int:
-        return len(self.tokens)
-
-
-@dataclass
-class _Batch:
-    """The ScheduleBatch attributes ``alloc_for_extend`` / ``alloc_for_decode`` /
-    ``check_decode_mem`` read; the two methods are SGLang's own (bound below)."""
-
-    reqs: list[_Req]
-    tree_cache: Any
-    req_to_token_pool: Any
-    token_to_kv_pool_allocator: Any
-    spec: Any
-    device: str = "cpu"
-    prefix_lens: list[int] = field(default_factory=list)
-    extend_lens: list[int] = field(default_factory=list)
-    extend_num_tokens: int = 0
-    seq_lens: torch.Tensor | None = None
-    seq_lens_cpu: torch.Tensor | None = None
-    req_pool_indices: torch.Tensor | None = None
-    req_pool_indices_cpu: torch.Tensor | None = None
-    hisparse_coordinator: Any = None
-    model_config: Any = field(
-        default_factory=lambda: types.SimpleNamespace(is_encoder_decoder=False)
-    )
-
-    @property
-    def spec_algorithm(self) -> Any:
-        return self.spec
-
-    def maybe_evict_swa(self) -> None:
-        return
-
-    def is_dllm(self) -> bool:
-        return False
 
 
 class _Run:
@@ -144,23 +84,12 @@ class _Run:
 
         self.tree.evict = counting_evict  # SGLang's evict_for_alloc calls self.evict
         self.evicted = 0
-        spec = types.SimpleNamespace(is_none=lambda: True)
-        self.batch_cls = type(
-            "Batch",
-            (_Batch,),
-            {
-                "check_decode_mem": sgl.sb.ScheduleBatch.check_decode_mem,
-                "new_tokens_required_next_decode": (
-                    sgl.sb.ScheduleBatch.new_tokens_required_next_decode
-                ),
-            },
-        )
-        self.spec = spec
         self.trace: list[Any] = []
         self.kv_checks = 0
 
     def build(self, need_sort: bool, ours: bool, size: int) -> tuple[Any, Any, Any]:
-        """(KV pool, allocator, tree): SGLang's MHA pool and RadixCache over the allocator."""
+        """(KV pool, allocator, tree): SGLang's MHA pool and RadixCache over the allocator (the
+        driver's, which also makes the batches)."""
         sgl, ps = self.sgl, self.ps
         kv = sgl.mp.MHATokenToKVPool(
             size=size,
@@ -178,26 +107,10 @@ class _Run:
         else:
             cls = OurPaged if ours else sgl.alloc.PagedTokenToKVPoolAllocator
             allocator = cls(size, ps, torch.float32, "cpu", kv, need_sort)
-        tree = sgl.rc.RadixCache(
-            sgl.cip.CacheInitParams(
-                disable=False,
-                req_to_token_pool=self.rtp,
-                token_to_kv_pool_allocator=allocator,
-                page_size=ps,
-            )
-        )
-        return kv, allocator, tree
+        self.loop = RadixLoop(sgl, allocator, self.rtp, ps)
+        return kv, allocator, self.loop.tree
 
     # ------------------------------------------------------------------ helpers
-    def batch(self, reqs: list[_Req]) -> _Batch:
-        return self.batch_cls(
-            reqs=reqs,
-            tree_cache=self.tree,
-            req_to_token_pool=self.rtp,
-            token_to_kv_pool_allocator=self.allocator,
-            spec=self.spec,
-        )
-
     def sizes(self) -> tuple[int, int, int]:
         return (
             self.allocator.available_size(),
@@ -210,7 +123,8 @@ class _Run:
         return loc
 
     def write_kv(self, req: _Req, start: int, end: int, loc: torch.Tensor) -> None:
-        vals = torch.tensor([_value(req.tokens, p) for p in range(start, end)])
+        tokens = req.fill_ids
+        vals = torch.tensor([_value(tokens, p) for p in range(start, end)])
         for layer_id, _ in self.layers:
             k = (vals + layer_id)[:, None, None].expand(-1, 1, _HEAD_DIM).contiguous()
             layer = types.SimpleNamespace(layer_id=layer_id, k_scale=None, v_scale=None)
@@ -220,7 +134,8 @@ class _Run:
         if n == 0:
             return
         row = self.rtp.req_to_token[req.kv.req_pool_idx, :n].to(torch.int64)
-        want = torch.tensor([_value(req.tokens, p) for p in range(n)])
+        tokens = req.fill_ids
+        want = torch.tensor([_value(tokens, p) for p in range(n)])
         for layer_id, windowed in self.layers:
             loc, exp = row, want
             if windowed:  # only the window's slots are kept: check the mapped ones
@@ -234,27 +149,17 @@ class _Run:
 
     # ------------------------------------------------------------------ steps
     def match(self, req: _Req) -> None:
-        key = self.sgl.rc.RadixKey(array("q", req.tokens))
-        m = self.tree.match_prefix(self.sgl.bpc.MatchPrefixParams(key=key))
-        req.prefix_len = m.device_prefix_len
-        req.last_node = m.last_device_node
-        req.lock = self.tree.lock(req.last_node)
+        self.loop.match(req, self.loop.key(req.fill_ids))
         req.extend_done = req.prefix_len
-        req.kv.cache_protected_len = req.prefix_len  # the tree owns the matched part
         self.trace.append(("match", req.rid, req.prefix_len, self.sizes()))
 
     def extend(self, reqs: list[_Req], chunk: int) -> list[_Req]:
         """One prefill batch (each request at most ``chunk`` tokens); returns those done."""
-        b = self.batch(reqs)
-        b.prefix_lens = [r.extend_done for r in reqs]
         ends = [min(r.seqlen, r.extend_done + chunk) for r in reqs]
-        b.extend_lens = [e - p for e, p in zip(ends, b.prefix_lens, strict=True)]
-        b.extend_num_tokens = sum(b.extend_lens)
+        b = self.loop.extend_batch(reqs, [r.extend_done for r in reqs], ends)
         for r in reqs:
             r.prefix_len = r.extend_done
-        b.seq_lens_cpu = torch.tensor(ends, dtype=torch.int64)
-        b.seq_lens = b.seq_lens_cpu.clone()
-        loc, _, idx_cpu = self.sgl.fn.alloc_for_extend(b)
+        loc, _, idx_cpu = self.sgl.allocation.alloc_for_extend(b)
         self.trace.append(("extend", loc.tolist(), idx_cpu.tolist(), self.sizes()))
         pt = 0
         for r, start, end in zip(reqs, b.prefix_lens, ends, strict=True):
@@ -267,20 +172,16 @@ class _Run:
         return [r for r, e in zip(reqs, ends, strict=True) if e == r.seqlen]
 
     def decode(self, reqs: list[_Req], rng: random.Random) -> None:
-        b = self.batch(reqs)
-        b.seq_lens_cpu = torch.tensor([r.seqlen for r in reqs], dtype=torch.int64)
-        b.seq_lens = b.seq_lens_cpu.clone()
-        b.req_pool_indices_cpu = torch.tensor([r.kv.req_pool_idx for r in reqs])
-        b.req_pool_indices = b.req_pool_indices_cpu.clone()
-        loc = self.sgl.fn.alloc_for_decode(b, 1)
+        b = self.loop.decode_batch(reqs, [r.seqlen for r in reqs])
+        loc = self.sgl.allocation.alloc_for_decode(b, 1)
         self.trace.append(("decode", loc.tolist(), self.sizes()))
         for r, slot in zip(reqs, loc.tolist(), strict=True):
-            r.tokens.append(rng.randrange(1000) if r.rid % 3 else 5)
+            r.output_ids.append(rng.randrange(1000) if r.rid % 3 else 5)
             r.decoded += 1
             self.write_kv(r, r.seqlen - 1, r.seqlen, torch.tensor([slot]))
 
     def check_decode(self, reqs: list[_Req]) -> bool:
-        ok = bool(self.batch(reqs).check_decode_mem())
+        ok = bool(self.loop.batch(reqs).check_decode_mem())
         self.trace.append(("check_decode", ok, self.sizes()))
         return ok
 
@@ -291,7 +192,7 @@ class _Run:
         self.allocator.free_group_begin()
         for r in reqs:
             row = self.rtp.req_to_token[r.kv.req_pool_idx, : r.seqlen]
-            key = self.sgl.rc.RadixKey(array("q", r.tokens)).page_aligned(self.ps)
+            key = self.loop.key(r.fill_ids).page_aligned(self.ps)
             values = row[: len(key)].to(dtype=torch.int64, copy=True)
             res = self.tree.insert(self.sgl.bpc.InsertParams(key=key, value=values))
             protected = r.kv.cache_protected_len
@@ -324,7 +225,7 @@ class _Run:
         self.rtp.free(r)
         r.kv.mark_kv_released()
         r.kv.cache_protected_len = 0
-        r.tokens.pop()  # the last token's KV was not written yet in SGLang; recompute it
+        r.drop_last_token()  # the last token's KV was not written yet in SGLang; recompute it
         self.trace.append(("retract", r.rid, self.sizes()))
 
     def restore(self, r: _Req) -> None:
@@ -357,9 +258,8 @@ def _workload(run: _Run, seed: int, steps: int) -> int:
             else:
                 history = list(rng.choice(systems))
             turn = [rng.randrange(1000) for _ in range(rng.randrange(1, 2 * u))]
-            waiting.append(
-                _Req(rid, history + turn, rng.randrange(1, 3 * min(u, 24)), run.sgl.sb.ReqKvInfo())
-            )
+            max_new = rng.randrange(1, 3 * min(u, 24))
+            waiting.append(_Req(rid, history + turn, run.sgl.sched.ReqKvInfo(), max_new=max_new))
             rid += 1
         # admission through the allocator's prefill budget (SGLang's PrefillAdder's questions)
         budget = run.allocator.create_prefill_budget(run.tree)
@@ -417,7 +317,7 @@ def _workload(run: _Run, seed: int, steps: int) -> int:
         if finished:
             for r in finished:
                 running.remove(r)
-                sessions.append(list(r.tokens))
+                sessions.append(r.fill_ids)
             run.finish(finished)
     return steps
 

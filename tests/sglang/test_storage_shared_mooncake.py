@@ -1,6 +1,6 @@
 """One Mooncake store, two engines: SGLang 0.5.23's own ``MooncakeStore`` (its client, over its
 host pool) and our ``HiCacheMooncake`` with ``key_scheme="sglang"`` (over our host pool) on one
-local store (``tools.mooncake_store``). Each reads the pages the other wrote, bit-exact: SGLang's
+local store (``tools.mooncake.store``). Each reads the pages the other wrote, bit-exact: SGLang's
 objects are ``{model}_{hash}_{tp_rank}_k`` / ``_v`` (MHA) or ``{model}_{hash}__k`` (MLA), raw
 bytes. A page we wrote that was damaged in the store is a miss for us (side-car CRC)."""
 
@@ -15,7 +15,7 @@ import torch
 
 from mem_cache_storage import HiCacheStorageConfig, StorageController, page_hashes
 from mem_cache_storage.mooncake import HiCacheMooncake
-from tools.mooncake_store import LocalMooncakeStore
+from tools.mooncake.store import LocalMooncakeStore
 
 from .test_storage_sglang_loads_ours import PS, _mods, fill, sglang_stack
 from .test_storage_shared_store import _flat, _our_host

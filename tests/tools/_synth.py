@@ -10,10 +10,9 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
-#: this checkout's sources: the refactor tools first, then the runtime packages (the fixtures'
-#: shims use ``mem_cache_kernels.shims``), then the repository (``tools.*`` shims). An installed
-#: copy of mem-cache-refactor (another checkout's, in a scratch clone) must never be the one
-#: tested.
+#: this checkout's sources: the refactor tools first, then the runtime packages (the synthetic
+#: repositories' fixtures import them), then the repository. An installed copy of
+#: mem-cache-refactor (another checkout's, in a scratch clone) must never be the one tested.
 CHECKOUT_PATHS = (
     REPO_ROOT / "packages" / "mem-cache-refactor" / "src",
     *sorted(p for p in (REPO_ROOT / "packages").glob("*/src") if p.parent.name

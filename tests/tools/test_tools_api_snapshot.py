@@ -1,4 +1,4 @@
-"""tools.api_snapshot and tools.griffe_check on a synthetic repository with one package."""
+"""mem_cache_refactor.api_snapshot and .griffe_check on a synthetic repository with one package."""
 
 from __future__ import annotations
 

@@ -531,10 +531,10 @@ def _one_way_cases(op: str, run: RunFn) -> CaseFn:
     return cases
 
 
-# ----------------------------------------------------------------------------- dsv4
+# ----------------------------------------------------------------------------- deepseek_v4
 
 
-def _dsv4_pack_run(sp: Spec, g: Gen, backend: Backend) -> Outputs:
+def _deepseek_v4_pack_run(sp: Spec, g: Gen, backend: Backend) -> Outputs:
     n = sp.ctx.sizes.tokens
     nope = g.bits((n, deepseek_v4.NOPE_DIM), torch.uint8)
     scales = g.bits((n, deepseek_v4.SCALE_BYTES), torch.uint8)
@@ -544,13 +544,13 @@ def _dsv4_pack_run(sp: Spec, g: Gen, backend: Backend) -> Outputs:
     return {"records": deepseek_v4.pack_records(nope, scales, rope, backend=backend)}
 
 
-def _dsv4_unpack_run(sp: Spec, g: Gen, backend: Backend) -> Outputs:
+def _deepseek_v4_unpack_run(sp: Spec, g: Gen, backend: Backend) -> Outputs:
     records = g.bits((sp.ctx.sizes.tokens, deepseek_v4.TOKEN_BYTES), torch.uint8)
     nope, scales, rope = deepseek_v4.unpack_records(records, backend=backend)
     return {"nope": nope, "scales": scales, "rope": rope}
 
 
-def _dsv4_buffer(sp: Spec, g: Gen) -> tuple[torch.Tensor, int, torch.Tensor]:
+def _deepseek_v4_buffer(sp: Spec, g: Gen) -> tuple[torch.Tensor, int, torch.Tensor]:
     """(page buffer, first compared page, token slots)."""
     n, ps = sp.ctx.sizes.tokens, sp.ps
     page_bytes = deepseek_v4.page_row_bytes(ps)
@@ -563,19 +563,19 @@ def _dsv4_buffer(sp: Spec, g: Gen) -> tuple[torch.Tensor, int, torch.Tensor]:
     return buf, lo, _skip(loc, 11) if sp.skip else loc
 
 
-def _dsv4_write_run(sp: Spec, g: Gen, backend: Backend) -> Outputs:
-    buf, lo, loc = _dsv4_buffer(sp, g)
+def _deepseek_v4_write_run(sp: Spec, g: Gen, backend: Backend) -> Outputs:
+    buf, lo, loc = _deepseek_v4_buffer(sp, g)
     records = g.bits((sp.ctx.sizes.tokens, deepseek_v4.TOKEN_BYTES), torch.uint8)
     deepseek_v4.write_records(buf, loc.to(sp.idx), records, sp.ps, backend=backend)
     return {"buffer": buf[lo:]}
 
 
-def _dsv4_read_run(sp: Spec, g: Gen, backend: Backend) -> Outputs:
-    buf, _, loc = _dsv4_buffer(sp, g)
+def _deepseek_v4_read_run(sp: Spec, g: Gen, backend: Backend) -> Outputs:
+    buf, _, loc = _deepseek_v4_buffer(sp, g)
     return {"records": deepseek_v4.read_records(buf, loc.to(sp.idx), sp.ps, backend=backend)}
 
 
-def _dsv4_page_cases(op: str, run: RunFn) -> CaseFn:
+def _deepseek_v4_page_cases(op: str, run: RunFn) -> CaseFn:
     def cases(ctx: Context) -> Iterator[Case]:
         for ps, idx in _matrix(ctx, PAGE_SIZES, INDEX):
             yield _case(op, f"ps={ps} {_iname(idx)}", run, Spec(ctx, ps=ps, idx=idx))
@@ -587,15 +587,15 @@ def _dsv4_page_cases(op: str, run: RunFn) -> CaseFn:
     return cases
 
 
-def _dsv4_pack_cases(ctx: Context) -> Iterator[Case]:
+def _deepseek_v4_pack_cases(ctx: Context) -> Iterator[Case]:
     op = "deepseek_v4.pack_records"
     for view in (False, True):
         name = "nope as float8_e4m3fn" if view else "nope as uint8"
-        yield _case(op, name, _dsv4_pack_run, Spec(ctx, fp8_view=view))
+        yield _case(op, name, _deepseek_v4_pack_run, Spec(ctx, fp8_view=view))
 
 
-def _dsv4_unpack_cases(ctx: Context) -> Iterator[Case]:
-    yield _case("deepseek_v4.unpack_records", "records", _dsv4_unpack_run, Spec(ctx))
+def _deepseek_v4_unpack_cases(ctx: Context) -> Iterator[Case]:
+    yield _case("deepseek_v4.unpack_records", "records", _deepseek_v4_unpack_run, Spec(ctx))
 
 
 CASES: dict[str, CaseFn] = {
@@ -624,10 +624,12 @@ CASES: dict[str, CaseFn] = {
     "direct_backup_all_layers_to_page_first_direct": _one_way_cases(
         "direct_backup_all_layers_to_page_first_direct", _direct_backup_run
     ),
-    "deepseek_v4.pack_records": _dsv4_pack_cases,
-    "deepseek_v4.unpack_records": _dsv4_unpack_cases,
-    "deepseek_v4.write_records": _dsv4_page_cases("deepseek_v4.write_records", _dsv4_write_run),
-    "deepseek_v4.read_records": _dsv4_page_cases("deepseek_v4.read_records", _dsv4_read_run),
+    "deepseek_v4.pack_records": _deepseek_v4_pack_cases,
+    "deepseek_v4.unpack_records": _deepseek_v4_unpack_cases,
+    "deepseek_v4.write_records": _deepseek_v4_page_cases(
+        "deepseek_v4.write_records", _deepseek_v4_write_run),
+    "deepseek_v4.read_records": _deepseek_v4_page_cases(
+        "deepseek_v4.read_records", _deepseek_v4_read_run),
 }
 """Qualified op name -> its case generator."""
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 # SGLang 0.5.23 redesigned DeepSeekV4TokenToKVPool (constructor starting with num_req_slots,
 # unified KV regions, fused radix writes, online c128 MTP state, fp4 indexer); ours mirrors the
-# 0.5.2x design the simulator's --model dsv4 runs. Open in issue 24 (the SGLang surface).
-_DSV4 = (
+# 0.5.2x design the simulator's --model deepseek_v4 runs. Open in issue 24 (the SGLang surface).
+_DEEPSEEK_V4 = (
     "__init__",
     "c4_logical_size",
     "clear_c4_req_states",
@@ -87,5 +87,5 @@ _DSV4 = (
 
 GAPS: dict[tuple[str, str], str] = {
     ("DeepSeekV4TokenToKVPool", name): "issue 24: SGLang 0.5.23's redesigned DeepSeek-V4 pool"
-    for name in _DSV4
+    for name in _DEEPSEEK_V4
 }

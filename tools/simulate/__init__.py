@@ -8,8 +8,9 @@ an LRU store (``prefix_store.py``) that spills to the host pool and loads back l
 evicted host pages, prefetch of returning turns that miss L1 and L2), injects transfer and
 storage faults (``faults.py``, ``storage_faults.py``), checks slot conservation and content
 integrity (``integrity.py``) and reports (``report.py``). What differs per model is a small
-adapter (``model.py``): mha/mla over ``stack.py`` (``engine.py``), and ``--model dsv4``, the same
-workload over the DeepSeek-V4 HiSparse stack (``dsv4_stack.py``, ``dsv4.py``, ``dsv4_hicache.py``;
+adapter (``model.py``): mha/mla over ``stack.py`` (``engine.py``), and ``--model deepseek_v4``,
+the same workload over the DeepSeek-V4 HiSparse stack (``deepseek_v4_stack.py``,
+``deepseek_v4.py``, ``deepseek_v4_hicache.py``;
 device and host tiers, no L3). ``tools/dev run --help`` (``options.py``) is the manual.
 """
 

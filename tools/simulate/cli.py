@@ -1,6 +1,6 @@
 """``tools/dev run`` (``python -m tools.simulate``): parse and check the options, run with a
 progress bar, print the report (``--instances N``: the multi-instance mode,
-``tools/mooncake_instances.py``)."""
+``tools/mooncake/instances.py``)."""
 
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ def _config(argv: Sequence[str]) -> tuple[SimConfig, str | None, bool, bool]:
 def run_warnings(cfg: SimConfig, stats: SimStats) -> list[str]:
     """What the run did not do although an option asked for it."""
     warnings = []
-    if cfg.restart_at >= 0 and cfg.model != "dsv4" and stats.steps <= cfg.restart_at:
+    if cfg.restart_at >= 0 and cfg.model != "deepseek_v4" and stats.steps <= cfg.restart_at:
         warnings.append(f"--restart-at {cfg.restart_at}: no restart happened, the run ended "
                         f"after {stats.steps:,} steps (pick a step below that)")
     return warnings
@@ -99,7 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     bad option (one ``error:`` line, nothing run)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(a == "--instances" or a.startswith("--instances=") for a in argv):
-        from tools.mooncake_instances import main as multi_instance_main
+        from tools.mooncake.instances import main as multi_instance_main
 
         return multi_instance_main(argv)
     try:

@@ -41,15 +41,15 @@ IO_BACKENDS = ("kernel", "direct")
 STORAGE_BACKENDS = ("none", "file", "mooncake")
 STORAGE_WRITE_POLICIES = ("write_back", "write_through")
 
-Model = Literal["mha", "mla", "dsv4", "hybrid"]
+Model = Literal["mha", "mla", "deepseek_v4", "hybrid"]
 
 #: ``--model`` choices and their one-line help (a new model adapter adds its entry here, in
 #: ``MODEL_IGNORES`` and, when it has a storage tier, in ``MODELS_WITH_L3``)
 MODELS: dict[str, str] = {
     "mha": "multi-head attention over device/host/storage pools",
     "mla": "multi-head latent attention (one latent row per token)",
-    "dsv4": "the DeepSeek-V4 HiSparse stack (tools/simulate/dsv4.py; device and host tiers, "
-            "no L3)",
+    "deepseek_v4": "the DeepSeek-V4 HiSparse stack (tools/simulate/deepseek_v4.py; device and "
+                   "host tiers, no L3)",
     "hybrid": "a hybrid linear-attention model (tools/simulate/hybrid.py; attention every 4th "
               "layer, the rest Mamba conv + temporal state; device and host tiers, no L3)",
 }
@@ -59,7 +59,7 @@ MODELS_WITH_L3 = ("mha", "mla")
 MODEL_IGNORES: dict[str, tuple[str, ...]] = {
     "mha": ("kv_lora_rank", "qk_rope_head_dim"),
     "mla": ("heads", "head_dim"),
-    "dsv4": ("heads", "head_dim", "kv_lora_rank", "qk_rope_head_dim", "dtype",
+    "deepseek_v4": ("heads", "head_dim", "kv_lora_rank", "qk_rope_head_dim", "dtype",
              "shared_prefix_tokens", "spec_draft", "retract_after", "restart_at", "storage",
              "storage_dir", "storage_write", "storage_capacity_mb", "storage_fault_rate",
              "storage_master", "storage_metadata"),
@@ -160,16 +160,14 @@ class SimConfig:
                 f"--host-tokens must hold at least one page ({self.page_size} tokens at page "
                 f"size {self.page_size}), got {self.host_tokens}"
             )
-        if self.model not in MODELS:
-            raise ValueError(f"--model must be one of {tuple(MODELS)}, got {self.model!r}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"--dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
-        if self.host_layout not in HOST_LAYOUTS:
-            raise ValueError(f"--host-layout must be one of {HOST_LAYOUTS}, "
-                             f"got {self.host_layout!r}")
-        if self.io_backend not in IO_BACKENDS:
-            raise ValueError(f"--io-backend must be one of {IO_BACKENDS}, "
-                             f"got {self.io_backend!r}")
+        for name, choices in _CHOICES.items():
+            value = getattr(self, name)
+            if value not in choices:
+                raise ValueError(f"{flag(name)} must be one of {choices}, got {value!r}")
+        for name in ("faults", "storage_fault_rate"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{flag(name)} must be a probability in [0, 1], "
+                                 f"got {getattr(self, name)}")
         if not _DEVICE.fullmatch(self.device):
             raise ValueError(f"--device must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
         for name in ("spec_draft", "retract_after", "shared_prefix_tokens", "seed",
@@ -179,21 +177,10 @@ class SimConfig:
         if self.restart_at < -1:
             raise ValueError(f"--restart-at must be a step >= 0 (or -1: never), "
                              f"got {self.restart_at}")
-        if not 0.0 <= self.faults <= 1.0:
-            raise ValueError(f"--faults must be a probability in [0, 1], got {self.faults}")
         if not self.mean_turns >= 1.0:
             raise ValueError(f"--mean-turns must be >= 1, got {self.mean_turns}")
         if not 0.0 < self.arrival_per_step < float("inf"):
             raise ValueError(f"--arrival-per-step must be positive, got {self.arrival_per_step}")
-        if self.storage not in STORAGE_BACKENDS:
-            raise ValueError(f"--storage must be one of {STORAGE_BACKENDS}, "
-                             f"got {self.storage!r}")
-        if self.storage_write not in STORAGE_WRITE_POLICIES:
-            raise ValueError(f"--storage-write must be one of {STORAGE_WRITE_POLICIES}, "
-                             f"got {self.storage_write!r}")
-        if not 0.0 <= self.storage_fault_rate <= 1.0:
-            raise ValueError(f"--storage-fault-rate must be a probability in [0, 1], "
-                             f"got {self.storage_fault_rate}")
         if self.storage_capacity_mb < 0:
             raise ValueError(f"--storage-capacity-mb must be >= 0 (0: unlimited), "
                              f"got {self.storage_capacity_mb}")
@@ -209,6 +196,16 @@ class SimConfig:
 
 
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?")
+
+#: the options whose value is one of a fixed set (checked by ``SimConfig.validate``)
+_CHOICES: dict[str, tuple[str, ...] | list[str]] = {
+    "model": tuple(MODELS),
+    "dtype": sorted(DTYPES),
+    "host_layout": HOST_LAYOUTS,
+    "io_backend": IO_BACKENDS,
+    "storage": STORAGE_BACKENDS,
+    "storage_write": STORAGE_WRITE_POLICIES,
+}
 
 
 def config_from_args(ns: argparse.Namespace) -> SimConfig:

@@ -5,7 +5,7 @@ pool (``MemoryStack.write_kv``), a finished sequence verified on one layer, the 
 freed as its slots (the allocator frees the page), host room in slots of the one host pool,
 backups and layer-wise loads through :class:`~tools.simulate.hicache.HostTransfers`, and the
 conservation / leak checks of ``integrity.py``. This is the engine of the storage tier (L3) and
-of the multi-instance driver (``tools/mooncake_instances.py``).
+of the multi-instance driver (``tools/mooncake/instances.py``).
 """
 
 from __future__ import annotations

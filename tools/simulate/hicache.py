@@ -9,7 +9,7 @@
   the loaded rows bit-exact against the content model as soon as the layer is ready.
 
 ``layer_wise_load`` is that load's protocol (counter, IO thread, per-layer verification, fault
-and statistics bookkeeping), shared with ``dsv4_hicache.py``.
+and statistics bookkeeping), shared with ``deepseek_v4_hicache.py``.
 
 Faults (``faults.py``) make a transfer fail up front or abort midway: the faulty host-pool call
 gets a ``FailingDevicePool`` and fails inside the package (a load's failure aborts the layer

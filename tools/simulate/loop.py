@@ -1,8 +1,8 @@
 """The simulated continuous-batching engine loop (no model: K/V rows are deterministic content).
 
 The loop is the same for every model; what it writes, verifies, allocates on the host and checks
-goes through a :class:`~tools.simulate.model.ModelAdapter` (``engine.py``: mha/mla, ``dsv4.py``:
-DeepSeek-V4). One ``step()``:
+goes through a :class:`~tools.simulate.model.ModelAdapter` (``engine.py``: mha/mla,
+``deepseek_v4.py``: DeepSeek-V4). One ``step()``:
 
 1. arrivals: first turns whose arrival step has come, and later turns whose think time passed,
    join the FCFS ready queue;

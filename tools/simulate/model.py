@@ -8,7 +8,7 @@ freed, how much future room a running request may still take, its host tier (how
 reserved, backed up to and loaded from) and its conservation / leak checks.
 
 Implementations: ``engine.MemoryStackModel`` (mha/mla over ``stack.MemoryStack``) and
-``dsv4.DSv4Model`` (the DeepSeek-V4 HiSparse stack of ``dsv4_stack.py``).
+``deepseek_v4.DeepSeekV4Model`` (the DeepSeek-V4 HiSparse stack of ``deepseek_v4_stack.py``).
 """
 
 from __future__ import annotations

@@ -13,9 +13,10 @@ import argparse
 import os
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import fields
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from tools.simulate.config import (
     DTYPES,
@@ -43,7 +44,7 @@ __all__ = [
 
 PROG = "tools/dev run"
 
-#: the options of the multi-instance mode (``--instances N``: ``tools/mooncake_instances.py``)
+#: the options of the multi-instance mode (``--instances N``: ``tools/mooncake/instances.py``)
 MULTI_INSTANCE_OPTIONS = ("instances", "routing", "kill_master_at", "segment_mib")
 
 #: what each storage backend ignores (``--storage none``: every L3 option)
@@ -97,9 +98,117 @@ mem-cache-pool-host, mem-cache-storage (and mem-cache-refactor, the refactor too
 """
 
 
+_N: dict[str, Any] = {"type": int, "metavar": "N"}
+_X: dict[str, Any] = {"type": float, "metavar": "X"}
+
+#: every option of ``tools/dev run`` as ``--help`` groups them: (group, its description, rows of
+#: (flag, argparse keywords)); an option named for a ``SimConfig`` field defaults to the field's
+#: default (``SimConfig()`` is the default run) unless its row says otherwise
+_OPTIONS: tuple[tuple[str, str | None, tuple[tuple[str, dict[str, Any]], ...]], ...] = (
+    ("workload", None, (
+        ("--requests", {**_N, "help": "turns to serve in total"}),
+        ("--max-running", {**_N, "help": "most requests in one batch"}),
+        ("--mean-turns", {**_X, "help": "mean turns per session (>= 1)"}),
+        ("--arrival-per-step", {**_X, "help": "new sessions per engine step (Poisson)"}),
+        ("--think-steps", {**_N, "help": "steps between a turn finishing and the session's "
+                           "next turn arriving"}),
+        ("--shared-prefix-tokens", {**_N, "help": "a system preamble of N tokens common to "
+                                    "every session: its page-aligned part is cached once and "
+                                    "matched at admission (0: off; mha/mla)"}),
+        ("--spec-draft", {**_N, "help": "speculative decoding: N draft slots per request and "
+                          "decode step, the rejected ones freed (0: plain decode; mha/mla)"}),
+        ("--retract-after", {**_N, "help": "retract the running request with the most output "
+                             "left when the queue head has waited N steps for memory (0: "
+                             "never; mha/mla)"}),
+        ("--seed", {**_N, "help": "seed of the workload, the KV content and the fault "
+                    "injectors"}),
+    )),
+    ("model", None, (
+        ("--model", {"choices": tuple(MODELS), "help": "attention family: " + "; ".join(
+            f"{k}: {v}" for k, v in MODELS.items())}),
+        ("--layers", {**_N, "help": "layers"}),
+        ("--heads", {**_N, "help": "KV heads (mha)"}),
+        ("--head-dim", {**_N, "help": "head dimension (mha)"}),
+        ("--kv-lora-rank", {**_N, "help": "latent width (mla)"}),
+        ("--qk-rope-head-dim", {**_N, "help": "rope part of the latent (mla)"}),
+        ("--dtype", {"choices": sorted(DTYPES),
+                     "help": "KV dtype (mha/mla; fp8 is stored as uint8)"}),
+    )),
+    ("memory", None, (
+        ("--page-size", {**_N, "help": "tokens per page (a power of two)"}),
+        ("--device-tokens", {**_N, "help": "device KV pool (L1) size in tokens, rounded down "
+                             "to whole pages"}),
+        ("--host-tokens", {**_N, "help": "host KV pool (L2) size in tokens, rounded down to "
+                           "whole pages"}),
+        ("--host-layout", {"choices": HOST_LAYOUTS, "help": "host pool layout"}),
+        ("--io-backend", {"choices": IO_BACKENDS, "help": "host<->device copies: 'kernel' (row "
+                          "kernels) or 'direct' (one copy_ per contiguous run)"}),
+        ("--device", {"default": None, "metavar": "DEV", "help": "torch device of the device "
+                      "pool: cpu, cuda or cuda:N (default: cpu)"}),
+        ("--threads", {**_N, "help": "torch intra-op threads (1 is fastest for these small "
+                       "ops)"}),
+    )),
+    ("storage tier (L3)", None, (
+        ("--storage", {"choices": STORAGE_BACKENDS, "help": "L3 backend: 'file' (one file per "
+                       "page in --storage-dir), 'mooncake' (a Mooncake Store: --storage-master, "
+                       "or a local one started for the run) or 'none' (mha/mla; deepseek_v4 "
+                       "has no L3)"}),
+        ("--storage-dir", {"metavar": "DIR", "help": "--storage file: the L3 directory, created "
+                           "when missing (default: a temporary directory, removed "
+                           "afterwards)"}),
+        ("--storage-write", {"choices": STORAGE_WRITE_POLICIES, "help": "write pages to L3 "
+                             "when the host evicts them, or when they reach it"}),
+        ("--storage-capacity-mb", {"type": int, "metavar": "MIB", "help": "--storage file: L3 "
+                                   "capacity in MiB, LRU eviction (0: unlimited)"}),
+        ("--storage-master", {"metavar": "HOST:PORT", "help": "--storage mooncake: join this "
+                              "Mooncake master instead of starting a local store (default: a "
+                              "local store)"}),
+        ("--storage-metadata", {"metavar": "URL", "help": "--storage mooncake with "
+                                "--storage-master: the metadata server (default: "
+                                "http://HOST:8080/metadata)"}),
+    )),
+    ("faults", None, (
+        ("--faults", {"type": float, "metavar": "P", "help": "probability that a host<->device "
+                      "transfer fails or is aborted midway"}),
+        ("--storage-fault-rate", {"type": float, "metavar": "P", "help": "probability that a "
+                                  "storage call fails, is slow (prefetch timeout), corrupts a "
+                                  "stored page or stops partway"}),
+        ("--restart-at", {"type": int, "metavar": "STEP", "help": "restart the engine at this "
+                          "step: device and host caches are flushed to L3 and dropped, so the "
+                          "next turns are served by the warm L3 (-1: never; a step past the "
+                          "run's end is reported as a warning; mha/mla)"}),
+        ("--check-every", {**_N, "help": "run the slot-conservation check every N steps"}),
+    )),
+    ("multi-instance (--storage mooncake --instances N: tools/mooncake/instances.py)",
+     "N simulator engines (processes) on one Mooncake Store, a session's turns on different "
+     "engines; the other options apply to every instance (its own defaults: --requests 240, "
+     "--device-tokens 8192, --host-tokens 8192, --max-running 32)", (
+        ("--instances", {**_N, "default": None, "help": "run N engines on one store (default: "
+                         "one engine, this simulator)"}),
+        ("--routing", {"choices": ("round-robin", "random"), "default": None,
+                       "help": "which engine serves a turn (default: round-robin)"}),
+        ("--kill-master-at", {"type": int, "default": None, "metavar": "WAVE",
+                              "help": "SIGKILL the local store's master before this wave, "
+                              "restart it after (default: never)"}),
+        ("--segment-mib", {"type": int, "default": None, "metavar": "MIB", "help": "the local "
+                           "store's holder segment in MiB (default: 1024)"}),
+    )),
+    ("output", None, (
+        ("--json", {"metavar": "PATH", "default": None, "help": "also write the report as JSON "
+                    "to PATH ('-': stdout, the table goes to stderr); PATH's folder must "
+                    "exist"}),
+        ("--no-progress", {"action": "store_true", "help": "no progress bar"}),
+        ("--verbose", {"action": "store_true", "help": "show third-party logs (the Mooncake "
+                       "client's INFO/WARNING lines, mem_cache_storage warnings); off by "
+                       "default"}),
+    )),
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``tools/dev run`` parser (defaults = the embedded default run, ``SimConfig()``)."""
     d = SimConfig()
+    config_fields = {f.name for f in fields(SimConfig)}
     p = _Parser(
         prog=PROG, formatter_class=_Formatter, epilog=_EPILOG, usage="%(prog)s [OPTIONS]",
         description="Serving-workload simulator: one continuous-batching engine loop (no model\n"
@@ -108,111 +217,12 @@ def build_parser() -> argparse.ArgumentParser:
         "bit-exact, slot conservation is checked every step and leaks at the end; the run\n"
         "ends with a report table.",
     )
-    w = p.add_argument_group("workload")
-    w.add_argument("--requests", type=int, default=d.requests, metavar="N",
-                   help="turns to serve in total")
-    w.add_argument("--max-running", type=int, default=d.max_running, metavar="N",
-                   help="most requests in one batch")
-    w.add_argument("--mean-turns", type=float, default=d.mean_turns, metavar="X",
-                   help="mean turns per session (>= 1)")
-    w.add_argument("--arrival-per-step", type=float, default=d.arrival_per_step, metavar="X",
-                   help="new sessions per engine step (Poisson)")
-    w.add_argument("--think-steps", type=int, default=d.think_steps, metavar="N",
-                   help="steps between a turn finishing and the session's next turn arriving")
-    w.add_argument("--shared-prefix-tokens", type=int, default=d.shared_prefix_tokens,
-                   metavar="N",
-                   help="a system preamble of N tokens common to every session: its "
-                   "page-aligned part is cached once and matched at admission (0: off; mha/mla)")
-    w.add_argument("--spec-draft", type=int, default=d.spec_draft, metavar="N",
-                   help="speculative decoding: N draft slots per request and decode step, the "
-                   "rejected ones freed (0: plain decode; mha/mla)")
-    w.add_argument("--retract-after", type=int, default=d.retract_after, metavar="N",
-                   help="retract the running request with the most output left when the queue "
-                   "head has waited N steps for memory (0: never; mha/mla)")
-    w.add_argument("--seed", type=int, default=d.seed, metavar="N",
-                   help="seed of the workload, the KV content and the fault injectors")
-    m = p.add_argument_group("model")
-    m.add_argument("--model", choices=tuple(MODELS), default=d.model,
-                   help="attention family: " + "; ".join(f"{k}: {v}" for k, v in MODELS.items()))
-    m.add_argument("--layers", type=int, default=d.layers, metavar="N", help="layers")
-    m.add_argument("--heads", type=int, default=d.heads, metavar="N", help="KV heads (mha)")
-    m.add_argument("--head-dim", type=int, default=d.head_dim, metavar="N",
-                   help="head dimension (mha)")
-    m.add_argument("--kv-lora-rank", type=int, default=d.kv_lora_rank, metavar="N",
-                   help="latent width (mla)")
-    m.add_argument("--qk-rope-head-dim", type=int, default=d.qk_rope_head_dim, metavar="N",
-                   help="rope part of the latent (mla)")
-    m.add_argument("--dtype", choices=sorted(DTYPES), default=d.dtype,
-                   help="KV dtype (mha/mla; fp8 is stored as uint8)")
-    c = p.add_argument_group("memory")
-    c.add_argument("--page-size", type=int, default=d.page_size, metavar="N",
-                   help="tokens per page (a power of two)")
-    c.add_argument("--device-tokens", type=int, default=d.device_tokens, metavar="N",
-                   help="device KV pool (L1) size in tokens, rounded down to whole pages")
-    c.add_argument("--host-tokens", type=int, default=d.host_tokens, metavar="N",
-                   help="host KV pool (L2) size in tokens, rounded down to whole pages")
-    c.add_argument("--host-layout", choices=HOST_LAYOUTS, default=d.host_layout,
-                   help="host pool layout")
-    c.add_argument("--io-backend", choices=IO_BACKENDS, default=d.io_backend,
-                   help="host<->device copies: 'kernel' (row kernels) or 'direct' (one copy_ "
-                   "per contiguous run)")
-    c.add_argument("--device", default=None, metavar="DEV",
-                   help="torch device of the device pool: cpu, cuda or cuda:N (default: cpu)")
-    c.add_argument("--threads", type=int, default=d.threads, metavar="N",
-                   help="torch intra-op threads (1 is fastest for these small ops)")
-    st = p.add_argument_group("storage tier (L3)")
-    st.add_argument("--storage", choices=STORAGE_BACKENDS, default=d.storage,
-                    help="L3 backend: 'file' (one file per page in --storage-dir), 'mooncake' "
-                    "(a Mooncake Store: --storage-master, or a local one started for the run) "
-                    "or 'none' (mha/mla; dsv4 has no L3)")
-    st.add_argument("--storage-dir", default=d.storage_dir, metavar="DIR",
-                    help="--storage file: the L3 directory, created when missing (default: a "
-                    "temporary directory, removed afterwards)")
-    st.add_argument("--storage-write", choices=STORAGE_WRITE_POLICIES, default=d.storage_write,
-                    help="write pages to L3 when the host evicts them, or when they reach it")
-    st.add_argument("--storage-capacity-mb", type=int, default=d.storage_capacity_mb,
-                    metavar="MIB", help="--storage file: L3 capacity in MiB, LRU eviction "
-                    "(0: unlimited)")
-    st.add_argument("--storage-master", default=d.storage_master, metavar="HOST:PORT",
-                    help="--storage mooncake: join this Mooncake master instead of starting a "
-                    "local store (default: a local store)")
-    st.add_argument("--storage-metadata", default=d.storage_metadata, metavar="URL",
-                    help="--storage mooncake with --storage-master: the metadata server "
-                    "(default: http://HOST:8080/metadata)")
-    f = p.add_argument_group("faults")
-    f.add_argument("--faults", type=float, default=d.faults, metavar="P",
-                   help="probability that a host<->device transfer fails or is aborted midway")
-    f.add_argument("--storage-fault-rate", type=float, default=d.storage_fault_rate,
-                   metavar="P", help="probability that a storage call fails, is slow (prefetch "
-                   "timeout), corrupts a stored page or stops partway")
-    f.add_argument("--restart-at", type=int, default=d.restart_at, metavar="STEP",
-                   help="restart the engine at this step: device and host caches are flushed "
-                   "to L3 and dropped, so the next turns are served by the warm L3 (-1: never; "
-                   "a step past the run's end is reported as a warning; mha/mla)")
-    f.add_argument("--check-every", type=int, default=d.check_every, metavar="N",
-                   help="run the slot-conservation check every N steps")
-    mi = p.add_argument_group(
-        "multi-instance (--storage mooncake --instances N: tools/mooncake_instances.py)",
-        "N simulator engines (processes) on one Mooncake Store, a session's turns on different "
-        "engines; the other options apply to every instance (its own defaults: --requests 240, "
-        "--device-tokens 8192, --host-tokens 8192, --max-running 32)")
-    mi.add_argument("--instances", type=int, default=None, metavar="N",
-                    help="run N engines on one store (default: one engine, this simulator)")
-    mi.add_argument("--routing", choices=("round-robin", "random"), default=None,
-                    help="which engine serves a turn (default: round-robin)")
-    mi.add_argument("--kill-master-at", type=int, default=None, metavar="WAVE",
-                    help="SIGKILL the local store's master before this wave, restart it after "
-                    "(default: never)")
-    mi.add_argument("--segment-mib", type=int, default=None, metavar="MIB",
-                    help="the local store's holder segment in MiB (default: 1024)")
-    o = p.add_argument_group("output")
-    o.add_argument("--json", metavar="PATH", default=None,
-                   help="also write the report as JSON to PATH ('-': stdout, the table goes to "
-                   "stderr); PATH's folder must exist")
-    o.add_argument("--no-progress", action="store_true", help="no progress bar")
-    o.add_argument("--verbose", action="store_true",
-                   help="show third-party logs (the Mooncake client's INFO/WARNING lines, "
-                   "mem_cache_storage warnings); off by default")
+    for title, description, rows in _OPTIONS:
+        group = p.add_argument_group(title, description)
+        for option, keywords in rows:
+            dest = option[2:].replace("-", "_")
+            field_default = {"default": getattr(d, dest)} if dest in config_fields else {}
+            group.add_argument(option, **{**field_default, **keywords})
     return p
 
 
@@ -232,25 +242,28 @@ def explicit_options(parser: argparse.ArgumentParser, argv: Sequence[str]) -> se
 def refuse_ignored(cfg: SimConfig, given: set[str]) -> None:
     """``UsageError`` for an explicitly given option that the chosen model or storage backend
     would ignore, naming the option and the mode."""
-    for name in MODEL_IGNORES.get(cfg.model, ()):
-        if name == "storage" and cfg.storage == "none":
-            continue  # `--storage none` says what a model without a storage tier does anyway
-        if name in given:
-            extra = "" if cfg.model in MODELS_WITH_L3 else " (it has no storage tier)"
-            raise UsageError(f"{flag(name)} {getattr(cfg, name)} is ignored by --model "
-                             f"{cfg.model}{extra}: drop it or pick another --model")
-    if cfg.model in MODELS_WITH_L3:
-        for name in STORAGE_IGNORES[cfg.storage]:
+    extra = "" if cfg.model in MODELS_WITH_L3 else " (it has no storage tier)"
+    # (options, the message refusing one): the model's, the storage backend's, the metadata
+    # server without a master, the multi-instance mode's; the first option given is refused
+    rules: tuple[tuple[Iterable[str], Callable[[str], str]], ...] = (
+        # `--storage none` says what a model without a storage tier does anyway
+        ([n for n in MODEL_IGNORES.get(cfg.model, ()) if (n, cfg.storage) != ("storage", "none")],
+         lambda n: f"{flag(n)} {getattr(cfg, n)} is ignored by --model {cfg.model}{extra}: "
+                   "drop it or pick another --model"),
+        (STORAGE_IGNORES[cfg.storage] if cfg.model in MODELS_WITH_L3 else (),
+         lambda n: f"{flag(n)} {getattr(cfg, n)} is ignored by --storage {cfg.storage}: drop it "
+                   "or pick another --storage"),
+        (() if cfg.storage_master else ("storage_metadata",),
+         lambda n: "--storage-metadata is ignored without --storage-master (the local store "
+                   "brings its own metadata server)"),
+        (MULTI_INSTANCE_OPTIONS[1:],
+         lambda n: f"{flag(n)} is an option of the multi-instance mode: add --storage mooncake "
+                   "--instances N"),
+    )
+    for names, message in rules:
+        for name in names:
             if name in given:
-                raise UsageError(f"{flag(name)} {getattr(cfg, name)} is ignored by --storage "
-                                 f"{cfg.storage}: drop it or pick another --storage")
-    if "storage_metadata" in given and not cfg.storage_master:
-        raise UsageError("--storage-metadata is ignored without --storage-master (the local "
-                         "store brings its own metadata server)")
-    for name in MULTI_INSTANCE_OPTIONS[1:]:
-        if name in given:
-            raise UsageError(f"{flag(name)} is an option of the multi-instance mode: add "
-                             "--storage mooncake --instances N")
+                raise UsageError(message(name))
 
 
 def check_storage_dir(directory: str) -> None:

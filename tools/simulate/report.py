@@ -104,7 +104,7 @@ def render_report(console: Console, cfg: SimConfig, stats: SimStats) -> None:
     """Print the report table (and any integrity failure messages) to ``console``."""
     shape = (f"{cfg.heads}x{cfg.head_dim}" if cfg.model in ("mha", "hybrid")
              else f"{cfg.kv_lora_rank}+{cfg.qk_rope_head_dim}")
-    if cfg.model == "dsv4":  # fixed 584-byte records (448 fp8 + 64 bf16 + scales); --dtype unused
+    if cfg.model == "deepseek_v4":  # fixed 584-byte records (448 fp8 + 64 bf16 + scales), no dtype
         shape = "584B-records"
     title = (f"mem-cache simulation: {cfg.model.upper()} {cfg.layers}L {shape} {cfg.dtype}, "
              f"page {cfg.page_size}, host {cfg.host_layout}/{cfg.io_backend}, "
@@ -138,7 +138,7 @@ def render_report(console: Console, cfg: SimConfig, stats: SimStats) -> None:
               f"{stats.host_hits}/{stats.returning_turns} returning turns; "
               f"{_pct(stats.host_hit_tokens, stats.reusable_tokens)} of prefix tokens; "
               f"misses {stats.misses}")
-    if cfg.shared_prefix_tokens and cfg.model not in ("dsv4", "hybrid"):
+    if cfg.shared_prefix_tokens and cfg.model not in ("deepseek_v4", "hybrid"):
         t.add_row("shared prefix", f"{stats.duplicate_pages_freed:,} dup pages freed",
                   f"{cfg.shared_prefix_tokens} shared tokens; {stats.shared_prefix_hits:,} "
                   f"admission hits ({stats.shared_prefix_hit_tokens:,} tokens); "

@@ -1,5 +1,5 @@
 """Runs one simulation end to end: workload -> stack -> engine loop -> drain -> leak check
-(``--model dsv4``: the DeepSeek-V4 stack and engine, no storage tier)."""
+(``--model deepseek_v4``: the DeepSeek-V4 stack and engine, no storage tier)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from collections.abc import Callable
 import torch
 
 from tools.simulate.config import SimConfig
-from tools.simulate.dsv4 import DSv4Engine
-from tools.simulate.dsv4_stack import build_dsv4_stack
+from tools.simulate.deepseek_v4 import DeepSeekV4Engine
+from tools.simulate.deepseek_v4_stack import build_deepseek_v4_stack
 from tools.simulate.engine import Engine
 from tools.simulate.faults import FaultInjector
 from tools.simulate.hybrid import HybridEngine, build_hybrid_stack
@@ -44,16 +44,16 @@ def _run(cfg: SimConfig, progress: ProgressFn | None) -> SimStats:
     t0 = time.perf_counter()
     workload = generate_workload(cfg)
     faults = FaultInjector(cfg.faults, cfg.seed)
-    engine: Engine | DSv4Engine | HybridEngine
+    engine: Engine | DeepSeekV4Engine | HybridEngine
     l3 = None
-    if cfg.model == "dsv4":
-        dstack = build_dsv4_stack(cfg, workload.max_context_len + 1)
+    if cfg.model == "deepseek_v4":
+        dstack = build_deepseek_v4_stack(cfg, workload.max_context_len + 1)
         stats = SimStats(
             device_capacity=dstack.logical_capacity,
             host_capacity=dstack.kinds[0].capacity * dstack.page_size,
             bytes_per_token=dstack.bytes_per_token,
         )
-        engine = DSv4Engine(workload, dstack, stats, faults)
+        engine = DeepSeekV4Engine(workload, dstack, stats, faults)
     elif cfg.model == "hybrid":
         hstack = build_hybrid_stack(cfg, workload.max_context_len + 1)
         stats = SimStats(

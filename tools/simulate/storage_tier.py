@@ -134,7 +134,7 @@ class StorageTier:
             host = cfg.storage_master.rsplit(":", 1)[0]
             return {"master_server_address": cfg.storage_master, "protocol": "tcp",
                     "metadata_server": cfg.storage_metadata or f"http://{host}:8080/metadata"}
-        from tools.mooncake_store import LocalMooncakeStore
+        from tools.mooncake.store import LocalMooncakeStore
 
         segment = max(64 << 20, 2 * self.stack.host_capacity * self.stack.bytes_per_token)
         self._store = LocalMooncakeStore(segment_bytes=segment).start()

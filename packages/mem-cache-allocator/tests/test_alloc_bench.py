@@ -1,4 +1,4 @@
-"""Smoke test of tools/bench_allocator.py (--quick): it runs, agrees slot-for-slot, writes JSON."""
+"""Smoke test of tools/bench/allocator.py (--quick): it runs, agrees slot-for-slot, writes JSON."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tools import bench_allocator
+from tools.bench import allocator as bench_allocator
 
 
 def test_alloc_bench_quick_writes_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,4 +1,4 @@
-"""Smoke test of tools/bench_kernels.py (--quick): it runs every op, prints and writes JSON."""
+"""Smoke test of tools/bench/kernels.py (--quick): it runs every op, prints and writes JSON."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import mem_cache_kernels as mk
-from tools import bench_kernels
+from tools.bench import kernels as bench_kernels
 
 
 def test_bench_kernels_quick_writes_json(tmp_path: Path) -> None:

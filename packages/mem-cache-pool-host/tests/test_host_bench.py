@@ -1,4 +1,4 @@
-"""Smoke test of tools/bench_host.py (--quick): runs, prints the table, writes the JSON."""
+"""Smoke test of tools/bench/host.py (--quick): runs, prints the table, writes the JSON."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[3]
 def test_bench_host_quick_writes_json(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "tools.bench_host", "--quick", "--json", str(out)],
+        [sys.executable, "-m", "tools.bench.host", "--quick", "--json", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,

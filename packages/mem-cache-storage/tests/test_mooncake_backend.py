@@ -1,5 +1,5 @@
 """The Mooncake backend on a real store: a ``mooncake_master`` with its HTTP metadata server and
-a holder process on loopback ports (``tools.mooncake_store``), clients in this process and in
+a holder process on loopback ports (``tools.mooncake.store``), clients in this process and in
 separate engine processes (``_mooncake_worker.py``).
 
 If the store cannot start (client library or system libraries missing, binary missing), these
@@ -21,7 +21,7 @@ from mem_cache_pool import MHATokenToKVPool, MLATokenToKVPool
 from mem_cache_pool_host import MHATokenToKVPoolHost, MLATokenToKVPoolHost
 from mem_cache_storage.config import HiCacheStorageConfig
 from mem_cache_storage.mooncake import HEADER_BYTES, HiCacheMooncake, key_tag
-from tools.mooncake_store import LocalMooncakeStore
+from tools.mooncake.store import LocalMooncakeStore
 
 WORKER = Path(__file__).with_name("_mooncake_worker.py")
 ROOT = Path(__file__).resolve().parents[3]

@@ -1,5 +1,5 @@
 """The storage conformance kit against ``HiCacheMooncake`` on a real local store (master with
-HTTP metadata + holder, ``tools.mooncake_store``); the store failing to start fails the tests."""
+HTTP metadata + holder, ``tools.mooncake.store``); the store failing to start fails the tests."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 from mem_cache_storage.config import HiCacheStorageConfig
 from mem_cache_storage.mooncake import HEADER_BYTES, HiCacheMooncake
 from mem_cache_storage.testing import StorageConformanceSuite
-from tools.mooncake_store import LocalMooncakeStore
+from tools.mooncake.store import LocalMooncakeStore
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from mem_cache_pool import MHATokenToKVPool
 from mem_cache_pool_host import MHATokenToKVPoolHost
 from mem_cache_storage.config import HiCacheStorageConfig
 from mem_cache_storage.mooncake import HiCacheMooncake
-from tools.mooncake_store import LocalMooncakeStore, free_port
+from tools.mooncake.store import LocalMooncakeStore, free_port
 
 PAGE = 16
 FAST = {"retry_backoff_s": 0.2, "max_backoff_s": 0.5, "reconnect_after": 2}

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from tools.mooncake_store import LocalMooncakeStore
+from tools.mooncake.store import LocalMooncakeStore
 
 CHILD = r"""
 import json, sys, torch

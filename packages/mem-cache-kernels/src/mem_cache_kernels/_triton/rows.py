@@ -51,7 +51,7 @@ _WORDS = (torch.int64, torch.int32, torch.int16, torch.uint8)
 # taking every SM (the idea of SGLang's block_quota). Host<->device copies are bound by the
 # interconnect (~50 GB/s): a few dozen programs with 32 KiB tiles keep it busy. Device<->device
 # copies need far more bytes in flight to approach HBM bandwidth. Unmeasured on a GPU so far:
-# revisit with tools/bench_kernels.py --device cuda.
+# revisit with tools/bench/kernels.py --device cuda.
 HOST_QUOTA = 64
 DEVICE_QUOTA = 1024
 

@@ -9,7 +9,7 @@ cache right after the writes, so they measure the backend's own cost (header, CR
 not a disk.
 
 The mooncake backend (``--mooncake``, on by default when its client is installed) runs against
-a local store started here (``tools.mooncake_store``: master + holder on loopback, tcp). Its set
+a local store started here (``tools.mooncake.store``: master + holder on loopback, tcp). Its set
 rows write fresh keys on every call (a key already present is not rewritten) and the store is
 cleared after each row.
 
@@ -24,7 +24,7 @@ checksum) / ``batch_exists``, in our key scheme and in the ``sglang`` scheme. Ev
 repeat writes fresh keys into an emptied directory (SGLang skips a key already present); the
 ratio column is ours / SGLang's pages per second.
 
-Usage: ``python -m tools.bench_storage [--quick] [--json PATH] [--repeat N] [--dir DIR]
+Usage: ``python -m tools.bench.storage [--quick] [--json PATH] [--repeat N] [--dir DIR]
 [--no-mooncake] [--no-sglang]``.
 """
 
@@ -331,7 +331,8 @@ def _table(rows: list[Row], prefetch: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="bench_storage", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.bench.storage",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
     parser.add_argument("--repeat", type=int, default=None, help="best of N (default 5)")
@@ -359,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not args.only_sglang:
             if not args.no_mooncake and importlib.util.find_spec("mooncake") is not None:
-                from tools.mooncake_store import LocalMooncakeStore
+                from tools.mooncake.store import LocalMooncakeStore
 
                 store = LocalMooncakeStore(segment_bytes=MOONCAKE_SEGMENT_BYTES).start()
             rows, prefetch = run(cfg, root, store.client_options() if store else None)

@@ -7,9 +7,10 @@ for their prefill, ``allocation.alloc_for_decode`` for the running batch, and
 ours on the "ours" side is exactly what SGLang's scheduler builds and hands in: the token
 allocator, the KV pool and the ``ReqToTokenPool``. The radix cache is SGLang's on both sides.
 
-SGLang's ``Req`` and ``ScheduleBatch`` are not built (their constructors need a tokenizer and a
-model config); :class:`_Req` and :func:`_batch` carry the attributes those functions read, and
-the request's KV record is SGLang's own ``ReqKvInfo``. Requests share one of a few system
+SGLang's ``Req`` and ``ScheduleBatch`` are not built: the radix-loop driver
+(:mod:`tools.sglang_ref.radix_loop`, shared with ``tests/sglang/test_alloc_radix_loop.py``)
+carries the attributes those functions read and builds the tree, the batches and the prefix
+matches; the request's KV record is SGLang's own ``ReqKvInfo``. Requests share one of a few system
 prompts (so the tree hits and evicts), are prefilled whole in one extend and decode a few
 tokens; both sides get the same calls, alternating which goes first on every step, and must
 hand out identical slots (``RuntimeError`` otherwise).
@@ -30,13 +31,14 @@ import statistics
 import time
 import traceback
 import types
-import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from tools.sglang_ref.radix_loop import RadixLoop, Req, load_modules
 
 __all__ = ["REACHED", "StepConfig", "missing_members", "step_rows"]
 
@@ -71,40 +73,6 @@ class StepConfig:
     seed: int = 0
 
 
-@dataclass(slots=True)
-class _Req:
-    """The attributes of SGLang's ``Req`` its memory-layer path reads (see module docstring)."""
-
-    rid: int
-    origin_input_ids: list[int]
-    output_len: int
-    kv: Any
-    output_ids: list[int] = field(default_factory=list)
-    prefix_len: int = 0
-    last_node: Any = None
-    lock: Any = None
-    extra_key: Any = None
-    cache_salt: Any = None
-    priority: Any = None
-    skip_radix_cache_insert: bool = False
-    finished_len: Any = None
-    kv_rotation_base: Any = None
-    key: Any = None  # the radix key of the match (batch bookkeeping)
-
-    @property
-    def full_untruncated_fill_ids(self) -> list[int]:
-        return self.origin_input_ids + self.output_ids
-
-    def refresh_fill_ids(self) -> None:
-        pass
-
-    def finished(self) -> bool:
-        return len(self.output_ids) >= self.output_len
-
-    def owned_kv_len(self) -> int:
-        return int(self.kv.kv_committed_len)
-
-
 def missing_members(allocator: Any, req_to_token_pool: Any) -> list[str]:
     """``"our X lacks member Y"`` for every member of :data:`REACHED` the objects lack."""
     out = []
@@ -115,7 +83,7 @@ def missing_members(allocator: Any, req_to_token_pool: Any) -> list[str]:
     return out
 
 
-def _requests(cfg: StepConfig, kv_info: Callable[[], Any]) -> list[_Req]:
+def _requests(cfg: StepConfig, kv_info: Callable[[], Any]) -> list[Req]:
     g = torch.Generator().manual_seed(cfg.seed)
 
     def lognormal(median: float) -> int:
@@ -129,7 +97,7 @@ def _requests(cfg: StepConfig, kv_info: Callable[[], Any]) -> list[_Req]:
         tail = torch.randint(1, 30000, (min(lognormal(cfg.tail_median), cfg.context // 2),),
                              generator=g).tolist()
         out = min(lognormal(cfg.output_median), cfg.context // 4)
-        reqs.append(_Req(i, sysp + tail, out, kv_info()))
+        reqs.append(Req(i, sysp + tail, kv_info(), max_new=out))
     return reqs
 
 
@@ -139,11 +107,10 @@ class _Side:
     def __init__(self, sgl: types.SimpleNamespace, allocator: Any, req_pool: Any,
                  ps: int, cfg: StepConfig) -> None:
         self.sgl, self.allocator, self.req_pool, self.ps = sgl, allocator, req_pool, ps
-        self.tree = sgl.radix.RadixCache(sgl.params.CacheInitParams(
-            disable=False, req_to_token_pool=req_pool, token_to_kv_pool_allocator=allocator,
-            page_size=ps))
+        self.loop = RadixLoop(sgl, allocator, req_pool, ps)
+        self.tree = self.loop.tree
         self.waiting = list(reversed(_requests(cfg, sgl.sched.ReqKvInfo)))
-        self.running: list[_Req] = []
+        self.running: list[Req] = []
         self.ns = 0
         self.tokens = 0
         self.inner = [0]  # ns spent inside the allocator's and the req pool's own methods
@@ -174,47 +141,24 @@ def _time_method(obj: Any, name: str, total: list[int], depth: list[int]) -> Non
     setattr(obj, name, timed)
 
 
-def _batch(side: _Side, reqs: Sequence[_Req], extend: bool) -> types.SimpleNamespace:
-    """The ``ScheduleBatch`` attributes ``alloc_for_extend`` / ``alloc_for_decode`` read."""
-    if extend:
-        seq = [len(r.origin_input_ids) for r in reqs]
-        pre = [r.prefix_len for r in reqs]
-        ext = [s - p for s, p in zip(seq, pre)]
-        seq_t = torch.tensor(seq, dtype=torch.int64)
-        return types.SimpleNamespace(
-            reqs=list(reqs), tree_cache=side.tree, req_to_token_pool=side.req_pool,
-            device="cpu", prefix_lens=pre, extend_lens=ext, extend_num_tokens=sum(ext),
-            seq_lens=seq_t, seq_lens_cpu=seq_t.clone(), hisparse_coordinator=None,
-            maybe_evict_swa=lambda: None, is_dllm=lambda: False)
-    seq_t = torch.tensor([r.kv.kv_committed_len for r in reqs], dtype=torch.int64)
-    idx = torch.tensor([r.kv.req_pool_idx for r in reqs], dtype=torch.int64)
-    return types.SimpleNamespace(
-        reqs=list(reqs), tree_cache=side.tree, req_to_token_pool=side.req_pool, device="cpu",
-        seq_lens=seq_t, seq_lens_cpu=seq_t.clone(), req_pool_indices=idx,
-        req_pool_indices_cpu=idx.clone(), model_config=types.SimpleNamespace(
-            is_encoder_decoder=False), maybe_evict_swa=lambda: None)
-
-
 def _step(side: _Side, cfg: StepConfig) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """One scheduler step on ``side``; returns (extend slots, decode slots) for the check."""
     sgl = side.sgl
-    admit: list[_Req] = []
+    admit: list[Req] = []
     while side.waiting and len(admit) < cfg.admit_per_step and \
             len(side.running) + len(admit) < cfg.running:
         admit.append(side.waiting.pop())
     ext_out = dec_out = None
     ns = 0
     if admit:
-        for r in admit:  # bookkeeping of the batch, untimed: the key of the match
-            r.key = sgl.radix.RadixKey(r.origin_input_ids[:-1])
+        # bookkeeping of the batch, untimed: the keys of the matches
+        keys = [sgl.radix.RadixKey(r.origin_input_ids[:-1]) for r in admit]
         t0 = time.perf_counter_ns()
-        for r in admit:
-            m = side.tree.match_prefix(sgl.params.MatchPrefixParams(key=r.key))
-            r.prefix_len, r.last_node = m.device_prefix_len, m.last_device_node
-            r.lock = side.tree.lock(r.last_node)
-            r.kv.cache_protected_len = r.prefix_len
+        for r, key in zip(admit, keys):
+            side.loop.match(r, key)
         ns += time.perf_counter_ns() - t0
-        batch = _batch(side, admit, extend=True)
+        batch = side.loop.extend_batch(admit, [r.prefix_len for r in admit],
+                                       [len(r.origin_input_ids) for r in admit])
         t0 = time.perf_counter_ns()
         ext_out, _, _ = sgl.allocation.alloc_for_extend(batch)
         ns += time.perf_counter_ns() - t0
@@ -222,7 +166,8 @@ def _step(side: _Side, cfg: StepConfig) -> tuple[torch.Tensor | None, torch.Tens
         for r in admit:
             r.output_ids.append(1)  # the first output token of the prefill
     if side.running:
-        batch = _batch(side, side.running, extend=False)
+        batch = side.loop.decode_batch(side.running,
+                                       [r.kv.kv_committed_len for r in side.running])
         t0 = time.perf_counter_ns()
         dec_out = sgl.allocation.alloc_for_decode(batch, 1)
         ns += time.perf_counter_ns() - t0
@@ -238,31 +183,6 @@ def _step(side: _Side, cfg: StepConfig) -> tuple[torch.Tensor | None, torch.Tens
     ns += time.perf_counter_ns() - t0
     side.ns += ns
     return ext_out, dec_out
-
-
-def _load() -> types.SimpleNamespace:
-    from tools.sglang_ref import load
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        mods = load("sglang.srt.mem_cache.memory_pool", "sglang.srt.mem_cache.allocator",
-                    "sglang.srt.mem_cache.radix_cache", "sglang.srt.mem_cache.cache_init_params",
-                    "sglang.srt.mem_cache.base_prefix_cache", "sglang.srt.mem_cache.allocation",
-                    "sglang.srt.mem_cache.common", "sglang.srt.managers.schedule_batch")
-    mp, alloc, radix, cip, bpc, allocation, common, sched = mods
-    # SGLang's runtime context is published by its server from the server args; nothing
-    # publishes it here. These stand in for what a CPU server with default arguments reads:
-    # the torch_native attention backend (so the row write is SGLang's non-Triton path), no
-    # speculative decoding, no thinking-strip.
-    vars(allocation).update(attention_backends=lambda: ("torch_native", "torch_native"))
-    vars(common).update(
-        get_spec=lambda: types.SimpleNamespace(speculative_algorithm=None),
-        get_serving=lambda: types.SimpleNamespace(strip_thinking_cache=False),
-    )
-    params = types.SimpleNamespace(CacheInitParams=cip.CacheInitParams,
-                                   MatchPrefixParams=bpc.MatchPrefixParams)
-    return types.SimpleNamespace(mp=mp, alloc=alloc, radix=radix, params=params,
-                                 allocation=allocation, common=common, sched=sched)
 
 
 def _sides(sgl: types.SimpleNamespace, ps: int, cfg: StepConfig) -> tuple[Any, Any]:
@@ -319,9 +239,9 @@ def _run_alone(sgl: types.SimpleNamespace, ps: int, cfg: StepConfig) -> float:
 def step_rows(*, quick: bool, rounds: int, page_sizes: Sequence[int],
               make_row: Callable[..., Any], skipped_row: Callable[..., Any],
               goal: float) -> list[Any]:
-    """Rows of :mod:`tools.bench_sglang` (its ``make_row`` / ``skipped_row`` passed in)."""
+    """Rows of :mod:`tools.bench.sglang` (its ``make_row`` / ``skipped_row`` passed in)."""
     cfg = StepConfig(num_requests=24, running=8, capacity=1 << 13) if quick else StepConfig()
-    sgl = _load()
+    sgl = load_modules()
     rows = []
     for ps in page_sizes:
         (_, _), (a_o, r_o) = _sides(sgl, ps, cfg)

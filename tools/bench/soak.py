@@ -19,7 +19,7 @@ After **every** operation the driver checks, against its own model of who owns w
   own current page), never the padding page, never past the capacity.
 
 The first violation stops that class's run and is reported with the operation number and what
-was seen. Output: a table (+ ``--json PATH``). ``python -m tools.soak [--ops N] [--seed S]
+was seen. Output: a table (+ ``--json PATH``). ``python -m tools.bench.soak [--ops N] [--seed S]
 [--classes token,paged16,...]``; the default is 10^6 operations per class (several minutes);
 CI runs ``--ops 10000`` (tests/test_soak.py).
 """
@@ -569,7 +569,7 @@ def _table(results: list[SoakResult]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m tools.soak", description=__doc__.split("\n")[0]
+        prog="python -m tools.bench.soak", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--ops", type=int, default=1_000_000, help="operations per class")
     parser.add_argument("--seed", type=int, default=0)

@@ -16,7 +16,7 @@ free-list tensor rebuilt with ``torch.cat`` on every free, ``torch.unique`` page
 groups freed as one concatenated free at the end. The last table is the total allocator time
 (ours / baseline), as a plain sum and as per-op medians x calls (robust to preemption spikes).
 
-Usage: ``python -m tools.bench_allocator [--quick] [--json PATH] [--page-sizes 1,16,64]
+Usage: ``python -m tools.bench.allocator [--quick] [--json PATH] [--page-sizes 1,16,64]
 [--free-api free|segments]``.
 """
 

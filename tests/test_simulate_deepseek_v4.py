@@ -1,4 +1,4 @@
-"""``--model dsv4``: the simulator over the DeepSeek-V4 HiSparse stack on tiny configurations.
+"""``--model deepseek_v4``: the simulator over the DeepSeek-V4 HiSparse stack, tiny configurations.
 
 Each run must build the stack the way SGLang builds it, evict to the host and load back, and end
 with zero integrity failures and zero leaks; the mutants show the checks can fail.
@@ -18,12 +18,12 @@ from mem_cache_pool_host.deepseek_v4 import DeepSeekV4SingleKVPoolHost
 from tools.simulate import SimConfig, run_simulation
 from tools.simulate.cli import main
 from tools.simulate.config import config_from_args
-from tools.simulate.dsv4_stack import build_dsv4_stack, dsv4_ratios
+from tools.simulate.deepseek_v4_stack import build_deepseek_v4_stack, deepseek_v4_ratios
 from tools.simulate.options import build_parser
 from tools.simulate.report import report_dict
 
 TINY = SimConfig(
-    model="dsv4",
+    model="deepseek_v4",
     layers=2,
     device_tokens=1024,
     host_tokens=1024,
@@ -40,7 +40,7 @@ TINY = SimConfig(
 
 
 def test_stack_is_built_as_sglang_builds_it() -> None:
-    stack = build_dsv4_stack(TINY, 200)
+    stack = build_deepseek_v4_stack(TINY, 200)
     assert isinstance(stack.pool, DeepSeekV4TokenToKVPool) and stack.pool.full_kv_pool is None
     assert isinstance(stack.pool.c4_kv_pool, HiSparseC4DevicePool)
     assert isinstance(stack.swa_allocator, SWATokenToKVPoolAllocator)
@@ -50,11 +50,12 @@ def test_stack_is_built_as_sglang_builds_it() -> None:
     assert [k.name for k in stack.kinds] == ["swa", "c4"]
     assert all(isinstance(k.host, DeepSeekV4SingleKVPoolHost) for k in stack.kinds)
     assert (stack.logical_capacity, stack.c4_device_capacity) == (1024, 256)
-    assert dsv4_ratios(5, 128) == [0, 4, 128, 4, 0] and dsv4_ratios(3, 16) == [0, 4, 0]
+    assert deepseek_v4_ratios(5, 128) == [0, 4, 128, 4, 0]
+    assert deepseek_v4_ratios(3, 16) == [0, 4, 0]
 
 
 def test_records_round_trip_through_the_hisparse_mapping() -> None:
-    stack = build_dsv4_stack(TINY, 200)
+    stack = build_deepseek_v4_stack(TINY, 200)
     a = stack.allocator
     p = torch.tensor([0])
     full = a.alloc_extend(p, p, torch.tensor([20]), torch.tensor([20]), torch.tensor([-1]), 20)
@@ -78,7 +79,7 @@ def test_records_round_trip_through_the_hisparse_mapping() -> None:
     ],
     ids=["ps16-page_first", "ps16-layer_first-faults", "ps128-c128-page_first_direct"],
 )
-def test_dsv4_run_is_clean(overrides: dict[str, object]) -> None:
+def test_deepseek_v4_run_is_clean(overrides: dict[str, object]) -> None:
     cfg = dataclasses.replace(TINY, **overrides)  # type: ignore[arg-type]
     stats = run_simulation(cfg)
     assert stats.failures == [] and stats.integrity_failures == 0
@@ -90,7 +91,7 @@ def test_dsv4_run_is_clean(overrides: dict[str, object]) -> None:
         assert stats.faults_injected > 0
 
 
-def test_dsv4_run_catches_a_corrupted_host_load(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_deepseek_v4_run_catches_a_corrupted_host_load(monkeypatch: pytest.MonkeyPatch) -> None:
     real = DeepSeekV4SingleKVPoolHost.load_tokens_to_device_per_layer
 
     def corrupt(self: DeepSeekV4SingleKVPoolHost, pool: object, host: torch.Tensor,
@@ -103,7 +104,7 @@ def test_dsv4_run_catches_a_corrupted_host_load(monkeypatch: pytest.MonkeyPatch)
     assert any("loaded records differ" in m for m in stats.failures)
 
 
-def test_dsv4_run_catches_a_leaked_device_page(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_deepseek_v4_run_catches_a_leaked_device_page(monkeypatch: pytest.MonkeyPatch) -> None:
     def keep(self: DeepSeekV4HiSparseTokenToKVPoolAllocator, free_indices: torch.Tensor) -> None:
         return None  # the c4 device slots of freed entries are never released
 
@@ -112,18 +113,19 @@ def test_dsv4_run_catches_a_leaked_device_page(monkeypatch: pytest.MonkeyPatch) 
     assert stats.integrity_failures > 0 or stats.leaked
 
 
-def test_cli_accepts_model_dsv4(capsys: pytest.CaptureFixture[str]) -> None:
-    cfg = config_from_args(build_parser().parse_args(["--model", "dsv4"]))
-    assert cfg.model == "dsv4"
-    rc = main(["--model", "dsv4", "--layers", "2", "--requests", "3", "--device-tokens", "1024",
-               "--host-tokens", "1024", "--no-progress", "--json", "-"])  # fmt: skip
+def test_cli_accepts_model_deepseek_v4(capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = config_from_args(build_parser().parse_args(["--model", "deepseek_v4"]))
+    assert cfg.model == "deepseek_v4"
+    rc = main(["--model", "deepseek_v4", "--layers", "2", "--requests", "3",
+               "--device-tokens", "1024", "--host-tokens", "1024", "--no-progress",
+               "--json", "-"])  # fmt: skip
     assert rc == 0
     assert '"ok": true' in capsys.readouterr().out
     with pytest.raises(ValueError, match="multiple of 4"):
         run_simulation(dataclasses.replace(TINY, page_size=2))
 
 
-def test_dsv4_runs_the_shared_loop_with_what_it_does_not_model_off() -> None:
+def test_deepseek_v4_runs_the_shared_loop_with_what_it_does_not_model_off() -> None:
     """Speculative decoding, retraction and the restart are options of the shared engine loop
     that this mode does not model (nor the shared prefix, on by default): the DeepSeek-V4
     adapter turns them off for the loop, so the run is the same as without them, and the

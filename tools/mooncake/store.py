@@ -4,8 +4,8 @@ a holder process that contributes a memory segment.
 Used by the Mooncake backend's tests, the multi-instance simulator run and the storage
 benchmark; also runnable by hand::
 
-    python -m tools.mooncake_store serve [--segment-mib 512]   # prints the addresses, Ctrl-C stops
-    python -m tools.mooncake_store holder --master H:P --metadata URL --segment-bytes N
+    python -m tools.mooncake.store serve [--segment-mib 512]   # prints the addresses, Ctrl-C stops
+    python -m tools.mooncake.store holder --master H:P --metadata URL --segment-bytes N
 
 The holder is the process whose memory holds the pages: it must outlive every engine that wrote
 through it (engines are pure clients, ``global_segment_size=0``). If the master or the holder
@@ -30,7 +30,7 @@ from types import TracebackType
 
 __all__ = ["LocalMooncakeStore", "StoreStartError", "find_master_binary", "free_port"]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class StoreStartError(RuntimeError):
@@ -177,7 +177,7 @@ class LocalMooncakeStore:
 
     def start_holder(self) -> None:
         """Start (or restart) the holder process and wait until its segment is mounted."""
-        cmd = [sys.executable, "-m", "tools.mooncake_store", "holder",
+        cmd = [sys.executable, "-m", "tools.mooncake.store", "holder",
                "--master", self.master_address, "--metadata", self.metadata_server,
                "--segment-bytes", str(self.segment_bytes)]
         log_path = self._log("holder")
@@ -255,7 +255,7 @@ def _holder(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.mooncake_store")
+    ap = argparse.ArgumentParser(prog="python -m tools.mooncake.store")
     sub = ap.add_subparsers(dest="cmd", required=True)
     h = sub.add_parser("holder", help="contribute a segment until SIGTERM")
     h.add_argument("--master", required=True)

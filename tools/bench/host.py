@@ -3,7 +3,7 @@ layer by layer) GB/s per layout and IO backend, page sizes 1/16/64, contiguous v
 pages, against the memcpy roofline (one plain contiguous ``copy_`` of the same bytes between
 the same devices) measured in the same run.
 
-Usage: ``python -m tools.bench_host [--quick] [--json PATH] [--device cpu|cuda]``.
+Usage: ``python -m tools.bench.host [--quick] [--json PATH] [--device cpu|cuda]``.
 On a CPU-only machine "device" buffers are CPU tensors, so the numbers are host memcpy rates.
 """
 
@@ -188,7 +188,8 @@ def _table(rows: list[BenchRow]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="bench_host", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.bench.host",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
     default_device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -1,8 +1,9 @@
-"""``--model dsv4``: the serving workload over the DeepSeek-V4 HiSparse stack (``dsv4_stack.py``).
+"""``--model deepseek_v4``: the serving workload over the DeepSeek-V4 HiSparse stack
+(``deepseek_v4_stack.py``).
 
 The engine loop is every model's (``loop.py``: arrivals, FCFS admission with the whole future
 footprint reserved, LRU eviction of cached prefixes to the host, host hits loaded back layer by
-layer, prefill, decode, finish inside one free group); :class:`DSv4Model` adds the DeepSeek-V4
+layer, prefill, decode, finish inside one free group); :class:`DeepSeekV4Model` adds the DeepSeek-V4
 differences:
 
 * prefill is one ``alloc_extend`` of the HiSparse allocator (logical + window slots, and c4
@@ -15,7 +16,7 @@ differences:
 * a running request's reservation also covers the c4 device pages its entries will complete,
   and a finished request's partial last page is freed as a whole page;
 * an eviction backs up the window, c4 and c128 records of the prefix to their
-  ``DeepSeekV4SingleKVPoolHost`` mirrors (token-granular; ``dsv4_hicache.py``; a host
+  ``DeepSeekV4SingleKVPoolHost`` mirrors (token-granular; ``deepseek_v4_hicache.py``; a host
   reservation is the page rows of every mirror), then frees the logical slots (which releases
   window and c4 device slots too); a host hit allocates whole pages with ``alloc`` and loads
   every record pool layer by layer on an IO thread, while the scheduler thread reads each layer
@@ -36,8 +37,8 @@ from collections.abc import Sequence
 import torch
 
 from mem_cache_allocator import BaseTokenToKVPoolAllocator
-from tools.simulate.dsv4_hicache import DSv4HostTransfers, host_tokens
-from tools.simulate.dsv4_stack import DSv4Stack
+from tools.simulate.deepseek_v4_hicache import DeepSeekV4HostTransfers, host_tokens
+from tools.simulate.deepseek_v4_stack import DeepSeekV4Stack
 from tools.simulate.faults import FaultInjector
 from tools.simulate.loop import EngineLoop
 from tools.simulate.model import Req
@@ -45,20 +46,20 @@ from tools.simulate.prefix_store import PrefixEntry, PrefixStore
 from tools.simulate.stats import SimStats
 from tools.simulate.workload import SessionId, Workload
 
-__all__ = ["DSv4Engine", "DSv4Model", "HostRows"]
+__all__ = ["DeepSeekV4Engine", "DeepSeekV4Model", "HostRows"]
 
 HostRows = dict[str, torch.Tensor]
 """A host reservation: page rows per record pool (``RecordKind.name``)."""
 
 
-class DSv4Model:
-    """The :class:`~tools.simulate.model.ModelAdapter` of a :class:`DSv4Stack` (see the
+class DeepSeekV4Model:
+    """The :class:`~tools.simulate.model.ModelAdapter` of a :class:`DeepSeekV4Stack` (see the
     module doc)."""
 
     capacity_name = "logical capacity"
     decode_by_extend = True
 
-    def __init__(self, stack: DSv4Stack, stats: SimStats, faults: FaultInjector) -> None:
+    def __init__(self, stack: DeepSeekV4Stack, stats: SimStats, faults: FaultInjector) -> None:
         self.stack = stack
         self.stats = stats
         # what this mode does not model is off for the loop (the report keeps the options given)
@@ -72,7 +73,7 @@ class DSv4Model:
         self.req_pool = stack.req_pool
         self.layer_num = stack.pool.layer_num
         self.device_capacity = stack.logical_capacity
-        self.transfers = DSv4HostTransfers(stack, stats, faults)
+        self.transfers = DeepSeekV4HostTransfers(stack, stats, faults)
         self.host_rows: dict[SessionId, HostRows] = {}  # of the host entries
 
     def _pages(self, tokens: int) -> int:
@@ -208,13 +209,13 @@ class DSv4Model:
             kind.host.close()
 
 
-class DSv4Engine(EngineLoop[HostRows]):
-    """The engine loop over a :class:`DSv4Stack` (see the module doc)."""
+class DeepSeekV4Engine(EngineLoop[HostRows]):
+    """The engine loop over a :class:`DeepSeekV4Stack` (see the module doc)."""
 
     def __init__(
-        self, workload: Workload, stack: DSv4Stack, stats: SimStats, faults: FaultInjector
+        self, workload: Workload, stack: DeepSeekV4Stack, stats: SimStats, faults: FaultInjector
     ) -> None:
-        model = DSv4Model(stack, stats, faults)
+        model = DeepSeekV4Model(stack, stats, faults)
         super().__init__(workload, model, stats)
         self.stack = stack
         self.transfers = model.transfers

@@ -1,4 +1,4 @@
-"""The DeepSeek-V4 HiSparse memory stack of ``--model dsv4``, built the way SGLang builds it.
+"""The DeepSeek-V4 HiSparse memory stack of ``--model deepseek_v4``, built the way SGLang builds it.
 
 * device: one :class:`~mem_cache_pool.deepseek_v4.DeepSeekV4TokenToKVPool` with
   ``enable_hisparse=True`` (a sliding-window pool for every layer, a HiSparse c4 device pool for
@@ -44,7 +44,7 @@ from mem_cache_pool_host.deepseek_v4 import DeepSeekV4SingleKVPoolHost
 from tools.simulate.config import SimConfig
 from tools.simulate.content import ContentModel
 
-__all__ = ["ROLE", "DSv4Stack", "RecordKind", "build_dsv4_stack", "dsv4_ratios"]
+__all__ = ["ROLE", "DeepSeekV4Stack", "RecordKind", "build_deepseek_v4_stack", "deepseek_v4_ratios"]
 
 _FP8 = torch.float8_e4m3fn
 _NOPE, _ROPE = deepseek_v4.NOPE_DIM, deepseek_v4.ROPE_DIM
@@ -52,7 +52,7 @@ _VALUES = deepseek_v4.VALUE_BYTES  # 576: nope bytes + rope bytes
 ROLE = {"swa": 0, "c4": 1, "c128": 2}  # content role of each record kind
 
 
-def dsv4_ratios(layers: int, page_size: int) -> list[int]:
+def deepseek_v4_ratios(layers: int, page_size: int) -> list[int]:
     """Compress ratio per layer: ``0, 4`` repeated, with every fourth layer ratio 128 when
     ``page_size`` is a multiple of 128 (ratio-128 layers need it)."""
     cycle = (0, 4, 128, 4) if page_size % 128 == 0 else (0, 4)
@@ -74,7 +74,7 @@ class RecordKind:
 
 
 @dataclass(slots=True)
-class DSv4Stack:
+class DeepSeekV4Stack:
     """The DeepSeek-V4 stack and the content helpers of the simulator (see the module doc)."""
 
     cfg: SimConfig
@@ -185,7 +185,7 @@ class DSv4Stack:
         return bad
 
 
-def build_dsv4_stack(cfg: SimConfig, max_context_len: int) -> DSv4Stack:
+def build_deepseek_v4_stack(cfg: SimConfig, max_context_len: int) -> DeepSeekV4Stack:
     """Construct the stack of ``cfg`` (``page_size`` a multiple of 4; see the module doc).
 
     Logical capacity ``device_tokens`` (whole pages). With ratio-128 layers (page size a multiple
@@ -194,10 +194,10 @@ def build_dsv4_stack(cfg: SimConfig, max_context_len: int) -> DSv4Stack:
     """
     ps = cfg.page_size
     if ps % 4:
-        raise ValueError(f"page_size must be a multiple of 4 for --model dsv4, got {ps}")
+        raise ValueError(f"page_size must be a multiple of 4 for --model deepseek_v4, got {ps}")
     device = torch.device(cfg.device)
     size = cfg.device_tokens // ps * ps
-    ratios = dsv4_ratios(cfg.layers, ps)
+    ratios = deepseek_v4_ratios(cfg.layers, ps)
     has_c128 = 128 in ratios
     c128_size = size // 128 if has_c128 else 0
     c4_size = size // 8 if has_c128 else size // 4
@@ -229,7 +229,7 @@ def build_dsv4_stack(cfg: SimConfig, max_context_len: int) -> DSv4Stack:
     content = ContentModel([(deepseek_v4.TOKEN_BYTES,)] * 3, torch.uint8, device, cfg.seed)
     record_bytes = deepseek_v4.TOKEN_BYTES
     per_token = sum(len(k.layers) * record_bytes / k.ratio for k in kinds)
-    return DSv4Stack(
+    return DeepSeekV4Stack(
         cfg=cfg,
         device=device,
         pool=pool,

@@ -3,10 +3,10 @@
 ``python3 tools/dev run --storage mooncake --instances N [--routing round-robin|random]
 [--storage-master HOST:PORT [--storage-metadata URL]] [--kill-master-at WAVE]
 [--storage-fault-rate P] [--requests R] [--seed X] [--json PATH] [simulator options]``
-(also ``python -m tools.mooncake_instances ...``; any other option is a ``tools.simulate``
+(also ``python -m tools.mooncake.instances ...``; any other option is a ``tools.simulate``
 option and applies to every instance, e.g. ``--layers``, ``--device-tokens``, ``--faults``).
 
-What runs: a local store (master with HTTP metadata + holder, ``tools.mooncake_store``) unless
+What runs: a local store (master with HTTP metadata + holder, ``tools.mooncake.store``) unless
 ``--storage-master`` names one, and N instance processes. Each runs the simulator's real engine
 (``tools.simulate``: device pool + allocator + request table as L1, host pool as L2, the
 storage tier on a ``HiCacheMooncake`` backend as L3, every L2/L3-loaded page verified bit-exact
@@ -164,7 +164,7 @@ def _waves(cfg: Any, routing: str, n: int, seed: int) -> list[list[list[tuple[in
 
 
 def run(args: argparse.Namespace, sim_argv: list[str]) -> dict[str, Any]:
-    from tools.mooncake_store import LocalMooncakeStore
+    from tools.mooncake.store import LocalMooncakeStore
     from tools.simulate.config import config_from_args
     from tools.simulate.options import build_parser as sim_parser
 

@@ -13,7 +13,7 @@ the median of the per-repeat ratios, so load bursts on a shared machine hit both
 with the host-side page-count hints (``+hint`` rows: what the allocators pass). ``--only alloc``
 runs just that part.
 
-Usage: ``python -m tools.bench_kernels [--quick] [--json PATH] [--device cpu|cuda]
+Usage: ``python -m tools.bench.kernels [--quick] [--json PATH] [--device cpu|cuda]
 [--backend auto|torch|triton] [--threads N]``. On a CPU-only machine "device" buffers are CPU
 tensors (the torch reference path); with ``--device cuda`` host buffers are pinned.
 """
@@ -342,7 +342,8 @@ def _print(transfers: list[TransferRow], allocs: list[AllocRow], title: str) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="bench_kernels", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.bench.kernels",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
     default_device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -1,4 +1,4 @@
-"""Host<->device transfers of ``--model dsv4`` (the DeepSeek-V4 counterpart of ``hicache.py``).
+"""Host<->device transfers of ``--model deepseek_v4`` (the DeepSeek-V4 twin of ``hicache.py``).
 
 * ``backup``: the window, c4 and c128 records of a prefix's logical slots -> their
   ``DeepSeekV4SingleKVPoolHost`` mirrors, token-granular, all layers (c4 records from the device
@@ -19,13 +19,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from mem_cache_kernels import deepseek_v4 as dsv4_kernels
-from tools.simulate.dsv4_stack import ROLE, DSv4Stack
+from mem_cache_kernels import deepseek_v4 as deepseek_v4_kernels
+from tools.simulate.deepseek_v4_stack import ROLE, DeepSeekV4Stack
 from tools.simulate.faults import Fault, FaultInjector, InjectedTransferError
 from tools.simulate.hicache import D2H, layer_wise_load
 from tools.simulate.stats import SimStats
 
-__all__ = ["DSv4HostTransfers", "host_tokens"]
+__all__ = ["DeepSeekV4HostTransfers", "host_tokens"]
 
 
 def host_tokens(rows: torch.Tensor, per_row: int) -> torch.Tensor:
@@ -33,14 +33,14 @@ def host_tokens(rows: torch.Tensor, per_row: int) -> torch.Tensor:
     return (rows.unsqueeze(1) * per_row + torch.arange(per_row)).reshape(-1)
 
 
-class DSv4HostTransfers:
-    """Backups and layer-wise loads for one :class:`DSv4Stack`; counts bytes, time and faults."""
+class DeepSeekV4HostTransfers:
+    """Backups and layer-wise loads for one :class:`DeepSeekV4Stack`; counts bytes, time, faults."""
 
-    def __init__(self, stack: DSv4Stack, stats: SimStats, faults: FaultInjector) -> None:
+    def __init__(self, stack: DeepSeekV4Stack, stats: SimStats, faults: FaultInjector) -> None:
         self.stack = stack
         self.stats = stats
         self.faults = faults
-        self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dsv4-load")
+        self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="deepseek_v4-load")
 
     def close(self) -> None:
         self._io.shutdown(wait=True)
@@ -60,7 +60,7 @@ class DSv4HostTransfers:
                 dev = stack.device_slots(kind, full)
                 tokens = host_tokens(host[kind.name], kind.pool.page_size)
                 kind.host.backup_tokens_from_device_all_layer(kind.pool, tokens, dev)
-                moved += dev.numel() * len(kind.layers) * dsv4_kernels.TOKEN_BYTES
+                moved += dev.numel() * len(kind.layers) * deepseek_v4_kernels.TOKEN_BYTES
         except InjectedTransferError:
             stat.record_failure(fault is not None and fault.kind == "abort")
             return False
@@ -104,13 +104,13 @@ class DSv4HostTransfers:
         def verify(layer_index: int) -> int:
             layer_id = stack.pool.start_layer + layer_index
             rows = stack.pool.get_swa_key_buffer(layer_id)
-            got = dsv4_kernels.read_records(rows, device["swa"], stack.page_size)
+            got = deepseek_v4_kernels.read_records(rows, device["swa"], stack.page_size)
             bad = stack.mismatches(got, h[layer_index, ROLE["swa"]], "swa")
             ratio = stack.pool.get_compress_ratio(layer_id)
             if ratio:
                 kind = stack.kind(f"c{ratio}")
                 rows = stack.pool.get_compressed_key_buffer(layer_id)
-                got = dsv4_kernels.read_records(rows, device[kind.name], kind.pool.page_size)
+                got = deepseek_v4_kernels.read_records(rows, device[kind.name], kind.pool.page_size)
                 m = stack.entry_mask(full, ratio)
                 bad += stack.mismatches(got, h[layer_index, ROLE[kind.name]][m], kind.name)
             return bad

@@ -3,11 +3,11 @@
 Runs every benchmark tool of the repository in this process (each exposes
 ``main(argv) -> int`` with ``--quick`` and ``--json PATH``), writes each one's JSON to
 ``<out>/<name>.json`` plus ``<out>/summary.json`` (exit status and wall time per tool), and, when
-matplotlib is importable, the plots of :mod:`tools.bench_plots` (one panel per direction and
+matplotlib is importable, the plots of :mod:`tools.bench.plots` (one panel per direction and
 access pattern, the same-run memcpy as a dashed reference line).
 
 Usage: ``python -m tools.bench [--quick] [--only NAME[,NAME]] [--against sglang] [--out DIR]
-[--list] [--no-plots]``. ``--against sglang`` runs only :mod:`tools.bench_sglang` (ours / SGLang
+[--list] [--no-plots]``. ``--against sglang`` runs only :mod:`tools.bench.sglang` (ours / SGLang
 0.5.23's own classes, fetching the wheel when missing); the default run includes it when the
 wheel is already on disk. ``--list`` prints what would run without running anything. Exit
 status: 0 when every selected tool returned 0.
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tools.bench_plots import plot_results
+from tools.bench.plots import plot_results
 from tools.simulate.logs import filtered_stderr, quiet_third_party_logs
 
 __all__ = ["BENCHMARKS", "Benchmark", "main", "plot_results"]
@@ -42,17 +42,17 @@ class Benchmark:
 
 
 BENCHMARKS: tuple[Benchmark, ...] = (
-    Benchmark("kernels", "tools.bench_kernels", "KV transfer GB/s vs memcpy, allocation kernels"),
-    Benchmark("allocator", "tools.bench_allocator", "allocator trace vs SGLang-like baseline"),
-    Benchmark("host", "tools.bench_host", "host pool backup/load GB/s per layout and backend"),
-    Benchmark("storage", "tools.bench_storage", "L3 backends set/get vs memcpy, prefetch"),
+    Benchmark("kernels", "tools.bench.kernels", "KV transfer GB/s vs memcpy, allocation kernels"),
+    Benchmark("allocator", "tools.bench.allocator", "allocator trace vs SGLang-like baseline"),
+    Benchmark("host", "tools.bench.host", "host pool backup/load GB/s per layout and backend"),
+    Benchmark("storage", "tools.bench.storage", "L3 backends set/get vs memcpy, prefetch"),
     # in the default run only when SGLang's wheel is already on disk (--if-available)
-    Benchmark("sglang", "tools.bench_sglang", "ours / SGLang 0.5.23's own classes, same run",
+    Benchmark("sglang", "tools.bench.sglang", "ours / SGLang 0.5.23's own classes, same run",
               ("--if-available",)),
 )
 AGAINST = {"sglang": "sglang"}  # --against NAME: run only that comparison, wheel required
 
-DEFAULT_OUT = Path(__file__).resolve().parent.parent / "bench-results"
+DEFAULT_OUT = Path(__file__).resolve().parents[2] / "bench-results"
 
 
 def _select(only: str | None) -> list[Benchmark]:

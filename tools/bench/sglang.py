@@ -5,7 +5,7 @@ loader of the SGLang-in-the-loop tests; nothing of SGLang is vendored). Every ro
 sides in the same process, in alternating order (rounds alternate which side goes first, and the
 allocator trace alternates on every call), and reports medians:
 
-* ``allocator``: the serving trace of :mod:`tools.bench_allocator` (its generator and driver,
+* ``allocator``: the serving trace of :mod:`tools.bench.allocator` (its generator and driver,
   imported) over SGLang's ``TokenToKVPoolAllocator`` / ``PagedTokenToKVPoolAllocator`` and ours,
   page sizes 1, 16, 64, ``need_sort`` on and off; per op (p50 per call) and the total allocator
   time of the trace. Both sides must return identical slots on every call.
@@ -14,9 +14,9 @@ allocator trace alternates on every call), and reports medians:
   ``use_native_move_kv_cache`` on: its non-native move is a Triton kernel). Results are checked
   equal (``torch.equal``) before timing.
 * ``step``: one scheduler step of SGLang's own ``RadixCache`` and its ``alloc_for_extend`` /
-  ``alloc_for_decode`` / ``release_kv_cache`` (:mod:`tools.bench_sglang_step`) over SGLang's
+  ``alloc_for_decode`` / ``release_kv_cache`` (:mod:`tools.bench.sglang_step`) over SGLang's
   classes and over ours; a side that lacks a member SGLang's scheduler reaches says so.
-* ``storage``: the file backends, from ``tools.bench_storage.sglang_file_rows`` when that module
+* ``storage``: the file backends, from ``tools.bench.storage.sglang_file_rows`` when that module
   exposes it (see :data:`STORAGE_HOOK`).
 
 Each row prints ours, SGLang, ours / SGLang (the median of the per-round ratios), the spread of
@@ -25,7 +25,7 @@ the repeats ((max - min) / median of the per-round ratios) and the goal. A row i
 ratios fall on both sides of its goal. JSON with ``--json PATH``; the ratio plot beside it
 (``PATH`` with ``.png``) when matplotlib is installed.
 
-Usage: ``python -m tools.bench_sglang [--quick] [--json PATH] [--rounds N] [--requests N]
+Usage: ``python -m tools.bench.sglang [--quick] [--json PATH] [--rounds N] [--requests N]
 [--sections allocator,pool,step,storage] [--page-sizes 1,16,64] [--if-available] [--no-plot]``.
 ``--if-available`` (the default bench's mode) writes a JSON that says "skipped" and exits 0
 when the wheel is not already on disk, instead of fetching it.
@@ -52,7 +52,7 @@ from typing import Any
 
 import torch
 
-from tools.bench_allocator import TraceConfig, run_trace
+from tools.bench.allocator import TraceConfig, run_trace
 
 __all__ = [
     "GOALS",
@@ -69,7 +69,7 @@ __all__ = [
 
 NOISE_SPREAD = 0.2  # (max - min) / median of the per-round ratios above this: the row is noise
 GOALS = {"allocator_total": 0.5, "step": 0.5, "pool_write": 1.0}
-STORAGE_HOOK = "sglang_file_rows"  # tools.bench_storage.<this>(quick=..., rounds=...) -> rows
+STORAGE_HOOK = "sglang_file_rows"  # tools.bench.storage.<this>(quick=..., rounds=...) -> rows
 
 
 # ---------------------------------------------------------------------------- rows
@@ -289,21 +289,21 @@ def pool_rows(sgl_mp: types.ModuleType, rounds: int, calls: int, quick: bool) ->
 
 # ---------------------------------------------------------------------------- storage, step
 def storage_rows(quick: bool, rounds: int) -> list[Row]:
-    """Rows from ``tools.bench_storage.sglang_file_rows(quick=..., rounds=...)``: an iterable
+    """Rows from ``tools.bench.storage.sglang_file_rows(quick=..., rounds=...)``: an iterable
     of dicts ``{"name": str, "ours_us": [per round], "sglang_us": [per round], "goal": float |
     None (optional), "note": str (optional)}``. Absent hook: one row that says so."""
-    mod = importlib.import_module("tools.bench_storage")
+    mod = importlib.import_module("tools.bench.storage")
     hook = getattr(mod, STORAGE_HOOK, None)
     if hook is None:
         return [skipped_row("storage", "file backend (HiCacheFile vs ours)",
-                            f"not measured: tools.bench_storage has no {STORAGE_HOOK}() yet")]
+                            f"not measured: tools.bench.storage has no {STORAGE_HOOK}() yet")]
     return [make_row("storage", str(d["name"]), d["ours_us"], d["sglang_us"],
                      goal=d.get("goal"), note=str(d.get("note", "")))
             for d in hook(quick=quick, rounds=rounds)]
 
 
 def step_rows(quick: bool, rounds: int, page_sizes: Sequence[int]) -> list[Row]:
-    from tools.bench_sglang_step import step_rows as rows
+    from tools.bench.sglang_step import step_rows as rows
 
     out: list[Row] = rows(quick=quick, rounds=rounds, page_sizes=page_sizes, make_row=make_row,
                 skipped_row=skipped_row, goal=GOALS["step"])
@@ -397,7 +397,7 @@ SECTIONS = ("allocator", "pool", "step", "storage")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.bench_sglang",
+    parser = argparse.ArgumentParser(prog="python -m tools.bench.sglang",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
     parser.add_argument("--json", metavar="PATH", help="write the rows as JSON (plot beside it)")

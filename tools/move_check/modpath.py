@@ -1,7 +1,0 @@
-"""Moved to :mod:`mem_cache_refactor.modpath` (shim for one release)."""
-
-from __future__ import annotations
-
-from tools.move_check._shim import moved_module
-
-__getattr__ = moved_module(__name__, "mem_cache_refactor.modpath")
