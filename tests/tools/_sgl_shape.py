@@ -177,7 +177,8 @@ MANAGERS = "python/engine/srt/managers"
 
 DRAFT_POOL = '''\
 def get_draft_pool(*, worker: object, spec: object, overlap: bool) -> tuple[object, object]:
-    """The draft worker's KV pool and model config, or (None, None) without a draft."""
+    """The draft worker's KV pool and model config, or (None, None) without a draft.
+    A method docstring that moves to module level loses an indentation level."""
     if worker is None or getattr(spec, "is_ngram", False):
         return None, None
     if overlap and getattr(spec, "supports_v2", False):

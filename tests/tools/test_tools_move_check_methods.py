@@ -47,11 +47,11 @@ def test_a_static_method_that_became_a_module_function_is_a_move(tmp_path: Path)
     assert (f"[FAIL] method Scheduler.get_draft_pool: {SCHED} -> {BUILD} "
             "(now function get_draft_pool)") in out, out
     start = _line(SCHEDULER, "@staticmethod")
-    assert f"from: python/engine/srt/managers/scheduler.py:{start}-{start + 11}" in out
-    assert f"to:   python/engine/srt/mem_cache/kv_cache_builder.py:4-{4 + 10}" in out
+    assert f"from: python/engine/srt/managers/scheduler.py:{start}-{start + 12}" in out
+    assert f"to:   python/engine/srt/mem_cache/kv_cache_builder.py:4-{4 + 11}" in out
     assert "body: identical (ast.dump; @staticmethod dropped)" in out
     # the lines changed their indentation: blame needs -w to follow them
-    assert ("git blame -w -C -C -C: 11/11 lines (100.0%) from commits before the move "
+    assert ("git blame -w -C -C -C: 12/12 lines (100.0%) from commits before the move "
             "(ok --min-blame 90)") in out, out
     assert "stale import sites: none" in out
     assert f"old path {SCHED}.Scheduler.get_draft_pool: gone" in out
@@ -90,12 +90,12 @@ def test_a_method_moved_with_an_edit_shows_the_edit(tmp_path: Path) -> None:
     assert "body: CHANGED, NOT allowed" in out
     # numbered with the files' lines; the dropped @staticmethod is no edit and not shown
     start = _line(SCHEDULER, "def get_draft_pool(")
-    assert f"@@ -{start},6 +{_line(edited, 'def get_draft_pool(')},6 @@" in out, out
+    assert f"@@ -{start},7 +{_line(edited, 'def get_draft_pool(')},7 @@" in out, out
     assert "-    if worker is None or getattr(spec, \"is_ngram\", False):" in out
     assert "+    if worker is None or getattr(spec, \"ngram\", False):" in out
     assert "@staticmethod" not in out
     # the unedited lines (the decorator and the edited line are not) all trace back
-    assert "git blame -w -C -C -C: 10/10 unedited lines (100.0%)" in out, out
+    assert "git blame -w -C -C -C: 11/11 unedited lines (100.0%)" in out, out
     assert "body changed (declare with --allow-edit Scheduler.get_draft_pool)" in out
     for flag in ("Scheduler.get_draft_pool", "get_draft_pool", f"{BUILD}.get_draft_pool"):
         code, out = _move_check(repo, "--allow-removal", "Scheduler", "--allow-edit", flag)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import copy
 import difflib
+import inspect
 import re
 import textwrap
 from collections.abc import Callable, Iterable
@@ -40,7 +41,9 @@ class Definition:
     kind: str  # "class" | "function" | "constant" | "method"
     start: int  # first line, decorators included (1-based)
     end: int  # last line (inclusive)
-    dump: str  # ast.dump of the node: formatting-insensitive, docstrings included
+    #: ast.dump of the node: formatting-insensitive, docstrings included (their indentation
+    #: cleaned as :func:`inspect.cleandoc` does)
+    dump: str
     source: str  # dedented source text of the definition
     #: for a class: (member name, ast.dump) of each method defined in its body
     members: tuple[tuple[str, str], ...] = ()
@@ -83,11 +86,26 @@ def _constant_name(node: ast.stmt) -> str | None:
     return target.id
 
 
+def _clean_docstrings(tree: ast.AST) -> ast.AST:
+    """Docstrings as Python reads them (:func:`inspect.cleandoc`: common indentation removed,
+    as the compiler itself does since 3.13): a method moved to module level keeps its docstring
+    although every continuation line lost four spaces of indentation."""
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        first = node.body[0] if node.body else None
+        if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and \
+                isinstance(first.value.value, str):
+            first.value.value = inspect.cleandoc(first.value.value)
+    return tree
+
+
 def _definitions_in(source: str, module: str, path: str) -> dict[str, Definition]:
     try:
         tree = ast.parse(source)
     except SyntaxError:
         return {}
+    _clean_docstrings(tree)
     lines = source.splitlines()
     found: dict[str, Definition] = {}
     for node in tree.body:
@@ -242,6 +260,8 @@ def same_after_renames(
         a, b = ast.parse(old.source), ast.parse(new.source)
     except SyntaxError:
         return None
+    _clean_docstrings(a)
+    _clean_docstrings(b)
     if old.kind != new.kind:  # a static method that became a module function, or back
         for tree in (a, b):
             for node in tree.body:
