@@ -171,7 +171,7 @@ def sgl_repo(root: Path, **kw: str) -> tuple[SynthRepo, str]:
 # ``mem_cache/kv_cache_builder.py``; the scheduler calls it through the module. Then the slot
 # bookkeeping of the Mamba pool is extracted into a new class ``MambaSlotAllocator`` in
 # ``mem_cache/allocator/mamba.py``: four methods leave ``MambaPool``, one of them edited (a return
-# annotation added), the pool keeps its state methods.
+# annotation added, and one comment line in ``free``), the pool keeps its state methods.
 
 MANAGERS = "python/engine/srt/managers"
 
@@ -271,7 +271,9 @@ class MambaSlotAllocator:
         self.free_slots = list(range(1, size + 1))
 
 ''' + _indent("def available_size(self) -> int:\n    return len(self.free_slots)\n\n"
-              + MAMBA_SLOT_METHODS)
+              + MAMBA_SLOT_METHODS.replace("    self.free_slots.extend(slots)\n",
+                                           "    self.free_slots.extend(slots)\n"
+                                           "    # the slots are reused in any order\n"))
 
 
 def method_files() -> dict[str, str]:

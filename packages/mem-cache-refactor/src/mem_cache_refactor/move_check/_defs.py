@@ -19,6 +19,7 @@ __all__ = [
     "changed_members",
     "collect_definitions",
     "find_moves",
+    "moved_lines",
     "same_after_renames",
     "same_body",
     "source_diff",
@@ -470,3 +471,16 @@ def unchanged_new_lines(old: Definition, new: Definition) -> set[int]:
         if tag == "equal":
             lines.update(range(new.start + j1, new.start + j2))
     return lines
+
+
+def moved_lines(old: Definition, new: Definition) -> set[int]:
+    """File line numbers of ``new`` that carry moved code, for blame to trace: every line but
+    the blank and comment-only lines the move added (an identical AST allows those, and they
+    have no history to follow)."""
+    same = unchanged_new_lines(old, new)
+    out: set[int] = set()
+    for n, text in enumerate(new.source.splitlines(), new.start):
+        bare = text.strip()
+        if n in same or (bare and not bare.startswith("#")):
+            out.add(n)
+    return out

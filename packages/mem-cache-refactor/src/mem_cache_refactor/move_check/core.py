@@ -54,6 +54,7 @@ from mem_cache_refactor.move_check._defs import (
     changed_members,
     collect_definitions,
     find_moves,
+    moved_lines,
     same_after_renames,
     same_body,
     source_diff,
@@ -294,7 +295,7 @@ def check(
                 s for s in sites if s.target in (old.qualname, f"{old.module}.*")
             )
             # a renamed or edited definition: only the lines whose text is unchanged can trace
-            only = set(range(new.start, new.end + 1)) if same_body(old, new) else (
+            only = moved_lines(old, new) if same_body(old, new) else (
                 unchanged_new_lines(old, new)
             )
             total, before, sources = _blame(traced, old, new, change_commits, only)
