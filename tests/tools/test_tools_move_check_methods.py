@@ -168,3 +168,59 @@ def test_the_static_check_of_a_method_path(tmp_path: Path) -> None:
     assert static_old_path([tmp_path], "pool", "Alias.free") == (
         True, "static check: class Alias still binds free")
     assert not static_old_path([tmp_path], "pool", "Missing.alloc")[0]
+
+
+REGISTER = '''\
+def register_hicache_draft(*, cache: object, worker: object, spec: object, overlap: bool) -> bool:
+    """Give the cache controller the draft pool, when there is one."""
+    pool, _ = kv_cache_builder.get_draft_pool(worker=worker, spec=spec, overlap=overlap)
+    if pool is None:
+        return False
+    controller = getattr(cache, "controller")
+    controller.set_draft_pool(pool)
+    return True
+'''
+
+
+def _register_repo(root: Path) -> SynthRepo:
+    """The #25604 shape: the scheduler's static method calls the builder through its module;
+    moved into the builder, the call loses the qualification."""
+    repo, _ = method_repo(root)
+    scheduler = SCHEDULER_MOVED + "\n" + "".join(
+        f"    {line}" if line.strip() else line
+        for line in ("@staticmethod\n" + REGISTER).splitlines(True))
+    repo.write({f"{MANAGERS}/scheduler.py": scheduler, f"{MC}/kv_cache_builder.py": BUILDER})
+    repo.commit("get_draft_pool in the builder; register_hicache_draft calls it through the module")
+    return repo
+
+
+def test_a_call_into_the_new_module_that_loses_its_qualification_is_no_edit(
+    tmp_path: Path,
+) -> None:
+    repo = _register_repo(tmp_path / "engine")
+    moved = REGISTER.replace("kv_cache_builder.get_draft_pool(", "get_draft_pool(")
+    repo.write({f"{MANAGERS}/scheduler.py": SCHEDULER_MOVED,
+                f"{MC}/kv_cache_builder.py": BUILDER + "\n\n" + moved})
+    repo.commit("move register_hicache_draft to the builder")
+    code, out = _move_check(repo, "--allow-removal", "Scheduler.register_hicache_draft")
+    assert code == 0, out
+    assert (f"[ok] method Scheduler.register_hicache_draft: {SCHED} -> {BUILD} "
+            "(now function register_hicache_draft)") in out
+    assert ("body: identical once the references into its new module are unqualified "
+            "(ast.dump; @staticmethod dropped; kv_cache_builder.get_draft_pool -> "
+            "get_draft_pool)") in out, out
+    # the unqualified line has no history; the other 7 do
+    assert "git blame -w -C -C -C: 7/7 unedited lines (100.0%)" in out, out
+
+
+def test_a_call_unqualified_to_a_name_the_new_module_lacks_is_an_edit(tmp_path: Path) -> None:
+    repo = _register_repo(tmp_path / "engine")
+    # the builder defines no ``get_pool``: the bare name would not resolve there
+    moved = REGISTER.replace("kv_cache_builder.get_draft_pool(", "get_pool(")
+    repo.write({f"{MANAGERS}/scheduler.py": SCHEDULER_MOVED,
+                f"{MC}/kv_cache_builder.py": BUILDER + "\n\n" + moved})
+    repo.commit("move register_hicache_draft to the builder, calling something else")
+    code, out = _move_check(repo, "--allow-removal", "Scheduler.register_hicache_draft")
+    assert code == 1, out
+    assert "body: CHANGED, NOT allowed" in out
+    assert "+    pool, _ = get_pool(worker=worker, spec=spec, overlap=overlap)" in out

@@ -12,15 +12,17 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from mem_cache_refactor.modpath import SourceRoots
+from mem_cache_refactor.modpath import SourceRoots, resolve_relative
 
 __all__ = [
     "Definition",
     "changed_members",
     "collect_definitions",
     "find_moves",
+    "module_aliases",
     "moved_lines",
     "same_after_renames",
+    "same_after_resolving",
     "same_body",
     "source_diff",
     "unchanged_new_lines",
@@ -250,6 +252,71 @@ def _rename_moves(
         exact_only = True
 
 
+def _strip_staticmethod(tree: ast.Module) -> None:
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            node.decorator_list = [d for d in node.decorator_list
+                                   if not (isinstance(d, ast.Name) and d.id == "staticmethod")]
+
+
+def module_aliases(source: str, module: str, is_package: bool, target: str) -> set[str]:
+    """Local names that a module's top level binds to the module ``target`` itself:
+    ``from pkg import target_last [as n]`` (absolute or relative) and ``import target as n``."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return set()
+    found: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom):
+            base = resolve_relative(module, is_package, node.level, node.module)
+            found.update(a.asname or a.name for a in node.names
+                         if base and f"{base}.{a.name}" == target)
+        elif isinstance(node, ast.Import):
+            found.update(a.asname for a in node.names if a.asname and a.name == target)
+    return found
+
+
+def same_after_resolving(
+    old: Definition, new: Definition, aliases: set[str], bound: set[str]
+) -> tuple[str, ...] | None:
+    """When ``old`` becomes ``new`` by dropping the qualification of references into its new
+    module (``kv_cache_builder.f(...)`` -> ``f(...)`` once the code lives in
+    ``kv_cache_builder``): the references resolved (``"alias.f -> f"``); else None.
+
+    ``aliases``: the old module's names for the new module (:func:`module_aliases`); ``bound``:
+    the names the new module binds at its top level. A reference resolves only to a name the new
+    module binds and the definition does not bind itself (a parameter or local of that name
+    would shadow it)."""
+    if not aliases:
+        return None
+    try:
+        a, b = ast.parse(old.source), ast.parse(new.source)
+    except SyntaxError:
+        return None
+    for tree in (a, b):
+        _clean_docstrings(tree)
+    if old.kind != new.kind:
+        _strip_staticmethod(a)
+        _strip_staticmethod(b)
+    local = {n.id for n in ast.walk(a) if isinstance(n, ast.Name) and
+             isinstance(n.ctx, ast.Store)} | {x.arg for x in ast.walk(a) if isinstance(x, ast.arg)}
+    used: set[str] = set()
+
+    class _Resolve(ast.NodeTransformer):
+        def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
+            if isinstance(node.value, ast.Name) and node.value.id in aliases and \
+                    node.attr in bound and node.attr not in local:
+                used.add(f"{node.value.id}.{node.attr} -> {node.attr}")
+                return ast.copy_location(ast.Name(id=node.attr, ctx=node.ctx), node)
+            return self.generic_visit(node)
+
+    a = _Resolve().visit(a)
+    if not used or ast.dump(a) != ast.dump(b):
+        return None
+    return tuple(sorted(used))
+
+
 def same_after_renames(
     old: Definition, new: Definition, renames: dict[str, str]
 ) -> tuple[str, ...] | None:
@@ -264,12 +331,8 @@ def same_after_renames(
     _clean_docstrings(a)
     _clean_docstrings(b)
     if old.kind != new.kind:  # a static method that became a module function, or back
-        for tree in (a, b):
-            for node in tree.body:
-                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    node.decorator_list = [
-                        d for d in node.decorator_list
-                        if not (isinstance(d, ast.Name) and d.id == "staticmethod")]
+        _strip_staticmethod(a)
+        _strip_staticmethod(b)
     used: set[str] = set()
 
     class _Rename(ast.NodeTransformer):

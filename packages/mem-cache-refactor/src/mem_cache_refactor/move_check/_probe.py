@@ -24,6 +24,7 @@ __all__ = [
     "run_import_linter",
     "static_old_path",
     "static_reexport",
+    "top_level_names",
 ]
 
 # Runs in the child: for each (old module, name, new module, new name), import both and compare
@@ -199,6 +200,14 @@ def _bound_names(tree: ast.Module) -> tuple[set[str], bool]:
                 ):
                     stack.append(child)
     return names, dynamic or "__getattr__" in names
+
+
+def top_level_names(source: str) -> set[str]:
+    """The names a module's source binds at import time (see :func:`_bound_names`)."""
+    try:
+        return _bound_names(ast.parse(source))[0]
+    except SyntaxError:
+        return set()
 
 
 def _class_binds(tree: ast.Module, cls: str, name: str) -> tuple[bool, str] | None:

@@ -81,6 +81,9 @@ class MoveReport:
     staticmethod_dropped: bool = False
     #: blame ran with ``-w`` (the move changed the indentation)
     blame_whitespace: bool = False
+    #: references into the new module that the move unqualified ("alias.f -> f"), the only
+    #: difference of an otherwise identical body
+    resolved: tuple[str, ...] = ()
 
     @property
     def target(self) -> str:
@@ -237,7 +240,10 @@ def render_text(report: Report) -> str:
         out.append(f"  from: {m.old_file}:{m.old_lines[0]}-{m.old_lines[1]}")
         out.append(f"  to:   {m.new_file}:{m.new_lines[0]}-{m.new_lines[1]}")
         dropped = "; @staticmethod dropped" if m.staticmethod_dropped else ""
-        if m.body_identical and m.renames:
+        if m.body_identical and m.resolved:
+            out.append("  body: identical once the references into its new module are "
+                       f"unqualified (ast.dump{dropped}; {', '.join(m.resolved)})")
+        elif m.body_identical and m.renames:
             out.append(f"  body: identical after renames (ast.dump; {', '.join(m.renames)})")
         elif m.body_identical:
             out.append(f"  body: identical (ast.dump{dropped})")
@@ -259,7 +265,7 @@ def render_text(report: Report) -> str:
         out[-1] = line
         if p.warning:
             out.append(f"    warning: {p.warning}")
-        scope = "" if m.body_identical and not m.renames else " unedited"
+        scope = "" if m.body_identical and not (m.renames or m.resolved) else " unedited"
         if m.blame_lines == 0 and m.renamed:
             out.append(
                 "  git blame -C -C -C: no line left unedited by the renames (not applicable)"

@@ -54,8 +54,10 @@ from mem_cache_refactor.move_check._defs import (
     changed_members,
     collect_definitions,
     find_moves,
+    module_aliases,
     moved_lines,
     same_after_renames,
+    same_after_resolving,
     same_body,
     source_diff,
     unchanged_new_lines,
@@ -76,6 +78,7 @@ from mem_cache_refactor.move_check._probe import (
     run_import_linter,
     static_old_path,
     static_reexport,
+    top_level_names,
 )
 from mem_cache_refactor.move_check._report import (
     DEFAULT_MIN_BLAME,
@@ -290,6 +293,8 @@ def check(
             identical = same_body(old, new)
             applied = None if identical else same_after_renames(old, new, renames)
             identical = identical or applied is not None
+            resolved = None if identical else _resolved(tree_a, tree_b, src_a, old, new)
+            identical = identical or resolved is not None
             members = None if identical else changed_members(old, new)
             mine = tuple(
                 s for s in sites if s.target in (old.qualname, f"{old.module}.*")
@@ -304,9 +309,11 @@ def check(
                     name=old.name,
                     new_name=new.name,
                     renames=applied or (),
+                    resolved=resolved or (),
                     kind=old.kind,
                     new_kind=new.kind,
-                    staticmethod_dropped=old.dump != new.dump and same_body(old, new),
+                    staticmethod_dropped=identical and old.kind != new.kind and (
+                        old.plain != old.dump or new.plain != new.dump),
                     blame_whitespace=old.indent != new.indent,
                     old_module=old.module,
                     new_module=new.module,
@@ -344,6 +351,24 @@ def check(
         )
     failures += [f"contract broken by the change: {name}" for name in contracts.newly_broken]
     return Report(ref_a, ref_b, commit_a, commit_b, tuple(moves), contracts, tuple(failures))
+
+
+def _resolved(
+    tree_a: Path, tree_b: Path, roots_a: SourceRoots, old: Definition, new: Definition
+) -> tuple[str, ...] | None:
+    """The references into the new module that the move unqualified, when they are the only
+    difference (see :func:`~mem_cache_refactor.move_check._defs.same_after_resolving`)."""
+    if old.module == new.module:
+        return None
+    file_a, file_b = tree_a / old.path, tree_b / new.path
+    if not (file_a.is_file() and file_b.is_file()):
+        return None
+    aliases = module_aliases(file_a.read_text(encoding="utf-8", errors="replace"), old.module,
+                             old.path.endswith("__init__.py"), new.module)
+    if not aliases:
+        return None
+    bound = top_level_names(file_b.read_text(encoding="utf-8", errors="replace"))
+    return same_after_resolving(old, new, aliases, bound)
 
 
 def _rel_to(path: Path, root: Path) -> str:
