@@ -163,3 +163,129 @@ def sgl_repo(root: Path, **kw: str) -> tuple[SynthRepo, str]:
     repo = SynthRepo(root)
     repo.write(files(**kw))
     return repo, repo.commit("base: sparse allocators in allocator/sparse.py")
+
+
+# --- methods that leave their class (SGLang's #25602/#25604/#25607 and [4/N] #27256 shapes) ---
+#
+# A static method of the scheduler becomes a module function of a new
+# ``mem_cache/kv_cache_builder.py``; the scheduler calls it through the module. Then the slot
+# bookkeeping of the Mamba pool is extracted into a new class ``MambaSlotAllocator`` in
+# ``mem_cache/allocator/mamba.py``: four methods leave ``MambaPool``, one of them edited (a return
+# annotation added, and one comment line in ``free``), the pool keeps its state methods.
+
+MANAGERS = "python/engine/srt/managers"
+
+DRAFT_POOL = '''\
+def get_draft_pool(*, worker: object, spec: object, overlap: bool) -> tuple[object, object]:
+    """The draft worker's KV pool and model config, or (None, None) without a draft.
+    A method docstring that moves to module level loses an indentation level."""
+    if worker is None or getattr(spec, "is_ngram", False):
+        return None, None
+    if overlap and getattr(spec, "supports_v2", False):
+        runner = getattr(worker, "draft_runner")
+        return runner.kv_pool, runner.config
+    return (
+        getattr(worker, "kv_pool"),
+        getattr(worker, "config"),
+    )
+'''
+
+
+def _indent(text: str) -> str:
+    return "".join(f"    {line}" if line.strip() else line for line in text.splitlines(True))
+
+
+SCHEDULER_HEAD = '''"""Scheduler."""
+
+from engine.srt.mem_cache.allocator import PagedAllocator
+{extra}
+
+class Scheduler:
+    def __init__(self, worker: object, spec: object, overlap: bool) -> None:
+        self.worker = worker
+        self.spec = spec
+        self.overlap = overlap
+        self.allocator = PagedAllocator(64, 16)
+
+    def register_draft(self) -> object:
+        pool, _ = {call}(
+            worker=self.worker, spec=self.spec, overlap=self.overlap
+        )
+        return pool
+'''
+
+SCHEDULER = SCHEDULER_HEAD.format(extra="", call="Scheduler.get_draft_pool") + "\n" + _indent(
+    "@staticmethod\n" + DRAFT_POOL)
+#: after the move: the scheduler calls the builder's function
+SCHEDULER_MOVED = SCHEDULER_HEAD.format(
+    extra="from engine.srt.mem_cache import kv_cache_builder\n",
+    call="kv_cache_builder.get_draft_pool")
+#: after the move, with the call site forgotten
+SCHEDULER_STALE = SCHEDULER_HEAD.format(
+    extra="from engine.srt.mem_cache import kv_cache_builder  # noqa: F401\n",
+    call="Scheduler.get_draft_pool")
+BUILDER = '"""Building the KV cache."""\n\n\n' + DRAFT_POOL
+
+MAMBA_SLOT_METHODS = '''\
+def alloc(self, need: int) -> list[int] | None:
+    if need > len(self.free_slots):
+        return None
+    return self._take(need)
+
+def _take(self, need: int) -> list[int]:
+    taken = self.free_slots[:need]
+    self.free_slots = self.free_slots[need:]
+    return taken
+
+def free(self, slots: list[int]) -> None:
+    if not slots:
+        return
+    self.free_slots.extend(slots)
+'''
+
+MAMBA_POOL_HEAD = '''"""Mamba state pool."""
+{extra}
+
+class MambaPool:
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.states = [0] * (size + 1)
+{init}
+    def state(self, slot: int) -> int:
+        return self.states[slot]
+'''
+
+MAMBA_POOL = MAMBA_POOL_HEAD.format(
+    extra="", init="        self.free_slots = list(range(1, size + 1))\n"
+) + "\n" + _indent("def available_size(self):\n    return len(self.free_slots)\n\n"
+                   + MAMBA_SLOT_METHODS)
+MAMBA_POOL_AFTER = MAMBA_POOL_HEAD.format(extra="", init="")
+MAMBA_ALLOCATOR = '''"""Slot allocator of the Mamba state pool: one slot per request."""
+
+
+class MambaSlotAllocator:
+    """The free list of the Mamba pool's slots (slot 0 is the padding slot)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.free_slots = list(range(1, size + 1))
+
+''' + _indent("def available_size(self) -> int:\n    return len(self.free_slots)\n\n"
+              + MAMBA_SLOT_METHODS.replace("    self.free_slots.extend(slots)\n",
+                                           "    self.free_slots.extend(slots)\n"
+                                           "    # the slots are reused in any order\n"))
+
+
+def method_files() -> dict[str, str]:
+    """The base tree of :func:`files` plus the scheduler and the Mamba pool."""
+    return {
+        **files(),
+        f"{MANAGERS}/scheduler.py": SCHEDULER,
+        f"{MC}/mamba_pool.py": MAMBA_POOL,
+    }
+
+
+def method_repo(root: Path) -> tuple[SynthRepo, str]:
+    repo = SynthRepo(root)
+    repo.write(method_files())
+    return repo, repo.commit("base: scheduler and Mamba pool")

@@ -12,6 +12,7 @@ from mem_cache_refactor.move_check._defs import (
     collect_definitions,
     find_moves,
     same_after_renames,
+    same_body,
 )
 from mem_cache_refactor.move_check._probe import probe_env, static_old_path
 from mem_cache_refactor.move_check._sites import find_import_sites
@@ -213,3 +214,24 @@ def test_blame_of_a_definition_with_no_unedited_line_is_not_applicable() -> None
     assert [f for f in undeclared.failures if "body changed" in f] != []
     renamed = replace(base, body_identical=True, edit_allowed=True, renames=("_A -> _B",))
     assert renamed.failures == []
+
+
+def test_a_re_indented_docstring_is_the_same_body_another_string_is_not(tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    method = ('class C:\n    @staticmethod\n    def f() -> str:\n        """One.\n\n'
+              '        Two."""\n        return """x\n        y"""\n')
+    function = 'def f() -> str:\n    """One.\n\n    Two."""\n    return """x\n        y"""\n'
+    moved_text = function.replace('"""x\n        y"""', '"""x\n    y"""')
+    top = SourceRoots(("",))
+    for tree, files in ((a, {"m.py": method}), (b, {"n.py": function, "o.py": moved_text})):
+        for rel, text in files.items():
+            (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+            (tree / rel).write_text(text)
+    before = collect_definitions(a, ["m.py"], top)
+    old = before["m"]["C"].methods[0]
+    new = collect_definitions(b, ["n.py"], top)["n"]["f"]
+    assert (old.name, old.kind, new.kind) == ("C.f", "method", "function")
+    assert same_body(old, new)  # the docstring lost its indentation: no edit
+    reindented = collect_definitions(b, ["o.py"], top)["o"]["f"]
+    assert not same_body(old, reindented)  # a string literal's value changed
+    assert find_moves(before, {"n": {"f": new}}) == [(old, new)]

@@ -92,13 +92,18 @@ def blame(
 
 
 def blame_ranges(
-    root: Path, ref: str, path: str, ranges: list[tuple[int, int]], *, min_chars: int = 40
+    root: Path, ref: str, path: str, ranges: list[tuple[int, int]], *, min_chars: int = 40,
+    ignore_whitespace: bool = False,
 ) -> list[BlameLine]:
     """:func:`blame` of several line ranges of one file in one ``git blame`` run (its
-    ``-C -C -C`` search costs the same for one range or many)."""
+    ``-C -C -C`` search costs the same for one range or many). ``ignore_whitespace`` adds
+    ``-w``: a method moved to module level (or a function into a class) changed its
+    indentation, and only ``-w`` lets the copy detection see the old lines."""
     spans = [arg for start, end in sorted(set(ranges)) for arg in ("-L", f"{start},{end}")]
+    flags = ["-w"] if ignore_whitespace else []
     out = git(
-        root, "blame", "--porcelain", "-C", "-C", f"-C{min_chars}", *spans, ref, "--", path,
+        root, "blame", "--porcelain", *flags, "-C", "-C", f"-C{min_chars}", *spans, ref, "--",
+        path,
     )
     lines: list[BlameLine] = []
     last_path: dict[str, str] = {}

@@ -24,12 +24,17 @@ __all__ = [
     "run_import_linter",
     "static_old_path",
     "static_reexport",
+    "top_level_names",
 ]
 
 # Runs in the child: for each (old module, name, new module, new name), import both and compare
-# identity.
+# identity. A name may be dotted (``Class.method``): it is looked up attribute by attribute.
 _PROBE = r"""
 import importlib, json, os, sys, traceback, warnings
+def attr(obj, dotted):
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
 start = set(sys.modules)
 CASES = json.loads(sys.argv[1])
 TOPS = {m.split(".")[0] for case in CASES for m in (case[0], case[2])}
@@ -53,7 +58,7 @@ for old_mod, name, new_mod, new_name in CASES:
     r = {"status": "error", "detail": "", "warning": None, "mechanism": None}
     out.append(r)
     try:
-        new_obj = getattr(importlib.import_module(new_mod), new_name)
+        new_obj = attr(importlib.import_module(new_mod), new_name)
     except Exception as exc:
         r["detail"] = f"new path {new_mod}.{new_name} does not import: {why(exc)}"
         purge()
@@ -73,10 +78,13 @@ for old_mod, name, new_mod, new_name in CASES:
         continue
     r["mechanism"] = "module __getattr__ (PEP 562)" if "__getattr__" in vars(mod) else (
         "module attribute" if name in vars(mod) else None)
+    if "." in name:
+        owner = vars(mod).get(name.rpartition(".")[0].split(".")[0])
+        r["mechanism"] = "class attribute" if owner is not None else r["mechanism"]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            old_obj = getattr(mod, name)
+            old_obj = attr(mod, name)
         except AttributeError:
             r["status"], r["detail"] = "gone", f"{old_mod} has no attribute {name}"
             continue
@@ -194,12 +202,43 @@ def _bound_names(tree: ast.Module) -> tuple[set[str], bool]:
     return names, dynamic or "__getattr__" in names
 
 
+def top_level_names(source: str) -> set[str]:
+    """The names a module's source binds at import time (see :func:`_bound_names`)."""
+    try:
+        return _bound_names(ast.parse(source))[0]
+    except SyntaxError:
+        return set()
+
+
+def _class_binds(tree: ast.Module, cls: str, name: str) -> tuple[bool, str] | None:
+    """For a method path ``cls.name``: whether the module's class ``cls`` still binds ``name``
+    in its body (a ``def`` or an assignment); None when the module does not define ``cls`` as
+    a class of its own (imported, or gone: the module-level check decides)."""
+    for node in tree.body:
+        if not (isinstance(node, ast.ClassDef) and node.name == cls):
+            continue
+        for item in node.body:
+            if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name == name:
+                return True, f"static check: class {cls} still defines {name}"
+            targets = (item.targets if isinstance(item, ast.Assign) else
+                       [item.target] if isinstance(item, ast.AnnAssign) else [])
+            if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+                return True, f"static check: class {cls} still binds {name}"
+            if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
+                    item.name == "__getattr__":
+                return True, f"static check: class {cls} may provide {name} (__getattr__)"
+        return False, (f"static check: class {cls} no longer defines {name} (a base class "
+                       "could still provide one: that would be a different object)")
+    return None
+
+
 def static_old_path(roots: list[Path], module: str, name: str) -> tuple[bool, str]:
     """Static look at ``module.name`` in the source ``roots``: (still resolvable?, detail).
 
     Used when the runtime probe cannot import the tree: a module file that no longer exists,
     or one that no longer defines or imports ``name`` (and has no module ``__getattr__`` or
-    star import), is gone.
+    star import), is gone. For a method (``Class.method``), a class of the module whose body
+    no longer defines the method is gone too.
     """
     rel = Path(*module.split("."))
     for root in roots:
@@ -210,6 +249,12 @@ def static_old_path(roots: list[Path], module: str, name: str) -> tuple[bool, st
                 tree = ast.parse(file.read_text(encoding="utf-8", errors="replace"))
             except SyntaxError as exc:
                 return True, f"{file.name} does not parse ({exc.msg}): not verified"
+            if "." in name:
+                cls, _, member = name.partition(".")
+                in_class = _class_binds(tree, cls, member) if "." not in member else None
+                if in_class is not None:
+                    return in_class
+                name = cls
             names, dynamic = _bound_names(tree)
             if name in names:
                 return True, f"static check: {module} still binds {name}"
@@ -225,6 +270,8 @@ def static_reexport(
     """Whether the old module binds ``name`` at import time only by importing ``new_name``
     from ``new_module`` (``from new import Name``, absolute or relative): a silent re-export of
     the same object, and no module ``__getattr__`` that could warn instead."""
+    if "." in name:  # a method: a class attribute is never a from-import
+        return False
     rel = Path(*module.split("."))
     for root in roots:
         for file in (root / rel / "__init__.py", (root / rel).with_suffix(".py")):

@@ -27,7 +27,7 @@ def is_private_path(module: str, name: str) -> bool:
     """A path no user may import: a ``_x`` component in the module or a ``_X`` name (dunder
     names excepted). Its removal needs no shim; the private-modules convention forbids importing
     it from outside its package."""
-    parts = [*module.split("."), name]
+    parts = [*module.split("."), *name.split(".")]
     return any(p.startswith("_") and not p.startswith("__") for p in parts)
 
 
@@ -75,6 +75,15 @@ class MoveReport:
     new_name: str = ""
     #: identifier renames ("old -> new") that make the bodies identical (a renamed move)
     renames: tuple[str, ...] = ()
+    #: the kind at the new home ("" or ``kind``: the same; a method can become a function)
+    new_kind: str = ""
+    #: a static method became a module function: identical but for ``@staticmethod``
+    staticmethod_dropped: bool = False
+    #: blame ran with ``-w`` (the move changed the indentation)
+    blame_whitespace: bool = False
+    #: references into the new module that the move unqualified ("alias.f -> f"), the only
+    #: difference of an otherwise identical body
+    resolved: tuple[str, ...] = ()
 
     @property
     def target(self) -> str:
@@ -205,6 +214,17 @@ def _render_eager(results: tuple[EagerResult, ...], ref_a: str) -> list[str]:
     return out
 
 
+def _now(m: MoveReport) -> str:
+    """What the definition is at its new home, where that differs: a rename, or a method that
+    became a function or a method of another class."""
+    kind = m.new_kind or m.kind
+    if kind != m.kind or m.kind == "method":
+        if kind == m.kind and m.target == m.name:
+            return ""
+        return f" (now {kind} {m.target})"
+    return f" (renamed {m.target})" if m.target != m.name else ""
+
+
 def render_text(report: Report) -> str:
     """Human-readable report."""
     out = [
@@ -212,19 +232,21 @@ def render_text(report: Report) -> str:
         f"({report.commit_a[:10]}..{report.commit_b[:10]}): {len(report.moves)} move(s)"
     ]
     if not report.moves:
-        out.append("  no top-level class, function or constant moved between modules (methods "
-                   "moved from one class into another are not tracked: compare those by hand)")
+        out.append("  no class, function, constant or method moved between modules or classes")
     for m in report.moves:
         verdict = "FAIL" if m.failures else "ok"
         out.append("")
-        renamed = f" (renamed {m.target})" if m.target != m.name else ""
-        out.append(f"[{verdict}] {m.kind} {m.name}: {m.old_module} -> {m.new_module}{renamed}")
+        out.append(f"[{verdict}] {m.kind} {m.name}: {m.old_module} -> {m.new_module}{_now(m)}")
         out.append(f"  from: {m.old_file}:{m.old_lines[0]}-{m.old_lines[1]}")
         out.append(f"  to:   {m.new_file}:{m.new_lines[0]}-{m.new_lines[1]}")
-        if m.body_identical and m.renames:
+        dropped = "; @staticmethod dropped" if m.staticmethod_dropped else ""
+        if m.body_identical and m.resolved:
+            out.append("  body: identical once the references into its new module are "
+                       f"unqualified (ast.dump{dropped}; {', '.join(m.resolved)})")
+        elif m.body_identical and m.renames:
             out.append(f"  body: identical after renames (ast.dump; {', '.join(m.renames)})")
         elif m.body_identical:
-            out.append("  body: identical (ast.dump)")
+            out.append(f"  body: identical (ast.dump{dropped})")
         else:
             tag = "allowed by --allow-edit (move + edit)" if m.edit_allowed else "NOT allowed"
             where = f" in {', '.join(m.changed_members)}" if m.changed_members else ""
@@ -243,7 +265,7 @@ def render_text(report: Report) -> str:
         out[-1] = line
         if p.warning:
             out.append(f"    warning: {p.warning}")
-        scope = "" if m.body_identical and not m.renames else " unedited"
+        scope = "" if m.body_identical and not (m.renames or m.resolved) else " unedited"
         if m.blame_lines == 0 and m.renamed:
             out.append(
                 "  git blame -C -C -C: no line left unedited by the renames (not applicable)"
@@ -251,8 +273,9 @@ def render_text(report: Report) -> str:
         elif m.blame_lines == 0 and m.edit_allowed:
             out.append("  git blame -C -C -C: no line left unedited (not applicable)")
         else:
+            flags = "-w -C -C -C" if m.blame_whitespace else "-C -C -C"
             out.append(
-                f"  git blame -C -C -C: {m.blame_before_move}/{m.blame_lines}{scope} lines "
+                f"  git blame {flags}: {m.blame_before_move}/{m.blame_lines}{scope} lines "
                 f"({100.0 * m.blame_share:.1f}%) from commits before the move "
                 f"({'ok' if m.blame_ok else 'UNDER'} --min-blame {m.min_blame:g})"
             )

@@ -46,6 +46,12 @@ def _sites_in_file(
     hits: list[tuple[int, str]] = []
     aliases: dict[str, str] = {}  # local name -> module (import x as y; from a import b)
     plain_heads: set[str] = set()  # heads bound by `import a.b.c` (no alias)
+    # a method target ``module.Class.method``: in ``module`` itself, ``Class.method`` is a site
+    own = {c.name for c in tree.body if isinstance(c, ast.ClassDef)}
+    for owner in old_modules:
+        mod, _, cls = owner.rpartition(".")
+        if mod and mod == module and cls in own:
+            aliases[cls] = owner
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
             base = resolve_relative(module, is_package, node.level, node.module)
@@ -88,8 +94,11 @@ def find_import_sites(
     ``old.module.Name``) through its old module: ``from old import Name [as X]``, relative
     forms, ``from old import *``, and ``old.Name`` after ``import old [as o]`` or
     ``from pkg import old``, at module level and inside functions and classes alike, in every
-    file of the tree (inside a source root or not). ``roots`` name the files' modules (for
-    relative imports); default: the tree's top and ``src`` folders."""
+    file of the tree (inside a source root or not). A method target ``old.module.Class.m`` is
+    reached through its class: ``Class.m`` after ``from old import Class [as C]``, in ``old``
+    itself, or as ``old.Class.m``; a call through an instance (``obj.m()``) is not seen (its
+    type is not known statically). ``roots`` name the files' modules (for relative imports);
+    default: the tree's top and ``src`` folders."""
     roots = roots or SourceRoots(("",))
     sites: list[ImportSite] = []
     if not targets:

@@ -4,7 +4,11 @@ For every top-level class, function or module-level constant (``NAME = value``) 
 module and appeared in another between ``REF_A`` and ``REF_B`` it reports the following. A
 definition that left under one name and appeared under another (in another module or the same
 one) is a *renamed* move when their sources match once the names are aligned (exactly, or at
-least 75 % similar; see :func:`~mem_cache_refactor.move_check._defs.find_moves`).
+least 75 % similar; see :func:`~mem_cache_refactor.move_check._defs.find_moves`). A method
+that left its class on its own is a move too: ``C.m`` gone from ``C`` whose definition
+appeared as a module function ``m`` or as a method ``D.m`` of another (or a new) class
+(identical, or at least 75 % similar and shown as an edit); a function that became a method
+likewise. A ``@staticmethod`` dropped on the way to module level is no edit.
 
 * whether the body is identical (``ast.dump``; formatting-insensitive, docstrings count), or
   identical once the renamed moves of the range are applied to its identifiers (listed), and a
@@ -50,7 +54,11 @@ from mem_cache_refactor.move_check._defs import (
     changed_members,
     collect_definitions,
     find_moves,
+    module_aliases,
+    moved_lines,
     same_after_renames,
+    same_after_resolving,
+    same_body,
     source_diff,
     unchanged_new_lines,
 )
@@ -70,6 +78,7 @@ from mem_cache_refactor.move_check._probe import (
     run_import_linter,
     static_old_path,
     static_reexport,
+    top_level_names,
 )
 from mem_cache_refactor.move_check._report import (
     DEFAULT_MIN_BLAME,
@@ -149,24 +158,34 @@ def _min_chars(new: Definition) -> int:
     return min(40, max(10, alnum // 2))
 
 
+_BlameKey = tuple[str, int, bool]
+
+
+def _blame_key(old: Definition, new: Definition) -> _BlameKey:
+    """(file, threshold, ignore whitespace): a definition that changed its indentation (a
+    method moved to module level, a function into a class) is traced with ``git blame -w``."""
+    return new.path, _min_chars(new), old.indent != new.indent
+
+
 def _blame_all(
-    root: Path, ref_b: str, news: list[Definition]
-) -> dict[tuple[str, int], dict[int, BlameLine]]:
+    root: Path, ref_b: str, pairs: list[tuple[Definition, Definition]]
+) -> dict[_BlameKey, dict[int, BlameLine]]:
     """One ``git blame`` per new file (and threshold) for every moved definition in it."""
-    groups: dict[tuple[str, int], list[tuple[int, int]]] = {}
-    for new in news:
-        groups.setdefault((new.path, _min_chars(new)), []).append((new.start, new.end))
+    groups: dict[_BlameKey, list[tuple[int, int]]] = {}
+    for old, new in pairs:
+        groups.setdefault(_blame_key(old, new), []).append((new.start, new.end))
     return {
-        key: {b.line: b for b in blame_ranges(root, ref_b, key[0], ranges, min_chars=key[1])}
+        key: {b.line: b for b in blame_ranges(root, ref_b, key[0], ranges, min_chars=key[1],
+                                              ignore_whitespace=key[2])}
         for key, ranges in groups.items()
     }
 
 
 def _blame(
-    traced: dict[tuple[str, int], dict[int, BlameLine]], new: Definition,
+    traced: dict[_BlameKey, dict[int, BlameLine]], old: Definition, new: Definition,
     change_commits: set[str], only: set[int],
 ) -> tuple[int, int, dict[str, int]]:
-    by_line = traced[(new.path, _min_chars(new))]
+    by_line = traced[_blame_key(old, new)]
     lines = [by_line[n] for n in range(new.start, new.end + 1) if n in only and n in by_line]
     before = [b for b in lines if b.commit not in change_commits]
     sources = Counter(f"{b.orig_path}@{b.commit[:10]}" for b in before)
@@ -175,6 +194,16 @@ def _blame(
 
 def _names(old: Definition, new: Definition) -> set[str]:
     return {old.name, old.qualname, new.name, new.qualname}
+
+
+def _removal_names(old: Definition) -> set[str]:
+    """What ``--allow-removal`` may name to accept that ``old``'s path is gone: the path, the
+    name, the old module; for a method also its class (``Class``, ``module.Class``: every
+    method that left it)."""
+    names = {old.name, old.qualname, old.module}
+    if old.parent:
+        names |= {old.parent, f"{old.module}.{old.parent}"}
+    return names
 
 
 def _edit_allowed(
@@ -195,7 +224,7 @@ def _removal_allowed(allow: set[str], old: Definition) -> bool:
     private old path (``pkg._mod.Name``, ``pkg.mod._Name``) needs no shim and is accepted."""
     if is_private_path(old.module, old.name):
         return True
-    return bool({old.name, old.qualname, old.module} & allow)
+    return bool(_removal_names(old) & allow)
 
 
 def _old_path(
@@ -256,29 +285,36 @@ def check(
             python=opts.python,
             tree=tree_b,
         )
-        renames = {old.name: new.name for old, new in pairs if old.name != new.name}
+        renames = {old.short: new.short for old, new in pairs if old.short != new.short}
         change_commits = rev_list(root, commit_a, commit_b)
-        traced = _blame_all(root, commit_b, [new for _, new in pairs])
+        traced = _blame_all(root, commit_b, pairs)
         moves: list[MoveReport] = []
         for (old, new), probe in zip(pairs, probes):
-            identical = old.dump == new.dump
+            identical = same_body(old, new)
             applied = None if identical else same_after_renames(old, new, renames)
             identical = identical or applied is not None
+            resolved = None if identical else _resolved(tree_a, tree_b, src_a, old, new)
+            identical = identical or resolved is not None
             members = None if identical else changed_members(old, new)
             mine = tuple(
                 s for s in sites if s.target in (old.qualname, f"{old.module}.*")
             )
             # a renamed or edited definition: only the lines whose text is unchanged can trace
-            only = set(range(new.start, new.end + 1)) if old.dump == new.dump else (
+            only = moved_lines(old, new) if same_body(old, new) else (
                 unchanged_new_lines(old, new)
             )
-            total, before, sources = _blame(traced, new, change_commits, only)
+            total, before, sources = _blame(traced, old, new, change_commits, only)
             moves.append(
                 MoveReport(
                     name=old.name,
                     new_name=new.name,
                     renames=applied or (),
+                    resolved=resolved or (),
                     kind=old.kind,
+                    new_kind=new.kind,
+                    staticmethod_dropped=identical and old.kind != new.kind and (
+                        old.plain != old.dump or new.plain != new.dump),
+                    blame_whitespace=old.indent != new.indent,
                     old_module=old.module,
                     new_module=new.module,
                     old_file=old.path,
@@ -315,6 +351,24 @@ def check(
         )
     failures += [f"contract broken by the change: {name}" for name in contracts.newly_broken]
     return Report(ref_a, ref_b, commit_a, commit_b, tuple(moves), contracts, tuple(failures))
+
+
+def _resolved(
+    tree_a: Path, tree_b: Path, roots_a: SourceRoots, old: Definition, new: Definition
+) -> tuple[str, ...] | None:
+    """The references into the new module that the move unqualified, when they are the only
+    difference (see :func:`~mem_cache_refactor.move_check._defs.same_after_resolving`)."""
+    if old.module == new.module:
+        return None
+    file_a, file_b = tree_a / old.path, tree_b / new.path
+    if not (file_a.is_file() and file_b.is_file()):
+        return None
+    aliases = module_aliases(file_a.read_text(encoding="utf-8", errors="replace"), old.module,
+                             old.path.endswith("__init__.py"), new.module)
+    if not aliases:
+        return None
+    bound = top_level_names(file_b.read_text(encoding="utf-8", errors="replace"))
+    return same_after_resolving(old, new, aliases, bound)
 
 
 def _rel_to(path: Path, root: Path) -> str:
@@ -399,6 +453,8 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
     removals = {n for m in report.moves for n in (m.name, m.old_module,
                                                    f"{m.old_module}.{m.name}")}
+    removals |= {n for m in report.moves if m.kind == "method" for n in (
+        m.name.rpartition(".")[0], f"{m.old_module}.{m.name.rpartition('.')[0]}")}
     for name in args.allow_removal:
         if name not in removals:
             print(f"move-check: --allow-removal {name} matches no moved definition",
