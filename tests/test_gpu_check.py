@@ -61,7 +61,9 @@ def test_dry_run_passes_every_section(tmp_path: Path) -> None:
     # every discovered op ran its cases, each bit-exact on both backends
     op_rows = {r["item"]: r for r in sections["ops"]["rows"]}
     assert set(op_rows) == set(_ops.discover_ops())
-    deepseek = {i.qualname for i in mk.list_ops() if i.family == "deepseek_v4" and "triton" in i.backends}
+    deepseek = {
+        i.qualname for i in mk.list_ops() if i.family == "deepseek_v4" and "triton" in i.backends
+    }
     assert len(deepseek) == 4 and deepseek <= set(op_rows)  # the record ops ran, bit-exact
     assert {c["op"] for c in sections["ops"]["cases"]} == set(op_rows)
     far = [c for c in sections["ops"]["cases"] if c["case"].startswith("far")]

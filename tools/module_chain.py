@@ -57,7 +57,7 @@ def trace(call: Callable[[], object]) -> list[str]:
         call()
     finally:
         sys.setprofile(None)
-        threading.setprofile(None)  # type: ignore[arg-type]
+        threading.setprofile(None)
     return list(seen)
 
 
@@ -107,7 +107,9 @@ def _paths() -> dict[str, Callable[[], object]]:
         ctrl, host_pool = controllers.pop(0)
         result = ctrl.prefetch(keys).wait(30.0)
         if result.pages != len(keys):
-            raise RuntimeError(f"prefetch got {result.pages} of {len(keys)} pages ({result.status})")
+            raise RuntimeError(
+                f"prefetch got {result.pages} of {len(keys)} pages ({result.status})"
+            )
         host_pool.free(result.host_indices)
 
     return {

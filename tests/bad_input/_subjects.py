@@ -245,14 +245,7 @@ def _page_format() -> Any:
     )  # fmt: skip
 
 
-def _names() -> Any:
-    from mem_cache_kernels import caller_names
-
-    return caller_names(src_indices="host_indices")
-
-
 OWNERS: dict[str, Callable[[], Any]] = {
-    "mem_cache_kernels._names:caller_names": _names,
     "mem_cache_pool.mha:MHATokenToKVPool": _mha,
     "mem_cache_pool.mla:MLATokenToKVPool": _mla,
     "mem_cache_pool.swa:SWAKVPool": _swa_pool,

@@ -33,10 +33,15 @@ EXEMPT_FUNCTIONS: dict[str, str] = {
     "mem_cache_allocator.testing:*": "hypothesis state-machine builders (test helpers)",
     "mem_cache_allocator._testing_hisparse:*": "hypothesis state-machine builder re-exported by "
     "mem_cache_allocator.testing (test helper)",
-    "mem_cache_kernels.shims:moved_names": "import-time shim builder, called by the package",
     "mem_cache_kernels.checks:*": "the validators themselves: each raises on a bad *value* "
     "by design (packages/mem-cache-kernels/tests/test_checks.py) and takes the argument *name* "
     "from library code",
+    "mem_cache_kernels.pages:extend_counts": "page arithmetic for callers that validated the "
+    "lengths' kinds at their own public method (allocators, kernel ops: swept there); it checks "
+    "the values it reads, 0 <= prefix <= seq (packages/mem-cache-kernels/tests/test_checks.py)",
+    "mem_cache_kernels.pages:decode_counts": "page arithmetic for callers that validated the "
+    "lengths' kinds at their own public method (allocators, kernel ops: swept there); it checks "
+    "the values it reads, seq >= 1 (packages/mem-cache-kernels/tests/test_checks.py)",
     "mem_cache_pool_host.registration:register_chunked": "needs a registrar (CUDA)",
     "mem_cache_pool_host.memory:MmapHostTensorAllocator.allocate": "SGLang's allocate(dims, "
     "dtype, device): the sweep's list [1, 2] is a valid shape (it allocates); bad dims/dtype/"

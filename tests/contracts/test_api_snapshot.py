@@ -1,7 +1,7 @@
 """The live public API of every package equals its committed snapshot (tests/contracts/api/).
 
-On failure the message shows the diff; regenerate with ``api-snapshot update`` (the deprecated
-``python -m tools.api_snapshot update`` still works) and commit the JSON files together with the
+On failure the message shows the diff; regenerate with ``api-snapshot update`` (``python -m
+mem_cache_refactor.api_snapshot update``) and commit the JSON files together with the
 API change (``packages/mem-cache-refactor/README.md``).
 """
 

@@ -50,8 +50,7 @@ def _lint(tmp_path: Path, files: dict[str, str]) -> subprocess.CompletedProcess[
         (pkg / name).write_text(textwrap.dedent(body))
     (tmp_path / ".importlinter").write_text(CONFIG)
     env = dict(os.environ)
-    # the fixture package from tmp_path, this checkout's contract types (not an installed copy),
-    # and `tools.import_contracts` from the repository
+    # the fixture package from tmp_path and this checkout's contract types (not an installed copy)
     src = ROOT / "packages" / "mem-cache-refactor" / "src"
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(src), str(ROOT)])
     env["COLUMNS"] = "200"  # one chain per line

@@ -1,4 +1,4 @@
-"""Every documented import path resolves; every moved name still resolves at its old path.
+"""Every documented import path resolves, without a deprecation warning.
 
 Table-driven. Each case runs in a fresh interpreter state: one helper interpreter imports torch
 (allowed everywhere, and the slow part), then forks one child per case, so each case imports the
@@ -7,12 +7,9 @@ mem_cache packages into a pristine ``sys.modules`` with a pristine warnings regi
 * ``DOCUMENTED``: the public paths of the README/spec, one case per module. ``from <module> import
   <name>`` works for each name, emits no ``DeprecationWarning``, and where the package root also
   exports the name it is the same object.
-* ``MOVED``: ``(old_module, name, new_module)`` for every definition moved with a shim
-  (``mem_cache_kernels.shims.moved_names``); ``new_module:NewName`` when it was also
-  renamed. The old path gives the very same object as the new
-  one with exactly one ``DeprecationWarning`` that names the new path; the new path warns not at
-  all. Add a row in the same commit as the move (``tools/REFACTORING.md``); delete it together
-  with the shim.
+
+Nothing has been released (every distribution is 0.1.0), so no moved name keeps a
+deprecated alias at an old path: a move changes the import paths, and this table, in one commit.
 """
 
 from __future__ import annotations
@@ -35,7 +32,9 @@ DOCUMENTED: list[tuple[str, tuple[str, ...]]] = [
         "direct_load_layer_from_page_first_direct",
         "direct_backup_all_layers_to_page_first_direct", "resolve_backend",
     )),
-    ("mem_cache_kernels.shims", ("moved_names",)),
+    ("mem_cache_kernels.checks", ("check_int", "check_index", "check_tensor", "debug_enabled")),
+    ("mem_cache_kernels.pages", ("extend_counts", "decode_counts", "trim_segments")),
+    ("mem_cache_kernels.dispatch", ("TABLE", "pick", "resolve_backend")),
     ("mem_cache_pool", (
         "ReqToTokenPool", "KVCache", "KVWriteLoc", "KVBufferDesc", "LayerReadyWaiter",
         "storage_dtype", "FP8_DTYPES", "MHATokenToKVPool", "MLATokenToKVPool",
@@ -56,6 +55,7 @@ DOCUMENTED: list[tuple[str, tuple[str, ...]]] = [
     ("mem_cache_allocator.base", ("BaseTokenToKVPoolAllocator",)),
     ("mem_cache_allocator.token", ("TokenToKVPoolAllocator",)),
     ("mem_cache_allocator.paged", ("PagedTokenToKVPoolAllocator",)),
+    ("mem_cache_allocator.page_allocator", ("PageAllocatorCore", "PageAllocatorState")),
     ("mem_cache_allocator.swa", ("SWATokenToKVPoolAllocator",)),
     ("mem_cache_allocator.mamba", ("MambaSlotAllocator",)),
     ("mem_cache_allocator.hisparse", ("HiSparseTokenToKVPoolAllocator",)),
@@ -70,29 +70,6 @@ DOCUMENTED: list[tuple[str, tuple[str, ...]]] = [
 
 # Modules that are documented as import targets themselves.
 DOCUMENTED_MODULES: list[str] = ["mem_cache_allocator.testing", "mem_cache_pool.deepseek_v4"]
-
-# (old_module, name, new_module[:new_name]): definitions moved with a shim left at the old path.
-MOVED: list[tuple[str, str, str]] = [
-    ("mem_cache_kernels.dsv4", "DSV4_NOPE_DIM", "mem_cache_kernels.deepseek_v4:NOPE_DIM"),
-    ("mem_cache_kernels.dsv4", "DSV4_PAGE_ALIGN", "mem_cache_kernels.deepseek_v4:PAGE_ALIGN"),
-    ("mem_cache_kernels.dsv4", "DSV4_QUANT_GROUP", "mem_cache_kernels.deepseek_v4:QUANT_GROUP"),
-    ("mem_cache_kernels.dsv4", "DSV4_ROPE_DIM", "mem_cache_kernels.deepseek_v4:ROPE_DIM"),
-    ("mem_cache_kernels.dsv4", "DSV4_SCALE_BYTES", "mem_cache_kernels.deepseek_v4:SCALE_BYTES"),
-    ("mem_cache_kernels.dsv4", "DSV4_SCALE_PART_BYTES",
-     "mem_cache_kernels.deepseek_v4:SCALE_PART_BYTES"),
-    ("mem_cache_kernels.dsv4", "DSV4_TOKEN_BYTES", "mem_cache_kernels.deepseek_v4:TOKEN_BYTES"),
-    ("mem_cache_kernels.dsv4", "DSV4_UE8M0_BIAS", "mem_cache_kernels.deepseek_v4:UE8M0_BIAS"),
-    ("mem_cache_kernels.dsv4", "DSV4_VALUE_BYTES", "mem_cache_kernels.deepseek_v4:VALUE_BYTES"),
-    ("mem_cache_kernels.dsv4", "dequantize_dsv4_nope",
-     "mem_cache_kernels.deepseek_v4:dequantize_nope"),
-    ("mem_cache_kernels.dsv4", "dsv4_page_bytes", "mem_cache_kernels.deepseek_v4:page_row_bytes"),
-    ("mem_cache_kernels.dsv4", "pack_dsv4_records", "mem_cache_kernels.deepseek_v4:pack_records"),
-    ("mem_cache_kernels.dsv4", "quantize_dsv4_nope", "mem_cache_kernels.deepseek_v4:quantize_nope"),
-    ("mem_cache_kernels.dsv4", "read_dsv4_records", "mem_cache_kernels.deepseek_v4:read_records"),
-    ("mem_cache_kernels.dsv4", "unpack_dsv4_records",
-     "mem_cache_kernels.deepseek_v4:unpack_records"),
-    ("mem_cache_kernels.dsv4", "write_dsv4_records", "mem_cache_kernels.deepseek_v4:write_records"),
-]
 
 _RUNNER = textwrap.dedent(
     r"""
@@ -131,22 +108,7 @@ _RUNNER = textwrap.dedent(
                         problems.append(f"{root.__name__}.{name} is not {module}.{name}")
             assert not problems, "; ".join(problems)
             return
-        _, old, name, new = case
-        new, _, new_name = new.partition(":")  # "module:NewName" for a renamed definition
-        new_name = new_name or name
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            new_obj = getattr(importlib.import_module(new), new_name)
-            old_mod = importlib.import_module(old)
-        dep = [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)]
-        assert not dep, f"importing {new}.{new_name} / {old} warned: {dep}"
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            old_obj = getattr(old_mod, name)  # what `from old import name` does
-        dep = [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)]
-        assert old_obj is new_obj, f"{old}.{name} is not {new}.{new_name}"
-        assert len(dep) == 1, f"expected exactly one DeprecationWarning, got {dep}"
-        assert f"{new}.{new_name}" in dep[0], f"warning does not name {new}.{new_name}: {dep[0]}"
+        raise ValueError(f"unknown case kind {kind!r}")
 
     results = []
     for case in json.loads(sys.argv[1]):
@@ -180,7 +142,6 @@ def _cases() -> list[tuple[str, list[Any]]]:
     cases: list[tuple[str, list[Any]]] = []
     cases += [(m, ["documented", m, list(names)]) for m, names in DOCUMENTED]
     cases += [(m, ["module", m]) for m in DOCUMENTED_MODULES]
-    cases += [(f"{o}.{n}->{new}", ["moved", o, n, new]) for o, n, new in MOVED]
     return cases
 
 

@@ -24,21 +24,26 @@ WIDGET = '''
             return self.size * self.size
 '''
 
-# The old module after the move: a PEP 562 shim built with the repository's helper.
+# The old module after the move: an engine's PEP 562 shim (module-level __getattr__).
 MODELS_SHIM = '''
     """Models."""
 
     from __future__ import annotations
 
-    from typing import TYPE_CHECKING
+    import importlib
+    import warnings
+    from typing import TYPE_CHECKING, Any
 
     from lowpkg.widgets import Widget as _Widget
-    from mem_cache_kernels.shims import moved_names
 
     if TYPE_CHECKING:
         from lowpkg.widgets import Widget as Widget
     else:
-        __getattr__ = moved_names(__name__, {"Widget": "lowpkg.widgets"})
+        def __getattr__(name: str) -> Any:
+            if name != "Widget":
+                raise AttributeError(name)
+            warnings.warn("moved to lowpkg.widgets.Widget", DeprecationWarning, stacklevel=2)
+            return importlib.import_module("lowpkg.widgets").Widget
 
 
     def make() -> _Widget:
@@ -306,13 +311,19 @@ NEW_CORE = '''
 OLD_CORE_SHIM = '''
     """Old helpers (moved to lowpkg.new_core)."""
 
-    from mem_cache_kernels.shims import moved_names
+    import importlib
+    import warnings
+    from typing import Any
 
-    __getattr__ = moved_names(__name__, {
-        "OLD_LIMIT": "lowpkg.new_core:LIMIT",
-        "OLD_TWICE": "lowpkg.new_core:TWICE",
-        "old_scale": "lowpkg.new_core:scale_twice",
-    })
+    _MOVED = {"OLD_LIMIT": "LIMIT", "OLD_TWICE": "TWICE", "old_scale": "scale_twice"}
+
+
+    def __getattr__(name: str) -> Any:
+        if name not in _MOVED:
+            raise AttributeError(name)
+        new = _MOVED[name]
+        warnings.warn(f"moved to lowpkg.new_core.{new}", DeprecationWarning, stacklevel=2)
+        return getattr(importlib.import_module("lowpkg.new_core"), new)
 '''
 
 

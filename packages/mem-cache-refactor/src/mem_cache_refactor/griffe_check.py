@@ -11,7 +11,7 @@ breaking change in any package (it prints file:line and an explanation per findi
 annotations under GitHub Actions), 2 on a git error.
 
 A class moved to another distribution shows up as "Public object was removed" unless its old
-module keeps a shim (``mem_cache_kernels.shims.moved_names``): keep one until the next major
+module keeps a shim (a PEP 562 module ``__getattr__``): keep one until the next major
 release.
 """
 
