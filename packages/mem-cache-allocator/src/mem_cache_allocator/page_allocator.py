@@ -33,7 +33,7 @@ count it computed (no second validation below it). The body is picked on the all
 allocation that runs a kernel and kept (the kernels' backend setting,
 ``MEM_CACHE_KERNELS_BACKEND``, is read then, by the kernels). Errors: ``TypeError`` for the wrong
 kind, ``ValueError`` for a wrong value (naming the argument, the requests and their values), raised
-before any state changes; debug mode raises :class:`~mem_cache_allocator.AllocatorDebugError`.
+before any state changes; debug mode raises ``mem_cache_allocator.AllocatorDebugError``.
 Shortage returns ``None`` and changes nothing.
 
 Frees. ``free`` (any slot set: any order, int32 or int64, partial pages, duplicates, several
