@@ -29,9 +29,13 @@ COORDINATOR = HEADER + (
 )
 
 
-def _both(source: str, module: str = "engine.srt.managers.coordinator", **kw: int) -> str:
+def _both(
+    source: str, module: str = "engine.srt.managers.coordinator", line_length: int = 88
+) -> str:
     for name in ("SparseTokenAllocator", "SparsePagedTokenAllocator"):
-        source = rewrite_source(source, f"{OLD}.{name}", f"{NEW}.{name}", module=module, **kw)
+        source = rewrite_source(
+            source, f"{OLD}.{name}", f"{NEW}.{name}", module=module, line_length=line_length
+        )
     return source
 
 
