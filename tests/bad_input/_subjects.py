@@ -286,7 +286,7 @@ EXEMPT_OWNERS: dict[str, str] = {
     "mem_cache_allocator.base:BaseTokenToKVPoolAllocator": "abstract: every concrete allocator",
     "mem_cache_pool.base:KVCache": "abstract: every concrete pool",
     "mem_cache_pool.swa:BaseSWAKVPool": "abstract: SWAKVPool",
-    "mem_cache_pool_host.base:HostKVCache": "abstract: MHA/MLA/DSv4 host pools",
+    "mem_cache_pool_host.base:HostKVCache": "abstract: MHA/MLA/deepseek_v4 host pools",
     "mem_cache_pool_host.hisparse:HiSparseHostPoolMixin": "mixin: host pools",
     "mem_cache_pool_host.registration:CudaHostRegistrar": "needs CUDA (cudaHostRegister)",
     "mem_cache_pool_host.memory:MmapHostAllocation": "built by MmapHostTensorAllocator.allocate",

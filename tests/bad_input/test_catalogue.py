@@ -199,7 +199,7 @@ def _last_loc() -> Call:
     )  # fmt: skip
 
 
-def _dsv4_write() -> Call:
+def _deepseek_v4_write() -> Call:
     ps = 4
     return Call(
         deepseek_v4.write_records,
@@ -211,7 +211,7 @@ def _dsv4_write() -> Call:
     )  # fmt: skip
 
 
-def _dsv4_read() -> Call:
+def _deepseek_v4_read() -> Call:
     ps = 4
     return Call(
         deepseek_v4.read_records,
@@ -386,8 +386,8 @@ BUILDERS: dict[str, Callable[[], Call]] = {
     "mem_cache_kernels:alloc_decode": _alloc_decode,
     "mem_cache_kernels:write_req_to_token": _write_req,
     "mem_cache_kernels:get_last_loc": _last_loc,
-    "mem_cache_kernels.deepseek_v4:write_records": _dsv4_write,
-    "mem_cache_kernels.deepseek_v4:read_records": _dsv4_read,
+    "mem_cache_kernels.deepseek_v4:write_records": _deepseek_v4_write,
+    "mem_cache_kernels.deepseek_v4:read_records": _deepseek_v4_read,
     f"{TOKEN}.alloc": _alloc_call(TOKEN, 4),
     f"{PAGED}.alloc": _alloc_call(PAGED, 4),
     f"{SWA}.alloc": _alloc_call(SWA, 4),

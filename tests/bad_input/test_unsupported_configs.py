@@ -15,7 +15,7 @@ import torch
 from tests.bad_input._subjects import OWNERS, _v4_pool, same_state, snapshot
 
 _HISPARSE = "mem_cache_allocator.hisparse:HiSparseTokenToKVPoolAllocator"
-_DSV4 = "mem_cache_allocator.deepseek_v4_hisparse:DeepSeekV4HiSparseTokenToKVPoolAllocator"
+_DEEPSEEK_V4 = "mem_cache_allocator.deepseek_v4_hisparse:DeepSeekV4HiSparseTokenToKVPoolAllocator"
 
 
 def _idx(*values: int) -> torch.Tensor:
@@ -38,8 +38,8 @@ def test_hisparse_without_kvcache_checks_indices_then_raises_runtime_error() -> 
 
 
 @pytest.mark.parametrize("name", ["get_cpu_copy", "load_cpu_copy"])
-def test_dsv4_cpu_copy_names_the_allocator_and_the_pool(name: str) -> None:
-    a = OWNERS[_DSV4]()
+def test_deepseek_v4_cpu_copy_names_the_allocator_and_the_pool(name: str) -> None:
+    a = OWNERS[_DEEPSEEK_V4]()
     before = snapshot(a)
     args: tuple[object, ...] = (_idx(4),) if name == "get_cpu_copy" else ({}, _idx(4))
     with pytest.raises(NotImplementedError) as info:
@@ -51,9 +51,9 @@ def test_dsv4_cpu_copy_names_the_allocator_and_the_pool(name: str) -> None:
     assert same_state(before, snapshot(a))
 
 
-def test_dsv4_suite_stack_has_a_window_side() -> None:
+def test_deepseek_v4_suite_stack_has_a_window_side() -> None:
     # the suite builds SGLang's stack, so the SWA pass-throughs answer (and are swept)
-    a = OWNERS[_DSV4]()
+    a = OWNERS[_DEEPSEEK_V4]()
     full = _idx(128, 129)
     assert a.translate_loc_from_full_to_swa(full).tolist() == [0, 0]  # nothing mapped yet
     (fc, fa), (sc, sa) = a.swa_capacity_and_available()
@@ -61,7 +61,7 @@ def test_dsv4_suite_stack_has_a_window_side() -> None:
     assert (fa, sa) == (a.full_available_size(), a.swa_available_size())
 
 
-def test_dsv4_over_a_paged_allocator_has_no_window_side() -> None:
+def test_deepseek_v4_over_a_paged_allocator_has_no_window_side() -> None:
     from mem_cache_allocator import PagedTokenToKVPoolAllocator
     from mem_cache_allocator.deepseek_v4_hisparse import DeepSeekV4HiSparseTokenToKVPoolAllocator
 
@@ -73,7 +73,7 @@ def test_dsv4_over_a_paged_allocator_has_no_window_side() -> None:
         a.free_swa(_idx(128))
 
 
-def test_dsv4_pool_without_mapping_checks_kv_indices_first() -> None:
+def test_deepseek_v4_pool_without_mapping_checks_kv_indices_first() -> None:
     pool = _v4_pool(hisparse=True)
     assert pool.full_to_swa_index_mapping is None
     with pytest.raises(TypeError, match=r"\bkv_indices\b"):

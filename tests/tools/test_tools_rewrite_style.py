@@ -29,9 +29,13 @@ COORDINATOR = HEADER + (
 )
 
 
-def _both(source: str, module: str = "engine.srt.managers.coordinator", **kw: int) -> str:
+def _both(
+    source: str, module: str = "engine.srt.managers.coordinator", line_length: int = 88
+) -> str:
     for name in ("SparseTokenAllocator", "SparsePagedTokenAllocator"):
-        source = rewrite_source(source, f"{OLD}.{name}", f"{NEW}.{name}", module=module, **kw)
+        source = rewrite_source(
+            source, f"{OLD}.{name}", f"{NEW}.{name}", module=module, line_length=line_length
+        )
     return source
 
 
@@ -152,3 +156,39 @@ def test_the_line_length_comes_from_the_repository_settings(tmp_path: Path) -> N
         assert (f"from {NEW} import (\n    {long_name},\n)\n" in text) is wrapped, text
         assert (created in text) is not wrapped, text
         assert f"from {OLD} import SparseKVPool\n" in text
+
+
+def test_seed_pr_coordinator_was_rewritten_at_the_branch_base_then_merged() -> None:
+    """SGLang #26678 wrote the same survivor two ways: parenthesised in the coordinator, one line
+    in the mixin. Both come from this tool's one rule, applied where the PR branched: there the
+    coordinator's statement had four names (two survivors, so one per line), and upstream's later
+    commit deleted one survivor's line, which the merge carried into the PR (the refactor
+    README's track record replays it on the real tree: 5 of 5 files equal)."""
+    at_branch_base = HEADER + (
+        f"from {OLD} import (\n"
+        "    SparsePagedTokenAllocator,\n"
+        "    SparseHostPool,\n"
+        "    SparseKVPool,\n"
+        "    SparseTokenAllocator,\n"
+        ")\n"
+        "from engine.srt.mem_cache.swa_pool import SWAPool\n"
+    )
+    rewritten = _both(at_branch_base)
+    assert f"from {OLD} import (\n    SparseHostPool,\n    SparseKVPool,\n)\n" in rewritten
+    # upstream's commit, replayed by the merge: the line of the name it stopped importing goes
+    merged = rewritten.replace("    SparseHostPool,\n", "", 1)
+    moved = f"from {NEW} import (\n    SparsePagedTokenAllocator,\n    SparseTokenAllocator,\n)\n"
+    assert merged == HEADER.replace(
+        "from engine.srt.mem_cache.allocator.swa", moved + "from engine.srt.mem_cache.allocator.swa"
+    ) + (
+        f"from {OLD} import (\n"
+        "    SparseKVPool,\n"
+        ")\n"
+        "from engine.srt.mem_cache.swa_pool import SWAPool\n"
+    ), merged
+    # the same tool on the tree after upstream's commit (the mixin's shape: three names) writes
+    # the single survivor on one line; the two outputs differ only in that statement
+    after_upstream = _both(at_branch_base.replace("    SparseHostPool,\n", "", 1))
+    assert after_upstream == merged.replace(
+        f"from {OLD} import (\n    SparseKVPool,\n)\n", f"from {OLD} import SparseKVPool\n"
+    ), after_upstream

@@ -472,6 +472,87 @@ def _mamba_rows() -> list[Row]:
             lambda: h.load_to_device_per_layer(None, [1], [1], 0), "list"),  # type: ignore[arg-type]
         Row(n, "get_page_buffer_meta", "indices", V,
             lambda: h.get_page_buffer_meta(torch.tensor([1])), "not allocated"),
+        *_mamba_ctor_rows(rows.mamba_pool),
+        *_mamba_physical_rows(
+            MambaPoolHost(rows.mamba_pool, 1.0, 0, device_capacity=4, pin_memory=False)),
+    ]
+
+
+def _mamba_ctor_rows(pool: Any) -> list[Row]:
+    from mem_cache_pool_host import MambaPoolHost
+
+    def make(**changes: object) -> Callable[[], object]:
+        args: dict[str, Any] = dict(buffer_info=pool, host_to_device_ratio=1.0, host_size=0,
+                                    device_capacity=4, pin_memory=False)
+        args.update(changes)
+        return lambda: MambaPoolHost(args.pop("buffer_info"), args.pop("host_to_device_ratio"),
+                                     args.pop("host_size"), **args)
+
+    n, i = "MambaPoolHost", "__init__"
+    return [
+        Row(n, i, "buffer_info", T, make(buffer_info=[1]), "list"),
+        Row(n, i, "host_to_device_ratio", T, make(host_to_device_ratio="1"), "str"),
+        Row(n, i, "host_to_device_ratio", T, make(host_to_device_ratio=True), "bool"),
+        Row(n, i, "host_to_device_ratio", V, make(host_to_device_ratio=-1.0), "negative"),
+        Row(n, i, "host_to_device_ratio", V, make(host_to_device_ratio=float("nan")), "nan"),
+        Row(n, i, "host_size", T, make(host_size="1"), "str"),
+        Row(n, i, "host_size", V, make(host_size=float("inf")), "inf"),
+        Row(n, i, "device_capacity", T, make(device_capacity=1.5), "float"),
+        Row(n, i, "device_capacity", V, make(device_capacity=-1), "negative"),
+        Row(n, i, "pin_memory", T, make(pin_memory="no"), "str"),
+        Row(n, i, "device", T, make(device=3), "int"),
+        Row(n, i, "device", V, make(device="meta"), "not cpu"),
+        Row(n, i, "layout", V, make(layout="layer_first"), "unknown"),
+        Row(n, i, "allocator_type", V, make(allocator_type="mmap"), "unknown"),
+    ]
+
+
+def _mamba_physical_rows(h: Any) -> list[Row]:
+    """The physical transfers, the storage element size and the alignment probe (a host pool of
+    its own, slots 0 and 1 allocated; the device pool has 7 state slots)."""
+    slots = h.alloc(2)
+    dev = torch.tensor([1, 2])
+    n = "MambaPoolHost"
+    back, load = "backup_from_device_all_layer_physical", "load_to_device_per_layer_physical"
+    return [
+        Row(n, back, "device_pool", T,
+            lambda: h.backup_from_device_all_layer_physical(object(), slots, dev, "kernel"),
+            "object"),
+        Row(n, back, "host_indices", T,
+            lambda: h.backup_from_device_all_layer_physical(None, [0, 1], dev, "kernel"), "list"),
+        Row(n, back, "host_indices", V,
+            lambda: h.backup_from_device_all_layer_physical(None, torch.tensor([3, 4]), dev,
+                                                            "kernel"), "not allocated"),
+        Row(n, back, "device_indices", V,
+            lambda: h.backup_from_device_all_layer_physical(None, slots, dev[:1], "kernel"),
+            "shorter"),
+        Row(n, back, "device_indices", V,
+            lambda: h.backup_from_device_all_layer_physical(None, slots, torch.tensor([1, 99]),
+                                                            "kernel"), "out of range"),
+        Row(n, back, "io_backend", T,
+            lambda: h.backup_from_device_all_layer_physical(None, slots, dev, 3), "int"),
+        Row(n, back, "io_backend", V,
+            lambda: h.backup_from_device_all_layer_physical(None, slots, dev, "fast"), "unknown"),
+        Row(n, load, "layer_id", T,
+            lambda: h.load_to_device_per_layer_physical(None, slots, dev, "0", "kernel"), "str"),
+        Row(n, load, "layer_id", V,
+            lambda: h.load_to_device_per_layer_physical(None, slots, dev, 2, "kernel"),
+            "past the last"),
+        Row(n, load, "host_indices", T,
+            lambda: h.load_to_device_per_layer_physical(None, [0, 1], dev, 0, "kernel"), "list"),
+        Row(n, load, "device_indices", V,
+            lambda: h.load_to_device_per_layer_physical(None, slots, dev[:1], 0, "kernel"),
+            "shorter"),
+        Row(n, load, "io_backend", V,
+            lambda: h.load_to_device_per_layer_physical(None, slots, dev, 0, "fast"), "unknown"),
+        Row(n, "get_page_buffer_element_size", "split_factor", T,
+            lambda: h.get_page_buffer_element_size("1"), "str"),
+        Row(n, "get_page_buffer_element_size", "split_factor", V,
+            lambda: h.get_page_buffer_element_size(0), "zero"),
+        Row(n, "is_stride_page_aligned", "page_size_bytes", T,
+            lambda: h.is_stride_page_aligned(4096.0), "float"),
+        Row(n, "is_stride_page_aligned", "page_size_bytes", V,
+            lambda: h.is_stride_page_aligned(0), "zero"),
     ]
 
 
@@ -492,11 +573,6 @@ EXEMPT_CLASSES: dict[str, str] = {
 }
 # (class, method) without rows, with the reason
 EXEMPT_METHODS: dict[tuple[str, str], str] = {
-    **{("MambaPoolHost", m): "fed hostile kinds by tests/bad_input/test_type_sweep.py "
-       "(subject _mamba_host); a row of its own is owed (issue 27)"
-       for m in ("__init__", "backup_from_device_all_layer_physical",
-                 "load_to_device_per_layer_physical", "get_page_buffer_element_size",
-                 "is_stride_page_aligned")},
     ("MambaPoolHost", "prepare_transfer_indices"): "SGLang's pass-through hook: returns its "
     "arguments (checked in test_mamba_host.py)",
     ("MambaStateBufferInfo", "__init__"): "a frozen record; MambaStateBufferInfo.from_pool builds "

@@ -325,6 +325,67 @@ _V4_MAP = _mapping(640 + 1, range(4, 8), 4)
 _MAMBA_PARAMS = Mamba2CacheParams(
     shape=Mamba2StateShape(conv=[(4, 3)], temporal=(2, 2, 2), conv_kernel=4), layers=[0, 2])
 
+
+class _Sibling:
+    """A state registered beside a MambaPool's (SGLang's SlotState protocol), doing nothing."""
+
+    def reset_slots(self, indices: torch.Tensor) -> None:
+        pass
+
+    def copy_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        pass
+
+    def get_cpu_slots(self, indices: torch.Tensor) -> list[object]:
+        return []
+
+    def load_cpu_slots(self, data: object, indices: torch.Tensor) -> None:
+        pass
+
+    def iter_transfer_state_entries(self) -> list[object]:
+        return []
+
+
+def _new_req() -> Any:
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        kv=SimpleNamespace(req_pool_idx=None, mamba_pool_idx=None,
+                           mamba_ping_pong_track_buffer=None))
+
+
+def _hybrid_rows_setup(pool: Any) -> None:
+    """One request holding row 4, state slot 1 and track slots 2 and 3 (``pool.held``)."""
+    pool.held = _new_req()
+    pool.alloc([pool.held])
+
+
+_TRACK_IDX: Variants = {**_ints(0), "past 1": (lambda v: 2, V)}
+KINDS.update({
+    # hybrid linear-attention pools (MambaPool, HybridReqToTokenPool, HybridLinearKVPool)
+    "distinct pair": {**KINDS["pair"], "repeated slot": (lambda v: v[:1].repeat(2), V)},
+    "index tensor": {k: f for k, f in _INDEX_TYPES.items() if k != "negative"},
+    "mamba layer": {**_ints(), "a full-attention layer": (lambda v: 1, V)},
+    "full layer": {**_ints(), "a linear layer": (lambda v: 0, V)},
+    "track idx": _TRACK_IDX,
+    "track entry": {**_ints(), "past the end": (lambda v: 2, V)},
+    "keep": {"str": (lambda v: "0", T), "past the end": (lambda v: 2, V)},
+    "slot or -1": {"str": (lambda v: "-1", T), "not -1": (lambda v: 5, V)},
+    "request": {"object": (lambda v: object(), T), "int": (lambda v: 4, T)},
+    "requests": {
+        "an int": (lambda v: 1, T),
+        "str": (lambda v: "r", T),
+        "a non-request": (lambda v: [object()], T),
+    },
+    "slot state": {"object": (lambda v: object(), T)},
+    "mamba copy": {
+        "str": (lambda v: "ab", T),
+        "one part": (lambda v: v[:1], V),
+        "float64 temporal": (lambda v: (v[0], v[1].double()), T),
+        "one slot short": (lambda v: ([c[:, :1] for c in v[0]], v[1][:, :1]), V),
+    },
+    "hybrid copy": {"list": (list, T), "three parts": (lambda v: (*v, None), V)},
+})
+
 ROWS: dict[type, Row] = {
     MHATokenToKVPool: Row(
         ctor=dict(
@@ -706,14 +767,30 @@ ROWS: dict[type, Row] = {
             ),
         ),
     ),
-    # Hybrid linear-attention pools: constructor rows here; every public method is also fed
-    # hostile kinds by tests/bad_input (test_type_sweep, subjects _mamba_pool / _hybrid_rows /
-    # _hybrid_kv). Per-method rows are owed (issue 27).
+    # Hybrid linear-attention pools: every public method that takes arguments (the getters
+    # without arguments and SGLang's NotImplementedError features excepted); the valid calls'
+    # effects are checked in tests/bad_input/test_hybrid_valid_calls.py.
     MambaPool: Row(
         ctor=dict(size=6, spec_state_size=4, cache_params=_MAMBA_PARAMS, mamba_layer_ids=[0, 2],
                   device="cpu"),
         ctor_kinds={"size": "int>=0", "spec_state_size": "int>=0", "device": "device"},
-        calls=(),
+        calls=(
+            Call("clear_slots", lambda p: {"indices": _i(1, 2)}, {"indices": "slots"}),
+            Call(
+                "copy_from",
+                lambda p: {"src_indices": _i(1, 2), "dst_indices": _i(3, 4)},
+                {"src_indices": "slots", "dst_indices": "distinct pair"},
+            ),
+            Call("get_cpu_copy", lambda p: {"indices": _i(1, 2)}, {"indices": "slots"}),
+            Call(
+                "load_cpu_copy",
+                lambda p: {"mamba_cache_cpu": p.get_cpu_copy(_i(1, 2)), "indices": _i(3, 4)},
+                {"mamba_cache_cpu": "mamba copy", "indices": "slots"},
+            ),
+            Call("mamba2_layer_cache", lambda p: {"layer_id": 1}, {"layer_id": "layer"}),
+            Call("register_slot_state", lambda p: {"state": _Sibling()},
+                 {"state": "slot state"}),
+        ),
     ),
     HybridReqToTokenPool: Row(
         ctor=dict(size=4, mamba_size=6, mamba_spec_state_size=4, max_context_len=8,
@@ -721,7 +798,48 @@ ROWS: dict[type, Row] = {
                   mamba_layer_ids=[0, 2], enable_mamba_extra_buffer=True),
         ctor_kinds={"size": "int>=1", "mamba_size": "int>=0", "max_context_len": "int>=1",
                     "device": "device"},
-        calls=(),
+        setup=_hybrid_rows_setup,
+        calls=(
+            Call("alloc", lambda p: {"reqs": [_new_req()]}, {"reqs": "requests"}),
+            Call("get_mamba_indices", lambda p: {"req_indices": _i(4)}, {"req_indices": "slots"}),
+            Call("translate_mamba_indices", lambda p: {"mamba_indices": _i(1)},
+                 {"mamba_indices": "index tensor"}),
+            Call("mamba2_layer_index", lambda p: {"layer_id": 2}, {"layer_id": "mamba layer"}),
+            Call("mamba2_layer_cache", lambda p: {"layer_id": 0}, {"layer_id": "mamba layer"}),
+            Call(
+                "copy_mamba_state",
+                lambda p: {"src_index": _i(1), "dst_index": _i(5)},
+                {"src_index": "slots", "dst_index": "distinct pair"},
+            ),
+            Call("get_mamba_ping_pong_other_idx", lambda p: {"mamba_next_track_idx": 0},
+                 {"mamba_next_track_idx": "track idx"}),
+            Call("get_mamba_ping_pong_keep_idx", lambda p: {"req": p.held}, {"req": "request"}),
+            Call(
+                "set_mamba_ping_pong_slot",
+                lambda p: {"req": p.held, "idx": 1, "value": -1},
+                {"req": "request", "idx": "track entry", "value": "slot or -1"},
+            ),
+            Call(
+                "donate_mamba_ping_pong_slot",
+                lambda p: {"req": p.held, "new_slot": _i(5)},
+                {"req": "request", "new_slot": "index tensor"},
+            ),
+            Call(
+                "free_mamba_cache",
+                lambda p: {"req": p.held, "mamba_ping_pong_track_buffer_to_keep": None},
+                {"req": "request", "mamba_ping_pong_track_buffer_to_keep": "keep"},
+            ),
+            Call("register_layer_transfer_counter", lambda p: {"layer_transfer_counter": None},
+                 {"layer_transfer_counter": "waiter"}),
+            Call(
+                "clone_with_new_mamba",
+                lambda p: dict(mamba_size=4, mamba_spec_state_size=2,
+                               cache_params=_MAMBA_PARAMS, device="cpu",
+                               enable_mamba_extra_buffer=True, draft_model_idx=0),
+                {"mamba_size": "int>=0", "mamba_spec_state_size": "int>=0", "device": "device",
+                 "draft_model_idx": "int>=0"},
+            ),
+        ),
     ),
     HybridLinearKVPool: Row(
         ctor=dict(size=16, dtype=F16, page_size=4, head_num=2, head_dim=4,
@@ -730,7 +848,44 @@ ROWS: dict[type, Row] = {
                                        mamba_layer_ids=[0, 2], device="cpu")),
         ctor_kinds={"dtype": "dtype", "page_size": "int>=1", "head_num": "int>=1",
                     "head_dim": "int>=1", "device": "device"},
-        calls=(),
+        calls=(
+            Call("get_key_buffer", lambda p: {"layer_id": 1}, {"layer_id": "full layer"}),
+            Call("get_value_buffer", lambda p: {"layer_id": 1}, {"layer_id": "full layer"}),
+            Call("get_kv_buffer", lambda p: {"layer_id": 1}, {"layer_id": "full layer"}),
+            Call("layer_index", lambda p: {"layer_id": 1}, {"layer_id": "full layer"}),
+            Call(
+                "set_kv_buffer",
+                lambda p: {
+                    "layer": 1,
+                    "loc_info": _i(4, 5),
+                    "cache_k": _zeros(2, 2, 4),
+                    "cache_v": _zeros(2, 2, 4),
+                },
+                {"layer": "full layer", "loc_info": "slots", "cache_k": "rows",
+                 "cache_v": "rows"},
+            ),
+            Call(
+                "move_kv_cache",
+                lambda p: {"tgt_loc": _i(8, 9), "src_loc": _i(4, 5)},
+                {"tgt_loc": "slots", "src_loc": "pair"},
+            ),
+            Call(
+                "get_cpu_copy",
+                lambda p: {"indices": _i(4, 5), "mamba_indices": _i(1, 2)},
+                {"indices": "slots", "mamba_indices": "slots"},
+            ),
+            Call(
+                "load_cpu_copy",
+                lambda p: {
+                    "cache_cpu": p.get_cpu_copy(_i(4, 5), _i(1, 2)),
+                    "indices": _i(8, 9),
+                    "mamba_indices": _i(3, 4),
+                },
+                {"cache_cpu": "hybrid copy", "indices": "slots", "mamba_indices": "slots"},
+            ),
+            Call("register_layer_transfer_counter", lambda p: {"layer_transfer_counter": None},
+                 {"layer_transfer_counter": "waiter"}),
+        ),
     ),
 }
 

@@ -39,6 +39,7 @@ import torch
 from mem_cache_kernels.checks import (
     check_bool,
     check_choice,
+    check_device_arg,
     check_distinct,
     check_index,
     check_index_values,
@@ -90,13 +91,13 @@ def _entries_contiguous(t: torch.Tensor) -> bool:
     return True
 
 
-def _buffer_info(value: object) -> Any:
+def _buffer_info(value: object, arg: str = "buffer_info") -> Any:
     if hasattr(value, "mamba_cache"):
         return MambaStateBufferInfo.from_pool(value)
     for name in ("temporal", "conv"):
         if not hasattr(value, name):
             raise TypeError(
-                "buffer_info must be a MambaStateBufferInfo (temporal, conv) or a MambaPool, "
+                f"{arg} must be a MambaStateBufferInfo (temporal, conv) or a MambaPool, "
                 f"got {type(value).__name__}"
             )
     return value
@@ -171,7 +172,7 @@ class MambaPoolHost:
                 )
         self.layout = check_choice("layout", layout, _LAYOUTS)
         check_choice("allocator_type", allocator_type, ("default",))
-        if torch.device(device).type != "cpu":
+        if check_device_arg("device", device).type != "cpu":
             raise ValueError(f"device must be 'cpu' (host memory), got {device!r}")
         self.pin_memory = check_bool("pin_memory", pin_memory)
         ratio = check_number("host_to_device_ratio", host_to_device_ratio)
@@ -202,9 +203,18 @@ class MambaPoolHost:
         self.dtype = self.conv_dtype
         self._conv_dtypes = [c.dtype for c in conv]
         self.size_per_token = self.get_size_per_token()
-        size = int(gb * 1e9 // self.size_per_token) if gb > 0 else int(capacity * ratio)
-        if size < 0:
-            raise ValueError(f"host pool size must be >= 0 slots, got {size}")
+        if gb > 0:  # SGLang's rule: a host_size > 0 wins (NaN and -inf are not > 0)
+            if math.isinf(gb):
+                raise ValueError(f"host_size must be a finite number of GB, got {gb}")
+            size = int(gb * 1e9 // self.size_per_token)
+        else:
+            slots = capacity * ratio
+            if not math.isfinite(slots) or int(slots) < 0:
+                raise ValueError(
+                    "host_to_device_ratio must be a finite number >= 0 (host slots = "
+                    f"device_capacity {capacity} x ratio), got {ratio}"
+                )
+            size = int(slots)
         self.page_num = size // self.page_size + 1
         self.size = self.page_num * self.page_size
         preflight_host_memory(self.size * self.size_per_token, reserve_bytes=reserve_bytes)
@@ -360,7 +370,7 @@ class MambaPoolHost:
             self.buffer_info
         ):
             return self._own_states
-        info = _buffer_info(device_pool)
+        info = _buffer_info(device_pool, "device_pool")
         states = [*info.conv, info.temporal]
         for i, s in enumerate(states):
             check_tensor(f"device_pool state {i}", s)

@@ -461,11 +461,14 @@ class HybridReqToTokenPool(ReqToTokenPool):
         """Set ping-pong entry ``idx`` of ``req`` to a slot tensor (or ``-1``: empty) and
         mirror it into ``req_index_to_mamba_ping_pong_track_buffer_mapping``."""
         h = _holder(req, "req")
+        size = self.mamba_ping_pong_track_buffer_size
+        checks.check_int("idx", idx, minimum=-size, maximum=size - 1)  # torch's index range
+        if not isinstance(value, torch.Tensor) and value != -1:  # SGLang compares with -1
+            kind = TypeError if not isinstance(value, (int, float)) else ValueError
+            raise kind(f"value must be a slot tensor or -1, got {value!r}")
         if isinstance(value, torch.Tensor):
             h.mamba_ping_pong_track_buffer[idx] = value
         else:
-            if value != -1:
-                raise ValueError(f"value must be a slot tensor or -1, got {value!r}")
             h.mamba_ping_pong_track_buffer[idx].fill_(-1)
         self.req_index_to_mamba_ping_pong_track_buffer_mapping[h.req_pool_idx] = (
             h.mamba_ping_pong_track_buffer
@@ -476,6 +479,8 @@ class HybridReqToTokenPool(ReqToTokenPool):
         """Hand the tracked-state slot to the radix cache (returned, shape ``[1]``) and put
         ``new_slot[0]`` in its place."""
         h = _holder(req, "req")
+        if checks.check_index("new_slot", new_slot).numel() < 1:
+            raise ValueError("new_slot must hold a slot, got an empty tensor")
         keep = self.get_mamba_ping_pong_keep_idx(req)
         donated: torch.Tensor = h.mamba_ping_pong_track_buffer[keep].unsqueeze(-1).clone()
         self.set_mamba_ping_pong_slot(req, keep, new_slot[0])
@@ -492,6 +497,11 @@ class HybridReqToTokenPool(ReqToTokenPool):
             raise ValueError("req.kv.mamba_pool_idx must be a held slot, got None (double free?)")
         keep = mamba_ping_pong_track_buffer_to_keep
         size = self.mamba_ping_pong_track_buffer_size
+        if keep is not None and not isinstance(keep, int):  # SGLang compares: a bool passes
+            raise TypeError(
+                f"mamba_ping_pong_track_buffer_to_keep must be None or an int, got "
+                f"{type(keep).__name__}"
+            )
         if self.enable_mamba_extra_buffer and (
             keep not in (None, 0, 1) or (keep == 1 and size != 2)
         ):
@@ -675,7 +685,7 @@ class HybridLinearKVPool(KVCache):
         index = self.full_attention_layer_id_mapping.get(layer)
         if index is None:
             raise ValueError(
-                f"layer_id={layer} not in full attention layers: "
+                f"{name}={layer} not in full attention layers: "
                 f"{list(self.full_attention_layer_id_mapping)}"
             )
         return layer, index
@@ -739,7 +749,7 @@ class HybridLinearKVPool(KVCache):
             raise TypeError(
                 f"layer must be a layer id or have a layer_id attribute, got {type(layer).__name__}"
             )
-        index = self._transfer_full_attention_id(layer_id)
+        index = self._transfer_full_attention_id(layer_id, "layer")
         if self.use_mla:
             self.full_kv_pool.set_kv_buffer(index, loc_info, cache_k, cache_v)
         else:
@@ -820,6 +830,8 @@ class HybridLinearKVPool(KVCache):
     ) -> tuple[CpuKVCopy, Any]:
         """``(kv_cpu, mamba_cpu)``: the KV rows ``indices`` and, when ``mamba_indices`` is given,
         the states of those slots (``MambaPool.get_cpu_copy``; else ``None``)."""
+        if mamba_indices is not None:
+            self.mamba_pool._check_slots("mamba_indices", mamba_indices)
         kv_cpu = self.full_kv_pool.get_cpu_copy(indices)
         mamba_cpu = (
             self.mamba_pool.get_cpu_copy(mamba_indices) if mamba_indices is not None else None
@@ -835,12 +847,17 @@ class HybridLinearKVPool(KVCache):
     ) -> None:
         """Write a :meth:`get_cpu_copy` result back at ``indices`` (and ``mamba_indices``).
         Both parts are checked before anything is written."""
-        if not isinstance(cache_cpu, tuple) or len(cache_cpu) != 2:
-            raise TypeError("cache_cpu must be the (kv_cpu, mamba_cpu) pair of get_cpu_copy")
+        if not isinstance(cache_cpu, tuple):
+            raise TypeError(
+                "cache_cpu must be the (kv_cpu, mamba_cpu) pair of get_cpu_copy, got "
+                f"{type(cache_cpu).__name__}"
+            )
+        if len(cache_cpu) != 2:
+            raise ValueError(f"cache_cpu must be a (kv_cpu, mamba_cpu) pair, got {len(cache_cpu)}")
         kv_cpu, mamba_cpu = cache_cpu
         states = mamba_indices if mamba_cpu is not None else None
         if states is not None:  # the states are checked before the KV is written
-            self.mamba_pool._check_cpu_copy(mamba_cpu, states)
+            self.mamba_pool._check_cpu_copy(mamba_cpu, states, "cache_cpu[1]", "mamba_indices")
         self.full_kv_pool.load_cpu_copy(kv_cpu, indices)
         if states is not None:
             self.mamba_pool.load_cpu_copy(mamba_cpu, states)

@@ -543,39 +543,43 @@ class MambaPool:
                 sibling.load_cpu_slots(data, idx)
 
     def _check_cpu_copy(
-        self, mamba_cache_cpu: Sequence[Any], indices: torch.Tensor
+        self,
+        mamba_cache_cpu: Sequence[Any],
+        indices: torch.Tensor,
+        copy_name: str = "mamba_cache_cpu",
+        index_name: str = "indices",
     ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]], Any]:
         """The checks of :meth:`load_cpu_copy` (nothing written): ``(slots, (device, cpu)
-        tensor pairs, siblings' data)``."""
-        idx = self._check_slots("indices", indices).to(self.device)
-        checks.check_distinct("indices", idx, full=self.debug)
+        tensor pairs, siblings' data)``. Messages name ``copy_name`` / ``index_name``."""
+        idx = self._check_slots(index_name, indices).to(self.device)
+        checks.check_distinct(index_name, idx, full=self.debug)
         if isinstance(mamba_cache_cpu, (str, bytes)) or not isinstance(mamba_cache_cpu, Sequence):
             raise TypeError(
-                "mamba_cache_cpu must be the tuple get_cpu_copy returned, got "
+                f"{copy_name} must be the tuple get_cpu_copy returned, got "
                 f"{type(mamba_cache_cpu).__name__}"
             )
         parts = list(mamba_cache_cpu)
         siblings = None
         if self._slot_siblings:
             if not parts:
-                raise ValueError("mamba_cache_cpu must end with the registered siblings' data")
+                raise ValueError(f"{copy_name} must end with the registered siblings' data")
             siblings = parts.pop()
         if len(parts) == 3:
             parts = parts[:2]  # SGLang's historical 3-tuples: the replay scratch is dropped
         if len(parts) != 2:
             raise ValueError(
-                f"mamba_cache_cpu must be (conv_cpu, temporal_cpu), got {len(parts)} parts"
+                f"{copy_name} must be (conv_cpu, temporal_cpu), got {len(parts)} parts"
             )
         conv_cpu, temporal_cpu = parts
         if isinstance(conv_cpu, torch.Tensor) or not isinstance(conv_cpu, Sequence):
-            raise TypeError(f"mamba_cache_cpu[0] must be a list of tensors, got {type(conv_cpu)}")
+            raise TypeError(f"{copy_name}[0] must be a list of tensors, got {type(conv_cpu)}")
         if len(conv_cpu) != len(self.mamba_cache.conv):
             raise ValueError(
-                f"mamba_cache_cpu[0] must hold {len(self.mamba_cache.conv)} conv tensors, got "
+                f"{copy_name}[0] must hold {len(self.mamba_cache.conv)} conv tensors, got "
                 f"{len(conv_cpu)}"
             )
         pairs = [*zip(self.mamba_cache.conv, conv_cpu), (self.mamba_cache.temporal, temporal_cpu)]
-        names = [f"mamba_cache_cpu[0][{i}]" for i in range(len(conv_cpu))] + ["mamba_cache_cpu[1]"]
+        names = [f"{copy_name}[0][{i}]" for i in range(len(conv_cpu))] + [f"{copy_name}[1]"]
         n = idx.numel()
         for name, (dev, host) in zip(names, pairs):
             checks.check_tensor(name, host)
@@ -583,7 +587,10 @@ class MambaPool:
                 raise TypeError(f"{name} must be {dev.dtype}, got {host.dtype}")
             want = (dev.shape[0], n, *dev.shape[2:])
             if tuple(host.shape) != want:
-                raise ValueError(f"{name} must have shape {want}, got {tuple(host.shape)}")
+                raise ValueError(
+                    f"{name} must have shape {want} ({n} slots of {index_name}), got "
+                    f"{tuple(host.shape)}"
+                )
         return idx, pairs, siblings
 
     # ------------------------------------------------------------------ transfer descriptors
