@@ -46,7 +46,9 @@ def sgl(sglang_load: Callable[..., list[types.ModuleType]]) -> types.SimpleNames
 def _run(sgl: types.SimpleNamespace, ps: int, window: int, need_sort: bool,
          ours: bool) -> Engine:
     size = 12 * max(ps, 8)
-    with our_classes_bound() if ours else contextlib.nullcontext([]) as bound:
+    bind: contextlib.AbstractContextManager[list[str]] = (
+        our_classes_bound() if ours else contextlib.nullcontext([]))
+    with bind as bound:
         if ours:
             assert "sglang.srt.mem_cache.allocator.swa.SWATokenToKVPoolAllocator" in bound
         side = build_side(sgl, ours=ours, kind="swa", page_size=ps, size=size,
