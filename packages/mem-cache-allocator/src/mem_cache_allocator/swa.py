@@ -115,6 +115,7 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             self.translate_loc_from_full_to_swa,
         )
         self._swa_group: list[torch.Tensor] = []
+        self._swa_page_group: list[torch.Tensor] = []  # window page ids of segment frees
         self._page_offsets = torch.arange(page_size, dtype=torch.int64, device=self.device)
         if kvcache is not None:
             kvcache.register_mapping(self.full_to_swa_index_mapping)
@@ -388,9 +389,66 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
 
     def free_swa_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
         """:meth:`free_swa` of a request's kv-row segment (positions ``[start_pos, start_pos +
-        len(free_index))``; ``start_pos`` a non-negative int): the same window pages."""
+        len(free_index))``; ``start_pos`` a non-negative int): the same window pages, released
+        as SGLang releases a segment's: page ids in position order (one per full page, by
+        stride; no dedup, no sort), in front of the free list (``need_sort``: staged). Inside a
+        group they are queued as page ids and released at :meth:`free_group_end` behind the
+        group's set frees. A segment that does not start on a page boundary (SGLang asserts it
+        does) is released as :meth:`free_swa` releases a set."""
         check_int("start_pos", start_pos, minimum=0)
-        self.free_swa(free_index)
+        if self.page_size == 1 or start_pos % self.page_size:
+            self.free_swa(free_index)
+            return
+        idx = self.full_attn_allocator.check_free_input("free_index", free_index)
+        if idx is None:
+            return
+        keys, pages = self._segment_window_pages(idx)
+        if self._free_group is not None:
+            self._swa_page_group.append(pages)
+        elif pages.numel():
+            self.swa_attn_allocator.free_page_ids(pages)  # validates before any change
+        self.full_to_swa_index_mapping.index_fill_(0, keys, 0)
+
+    def free_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
+        """Free a request's kv-row segment on both sides, as SGLang's SWA allocator does: the
+        window side by :meth:`free_swa_segment` (page ids in position order), the full side by
+        its ``free_segment`` (the same). Outside a group a failed call changes nothing. A
+        segment that does not start on a page boundary (SGLang asserts it does) is released
+        as :meth:`free` releases a set."""
+        check_int("start_pos", start_pos, minimum=0)
+        if self.page_size == 1 or start_pos % self.page_size:
+            self.free(free_index)
+            return
+        idx = self.full_attn_allocator.check_free_input("free_index", free_index)
+        if idx is None:
+            return
+        full = self.full_attn_allocator
+        if self._free_group is not None:
+            self.free_swa_segment(idx, start_pos=start_pos)
+            full.free_segment(idx, start_pos=start_pos)
+            return
+        keys, pages = self._segment_window_pages(idx)
+        window = self.swa_attn_allocator
+        before = window.backup_state() if pages.numel() else None
+        if pages.numel():
+            window.free_page_ids(pages)
+        try:
+            full.free_segment(idx, start_pos=start_pos)
+        except BaseException:
+            if before is not None:
+                window.restore_state(before)
+            raise
+        self.full_to_swa_index_mapping.index_fill_(0, keys, 0)
+
+    def _segment_window_pages(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(every full slot of the segment's pages, the window page of each full page that has
+        one, in position order). ``idx`` starts on a page boundary (page size > 1)."""
+        ps = self.page_size
+        reps = idx[::ps]
+        window = self.full_to_swa_index_mapping[reps]
+        base = (reps >> (ps.bit_length() - 1)) * ps
+        keys = (base[:, None] + self._page_offsets).reshape(-1)
+        return keys, window[window > 0] >> (ps.bit_length() - 1)
 
     def free_full_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
         """:meth:`free_full` of a kv-row segment: the full side's ``free_segment`` (its window
@@ -418,24 +476,43 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         super().free_group_begin()
         self.full_attn_allocator.free_group_begin()
         self._swa_group = []
+        self._swa_page_group = []
 
     def free_group_end(self) -> None:
-        """Release the group: the full side's queue by its own ``free_group_end``, the window
-        slots of every queued window free in one free (deduplicated, ascending pages), both by
-        :meth:`PairedAllocators.end_free_group`. On an error nothing is released and the group
-        stays open on both sides.
+        """Release the group: the full side's queue by its own ``free_group_end``; the window
+        side in SGLang's order: the segment frees' page ids (call order), then the pages of the
+        set frees (deduplicated, ascending) in front of them. On an error nothing is released
+        and the group stays open on both sides.
 
-        What stays here is SWA-specific: the window queue. It cannot be the window allocator's
-        own free group: window slots are found through the mapping at queue time (the mapping is
-        cleared then, a later allocation in the group may reuse the full slots) and only their
-        mapped entries (``> 0``, a data-dependent filter) are freed, once per group instead of
-        once per call; and the window release must wait until the full side's group end has
-        succeeded, where the window allocator's ``free_group_end`` validates and releases in
-        one step."""
+        What stays here is SWA-specific: the window queues. They cannot be the window
+        allocator's own free group: window slots are found through the mapping at queue time
+        (the mapping is cleared then, a later allocation in the group may reuse the full slots)
+        and only their mapped entries (``> 0``, a data-dependent filter) are freed, once per
+        group instead of once per call; and the window release must wait until the full side's
+        group end has succeeded, where the window allocator's ``free_group_end`` validates and
+        releases in one step."""
         self._open_free_group()  # RuntimeError without free_group_begin()
-        self._pair.end_free_group(self._swa_group)  # raises with both groups still open
+        if not self._swa_page_group:
+            self._pair.end_free_group(self._swa_group)  # raises with both groups still open
+        else:
+            listed = torch.cat(self._swa_page_group)
+            pages = None
+            if self._swa_group:
+                queued = torch.cat(self._swa_group)
+                pages = self._pair.prepare_secondary_free(queued)
+            if pages is not None:  # one block: the set's pages in front of the listed ones
+                listed = torch.cat([pages, listed])
+            window = self.swa_attn_allocator
+            before = window.backup_state()
+            window.free_page_ids(listed)  # validates (count, debug) before any change
+            try:
+                self.full_attn_allocator.free_group_end()
+            except BaseException:
+                window.restore_state(before)
+                raise
         self._free_group = None
         self._swa_group = []
+        self._swa_page_group = []
 
     @property
     def free_group(self) -> list[torch.Tensor] | None:
@@ -450,9 +527,9 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
 
     @property
     def swa_page_ids_group(self) -> list[torch.Tensor]:
-        """SGLang's queue of exact window page ids: always ``[]`` here (segment frees queue
-        their window slots in :attr:`swa_free_group`, released in the same group end)."""
-        return []
+        """SGLang's queue of exact window page ids (segment frees, page size > 1) in the open
+        free group (``[]`` outside)."""
+        return [] if self._free_group is None else list(self._swa_page_group)
 
     @property
     def is_not_in_free_group(self) -> bool:
@@ -467,6 +544,7 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         self._pair.clear()
         self._free_group = None
         self._swa_group = []
+        self._swa_page_group = []
 
     def resize(self, config: Any) -> None:
         """Resize both sides (``config.full_max_total_num_tokens`` /
