@@ -13,7 +13,9 @@ probability ``rate`` per backend call, makes the call
 
 The controller must turn every one of them into a miss or a shorter prefix, release every
 reserved host page, and never let a wrong byte reach the device (the simulator verifies every
-page it loads from L3).
+page it loads from L3). The v2 calls (several host pools per page: ``--model hybrid`` and
+``--model deepseek_v4``) draw the same faults per call; a partial v2 call stops every pool's
+pages at the drawn page.
 """
 
 from __future__ import annotations
@@ -27,10 +29,15 @@ import torch
 
 from mem_cache_storage import HiCacheFile, HiCacheStorage, HiCacheStorageExtraInfo
 from mem_cache_storage.backend import PageStorageBackend
+from mem_cache_storage.pools import PoolTransfer
 
 __all__ = ["FaultyStorage", "InjectedStorageError", "STORAGE_FAULT_KINDS"]
 
 STORAGE_FAULT_KINDS = ("fail", "slow", "corrupt", "partial")
+
+
+def _name(pool_name: object) -> str:
+    return str(getattr(pool_name, "value", pool_name))
 
 
 class InjectedStorageError(OSError):
@@ -67,6 +74,9 @@ class FaultyStorage(HiCacheStorage):
 
     def register_mem_pool_host(self, mem_pool_host: Any) -> None:
         self.inner.register_mem_pool_host(mem_pool_host)
+
+    def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
+        self.inner.register_mem_host_pool_v2(host_pool, host_pool_name)
 
     def _draw(self, n: int) -> tuple[str | None, int]:
         with self._lock:
@@ -136,6 +146,58 @@ class FaultyStorage(HiCacheStorage):
         if kind == "corrupt" and keys:
             self._corrupt(keys[at])
         return ok
+
+    # ------------------------------------------------------------ faulty v2 API
+    def batch_exists_v2(self, keys: list[str], pool_transfers: list[Any] | None = None,
+                        extra_info: HiCacheStorageExtraInfo | None = None) -> Any:
+        kind, _ = self._draw(len(keys))
+        if kind == "fail":
+            raise InjectedStorageError("injected batch_exists_v2 failure")
+        if kind == "slow":
+            time.sleep(self.slow_s)
+        return self.inner.batch_exists_v2(keys, pool_transfers, extra_info)
+
+    def _io_v2(self, write: bool, transfers: list[Any],
+               extra_info: HiCacheStorageExtraInfo | None) -> dict[str, list[bool]]:
+        n = max((len(t.keys or []) for t in transfers), default=0)
+        sizes = {_name(t.name): len(t.keys or []) for t in transfers}
+        kind, at = self._draw(n)
+        what = "batch_set_v2" if write else "batch_get_v2"
+        if kind == "fail":
+            raise InjectedStorageError(f"injected {what} failure")
+        if kind == "slow":
+            time.sleep(self.slow_s)
+        if kind == "corrupt" and not write:
+            for t in transfers:
+                if len(t.keys or []) > at:
+                    self._corrupt(f"{t.keys[at]}.{_name(t.name)}")
+        call = self.inner.batch_set_v2 if write else self.inner.batch_get_v2
+        if kind == "partial" and write:  # only the pages before the drawn one are stored
+            pools = self.inner.registered_pools
+            transfers = [
+                PoolTransfer(t.name, t.host_indices[: min(at, len(t.keys)) * int(
+                    pools.get(_name(t.name), self.inner.mem_pool_host).page_size)],
+                    keys=t.keys[:at], hit_policy=t.hit_policy)
+                for t in transfers
+            ]
+            return {name: ok + [False] * (sizes[name] - len(ok))
+                    for name, ok in call(transfers, extra_info).items()}
+        out = call(transfers, extra_info)
+        if kind == "corrupt" and write:
+            for t in transfers:
+                if len(t.keys or []) > at:
+                    self._corrupt(f"{t.keys[at]}.{_name(t.name)}")
+        if kind == "partial":
+            out = {name: [o and i < at for i, o in enumerate(ok)] for name, ok in out.items()}
+        return out
+
+    def batch_get_v2(self, transfers: list[Any],
+                     extra_info: HiCacheStorageExtraInfo | None = None) -> dict[str, list[bool]]:
+        return self._io_v2(False, transfers, extra_info)
+
+    def batch_set_v2(self, transfers: list[Any],
+                     extra_info: HiCacheStorageExtraInfo | None = None) -> dict[str, list[bool]]:
+        return self._io_v2(True, transfers, extra_info)
 
     # ------------------------------------------------------ copying API (no faults)
     def get(self, key: str, target_location: Any | None = None,
