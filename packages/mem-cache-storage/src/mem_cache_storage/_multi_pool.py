@@ -1,7 +1,7 @@
 """The controller's extra host pools (the v2 path of :class:`~mem_cache_storage.controller.
-StorageController`): what an extra pool is (:class:`ExtraPool`), its counters
-(:class:`PoolStats`) and the ``PoolTransfer`` lists the controller hands the backend's
-``batch_exists_v2`` / ``batch_get_v2`` / ``batch_set_v2``.
+StorageController`): what an extra pool is (:class:`ExtraPool`) and the ``PoolTransfer``
+lists the controller hands the backend's ``batch_exists_v2`` / ``batch_get_v2`` /
+``batch_set_v2``.
 
 Semantics (SGLang 0.5.23's hybrid cache controller):
 
@@ -23,7 +23,7 @@ Semantics (SGLang 0.5.23's hybrid cache controller):
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -31,7 +31,7 @@ import torch
 from mem_cache_kernels.checks import check_index, check_int
 from mem_cache_storage.pools import PoolHitPolicy, PoolTransfer
 
-__all__ = ["ExtraPool", "PoolStats"]
+__all__ = ["ExtraPool"]
 
 ALL = PoolHitPolicy.ALL_PAGES.value
 TRAILING = PoolHitPolicy.TRAILING_PAGES.value
@@ -91,26 +91,6 @@ class ExtraPool:
         return int(per_token()) * self.page_size if callable(per_token) else 0
 
 
-@dataclass(frozen=True, slots=True)
-class PoolStats:
-    """Counters of one extra pool of a controller (a snapshot; ``+`` sums two)."""
-
-    pages_loaded: int = 0
-    bytes_loaded: int = 0
-    pages_written: int = 0
-    pages_skipped: int = 0
-    pages_write_failed: int = 0
-    bytes_written: int = 0
-    #: prefetches whose prefix was cut (or lost) because this pool's part was absent or failed
-    part_misses: int = 0
-
-    def __add__(self, other: PoolStats) -> PoolStats:
-        if not isinstance(other, PoolStats):
-            return NotImplemented
-        return PoolStats(**{n: getattr(self, n) + getattr(other, n) for n in POOL_COUNTERS})
-
-
-POOL_COUNTERS = tuple(f.name for f in fields(PoolStats))
 
 
 def part_pages(pool: ExtraPool, prefix_pages: int) -> int:

@@ -43,7 +43,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Literal
 
@@ -51,7 +51,14 @@ import torch
 
 from mem_cache_kernels.checks import check_choice, check_index, check_int, check_optional_int
 from mem_cache_storage import _multi_pool as mp
-from mem_cache_storage._multi_pool import ExtraPool, PoolStats
+from mem_cache_storage._controller_stats import (
+    COUNTER_NAMES,
+    POOL_COUNTERS,
+    ControllerStats,
+    LatencySummary,
+    PoolStats,
+)
+from mem_cache_storage._multi_pool import ExtraPool
 from mem_cache_storage.backend import bools, guarded
 from mem_cache_storage.config import STORAGE_BATCH_SIZE
 
@@ -97,9 +104,6 @@ def _key_list(keys: Iterable[str]) -> list[str]:
     if isinstance(keys, (str, bytes)) or not isinstance(keys, Iterable):
         raise TypeError(f"keys must be a list of str, got {type(keys).__name__}")
     return list(keys)
-
-
-_NO_EXTRA: dict[str, torch.Tensor] = {}
 
 
 _EMPTY = torch.empty(0, dtype=torch.int64)
@@ -148,20 +152,6 @@ class WriteResult:
     extra_failed: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class LatencySummary:
-    """Percentiles (seconds) over the last ``count`` samples kept (``total`` ever recorded)."""
-
-    count: int
-    total: int
-    p50_s: float
-    p99_s: float
-    max_s: float
-
-
-_NO_LATENCY = LatencySummary(0, 0, 0.0, 0.0, 0.0)
-
-
 class LatencyRecorder:
     """Keeps the last ``window`` latencies; :meth:`summary` gives p50/p99/max (thread safe)."""
 
@@ -189,56 +179,6 @@ class LatencyRecorder:
         return LatencySummary(len(data), total, pct(0.50), pct(0.99), data[-1])
 
 
-@dataclass(frozen=True, slots=True)
-class ControllerStats:
-    """Counters of a controller (a snapshot; the one declaration of them: the controller fills
-    them, the simulator sums the snapshots of its controllers with ``+``)."""
-
-    prefetches: int = 0
-    prefetch_hits: int = 0
-    prefetch_misses: int = 0
-    prefetch_failed: int = 0
-    prefetch_cancelled: int = 0
-    prefetch_timeouts: int = 0
-    pages_loaded: int = 0
-    bytes_loaded: int = 0
-    load_seconds: float = 0.0
-    pages_written: int = 0
-    pages_skipped: int = 0
-    pages_write_failed: int = 0
-    bytes_written: int = 0
-    write_seconds: float = 0.0
-    backend_errors: int = 0
-    prefetch_latency: LatencySummary = _NO_LATENCY
-    write_latency: LatencySummary = _NO_LATENCY
-    #: per extra pool (``extra_pools``): its pages / bytes moved and its part misses (the
-    #: counters above are the KV pool's, in token pages)
-    pools: Mapping[str, PoolStats] = field(default_factory=dict)
-
-    @property
-    def load_gb_per_s(self) -> float:
-        return self.bytes_loaded / self.load_seconds / 1e9 if self.load_seconds else 0.0
-
-    @property
-    def write_gb_per_s(self) -> float:
-        return self.bytes_written / self.write_seconds / 1e9 if self.write_seconds else 0.0
-
-    def __add__(self, other: ControllerStats) -> ControllerStats:
-        """The counters of both summed (latencies: ``other``'s, the later snapshot's)."""
-        if not isinstance(other, ControllerStats):
-            return NotImplemented
-        sums = {n: getattr(self, n) + getattr(other, n) for n in _COUNTER_NAMES}
-        pools = dict(self.pools)
-        for name, st in other.pools.items():
-            pools[name] = pools.get(name, PoolStats()) + st
-        return ControllerStats(**sums, prefetch_latency=other.prefetch_latency,
-                               write_latency=other.write_latency, pools=pools)
-
-
-#: the counters of :class:`ControllerStats` (its int and float fields)
-_COUNTER_NAMES = tuple(f.name for f in fields(ControllerStats) if f.type in ("int", "float"))
-
-
 class _Counters:
     """The mutable counter behind :class:`ControllerStats`: one value per counter, one lock."""
 
@@ -246,8 +186,8 @@ class _Counters:
 
     def __init__(self, pools: Iterable[str] = ()) -> None:
         self._lock = threading.Lock()
-        self._values: dict[str, Any] = dict.fromkeys(_COUNTER_NAMES, 0)
-        self._pools = {p: dict.fromkeys(mp.POOL_COUNTERS, 0) for p in pools}
+        self._values: dict[str, Any] = dict.fromkeys(COUNTER_NAMES, 0)
+        self._pools = {p: dict.fromkeys(POOL_COUNTERS, 0) for p in pools}
 
     def add(self, **deltas: float) -> None:
         with self._lock:
@@ -527,8 +467,9 @@ class StorageController:
                 f"host_indices must hold len(keys) * page_size = {len(keys) * self.page_size} "
                 f"slots, got {host_indices.numel()}"
             )
-        extra = mp.check_extra_indices(self.extra_pools, extra_indices or {}, len(keys))
-        return keys, extra
+        if not (self.extra_pools or extra_indices):  # the KV-only path stays in this module
+            return keys, {}
+        return keys, mp.check_extra_indices(self.extra_pools, extra_indices, len(keys))
 
     def write(self, keys: Sequence[str], host_indices: torch.Tensor,
               extra_indices: Mapping[str, torch.Tensor] | None = None) -> WriteResult:
