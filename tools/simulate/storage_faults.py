@@ -23,6 +23,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -111,41 +112,51 @@ class FaultyStorage(HiCacheStorage):
             time.sleep(self.slow_s)
         return self.inner.batch_exists(keys, extra_info)
 
+    def _v1(self, write: bool, keys: list[str], host_indices: torch.Tensor,
+            io: Callable[[list[str], torch.Tensor], list[bool]]) -> list[bool]:
+        """One zero-copy read / write (``io``) with a drawn fault."""
+        kind, at = self._draw(len(keys))
+        what = "batch_set_v1" if write else "batch_get_v1"
+        if kind == "fail":
+            raise InjectedStorageError(f"injected {what} failure")
+        if kind == "slow":
+            time.sleep(self.slow_s)
+        if not write:
+            if kind == "corrupt" and keys:
+                self._corrupt(keys[at])
+            ok = io(keys, host_indices)
+            return [o and i < at for i, o in enumerate(ok)] if kind == "partial" else ok
+        if kind == "partial":
+            ps = self.inner.keyspace.page_size
+            done = io(keys[:at], host_indices[: at * ps])
+            self.written.extend(k for k, o in zip(keys, done, strict=False) if o)
+            return done + [False] * (len(keys) - at)
+        ok = io(keys, host_indices)
+        self.written.extend(k for k, o in zip(keys, ok, strict=False) if o)
+        if kind == "corrupt" and keys:
+            self._corrupt(keys[at])
+        return ok
+
     def batch_get_v1(
         self, keys: list[str], host_indices: torch.Tensor,
         extra_info: HiCacheStorageExtraInfo | None = None,
     ) -> list[bool]:
-        kind, at = self._draw(len(keys))
-        if kind == "fail":
-            raise InjectedStorageError("injected batch_get_v1 failure")
-        if kind == "slow":
-            time.sleep(self.slow_s)
-        if kind == "corrupt" and keys:
-            self._corrupt(keys[at])
-        ok = self.inner.batch_get_v1(keys, host_indices, extra_info)
-        if kind == "partial":
-            ok = [o and i < at for i, o in enumerate(ok)]
-        return ok
+        return self._v1(False, keys, host_indices,
+                        lambda k, i: self.inner.batch_get_v1(k, i, extra_info))
 
     def batch_set_v1(
         self, keys: list[str], host_indices: torch.Tensor,
         extra_info: HiCacheStorageExtraInfo | None = None,
     ) -> list[bool]:
-        kind, at = self._draw(len(keys))
-        if kind == "fail":
-            raise InjectedStorageError("injected batch_set_v1 failure")
-        if kind == "slow":
-            time.sleep(self.slow_s)
-        if kind == "partial":
-            ps = self.inner.keyspace.page_size
-            done = self.inner.batch_set_v1(keys[:at], host_indices[: at * ps], extra_info)
-            self.written.extend(k for k, o in zip(keys, done, strict=False) if o)
-            return done + [False] * (len(keys) - at)
-        ok = self.inner.batch_set_v1(keys, host_indices, extra_info)
-        self.written.extend(k for k, o in zip(keys, ok, strict=False) if o)
-        if kind == "corrupt" and keys:
-            self._corrupt(keys[at])
-        return ok
+        return self._v1(True, keys, host_indices,
+                        lambda k, i: self.inner.batch_set_v1(k, i, extra_info))
+
+    def _trusted_host_io(self, write: bool, keys: list[str],
+                         host_indices: torch.Tensor) -> list[bool]:
+        """The controller's trusted entry (arguments checked once, by the controller), with
+        the same faults as the SGLang-named calls."""
+        return self._v1(write, keys, host_indices,
+                        lambda k, i: self.inner._trusted_host_io(write, k, i))
 
     # ------------------------------------------------------------ faulty v2 API
     def batch_exists_v2(self, keys: list[str], pool_transfers: list[Any] | None = None,
