@@ -398,7 +398,9 @@ class MambaPoolHost:
             hc = h.cpu()
             check_index_values("host_indices", hc, limit=self.size)
             check_distinct("host_indices", hc)
-            if not self._slots.is_allocated(hc):
+            with self.lock:  # the allocator's page_used, read inline (no call on this path)
+                allocated = bool(self._slots.page_used[hc].all())
+            if not allocated:
                 raise ValueError("host_indices must be allocated host slots")
         pairs = [(s, v) for s, v in zip(states, self._host_views()) if s.numel()]
         dev = states[0].device
