@@ -169,7 +169,8 @@ class FaultyStorage(HiCacheStorage):
         return self.inner.batch_exists_v2(keys, pool_transfers, extra_info)
 
     def _io_v2(self, write: bool, transfers: list[Any],
-               extra_info: HiCacheStorageExtraInfo | None) -> dict[str, list[bool]]:
+               extra_info: HiCacheStorageExtraInfo | None,
+               trusted: bool = False) -> dict[str, list[bool]]:
         n = max((len(t.keys or []) for t in transfers), default=0)
         sizes = {_name(t.name): len(t.keys or []) for t in transfers}
         kind, at = self._draw(n)
@@ -182,7 +183,9 @@ class FaultyStorage(HiCacheStorage):
             for t in transfers:
                 if len(t.keys or []) > at:
                     self._corrupt(f"{t.keys[at]}.{_name(t.name)}")
-        call = self.inner.batch_set_v2 if write else self.inner.batch_get_v2
+        call: Callable[[list[Any], HiCacheStorageExtraInfo | None], dict[str, list[bool]]] = (
+            (lambda ts, _info: self.inner._trusted_io_v2(write, ts)) if trusted
+            else self.inner.batch_set_v2 if write else self.inner.batch_get_v2)
         if kind == "partial" and write:  # only the pages before the drawn one are stored
             pools = self.inner.registered_pools
             transfers = [
@@ -201,6 +204,10 @@ class FaultyStorage(HiCacheStorage):
         if kind == "partial":
             out = {name: [o and i < at for i, o in enumerate(ok)] for name, ok in out.items()}
         return out
+
+    def _trusted_io_v2(self, write: bool, transfers: list[Any]) -> dict[str, list[bool]]:
+        """The controller's trusted v2 entry, with the same faults as the public v2 calls."""
+        return self._io_v2(write, transfers, None, trusted=True)
 
     def batch_get_v2(self, transfers: list[Any],
                      extra_info: HiCacheStorageExtraInfo | None = None) -> dict[str, list[bool]]:

@@ -323,6 +323,7 @@ class StorageController:
         self._extra_bytes = {p.name: p.page_bytes() for p in self.extra_pools}
         # the backend's trusted entry (ours): the controller checked its arguments once
         self._trusted_io = getattr(storage, "_trusted_host_io", None)
+        self._trusted_io_v2 = getattr(storage, "_trusted_io_v2", None)
         #: True when the backend has no zero-copy v1 calls (SGLang's base stubs): pages go
         #: through ``batch_get`` / ``batch_set`` (found out at construction or on a ``None``)
         self.generic_io = _v1_is_stub(storage)
@@ -435,8 +436,13 @@ class StorageController:
         def answer(result: object) -> dict[str, int]:
             return {p.name: mp.leading(n, result, p.name) for p in pools}
 
-        call = self.storage.batch_set_v2 if write else self.storage.batch_get_v2
-        return guarded(partial(call, mp.transfers(pools, keys, indices)), answer,
+        moves = mp.transfers(pools, keys, indices)
+        if self._trusted_io_v2 is not None:  # ours: the controller checked the transfers
+            call = partial(self._trusted_io_v2, write, moves)
+        else:
+            call = partial(self.storage.batch_set_v2 if write else self.storage.batch_get_v2,
+                           moves)
+        return guarded(call, answer,
                        {p.name: 0 for p in pools}, owner="storage",
                        what="batch_set_v2" if write else "batch_get_v2",
                        count_error=self._count_error)
