@@ -105,8 +105,14 @@ def test_bad_value_is_refused_with_one_line(dest: str, tmp_path: Path,
 
 
 @pytest.mark.parametrize(("argv", "expected"), [
-    (["--model", "deepseek_v4", "--storage", "file"],
-     "--storage file is ignored by --model deepseek_v4 (it has no storage tier)"),
+    # deepseek_v4 and hybrid have a file L3 (their extra host pools go through the v2 path);
+    # a Mooncake store is mha/mla's only
+    (["--model", "deepseek_v4", "--storage", "mooncake"],
+     "--storage mooncake is not available for --model deepseek_v4"),
+    (["--model", "hybrid", "--storage", "mooncake"],
+     "--storage mooncake is not available for --model hybrid"),
+    (["--model", "hybrid", "--storage", "none", "--storage-dir", "/tmp"],
+     "--storage-dir /tmp is ignored by --storage none"),
     (["--model", "deepseek_v4", "--restart-at", "5"],
      "--restart-at 5 is ignored by --model deepseek_v4"),
     (["--model", "mla", "--heads", "8"], "--heads 8 is ignored by --model mla"),
@@ -177,13 +183,18 @@ def test_help_is_the_manual(capsys: pytest.CaptureFixture[str]) -> None:
         assert option in text
 
 
-def test_model_deepseek_v4_report_says_why_l3_is_off(capsys: pytest.CaptureFixture[str]) -> None:
-    rc = main(["--model", "deepseek_v4", "--layers", "2", "--requests", "3",
-               "--device-tokens", "1024", "--host-tokens", "1024", "--no-progress"])
-    out = capsys.readouterr().out
-    assert rc == 0
-    assert "--model deepseek_v4 has no storage tier" in " ".join(out.split())
-    assert "--storage none" not in out
+def test_model_deepseek_v4_report_shows_its_l3_pools(capsys: pytest.CaptureFixture[str]) -> None:
+    """deepseek_v4 has a file L3 by default (its c4 records an extra pool); ``--storage none``
+    turns it off and the report says so."""
+    base = ["--model", "deepseek_v4", "--layers", "2", "--requests", "3",
+            "--device-tokens", "1024", "--host-tokens", "1024", "--no-progress"]
+    assert main(base) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "L3 storage │ file" in out and "L3 pool deepseek_v4_c4" in out
+    assert "store refusals 0" in out
+    assert main([*base, "--storage", "none"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--storage none" in out and "L3 pool" not in out
 
 
 def test_filtered_stderr_drops_glog_lines_only(capfd: pytest.CaptureFixture[str]) -> None:

@@ -10,8 +10,9 @@ storage faults (``faults.py``, ``storage_faults.py``), checks slot conservation 
 integrity (``integrity.py``) and reports (``report.py``). What differs per model is a small
 adapter (``model.py``): mha/mla over ``stack.py`` (``engine.py``), and ``--model deepseek_v4``,
 the same workload over the DeepSeek-V4 HiSparse stack (``deepseek_v4_stack.py``,
-``deepseek_v4.py``, ``deepseek_v4_hicache.py``;
-device and host tiers, no L3). ``tools/dev run --help`` (``options.py``) is the manual.
+``deepseek_v4.py``, ``deepseek_v4_hicache.py``), and ``--model hybrid`` (``hybrid.py``); their
+extra host pools (c4/c128 records, Mamba states) reach the file L3 through the controller's v2
+path (``l3_bindings.py``). ``tools/dev run --help`` (``options.py``) is the manual.
 """
 
 from __future__ import annotations

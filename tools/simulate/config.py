@@ -22,6 +22,7 @@ __all__ = [
     "STORAGE_BACKENDS",
     "STORAGE_WRITE_POLICIES",
     "MODELS",
+    "MODELS_WITHOUT_MOONCAKE",
     "MODELS_WITH_L3",
     "MODEL_IGNORES",
     "SimConfig",
@@ -48,25 +49,24 @@ Model = Literal["mha", "mla", "deepseek_v4", "hybrid"]
 MODELS: dict[str, str] = {
     "mha": "multi-head attention over device/host/storage pools",
     "mla": "multi-head latent attention (one latent row per token)",
-    "deepseek_v4": "the DeepSeek-V4 HiSparse stack (tools/simulate/deepseek_v4.py; device and "
-                   "host tiers, no L3)",
+    "deepseek_v4": "the DeepSeek-V4 HiSparse stack (tools/simulate/deepseek_v4.py; device, "
+                   "host and file L3 tiers)",
     "hybrid": "a hybrid linear-attention model (tools/simulate/hybrid.py; attention every 4th "
-              "layer, the rest Mamba conv + temporal state; device and host tiers, no L3)",
+              "layer, the rest Mamba conv + temporal state; device, host and file L3 tiers)",
 }
-MODELS_WITH_L3 = ("mha", "mla")
+MODELS_WITH_L3 = ("mha", "mla", "deepseek_v4", "hybrid")
 #: options (``SimConfig`` field names) that a model does not use: given explicitly, they are
 #: refused (``options.refuse_ignored``)
 MODEL_IGNORES: dict[str, tuple[str, ...]] = {
     "mha": ("kv_lora_rank", "qk_rope_head_dim"),
     "mla": ("heads", "head_dim"),
     "deepseek_v4": ("heads", "head_dim", "kv_lora_rank", "qk_rope_head_dim", "dtype",
-             "shared_prefix_tokens", "spec_draft", "retract_after", "restart_at", "storage",
-             "storage_dir", "storage_write", "storage_capacity_mb", "storage_fault_rate",
-             "storage_master", "storage_metadata"),
-    "hybrid": ("kv_lora_rank", "qk_rope_head_dim", "shared_prefix_tokens", "restart_at",
-               "storage", "storage_dir", "storage_write", "storage_capacity_mb",
-               "storage_fault_rate", "storage_master", "storage_metadata"),
+             "shared_prefix_tokens", "spec_draft", "retract_after", "restart_at"),
+    "hybrid": ("kv_lora_rank", "qk_rope_head_dim", "shared_prefix_tokens", "restart_at"),
 }
+#: models whose storage tier is the file backend only (their extra host pools are not
+#: registered with a Mooncake client)
+MODELS_WITHOUT_MOONCAKE = ("deepseek_v4", "hybrid")
 
 
 def flag(name: str) -> str:
@@ -181,6 +181,9 @@ class SimConfig:
             raise ValueError(f"--mean-turns must be >= 1, got {self.mean_turns}")
         if not 0.0 < self.arrival_per_step < float("inf"):
             raise ValueError(f"--arrival-per-step must be positive, got {self.arrival_per_step}")
+        if self.storage == "mooncake" and self.model in MODELS_WITHOUT_MOONCAKE:
+            raise ValueError(f"--storage mooncake is not available for --model {self.model} "
+                             "(its extra host pools reach L3 through --storage file)")
         if self.storage_capacity_mb < 0:
             raise ValueError(f"--storage-capacity-mb must be >= 0 (0: unlimited), "
                              f"got {self.storage_capacity_mb}")

@@ -25,14 +25,16 @@ differences:
 * conservation is checked per side: logical full slots, window slots, c4 device slots (whole
   device pages of ``page_size // 4`` entries), each host mirror's page rows, request rows.
 
-Not modelled here (the options are ignored in this mode): the storage tier (L3), the shared
-prefix, speculative decoding, retraction and the mid-run restart.
+With ``--storage file`` a host entry's records of every record pool go to L3 together and come
+back through the same verified layer-wise load (``l3_bindings.py``). Not modelled here (the
+options are ignored in this mode): the shared prefix, speculative decoding, retraction and the
+mid-run restart.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -44,6 +46,7 @@ from tools.simulate.loop import EngineLoop
 from tools.simulate.model import Req
 from tools.simulate.prefix_store import PrefixEntry, PrefixStore
 from tools.simulate.stats import SimStats
+from tools.simulate.storage_tier import StorageTier
 from tools.simulate.workload import SessionId, Workload
 
 __all__ = ["DeepSeekV4Engine", "DeepSeekV4Model", "HostRows"]
@@ -210,12 +213,14 @@ class DeepSeekV4Model:
 
 
 class DeepSeekV4Engine(EngineLoop[HostRows]):
-    """The engine loop over a :class:`DeepSeekV4Stack` (see the module doc)."""
+    """The engine loop over a :class:`DeepSeekV4Stack` (see the module doc); ``l3_for(model)``:
+    its storage tier (``l3_bindings.DeepSeekV4Binding``), or ``None``."""
 
     def __init__(
-        self, workload: Workload, stack: DeepSeekV4Stack, stats: SimStats, faults: FaultInjector
+        self, workload: Workload, stack: DeepSeekV4Stack, stats: SimStats, faults: FaultInjector,
+        l3_for: Callable[[DeepSeekV4Model], StorageTier | None] | None = None,
     ) -> None:
         model = DeepSeekV4Model(stack, stats, faults)
-        super().__init__(workload, model, stats)
+        super().__init__(workload, model, stats, l3_for(model) if l3_for is not None else None)
         self.stack = stack
         self.transfers = model.transfers

@@ -31,15 +31,16 @@ What the adapter adds to the engine loop (``loop.py``):
   host state slots == host entries; the leak check covers both state pools.
 
 The report's ``hybrid`` rows: peak state-slot occupancy (working + checkpoints), state bytes
-moved host<->device, restores verified. Not modelled here: the storage tier (L3), the shared
-prefix and the mid-run restart (off in this mode).
+moved host<->device, restores verified. With ``--storage file`` a host entry's KV pages and its
+state go to L3 together and come back verified the same way (``l3_bindings.py``). Not modelled
+here: the shared prefix and the mid-run restart (off in this mode).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -61,6 +62,7 @@ from tools.simulate.model import Req
 from tools.simulate.prefix_store import PrefixEntry, PrefixStore
 from tools.simulate.stack import MemoryStack, build_stack
 from tools.simulate.stats import SimStats
+from tools.simulate.storage_tier import StorageTier
 from tools.simulate.workload import SessionId, Workload
 
 __all__ = ["ATTENTION_EVERY", "HybridEngine", "HybridModel", "HybridStack", "build_hybrid_stack"]
@@ -522,12 +524,14 @@ class HybridModel(MemoryStackModel):
 
 
 class HybridEngine(EngineLoop[HostRes]):
-    """The engine loop over a :class:`HybridStack` (see the module doc)."""
+    """The engine loop over a :class:`HybridStack` (see the module doc); ``l3_for(model)``:
+    its storage tier (``l3_bindings.HybridBinding``), or ``None``."""
 
     def __init__(
-        self, workload: Workload, hs: HybridStack, stats: SimStats, faults: FaultInjector
+        self, workload: Workload, hs: HybridStack, stats: SimStats, faults: FaultInjector,
+        l3_for: Callable[[HybridModel], StorageTier | None] | None = None,
     ) -> None:
         model = HybridModel(hs, stats, faults)
-        super().__init__(workload, model, stats, None)
+        super().__init__(workload, model, stats, l3_for(model) if l3_for is not None else None)
         model.store = self.store
         self.hs = hs

@@ -151,8 +151,9 @@ _OPTIONS: tuple[tuple[str, str | None, tuple[tuple[str, dict[str, Any]], ...]], 
     ("storage tier (L3)", None, (
         ("--storage", {"choices": STORAGE_BACKENDS, "help": "L3 backend: 'file' (one file per "
                        "page in --storage-dir), 'mooncake' (a Mooncake Store: --storage-master, "
-                       "or a local one started for the run) or 'none' (mha/mla; deepseek_v4 "
-                       "has no L3)"}),
+                       "or a local one started for the run; mha/mla) or 'none'; hybrid and "
+                       "deepseek_v4 send their extra host pools (Mamba states, c4/c128 records) "
+                       "along"}),
         ("--storage-dir", {"metavar": "DIR", "help": "--storage file: the L3 directory, created "
                            "when missing (default: a temporary directory, removed "
                            "afterwards)"}),

@@ -1,10 +1,12 @@
 """Runs one simulation end to end: workload -> stack -> engine loop -> drain -> leak check
-(``--model deepseek_v4``: the DeepSeek-V4 stack and engine, no storage tier)."""
+(``--model deepseek_v4`` / ``hybrid``: their stacks and engines, with the storage tier bound to
+their host pools by ``l3_bindings.py``)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -14,6 +16,7 @@ from tools.simulate.deepseek_v4_stack import build_deepseek_v4_stack
 from tools.simulate.engine import Engine
 from tools.simulate.faults import FaultInjector
 from tools.simulate.hybrid import HybridEngine, build_hybrid_stack
+from tools.simulate.l3_bindings import DeepSeekV4Binding, HybridBinding
 from tools.simulate.stack import build_stack
 from tools.simulate.stats import SimStats
 from tools.simulate.storage_tier import StorageTier
@@ -45,7 +48,15 @@ def _run(cfg: SimConfig, progress: ProgressFn | None) -> SimStats:
     workload = generate_workload(cfg)
     faults = FaultInjector(cfg.faults, cfg.seed)
     engine: Engine | DeepSeekV4Engine | HybridEngine
-    l3 = None
+    l3: StorageTier | None = None
+
+    def tier(stack: Any, binding: Any = None) -> StorageTier | None:
+        if cfg.storage not in ("file", "mooncake"):
+            return None
+        return StorageTier(stack, directory=cfg.storage_dir, write_policy=cfg.storage_write,
+                           fault_rate=cfg.storage_fault_rate, seed=cfg.seed,
+                           capacity_bytes=cfg.storage_capacity_mb << 20, binding=binding)
+
     if cfg.model == "deepseek_v4":
         dstack = build_deepseek_v4_stack(cfg, workload.max_context_len + 1)
         stats = SimStats(
@@ -53,7 +64,8 @@ def _run(cfg: SimConfig, progress: ProgressFn | None) -> SimStats:
             host_capacity=dstack.kinds[0].capacity * dstack.page_size,
             bytes_per_token=dstack.bytes_per_token,
         )
-        engine = DeepSeekV4Engine(workload, dstack, stats, faults)
+        engine = DeepSeekV4Engine(workload, dstack, stats, faults,
+                                  lambda m: tier(dstack, DeepSeekV4Binding(m)))
     elif cfg.model == "hybrid":
         hstack = build_hybrid_stack(cfg, workload.max_context_len + 1)
         stats = SimStats(
@@ -61,7 +73,8 @@ def _run(cfg: SimConfig, progress: ProgressFn | None) -> SimStats:
             host_capacity=hstack.base.host_capacity,
             bytes_per_token=hstack.base.bytes_per_token,
         )
-        engine = HybridEngine(workload, hstack, stats, faults)
+        engine = HybridEngine(workload, hstack, stats, faults,
+                              lambda m: tier(hstack.base, HybridBinding(m)))
     else:
         stack = build_stack(cfg, workload.max_context_len + 1)
         stats = SimStats(
@@ -69,11 +82,8 @@ def _run(cfg: SimConfig, progress: ProgressFn | None) -> SimStats:
             host_capacity=stack.host_capacity,
             bytes_per_token=stack.bytes_per_token,
         )
-        if cfg.storage in ("file", "mooncake"):
-            l3 = StorageTier(stack, directory=cfg.storage_dir, write_policy=cfg.storage_write,
-                             fault_rate=cfg.storage_fault_rate, seed=cfg.seed,
-                             capacity_bytes=cfg.storage_capacity_mb << 20)
-        engine = Engine(workload, stack, stats, faults, l3)
+        engine = Engine(workload, stack, stats, faults, tier(stack))
+    l3 = engine.l3
     try:
         while not engine.done():
             engine.step()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mem_cache_storage.controller import PoolStats
 from tools.simulate.config import MODELS_WITH_L3, SimConfig
 from tools.simulate.stats import SimStats
 from tools.simulate.storage_tier import L3Stats
@@ -38,9 +39,24 @@ def l3_dict(stats: SimStats) -> dict[str, Any] | None:
         "prefetch_p50_ms": round(s.prefetch_p50_s * 1e3, 3),
         "prefetch_p99_ms": round(s.prefetch_p99_s * 1e3, 3),
         "backend_errors": s.backend_errors, "pages_rejected": s.pages_rejected,
-        "pages_evicted": s.pages_evicted,
+        "pages_evicted": s.pages_evicted, "set_refused": s.set_refused,
         "faults": dict(s.faults),
+        "pools": _pools_dict(s),
     }
+
+
+def _pools_dict(s: L3Stats) -> dict[str, dict[str, Any]]:
+    """Per extra host pool (``--model hybrid`` / ``deepseek_v4``): its hit policy and pages /
+    bytes written and read, skipped, failed, and the prefetches its part cut or lost."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, policy in s.extra_pools.items():
+        p = s.controller.pools.get(name, PoolStats())
+        out[name] = {"hit_policy": policy, "pages_written": p.pages_written,
+                     "bytes_written": p.bytes_written, "pages_skipped": p.pages_skipped,
+                     "pages_write_failed": p.pages_write_failed,
+                     "pages_loaded": p.pages_loaded, "bytes_loaded": p.bytes_loaded,
+                     "part_misses": p.part_misses}
+    return out
 
 
 def backend_label(cfg: SimConfig) -> str:
@@ -81,5 +97,21 @@ def l3_rows(stats: SimStats, cfg: SimConfig) -> list[tuple[str, str, str]]:
          f"{s.pages_evicted:,} evicted (LRU, capacity)"),
         ("L3 faults", f"{sum(s.faults.values()):,}",
          f"{faults}; backend errors {s.backend_errors}, corrupted/foreign pages rejected "
-         f"{s.pages_rejected}"),
+         f"{s.pages_rejected}; store refusals {s.set_refused} (writes the store refused, "
+         "retried ones included)"),
+        *_pool_rows(s),
     ]
+
+
+def _pool_rows(s: L3Stats) -> list[tuple[str, str, str]]:
+    rows = []
+    for name, p in _pools_dict(s).items():
+        rows.append((
+            f"L3 pool {name}", f"{p['pages_loaded']:,} read",
+            f"{p['hit_policy']}: written {p['pages_written']:,} pages "
+            f"({p['bytes_written'] / 2**20:,.2f} MiB), {p['pages_skipped']:,} already stored, "
+            f"{p['pages_write_failed']} failed; read {p['pages_loaded']:,} pages "
+            f"({p['bytes_loaded'] / 2**20:,.2f} MiB, verified with the prefix); prefetches "
+            f"cut or lost by a missing part {p['part_misses']}",
+        ))
+    return rows

@@ -14,6 +14,12 @@
   ``timeout_s``; the host slots it gets back are then loaded to the device like a host hit.
 * ``restart``: the engine dropped its device and host caches; the backend and controller objects
   are rebuilt on the same directory (a new process over a warm L3).
+* **Several host pools** (``--model hybrid``: the Mamba state pool; ``--model deepseek_v4``: the
+  c4 / c128 record mirrors beside the window mirror): an :class:`L3Binding` of the model names
+  the main host pool, the controller's ``extra_pools`` (written and prefetched with the main
+  pool's pages through the backend's v2 calls), an entry's slots in every pool and how a
+  prefetched prefix becomes the model's host reservation. mha/mla use :class:`StackBinding`
+  (one pool).
 """
 
 from __future__ import annotations
@@ -25,18 +31,24 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import torch
 
 from mem_cache_storage import HiCacheFile, HiCacheStorageConfig, LatencyRecorder, page_hashes
-from mem_cache_storage.controller import ControllerStats, StorageController, WritePolicy
+from mem_cache_storage.controller import (
+    ControllerStats,
+    ExtraPool,
+    PrefetchResult,
+    StorageController,
+    WritePolicy,
+)
 from tools.simulate.prefix_store import PrefixEntry
 from tools.simulate.stack import MemoryStack
 from tools.simulate.storage_faults import STORAGE_FAULT_KINDS, FaultyStorage
 from tools.simulate.workload import SessionId
 
-__all__ = ["L3Stats", "StorageTier", "token_ids"]
+__all__ = ["L3Binding", "L3Stats", "StackBinding", "StorageTier", "token_ids"]
 
 _M31 = (1 << 31) - 1
 SLOW_S = 0.3
@@ -74,6 +86,11 @@ class L3Stats:
     backend_errors: int = 0
     pages_rejected: int = 0
     pages_evicted: int = 0
+    #: page writes the store refused (``StorageStats.set_refused``: every attempt, retried ones
+    #: included)
+    set_refused: int = 0
+    #: the extra host pools written and read with the main pool's pages (name -> hit policy)
+    extra_pools: dict[str, str] = field(default_factory=dict)
     prefetch_p50_s: float = 0.0
     prefetch_p99_s: float = 0.0
     prefetch_reserved_at_end: int = 0
@@ -87,20 +104,64 @@ class L3Stats:
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
 
+class L3Binding(Protocol):
+    """What the storage tier needs from a model with its own host pools (see the module)."""
+
+    #: the storage key space's model name (``sim-<model>-<layers>L``)
+    model_name: str
+    #: the main host pool (``register_mem_pool_host``; the controller's ``host_pool``)
+    host_pool: Any
+    #: the controller's extra pools
+    extra_pools: tuple[ExtraPool, ...]
+    #: host bytes of the cached prefixes at most (a local Mooncake store's segment size)
+    host_bytes: int
+
+    def host_slots(self, entry: PrefixEntry) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """A host ``entry``'s slots in the main pool and in every extra pool."""
+        ...
+
+    def adopt(self, session: SessionId, result: PrefetchResult, tokens: int) -> PrefixEntry:
+        """A finished prefetch of ``tokens`` tokens of ``session`` as the model's host
+        reservation (bound to the session) and its host entry."""
+        ...
+
+
+class StackBinding:
+    """The :class:`L3Binding` of a ``MemoryStack`` (mha / mla: one host pool)."""
+
+    extra_pools: tuple[ExtraPool, ...] = ()
+
+    def __init__(self, stack: MemoryStack) -> None:
+        cfg = stack.cfg
+        self.model_name = f"sim-{cfg.model}-{cfg.layers}L"
+        self.host_pool = stack.host_pool
+        self.host_bytes = stack.host_capacity * stack.bytes_per_token
+
+    def host_slots(self, entry: PrefixEntry) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        return entry.slots, {}
+
+    def adopt(self, session: SessionId, result: PrefetchResult, tokens: int) -> PrefixEntry:
+        return PrefixEntry(session, tokens, "host", result.host_indices)
+
+
 class StorageTier:
-    """One simulated L3 (see the module docstring)."""
+    """One simulated L3 (see the module docstring). ``stack``: the configuration and page size
+    (``cfg``, ``page_size``); ``binding``: the model's host pools (default: ``stack``'s one
+    host pool, a ``MemoryStack``)."""
 
     def __init__(
         self,
-        stack: MemoryStack,
+        stack: Any,
         *,
         directory: str | None,
         write_policy: str,
         fault_rate: float,
         seed: int,
         capacity_bytes: int = 0,
+        binding: L3Binding | None = None,
     ) -> None:
         self.stack = stack
+        self.binding: L3Binding = binding if binding is not None else StackBinding(stack)
         self.page_size = stack.page_size
         self._own_dir = directory is None
         self.directory = Path(directory or tempfile.mkdtemp(prefix="mem-cache-l3-"))
@@ -117,7 +178,9 @@ class StorageTier:
         self.stats = L3Stats(backend=stack.cfg.storage,
                              directory=str(self.mooncake_options.get("master_server_address",
                                                                       self.directory)),
-                             write_policy=write_policy)
+                             write_policy=write_policy,
+                             extra_pools={p.name: p.hit_policy
+                                          for p in self.binding.extra_pools})
         self.hit_keys: list[str] = []  # keys of every L3 hit verified on the device (in order)
         self._pending: list[str] = []
         self._faults: dict[str, int] = dict.fromkeys(STORAGE_FAULT_KINDS, 0)
@@ -136,7 +199,7 @@ class StorageTier:
                     "metadata_server": cfg.storage_metadata or f"http://{host}:8080/metadata"}
         from tools.mooncake.store import LocalMooncakeStore
 
-        segment = max(64 << 20, 2 * self.stack.host_capacity * self.stack.bytes_per_token)
+        segment = max(64 << 20, 2 * self.binding.host_bytes)
         self._store = LocalMooncakeStore(segment_bytes=segment).start()
         options: dict[str, object] = self._store.client_options()
         return options
@@ -146,7 +209,7 @@ class StorageTier:
         extra: dict[str, object] = {"model_fingerprint": f"seed{cfg.seed}-{cfg.dtype}"}
         config = HiCacheStorageConfig(
             is_mla_model=cfg.model == "mla",
-            model_name=f"sim-{cfg.model}-{cfg.layers}L",
+            model_name=self.binding.model_name,
             extra_config=extra | self.mooncake_options | (
                 {"retry_backoff_s": 0.2, "max_backoff_s": 1.0} if self.mooncake else {}),
         )
@@ -154,7 +217,7 @@ class StorageTier:
         if self.mooncake:
             from mem_cache_storage.mooncake import HiCacheMooncake
 
-            self.file = HiCacheMooncake(config, self.stack.host_pool)
+            self.file = HiCacheMooncake(config, self.binding.host_pool)
         else:
             self.file = HiCacheFile(config, storage_dir=str(self.directory),
                                     capacity_bytes=self.capacity_bytes)
@@ -162,8 +225,9 @@ class StorageTier:
             self.file.clear()
         self.storage = FaultyStorage(self.file, self.fault_rate, self.seed + self.stats.restarts,
                                      SLOW_S)
-        self.controller = StorageController(self.storage, self.stack.host_pool,
-                                            write_policy=cast(WritePolicy, self.write_policy))
+        self.controller = StorageController(self.storage, self.binding.host_pool,
+                                            write_policy=cast(WritePolicy, self.write_policy),
+                                            extra_pools=self.binding.extra_pools)
 
     def _collect(self) -> None:
         """Fold the current controller's and backend's counters into ``stats``."""
@@ -173,6 +237,7 @@ class StorageTier:
         backend = self.file.get_stats()
         s.backend_errors += c.backend_errors + backend.errors
         s.pages_rejected += backend.rejected
+        s.set_refused += getattr(backend, "set_refused", 0)
         s.pages_evicted += getattr(backend, "evicted", 0)
         for kind, n in self.storage.injected.items():
             self._faults[kind] += n
@@ -225,13 +290,15 @@ class StorageTier:
     # ------------------------------------------------------------------ writes
     def on_host_drop(self, entry: PrefixEntry) -> None:
         """A host entry is about to be freed (write-back policy writes it)."""
+        slots, extra = self.binding.host_slots(entry)
         self.controller.on_host_evict(self.keys(int(entry.session), entry.length // self.page_size),
-                                      entry.slots)
+                                      slots, extra)
 
     def on_host_insert(self, entry: PrefixEntry) -> None:
         """An entry was just backed up to the host (write-through policy writes it)."""
+        slots, extra = self.binding.host_slots(entry)
         self.controller.on_host_insert(
-            self.keys(int(entry.session), entry.length // self.page_size), entry.slots
+            self.keys(int(entry.session), entry.length // self.page_size), slots, extra
         )
 
     # ------------------------------------------------------------------- reads
@@ -258,7 +325,7 @@ class StorageTier:
         if result.status != "done":
             return None
         self._pending = keys[: result.pages]
-        return PrefixEntry(session, result.pages * self.page_size, "host", result.host_indices)
+        return self.binding.adopt(session, result, result.pages * self.page_size)
 
     def record_hit(self, tokens: int) -> None:
         """A prefix from L3 reached the device and was verified bit-exact there."""

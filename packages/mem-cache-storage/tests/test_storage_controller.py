@@ -249,8 +249,10 @@ def test_write_async_frees_through_the_callback(host: Any) -> None:
         assert res.pages == 3
         assert all(torch.equal(a, b) for a, b in zip(ref, pages_of(host, res.host_indices)))
         host.free(res.host_indices)
-        bad = c.write_async(keys, src[:PS])  # wrong slot count: counted as failed, no raise
-        assert bad.result(timeout=30).failed == 3
+        # a wrong slot count is refused at the entry (checked once, before the backup thread)
+        with pytest.raises(ValueError, match="host_indices must hold"):
+            c.write_async(keys, src[:PS])
+        assert c.stats().pages_write_failed == 0
     assert host.available_size() == free0
 
 

@@ -29,6 +29,7 @@ import torch
 
 import mem_cache_storage
 from mem_cache_storage import (
+    ExtraPool,
     HiCacheFile,
     HiCacheMemory,
     HiCacheStorageConfig,
@@ -338,6 +339,23 @@ def _other_rows() -> list[Row]:
             Row(s, method, "host_indices", T, _ctl(method, keys, slots.tolist()), "list"),
             Row(s, method, "host_indices", T, _ctl(method, keys, slots.double()), "float"),
         ]
+    rows += [  # extra pools (the v2 path)
+        Row("ExtraPool", "__init__", "name", T, lambda: ExtraPool(3, make_host(size=16)), "int"),  # type: ignore[arg-type]
+        Row("ExtraPool", "__init__", "name", V, lambda: ExtraPool("kv", make_host(size=16)),
+            "kv"),
+        Row("ExtraPool", "__init__", "host_pool", T, lambda: ExtraPool("swa", object()),
+            "object"),
+        Row("ExtraPool", "__init__", "hit_policy", V,
+            lambda: ExtraPool("swa", make_host(size=16), "block_groups"), "block_groups"),
+        Row("ExtraPool", "__init__", "trailing_pages", V,
+            lambda: ExtraPool("swa", make_host(size=16), "trailing_pages", 0), "zero"),
+        Row(s, "__init__", "extra_pools", T, _new_controller(extra_pools=[object()]), "object"),
+        Row(s, "__init__", "extra_pools", V, _new_controller(extra_pools=[
+            ExtraPool("swa", make_host(size=16)), ExtraPool("swa", make_host(size=16))]),
+            "duplicate"),
+        Row(s, "write", "extra_indices", V, _ctl("write", keys, slots, {"swa": slots}),
+            "no extra pools"),
+    ]
     rows += [  # the length check runs where the pages are written
         Row(s, "write", "host_indices", V, _ctl("write", keys, slots[:PS]), "length"),
         Row(s, "on_host_evict", "host_indices", V, _ctl("on_host_evict", keys, slots[:1]),
@@ -359,6 +377,7 @@ EXEMPT_CLASSES: dict[str, str] = {
     "LatencySummary": "a result record built by LatencyRecorder.summary",
     "PageBatch": "host pool buffer meta wrapped by host_page_ranges (the pool's own lists)",
     "PageFormat": "a page-layout record built by mem_cache_storage.backend's page helpers",
+    "PoolStats": "a result record built by StorageController.stats",
     "PoolHitPolicy": "a str enum of SGLang's policy names (a value, not a call)",
     "PoolName": "a str enum of SGLang's pool names (a value, not a call)",
     "PoolTransfer": "SGLang's descriptor record; the v2 calls check what they read from it",

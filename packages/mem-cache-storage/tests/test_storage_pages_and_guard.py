@@ -15,6 +15,7 @@ from mem_cache_storage import (
     HiCacheMemory,
     HiCacheStorageConfig,
     PageBatch,
+    PoolStats,
     StorageController,
     page_hashes,
 )
@@ -143,12 +144,17 @@ def test_a_failing_foreign_backend_is_counted_once_by_the_controller(
 
 def test_controller_stats_is_the_one_declaration_and_sums() -> None:
     names = [f.name for f in dataclasses.fields(ControllerStats)]
-    assert len(names) == 17 and names[-2:] == ["prefetch_latency", "write_latency"]
-    a = ControllerStats(pages_loaded=2, bytes_loaded=100, load_seconds=1.0, backend_errors=1)
-    b = ControllerStats(pages_loaded=3, bytes_loaded=300, load_seconds=1.0, prefetches=4)
+    assert len(names) == 18
+    assert names[-3:] == ["prefetch_latency", "write_latency", "pools"]  # pools: extra pools'
+    a = ControllerStats(pages_loaded=2, bytes_loaded=100, load_seconds=1.0, backend_errors=1,
+                        pools={"mamba": PoolStats(pages_loaded=1, part_misses=1)})
+    b = ControllerStats(pages_loaded=3, bytes_loaded=300, load_seconds=1.0, prefetches=4,
+                        pools={"mamba": PoolStats(pages_loaded=2), "swa": PoolStats(1, 9)})
     total = a + b
     assert (total.pages_loaded, total.bytes_loaded, total.prefetches, total.backend_errors) == (
         5, 400, 4, 1)
+    assert dict(total.pools) == {"mamba": PoolStats(pages_loaded=3, part_misses=1),
+                                 "swa": PoolStats(1, 9)}
     assert total.load_gb_per_s == pytest.approx(400 / 2.0 / 1e9)
     assert ControllerStats() + ControllerStats() == ControllerStats()
     host = make_host()

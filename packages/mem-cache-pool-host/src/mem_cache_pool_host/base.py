@@ -98,6 +98,19 @@ _log = logging.getLogger(__name__)
 _CPU = torch.device("cpu")
 
 
+def _prepare_transfer_indices(
+    host_indices: torch.Tensor, device_indices: torch.Tensor, io_backend: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``prepare_transfer_indices`` of every host pool whose slots are physical (this module's
+    and ``MambaPoolHost``): both index tensors come back as given after the entry check (1-D
+    index tensors, ``io_backend`` a str; the transfer that follows checks the rest)."""
+    check_index("host_indices", host_indices, allow_meta=False)
+    check_index("device_indices", device_indices)
+    if not isinstance(io_backend, str):
+        raise TypeError(f"io_backend must be a str, got {type(io_backend).__name__}")
+    return host_indices, device_indices
+
+
 @runtime_checkable
 class DevicePoolLike(Protocol):
     """Anything that describes its buffers (every mem_cache_pool device pool)."""
@@ -702,11 +715,7 @@ class HostKVCache:
         given; SGLang's controller has already moved them where ``io_backend`` needs them.
         ``TypeError``/``ValueError`` unless both are 1-D index tensors and ``io_backend`` a str
         (the transfer that follows checks the rest)."""
-        check_index("host_indices", host_indices, allow_meta=False)
-        check_index("device_indices", device_indices)
-        if not isinstance(io_backend, str):
-            raise TypeError(f"io_backend must be a str, got {type(io_backend).__name__}")
-        return host_indices, device_indices
+        return _prepare_transfer_indices(host_indices, device_indices, io_backend)
 
     def backup_from_device_all_layer_physical(
         self,

@@ -49,6 +49,7 @@ from mem_cache_kernels.checks import (
     check_tensor,
 )
 from mem_cache_kernels.dispatch import pick
+from mem_cache_pool_host.base import _prepare_transfer_indices
 from mem_cache_pool_host.capacity import preflight_host_memory
 from mem_cache_pool_host.layer_counter import LayerDoneCounter
 from mem_cache_pool_host.memory import HostAllocation, default_host_tensor_allocator
@@ -407,7 +408,7 @@ class MambaPoolHost:
             hc = h.cpu()
             check_index_values("host_indices", hc, limit=self.size)
             check_distinct("host_indices", hc)
-            with self.lock:
+            with self.lock:  # the allocator's page_used, read inline (no call on this path)
                 allocated = bool(self._slots.page_used[hc].all())
             if not allocated:
                 raise ValueError("host_indices must be allocated host slots")
@@ -476,12 +477,9 @@ class MambaPoolHost:
         Host slots here are physical (no shared compacting layout), so both come back as given
         (the same tensors); SGLang's controller has already moved them where ``io_backend``
         needs them. ``TypeError``/``ValueError`` unless both are 1-D index tensors and
-        ``io_backend`` a str (the transfer that follows checks the rest)."""
-        check_index("host_indices", host_indices, allow_meta=False)
-        check_index("device_indices", device_indices)
-        if not isinstance(io_backend, str):
-            raise TypeError(f"io_backend must be a str, got {type(io_backend).__name__}")
-        return host_indices, device_indices
+        ``io_backend`` a str (the transfer that follows checks the rest): the host pools' one
+        check (``base._prepare_transfer_indices``)."""
+        return _prepare_transfer_indices(host_indices, device_indices, io_backend)
 
     def backup_from_device_all_layer_physical(
         self,

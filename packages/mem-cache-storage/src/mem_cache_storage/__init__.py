@@ -30,8 +30,10 @@ from mem_cache_storage.config import (
 )
 from mem_cache_storage.controller import (
     ControllerStats,
+    ExtraPool,
     LatencyRecorder,
     LatencySummary,
+    PoolStats,
     PrefetchHandle,
     PrefetchResult,
     StorageController,
@@ -45,6 +47,7 @@ from mem_cache_storage.registry import StorageBackendFactory, create_backend, re
 __all__ = [
     "STORAGE_BATCH_SIZE",
     "ControllerStats",
+    "ExtraPool",
     "HiCacheFile",
     "HiCacheMemory",
     "HiCacheStorage",
@@ -60,6 +63,7 @@ __all__ = [
     "PointerStorageBackend",
     "PoolHitPolicy",
     "PoolName",
+    "PoolStats",
     "PoolTransfer",
     "PoolTransferResult",
     "PrefetchHandle",

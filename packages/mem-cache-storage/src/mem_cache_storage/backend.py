@@ -211,16 +211,18 @@ def tensor_page_ranges(
 
 
 def host_page_ranges(
-    pool: Any, host_indices: torch.Tensor, num_pages: int
+    pool: Any, host_indices: torch.Tensor, num_pages: int, *, trusted: bool = False
 ) -> tuple[PageBatch, PageFormat]:
     """The ranges of ``num_pages`` whole pages of host slots ``host_indices`` in ``pool``
     (through its public ``get_page_buffer_meta``, SGLang's lists kept as they are), format
-    ``native:<pool.layout>``."""
+    ``native:<pool.layout>``. ``trusted``: the caller already checked ``host_indices`` (an
+    index tensor of ``num_pages * page_size`` slots)."""
     if pool is None:
         raise RuntimeError("no host pool registered: call register_mem_pool_host(pool) first")
-    check_index("host_indices", host_indices)
     page_size = int(pool.page_size)
-    if host_indices.numel() != num_pages * page_size:
+    if not trusted:
+        check_index("host_indices", host_indices)
+    if not trusted and host_indices.numel() != num_pages * page_size:
         raise ValueError(
             f"host_indices must be 1-D with len(keys) * page_size = {num_pages * page_size} "
             f"slots, got shape {tuple(host_indices.shape)}"
@@ -431,7 +433,7 @@ class StorageStats:
             "get_hits": s.get_hits, "get_misses": s.get_misses, "get_bytes": s.get_bytes,
             "set_ok": s.set_ok, "set_failed": s.set_failed, "set_bytes": s.set_bytes,
             "exists_queries": s.exists_queries, "errors": s.errors, "rejected": s.rejected,
-            "evicted": s.evicted,
+            "evicted": s.evicted, "set_refused": s.set_refused,
         }
 
 
@@ -700,13 +702,14 @@ class PageStorageBackend(PoolPagesMixin, HiCacheStorage):
         return found.index(False) if False in found else len(found)
 
     def _host_io(self, write: bool, pool: Any, skeys: list[str],
-                 host_indices: torch.Tensor) -> list[bool]:
-        """Move the pages at ``host_indices`` of ``pool`` to / from storage keys ``skeys``."""
+                 host_indices: torch.Tensor, trusted: bool = False) -> list[bool]:
+        """Move the pages at ``host_indices`` of ``pool`` to / from storage keys ``skeys``
+        (``trusted``: ``host_indices`` already checked by the caller)."""
         with _io_guard(pool):
             if self.key_scheme == "mem_cache" or str(getattr(pool, "layout", "")) in (
                 FLAT_NATIVE_LAYOUTS
             ):
-                pages, fmt = host_page_ranges(pool, host_indices, len(skeys))
+                pages, fmt = host_page_ranges(pool, host_indices, len(skeys), trusted=trusted)
                 if self.key_scheme != "mem_cache":  # SGLang's pages: the flat page's bytes
                     fmt = PageFormat("flat", fmt.dtype, (fmt.nbytes,))
                 return self._put(skeys, pages, fmt) if write else self._get(skeys, pages, fmt)
@@ -755,6 +758,17 @@ class PageStorageBackend(PoolPagesMixin, HiCacheStorage):
     ) -> list[bool]:
         return self._host_io(True, self.mem_pool_host, self.keyspace.storage_keys(keys),
                              host_indices)
+
+    def _trusted_host_io(self, write: bool, keys: list[str],
+                        host_indices: torch.Tensor) -> list[bool]:
+        """``batch_set_v1`` (``write``) / ``batch_get_v1`` for a caller that checked
+        ``host_indices`` itself (a 1-D int64 tensor of ``len(keys) * page_size`` slots of the
+        registered pool): the :class:`~mem_cache_storage.controller.StorageController`'s I/O
+        threads, so the write and prefetch paths check the index tensor once, at the
+        controller's public entry. The SGLang-named methods keep their checks for every other
+        caller."""
+        return self._host_io(write, self.mem_pool_host, self.keyspace.storage_keys(keys),
+                             host_indices, trusted=True)
 
     def clear(self) -> None:
         self._clear()

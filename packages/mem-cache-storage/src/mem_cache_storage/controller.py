@@ -41,24 +41,35 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Literal
 
 import torch
 
 from mem_cache_kernels.checks import check_choice, check_index, check_int, check_optional_int
+from mem_cache_storage import _multi_pool as mp
+from mem_cache_storage._controller_stats import (
+    COUNTER_NAMES,
+    POOL_COUNTERS,
+    ControllerStats,
+    LatencySummary,
+    PoolStats,
+)
+from mem_cache_storage._multi_pool import ExtraPool
 from mem_cache_storage.backend import bools, guarded
 from mem_cache_storage.config import STORAGE_BATCH_SIZE
 
 __all__ = [
     "ControllerStats",
+    "ExtraPool",
     "LatencyRecorder",
     "LatencySummary",
     "PrefetchHandle",
     "PrefetchResult",
+    "PoolStats",
     "PrefetchStatus",
     "StorageController",
     "WritePolicy",
@@ -95,11 +106,6 @@ def _key_list(keys: Iterable[str]) -> list[str]:
     return list(keys)
 
 
-def _check_write_args(keys: Iterable[str], host_indices: torch.Tensor) -> list[str]:
-    """The kind checks of every write entry point (run whatever the write policy)."""
-    keys = _key_list(keys)
-    check_index("host_indices", host_indices)
-    return keys
 _EMPTY = torch.empty(0, dtype=torch.int64)
 
 
@@ -128,29 +134,22 @@ class PrefetchResult:
     pages: int
     host_indices: torch.Tensor
     latency_s: float
+    #: per extra pool (``extra_pools``): its host slots of the prefix (``all_pages`` pools:
+    #: ``pages`` pages; ``trailing_pages`` pools: the last ``min(trailing_pages, pages)``
+    #: pages); the caller owns them with ``host_indices`` and frees them with that pool's
+    #: ``free``
+    extra_host_indices: Mapping[str, torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
 class WriteResult:
-    """Pages ``written``, ``skipped`` (already stored) and ``failed`` by one write."""
+    """Pages ``written``, ``skipped`` (already stored) and ``failed`` by one write (token
+    pages: the KV pool's); ``extra_failed``: pages of extra pools that failed."""
 
     written: int
     skipped: int
     failed: int
-
-
-@dataclass(frozen=True, slots=True)
-class LatencySummary:
-    """Percentiles (seconds) over the last ``count`` samples kept (``total`` ever recorded)."""
-
-    count: int
-    total: int
-    p50_s: float
-    p99_s: float
-    max_s: float
-
-
-_NO_LATENCY = LatencySummary(0, 0, 0.0, 0.0, 0.0)
+    extra_failed: int = 0
 
 
 class LatencyRecorder:
@@ -180,69 +179,33 @@ class LatencyRecorder:
         return LatencySummary(len(data), total, pct(0.50), pct(0.99), data[-1])
 
 
-@dataclass(frozen=True, slots=True)
-class ControllerStats:
-    """Counters of a controller (a snapshot; the one declaration of them: the controller fills
-    them, the simulator sums the snapshots of its controllers with ``+``)."""
-
-    prefetches: int = 0
-    prefetch_hits: int = 0
-    prefetch_misses: int = 0
-    prefetch_failed: int = 0
-    prefetch_cancelled: int = 0
-    prefetch_timeouts: int = 0
-    pages_loaded: int = 0
-    bytes_loaded: int = 0
-    load_seconds: float = 0.0
-    pages_written: int = 0
-    pages_skipped: int = 0
-    pages_write_failed: int = 0
-    bytes_written: int = 0
-    write_seconds: float = 0.0
-    backend_errors: int = 0
-    prefetch_latency: LatencySummary = _NO_LATENCY
-    write_latency: LatencySummary = _NO_LATENCY
-
-    @property
-    def load_gb_per_s(self) -> float:
-        return self.bytes_loaded / self.load_seconds / 1e9 if self.load_seconds else 0.0
-
-    @property
-    def write_gb_per_s(self) -> float:
-        return self.bytes_written / self.write_seconds / 1e9 if self.write_seconds else 0.0
-
-    def __add__(self, other: ControllerStats) -> ControllerStats:
-        """The counters of both summed (latencies: ``other``'s, the later snapshot's)."""
-        if not isinstance(other, ControllerStats):
-            return NotImplemented
-        sums = {n: getattr(self, n) + getattr(other, n) for n in _COUNTER_NAMES}
-        return ControllerStats(**sums, prefetch_latency=other.prefetch_latency,
-                               write_latency=other.write_latency)
-
-
-#: the counters of :class:`ControllerStats` (its int and float fields)
-_COUNTER_NAMES = tuple(f.name for f in fields(ControllerStats) if f.type in ("int", "float"))
-
-
 class _Counters:
     """The mutable counter behind :class:`ControllerStats`: one value per counter, one lock."""
 
-    __slots__ = ("_lock", "_values")
+    __slots__ = ("_lock", "_pools", "_values")
 
-    def __init__(self) -> None:
+    def __init__(self, pools: Iterable[str] = ()) -> None:
         self._lock = threading.Lock()
-        self._values: dict[str, Any] = dict.fromkeys(_COUNTER_NAMES, 0)
+        self._values: dict[str, Any] = dict.fromkeys(COUNTER_NAMES, 0)
+        self._pools = {p: dict.fromkeys(POOL_COUNTERS, 0) for p in pools}
 
     def add(self, **deltas: float) -> None:
         with self._lock:
             for name, delta in deltas.items():
                 self._values[name] += delta
 
+    def add_pool(self, pool: str, **deltas: int) -> None:
+        with self._lock:
+            values = self._pools[pool]
+            for name, delta in deltas.items():
+                values[name] += delta
+
     def snapshot(self, prefetch: LatencyRecorder, write: LatencyRecorder) -> ControllerStats:
         with self._lock:
             values = dict(self._values)
+            pools = {p: PoolStats(**v) for p, v in self._pools.items()}
         return ControllerStats(**values, prefetch_latency=prefetch.summary(),
-                               write_latency=write.summary())
+                               write_latency=write.summary(), pools=pools)
 
 
 class PrefetchHandle:
@@ -256,6 +219,8 @@ class PrefetchHandle:
         self._result: PrefetchResult | None = None
         self._slots: torch.Tensor | None = None  # every page reserved, until released/taken
         self._reserved = 0
+        self._extra: dict[str, torch.Tensor] = {}  # extra pools' reserved slots, likewise
+        self._extra_kept: dict[str, torch.Tensor] = {}
         self._state: Literal["running", "finished", "taken", "released"] = "running"
         self._cancel_status: PrefetchStatus | None = None
 
@@ -300,10 +265,14 @@ class StorageController:
         write_policy: WritePolicy = "write_back",
         batch_pages: int = STORAGE_BATCH_SIZE,
         io_threads: int = 1,
+        extra_pools: Sequence[ExtraPool] = (),
     ) -> None:
         """``storage``: a :class:`~mem_cache_storage.base.HiCacheStorage` with zero-copy calls;
         ``host_pool``: the host pool (registered with ``storage`` here); ``prefetch_budget_pages``:
-        most host pages held by prefetches at once (default: half the host pool's pages)."""
+        most host pages held by prefetches at once (default: half the host pool's pages);
+        ``extra_pools``: host pools whose pages travel with the KV pages through the backend's
+        v2 calls (registered with ``register_mem_host_pool_v2`` here; see
+        :class:`~mem_cache_storage._multi_pool.ExtraPool`)."""
         for name, obj, needs in (
             ("storage", storage, _STORAGE_NEEDS),
             ("host_pool", host_pool, _HOST_POOL_NEEDS),
@@ -318,6 +287,19 @@ class StorageController:
         check_int("batch_pages", batch_pages, minimum=1)
         check_optional_int("prefetch_budget_pages", prefetch_budget_pages, minimum=0)
         check_int("io_threads", io_threads, minimum=1)
+        if isinstance(extra_pools, (str, bytes)) or not isinstance(extra_pools, Sequence):
+            raise TypeError(f"extra_pools must be a list of ExtraPool, got "
+                            f"{type(extra_pools).__name__}")
+        for i, p in enumerate(extra_pools):
+            if not isinstance(p, ExtraPool):
+                raise TypeError(f"extra_pools[{i}] must be an ExtraPool, got {type(p).__name__}")
+        names = [p.name for p in extra_pools]
+        if len(set(names)) != len(names):
+            raise ValueError(f"extra_pools must have distinct names, got {names}")
+        if extra_pools:
+            mp.check_storage_v2(storage)
+        #: the extra pools (v2 path), in the order given
+        self.extra_pools: tuple[ExtraPool, ...] = tuple(extra_pools)
         self.storage = storage
         self.host_pool = host_pool
         self.page_size = int(host_pool.page_size)
@@ -336,16 +318,23 @@ class StorageController:
         )
         if getattr(storage, "mem_pool_host", None) is not host_pool:
             storage.register_mem_pool_host(host_pool)
+        for p in self.extra_pools:
+            storage.register_mem_host_pool_v2(p.host_pool, p.name)
+        self._extra_bytes = {p.name: p.page_bytes() for p in self.extra_pools}
+        # the backend's trusted entry (ours): the controller checked its arguments once
+        self._trusted_io = getattr(storage, "_trusted_host_io", None)
+        self._trusted_io_v2 = getattr(storage, "_trusted_io_v2", None)
         #: True when the backend has no zero-copy v1 calls (SGLang's base stubs): pages go
         #: through ``batch_get`` / ``batch_set`` (found out at construction or on a ``None``)
         self.generic_io = _v1_is_stub(storage)
         self._lock = threading.Lock()
         self._reserved = 0
+        self._reserved_extra = 0
         self._handles: set[PrefetchHandle] = set()
         self._io = ThreadPoolExecutor(max_workers=io_threads,
                                       thread_name_prefix="storage-prefetch")
         self._backup = ThreadPoolExecutor(max_workers=1, thread_name_prefix="storage-backup")
-        self._counters = _Counters()
+        self._counters = _Counters(names)
         self._count_error = partial(self._counters.add, backend_errors=1)
         self._prefetch_latency = LatencyRecorder()
         self._write_latency = LatencyRecorder()
@@ -354,9 +343,10 @@ class StorageController:
     # ------------------------------------------------------------- accounting
     @property
     def reserved_pages(self) -> int:
-        """Host pages held by prefetches not yet taken or released (0 when idle)."""
+        """Host pages held by prefetches not yet taken or released (0 when idle), the extra
+        pools' pages included."""
         with self._lock:
-            return self._reserved
+            return self._reserved + self._reserved_extra
 
     def stats(self) -> ControllerStats:
         """A snapshot of this controller's counters."""
@@ -385,7 +375,10 @@ class StorageController:
             return self._call_generic(name == "batch_set_v1", keys, slots)
         n = len(keys)
         failed: list[bool] | None = [False] * n
-        result = guarded(partial(getattr(self.storage, name), keys, slots, None),
+        call = (partial(self._trusted_io, name == "batch_set_v1", keys, slots)
+                if self._trusted_io is not None else
+                partial(getattr(self.storage, name), keys, slots, None))
+        result = guarded(call,
                          partial(_bools_or_stub, n), failed, owner="storage", what=name,
                          count_error=self._count_error)
         if result is None:  # SGLang's base stub: the backend has no v1 path
@@ -421,48 +414,146 @@ class StorageController:
             out[j] = True
         return out
 
+    # --------------------------------------------------------------- v2 calls
+    def _exists_v2(self, keys: list[str]) -> Any:
+        """``batch_exists_v2`` over ``keys`` with every extra pool (``None`` when it failed)."""
+        def check(result: Any) -> Any:
+            mp.restorable(result, len(keys))
+            return result
+        return guarded(partial(self.storage.batch_exists_v2, keys,
+                               mp.query(self.extra_pools, keys)), check, None,
+                       owner="storage", what="batch_exists_v2", count_error=self._count_error)
+
+    def _io_v2(self, write: bool, pools: Sequence[ExtraPool], keys: list[str],
+               indices: Mapping[str, torch.Tensor]) -> dict[str, int]:
+        """One ``batch_set_v2`` / ``batch_get_v2`` of ``pools``' pages of ``keys`` (their slots
+        ``indices``): per pool, the leading pages that succeeded (0 for every pool when the
+        call failed)."""
+        if not pools or not keys:
+            return {p.name: len(keys) for p in pools}
+        n = len(keys)
+
+        def answer(result: object) -> dict[str, int]:
+            return {p.name: mp.leading(n, result, p.name) for p in pools}
+
+        moves = mp.transfers(pools, keys, indices)
+        if self._trusted_io_v2 is not None:  # ours: the controller checked the transfers
+            call = partial(self._trusted_io_v2, write, moves)
+        else:
+            call = partial(self.storage.batch_set_v2 if write else self.storage.batch_get_v2,
+                           moves)
+        return guarded(call, answer,
+                       {p.name: 0 for p in pools}, owner="storage",
+                       what="batch_set_v2" if write else "batch_get_v2",
+                       count_error=self._count_error)
+
     def lookup(self, keys: Sequence[str]) -> int:
         """How many leading ``keys`` storage holds (``batch_exists`` in batches; a failing
-        backend counts as holding none). Lets a caller make host room before :meth:`prefetch`."""
-        return self._exists_prefix(_key_list(keys))
+        backend counts as holding none). Lets a caller make host room before :meth:`prefetch`.
+        With ``extra_pools``: the longest prefix every pool can restore (``batch_exists_v2``'s
+        ``restorable_prefix_pages``)."""
+        keys = _key_list(keys)
+        if not self.extra_pools:
+            return self._exists_prefix(keys)
+        if not keys:
+            return 0
+        result = self._exists_v2(keys)
+        pages = mp.restorable(result, len(keys)) if result is not None else []
+        return pages[-1] if pages else 0
 
     # ------------------------------------------------------------------ writes
-    def write(self, keys: Sequence[str], host_indices: torch.Tensor) -> WriteResult:
-        """Store the pages at ``host_indices`` (``len(keys) * page_size`` host slots) under
-        ``keys``, skipping the leading keys already stored. Synchronous: the caller keeps the
-        host pages until it returns."""
-        keys = _check_write_args(keys, host_indices)
+    def _check_write(self, keys: Iterable[str], host_indices: torch.Tensor,
+                     extra_indices: object) -> tuple[list[str], dict[str, torch.Tensor]]:
+        """Every write entry point's argument check (the one check of the write path: below
+        it, :meth:`_write` and the backend's trusted entry take the arguments as they are)."""
+        keys = _key_list(keys)
+        check_index("host_indices", host_indices)
         if host_indices.numel() != len(keys) * self.page_size:
             raise ValueError(
                 f"host_indices must hold len(keys) * page_size = {len(keys) * self.page_size} "
                 f"slots, got {host_indices.numel()}"
             )
-        if not keys or not self.writes_enabled:
+        if not (self.extra_pools or extra_indices):  # the KV-only path stays in this module
+            return keys, {}
+        return keys, mp.check_extra_indices(self.extra_pools, extra_indices, len(keys))
+
+    def write(self, keys: Sequence[str], host_indices: torch.Tensor,
+              extra_indices: Mapping[str, torch.Tensor] | None = None) -> WriteResult:
+        """Store the pages at ``host_indices`` (``len(keys) * page_size`` host slots) under
+        ``keys``, skipping the leading keys already stored. Synchronous: the caller keeps the
+        host pages until it returns. With ``extra_pools``, ``extra_indices`` maps every extra
+        pool's name to its slots of these pages (``all_pages``: ``len(keys)`` pages;
+        ``trailing_pages``: the last ``min(trailing_pages, len(keys))`` pages)."""
+        keys, extra = self._check_write(keys, host_indices, extra_indices)
+        return self._write(keys, host_indices, extra)
+
+    def _write(self, keys: list[str], host_indices: torch.Tensor,
+               extra: Mapping[str, torch.Tensor]) -> WriteResult:
+        """:meth:`write` on checked arguments. Extra pools' parts go first (a trailing part,
+        then per batch the ``all_pages`` parts before the KV pages), so a KV page that storage
+        reports present never lacks a part written with it."""
+        kv_on = bool(keys) and self.writes_enabled
+        # Mamba states are TP-sharded even where the KV is replicated (SGLang's should_backup)
+        pools = [p for p in self.extra_pools if kv_on or p.name == "mamba"]
+        if not keys or not (kv_on or pools):
             return WriteResult(0, len(keys), 0)
         t0 = time.perf_counter()
-        present = self._exists_prefix(keys)
-        written = failed = 0
+        n = len(keys)
+        trailing_done = False
+        if self.extra_pools:
+            result = self._exists_v2(keys)
+            present = mp.contiguous_present(result, self.extra_pools) if result else 0
+            trailing_done = result is not None and n in mp.restorable(result, n)
+        else:
+            present = self._exists_prefix(keys)
+        written = failed = extra_failed = 0
         io_s = 0.0
-        for lo in range(present, len(keys), self.batch_pages):
+        t1 = time.perf_counter()
+        for p in pools:
+            if not p.trailing:
+                continue
+            k = mp.part_pages(p, n)
+            if trailing_done:
+                self._counters.add_pool(p.name, pages_skipped=k)
+                continue
+            good = self._io_v2(True, [p], keys[n - k:], extra)[p.name]
+            extra_failed += k - good
+            self._counters.add_pool(p.name, pages_written=good, pages_write_failed=k - good,
+                                    bytes_written=good * self._extra_bytes[p.name])
+        all_pages = [p for p in pools if not p.trailing]
+        for p in all_pages:
+            self._counters.add_pool(p.name, pages_skipped=present)
+        for lo in range(present, n, self.batch_pages):
             batch = keys[lo : lo + self.batch_pages]
-            t1 = time.perf_counter()
-            ok = self._call_v1("batch_set_v1", batch,
-                               self._slots_of(host_indices, lo, len(batch)))
-            io_s += time.perf_counter() - t1
+            nb = len(batch)
+            if all_pages:
+                parts = {p.name: extra[p.name][lo * p.page_size : (lo + nb) * p.page_size]
+                         for p in all_pages}
+                got = self._io_v2(True, all_pages, batch, parts)
+                for p in all_pages:
+                    g = got[p.name]
+                    extra_failed += nb - g
+                    self._counters.add_pool(p.name, pages_written=g, pages_write_failed=nb - g,
+                                            bytes_written=g * self._extra_bytes[p.name])
+            if not kv_on:
+                continue
+            ok = self._call_v1("batch_set_v1", batch, self._slots_of(host_indices, lo, nb))
             good = sum(ok)
             written += good
-            failed += len(batch) - good
+            failed += nb - good
+        io_s += time.perf_counter() - t1
         self._counters.add(pages_written=written, pages_skipped=present,
                            pages_write_failed=failed, bytes_written=written * self.page_bytes,
                            write_seconds=io_s)
         self._write_latency.record(time.perf_counter() - t0)
-        return WriteResult(written, present, failed)
+        return WriteResult(written, present, failed, extra_failed)
 
     def write_async(
         self,
         keys: Sequence[str],
         host_indices: torch.Tensor,
         on_done: Callable[[WriteResult], None] | None = None,
+        extra_indices: Mapping[str, torch.Tensor] | None = None,
     ) -> Future[WriteResult]:
         """:meth:`write` on the backup thread. The caller keeps the host pages until the write
         ended: ``on_done(result)`` runs on the backup thread right after (e.g. to free them), and
@@ -470,11 +561,11 @@ class StorageController:
         ``failed == len(keys)``; a raising ``on_done`` fails the future."""
         if self._closed:
             raise RuntimeError("StorageController is closed")
-        keys = _check_write_args(keys, host_indices)
+        keys, extra = self._check_write(keys, host_indices, extra_indices)
 
         def job() -> WriteResult:
             try:
-                result = self.write(keys, host_indices)
+                result = self._write(keys, host_indices, extra)
             except Exception as exc:
                 _log.warning("storage write failed (%s): counted as failed pages", exc)
                 self._counters.add(pages_write_failed=len(keys))
@@ -485,23 +576,27 @@ class StorageController:
 
         return self._backup.submit(job)
 
-    def on_host_evict(self, keys: Sequence[str], host_indices: torch.Tensor) -> WriteResult:
+    def on_host_evict(self, keys: Sequence[str], host_indices: torch.Tensor,
+                      extra_indices: Mapping[str, torch.Tensor] | None = None) -> WriteResult:
         """Host pages are about to be freed: write them under ``write_back``."""
-        _check_write_args(keys, host_indices)
+        keys, extra = self._check_write(keys, host_indices, extra_indices)
         if self.write_policy != "write_back":
             return WriteResult(0, 0, 0)
-        return self.write(keys, host_indices)
+        return self._write(keys, host_indices, extra)
 
-    def on_host_insert(self, keys: Sequence[str], host_indices: torch.Tensor) -> WriteResult:
+    def on_host_insert(self, keys: Sequence[str], host_indices: torch.Tensor,
+                       extra_indices: Mapping[str, torch.Tensor] | None = None) -> WriteResult:
         """Pages just reached the host pool: write them under ``write_through``."""
-        _check_write_args(keys, host_indices)
+        keys, extra = self._check_write(keys, host_indices, extra_indices)
         if self.write_policy != "write_through":
             return WriteResult(0, 0, 0)
-        return self.write(keys, host_indices)
+        return self._write(keys, host_indices, extra)
 
     # ---------------------------------------------------------------- prefetch
     def prefetch(self, keys: Sequence[str]) -> PrefetchHandle:
-        """Start loading the longest stored prefix of ``keys`` into host pages (background)."""
+        """Start loading the longest stored prefix of ``keys`` into host pages (background).
+        With ``extra_pools`` the prefix is the longest one every pool can restore, and the
+        result carries each extra pool's slots (:attr:`PrefetchResult.extra_host_indices`)."""
         if self._closed:
             raise RuntimeError("StorageController is closed")
         handle = PrefetchHandle(self, _key_list(keys))
@@ -511,47 +606,133 @@ class StorageController:
         self._io.submit(self._run, handle)
         return handle
 
-    def _reserve(self, handle: PrefetchHandle, pages: int) -> int:
-        """Reserve up to ``pages`` host pages for ``handle`` within the budget; pages reserved."""
+    def _reserve(self, handle: PrefetchHandle, pages: int | list[int]) -> int:
+        """Reserve host pages for ``handle`` within the budget: up to ``pages`` (an int), or
+        the longest of the prefix lengths ``pages`` (a list) that fits, with every extra pool's
+        part of it (all or nothing). Returns the pages reserved."""
         with self._lock:
             if handle.cancelled:
                 return 0
-            pages = min(pages, self.prefetch_budget_pages - self._reserved)
+            room = self.prefetch_budget_pages - self._reserved
+            if isinstance(pages, int):
+                pages = min(pages, room)
+            else:
+                pages = max((m for m in pages if m <= room), default=0)
             if pages <= 0:
                 return 0
             slots = self.host_pool.alloc(pages * self.page_size)
             if slots is None:
                 return 0
+            extra: dict[str, torch.Tensor] = {}
+            for p in self.extra_pools:
+                got = p.host_pool.alloc(mp.part_pages(p, pages) * p.page_size)
+                if got is None:  # one pool short: nothing reserved
+                    for q in self.extra_pools:
+                        if q.name in extra:
+                            q.host_pool.free(extra[q.name])
+                    self.host_pool.free(slots)
+                    return 0
+                extra[p.name] = got
             handle._slots = slots
             handle._reserved = pages
+            handle._extra = extra
             self._reserved += pages
+            self._reserved_extra += sum(
+                mp.part_pages(p, pages) for p in self.extra_pools)
             return pages
 
     def _run(self, handle: PrefetchHandle) -> None:
         loaded = 0
         status: PrefetchStatus = "miss"
         try:
-            hit = self._exists_prefix(handle.keys)
-            reserved = self._reserve(handle, hit) if hit else 0
-            slots = handle._slots
-            t_io = time.perf_counter()
-            if reserved and slots is not None:
-                for lo in range(0, reserved, self.batch_pages):
-                    if handle.cancelled:
-                        break
-                    batch = handle.keys[lo : min(reserved, lo + self.batch_pages)]
-                    ok = self._call_v1("batch_get_v1", batch,
-                                       self._slots_of(slots, lo, len(batch)))
-                    good = ok.index(False) if False in ok else len(ok)
-                    loaded += good
-                    if good < len(batch):
-                        break
-                self._counters.add(load_seconds=time.perf_counter() - t_io)
+            if self.extra_pools:
+                loaded = self._run_v2(handle)
+            else:
+                hit = self._exists_prefix(handle.keys)
+                reserved = self._reserve(handle, hit) if hit else 0
+                loaded = self._read(handle, reserved)
             status = "done" if loaded else "miss"
         except Exception as exc:  # never kill the IO thread
             _log.exception("storage prefetch failed: %s", exc)
             status, loaded = "failed", 0
         self._finish(handle, status, loaded)
+
+    def _read(self, handle: PrefetchHandle, reserved: int,
+              all_pages: Sequence[ExtraPool] = ()) -> int:
+        """Read the first ``reserved`` pages of ``handle`` batch by batch (the KV pages and the
+        ``all_pages`` pools' parts); the leading pages read intact in every pool."""
+        slots = handle._slots
+        if not reserved or slots is None:
+            return 0
+        loaded = 0
+        t_io = time.perf_counter()
+        for lo in range(0, reserved, self.batch_pages):
+            if handle.cancelled:
+                break
+            batch = handle.keys[lo : min(reserved, lo + self.batch_pages)]
+            nb = len(batch)
+            ok = self._call_v1("batch_get_v1", batch, self._slots_of(slots, lo, nb))
+            good = ok.index(False) if False in ok else nb
+            if all_pages and good:
+                parts = {p.name: handle._extra[p.name][lo * p.page_size : (lo + good)
+                                                       * p.page_size] for p in all_pages}
+                got = self._io_v2(False, all_pages, batch[:good], parts)
+                for p in all_pages:
+                    if got[p.name] < good:
+                        self._counters.add_pool(p.name, part_misses=1)
+                good = min([good, *got.values()])
+            loaded += good
+            if good < nb:
+                break
+        self._counters.add(load_seconds=time.perf_counter() - t_io)
+        return loaded
+
+    def _run_v2(self, handle: PrefetchHandle) -> int:
+        """The prefetch with extra pools: the restorable prefix lengths, the longest that fits
+        reserved in every pool, the KV and ``all_pages`` parts read, the prefix cut to the
+        longest restorable length read intact, then the trailing parts at that length. Returns
+        the pages kept (0: a miss); ``handle._extra_kept`` gets each pool's kept slots."""
+        keys = handle.keys
+        result = self._exists_v2(keys) if keys else None
+        lengths = mp.restorable(result, len(keys)) if result is not None else []
+        if not lengths or not self._reserve(handle, lengths):
+            return 0
+        pools = self.extra_pools
+        good = self._read(handle, handle._reserved, [p for p in pools if not p.trailing])
+        m = max((x for x in lengths if x <= good), default=0)
+        if m == 0 or handle.cancelled:
+            return 0
+        for p in pools:
+            if not p.trailing:
+                continue
+            k = mp.part_pages(p, m)
+            part = {p.name: handle._extra[p.name][: k * p.page_size]}
+            if self._io_v2(False, [p], keys[m - k : m], part)[p.name] < k:
+                self._counters.add_pool(p.name, part_misses=1)
+                return 0  # the KV pages without their state: nothing usable
+        handle._extra_kept = {p.name: handle._extra[p.name][: mp.part_pages(p, m) * p.page_size]
+                              for p in pools}
+        for p in pools:
+            k = mp.part_pages(p, m)
+            self._counters.add_pool(p.name, pages_loaded=k,
+                                    bytes_loaded=k * self._extra_bytes[p.name])
+        return m
+
+    def _release_extra(self, handle: PrefetchHandle, keep: bool) -> None:
+        """Free the extra pools' reserved slots of ``handle`` (all of them, or those past the
+        kept parts when ``keep``); under ``self._lock``."""
+        for p in self.extra_pools:
+            slots = handle._extra.get(p.name)
+            if slots is None:
+                continue
+            kept = handle._extra_kept.get(p.name) if keep else None
+            n = 0 if kept is None else kept.numel()
+            self._reserved_extra -= (slots.numel() - n) // p.page_size
+            if n < slots.numel():
+                p.host_pool.free(slots[n:])
+        handle._extra = {}
+        if not keep:
+            handle._extra_kept = {}
 
     def _finish(self, handle: PrefetchHandle, status: PrefetchStatus, loaded: int) -> None:
         latency = time.perf_counter() - handle.submitted
@@ -571,8 +752,10 @@ class StorageController:
                 else:
                     handle._state = "finished"
                 handle._result = PrefetchResult(
-                    status, len(handle.keys), keep, kept if kept is not None else _EMPTY, latency
+                    status, len(handle.keys), keep, kept if kept is not None else _EMPTY, latency,
+                    dict(handle._extra_kept) if keep else {},
                 )
+                self._release_extra(handle, keep > 0)
                 if slots is not None and keep < reserved:  # last: a failing free changes nothing
                     self.host_pool.free(self._slots_of(slots, keep, reserved - keep))
         except Exception as exc:  # e.g. the host pool was closed under us: never hang a waiter
@@ -594,8 +777,12 @@ class StorageController:
                                       time.perf_counter() - handle.submitted)
             if handle._state == "finished":
                 self._reserved -= handle._reserved
+                self._reserved_extra -= sum(
+                    t.numel() // p.page_size for p in self.extra_pools
+                    if (t := handle._extra_kept.get(p.name)) is not None)
                 handle._reserved = 0
                 handle._slots = None
+                handle._extra_kept = {}
                 handle._state = "taken"
                 self._handles.discard(handle)
                 return result
@@ -613,6 +800,12 @@ class StorageController:
             if handle._state == "finished":  # done but not taken: free now
                 if handle._slots is not None and handle._reserved:
                     self.host_pool.free(handle._slots)
+                for p in self.extra_pools:
+                    kept = handle._extra_kept.get(p.name)
+                    if kept is not None:
+                        self._reserved_extra -= kept.numel() // p.page_size
+                        p.host_pool.free(kept)
+                handle._extra_kept = {}
                 self._reserved -= handle._reserved
                 handle._reserved = 0
                 handle._slots = None

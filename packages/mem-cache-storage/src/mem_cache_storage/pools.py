@@ -152,7 +152,7 @@ class PoolPagesMixin:
     registered_pools: dict[str, Any]
     keyspace: Any
     _exist: Callable[[list[str]], list[bool]]
-    _host_io: Callable[[bool, Any, list[str], torch.Tensor], list[bool]]
+    _host_io: Callable[[bool, Any, list[str], torch.Tensor, bool], list[bool]]
     _check_keys: Callable[..., list[str]]
 
     def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
@@ -230,7 +230,20 @@ class PoolPagesMixin:
                 out[name] = [False] * len(keys)
                 continue
             skeys = self.keyspace.storage_keys([pool_key(name, k) for k in keys])
-            out[name] = self._host_io(write, pool, skeys, indices)
+            out[name] = self._host_io(write, pool, skeys, indices, False)
+        return out
+
+    def _trusted_io_v2(self, write: bool, transfers: list[Any]) -> dict[str, list[bool]]:
+        """``batch_set_v2`` (``write``) / ``batch_get_v2`` for a caller that checked every
+        transfer itself (a registered pool's name, caller keys, exactly ``len(keys) *
+        page_size`` index slots of that pool): the storage controller's I/O threads, so the v2
+        path checks ``host_indices`` once, at the controller's entry."""
+        out: dict[str, list[bool]] = {}
+        ks = self.keyspace
+        for t in transfers:
+            name = _name(t.name)
+            skeys = ks.storage_keys([pool_key(name, k) for k in t.keys])
+            out[name] = self._host_io(write, self._pool(name), skeys, t.host_indices, True)
         return out
 
     def batch_get_v2(
