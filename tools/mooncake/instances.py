@@ -170,8 +170,8 @@ def run(args: argparse.Namespace, sim_argv: list[str]) -> dict[str, Any]:
 
     cfg = config_from_args(sim_parser().parse_args(sim_argv))
     if cfg.model not in ("mha", "mla"):
-        raise ValueError(f"--model {cfg.model} has no storage tier: the multi-instance run needs "
-                         "mha or mla")
+        raise ValueError(f"--model {cfg.model}: the multi-instance run (a shared Mooncake store) "
+                         "needs mha or mla")
     cfg = replace(cfg, storage="mooncake", storage_master=args.storage_master,
                   storage_metadata=args.storage_metadata,
                   storage_fault_rate=args.storage_fault_rate)
