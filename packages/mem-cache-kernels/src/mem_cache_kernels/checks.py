@@ -309,7 +309,8 @@ def check_fits_dtype(name: str, values: torch.Tensor | None, dtype: torch.dtype,
     if values is None or not values.numel() or values.dtype.itemsize <= dtype.itemsize:
         return
     info = torch.iinfo(dtype)
-    lo, hi = int(values.min()), int(values.max())
+    lo_t, hi_t = torch.aminmax(values)  # one reduction
+    lo, hi = int(lo_t), int(hi_t)
     if lo < info.min or hi > info.max:
         bad = hi if hi > info.max else lo
         raise ValueError(
