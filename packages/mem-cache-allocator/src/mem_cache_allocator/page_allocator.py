@@ -507,18 +507,12 @@ def pick(op: str, backend: str, *tensors: torch.Tensor) -> Callable[..., Any]:
     return dispatch.pick(op, backend, *tensors)
 
 
-_TORCH_IMPLS: dict[str, Any] = {}
-
-
 def _torch_impl(op: str) -> Any:
-    """The torch implementation of kernel op ``op`` (looked up once, through the dispatch
-    module rather than this module's ``pick``, which tests replace by a stub)."""
-    fn = _TORCH_IMPLS.get(op)
-    if fn is None:
-        from mem_cache_kernels import dispatch
+    """The torch implementation of kernel op ``op``: its entry in the dispatch table (read there,
+    not through this module's ``pick``, which tests replace by a stub)."""
+    from mem_cache_kernels import dispatch
 
-        fn = _TORCH_IMPLS[op] = dispatch.pick(op, "torch")
-    return fn
+    return dispatch.TABLE[op][0]
 
 
 def host_decode(last_loc: torch.Tensor, need: Any, pages: torch.Tensor, shift: int) -> torch.Tensor:
