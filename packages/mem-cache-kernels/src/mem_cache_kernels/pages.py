@@ -30,6 +30,7 @@ __all__ = [
     "decode_counts",
     "decode_page_starts",
     "extend_counts",
+    "check_segments_iterable",
     "trim_segments",
 ]
 
@@ -153,6 +154,18 @@ def decode_page_starts(seq_lens: torch.Tensor, page_size: int) -> tuple[int, Any
     return int(_np.count_nonzero(need)), need
 
 
+def check_segments_iterable(segments: object) -> None:
+    """``TypeError`` naming ``segments`` unless it is an iterable (not a tensor) of pairs: the
+    first check of :func:`trim_segments`, for callers that check before they iterate."""
+    if not isinstance(segments, (list, tuple)) and (
+        isinstance(segments, torch.Tensor) or not isinstance(segments, Iterable)
+    ):
+        raise TypeError(
+            f"segments must be an iterable of (free_index, start_pos) pairs, "
+            f"got {type(segments).__name__}"
+        )
+
+
 def trim_segments(
     segments: Iterable[tuple[torch.Tensor, int]], page_size: int
 ) -> list[tuple[torch.Tensor, int]]:
@@ -167,11 +180,7 @@ def trim_segments(
     pairs as a list: every segment is checked before the caller frees the first. Host
     arithmetic on positions and lengths: reads no tensor data.
     """
-    if isinstance(segments, torch.Tensor) or not isinstance(segments, Iterable):
-        raise TypeError(
-            f"segments must be an iterable of (free_index, start_pos) pairs, "
-            f"got {type(segments).__name__}"
-        )
+    check_segments_iterable(segments)
     page_size = check_page_size(page_size)
     out: list[tuple[torch.Tensor, int]] = []
     prev_end: int | None = None
