@@ -30,7 +30,6 @@ __all__ = [
     "decode_counts",
     "decode_page_starts",
     "extend_counts",
-    "check_segments_iterable",
     "trim_segments",
 ]
 
@@ -156,7 +155,8 @@ def decode_page_starts(seq_lens: torch.Tensor, page_size: int) -> tuple[int, Any
 
 def check_segments_iterable(segments: object) -> None:
     """``TypeError`` naming ``segments`` unless it is an iterable (not a tensor) of pairs: the
-    first check of :func:`trim_segments`, for callers that check before they iterate."""
+    first check of :func:`trim_segments`, for callers that check before they iterate (a shared
+    helper of the allocators, outside ``__all__``: it checks the container only)."""
     if not isinstance(segments, (list, tuple)) and (
         isinstance(segments, torch.Tensor) or not isinstance(segments, Iterable)
     ):
