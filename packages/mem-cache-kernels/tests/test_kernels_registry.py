@@ -8,6 +8,7 @@ catalogue or table, so a check that stops finding problems fails here too.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import inspect
 import pkgutil
@@ -64,6 +65,22 @@ def _params(fn: Callable[..., Any]) -> list[tuple[str, Any]]:
 Table = Mapping[str, tuple[Callable[..., Any], Callable[[], Callable[..., Any]]]]
 
 
+def _home(fn: Callable[..., Any]) -> str:
+    """Where ``fn`` is implemented: a function's module; for a row op body of ``_layout`` bound
+    to a backend's executor (``functools.partial(body, run_jobs)``), the executor's module."""
+    if (
+        isinstance(fn, functools.partial)
+        and inspect.isfunction(fn.func)
+        and fn.func.__module__ == "mem_cache_kernels._layout"
+        and len(fn.args) == 1
+        and not fn.keywords
+        and inspect.isfunction(fn.args[0])
+        and fn.args[0].__name__ == "run_jobs"
+    ):
+        return str(fn.args[0].__module__)
+    return str(fn.__module__) if inspect.isfunction(fn) else ""
+
+
 def _problems(ops: Sequence[OpInfo], table: Table, *, triton: bool) -> list[str]:
     """Everything wrong with ``ops`` and ``table``: an entry that is not a public function of
     its module, a catalogue that disagrees with the table about which ops have backends, a torch
@@ -91,9 +108,7 @@ def _problems(ops: Sequence[OpInfo], table: Table, *, triton: bool) -> list[str]
         if not _takes_backend(public):
             problems.append(f"{op.qualname}: dispatched, but takes no keyword-only backend")
         torch_fn, load_triton_fn = table[op.name]
-        if not inspect.isfunction(torch_fn) or not torch_fn.__module__.startswith(
-            "mem_cache_kernels._torch."
-        ):
+        if not _home(torch_fn).startswith("mem_cache_kernels._torch."):
             problems.append(f"{op.qualname}: torch implementation {torch_fn!r} is not in _torch")
             continue
         if triton:
@@ -102,9 +117,7 @@ def _problems(ops: Sequence[OpInfo], table: Table, *, triton: bool) -> list[str]
             except Exception as exc:  # report every kind of failure as a problem of this row
                 problems.append(f"{op.qualname}: triton loader: {type(exc).__name__}: {exc}")
                 continue
-            if not inspect.isfunction(triton_fn) or not triton_fn.__module__.startswith(
-                "mem_cache_kernels._triton."
-            ):
+            if not _home(triton_fn).startswith("mem_cache_kernels._triton."):
                 problems.append(
                     f"{op.qualname}: triton implementation {triton_fn!r} not in _triton"
                 )
@@ -247,4 +260,4 @@ def test_triton_implementations_follow_a_reimport(monkeypatch: pytest.MonkeyPatc
         monkeypatch.delitem(sys.modules, full)
         again = dispatch.pick(name, "triton", cpu)
         assert again is not first and sys.modules[full] is not old, name
-        assert again.__module__ == full
+        assert _home(again) == full

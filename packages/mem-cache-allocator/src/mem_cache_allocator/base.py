@@ -48,6 +48,12 @@ from mem_cache_kernels.checks import (
     check_int,
     check_page_size,
 )
+
+# the one check of segments lives in kernels.pages (trim_segments runs it); re-exported here for
+# the allocator modules that check before they iterate
+from mem_cache_kernels.pages import (
+    check_segments_iterable as check_segments_iterable,  # noqa: PLC0414 - explicit re-export
+)
 from mem_cache_kernels.pages import trim_segments
 
 if TYPE_CHECKING:
@@ -90,17 +96,6 @@ def check_index_tensor(name: str, t: object, device: torch.device) -> None:
     sync-free tests run allocators there). Host-only: reads no tensor data."""
     flat = t.reshape(-1) if isinstance(t, torch.Tensor) and t.dim() != 1 else t
     check_index(name, flat, allow_meta=device.type == "meta")
-
-
-def check_segments_iterable(segments: object) -> None:
-    """``TypeError`` naming ``segments`` unless it is an iterable (not a tensor) of pairs."""
-    if not isinstance(segments, (list, tuple)) and (
-        isinstance(segments, torch.Tensor) or not isinstance(segments, Iterable)
-    ):
-        raise TypeError(
-            f"segments must be an iterable of (free_index, start_pos) pairs, "
-            f"got {type(segments).__name__}"
-        )
 
 
 def _optional(**kwargs: Any) -> dict[str, Any]:

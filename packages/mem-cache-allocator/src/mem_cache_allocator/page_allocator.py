@@ -262,6 +262,15 @@ class ChunkedFreeList:
 
     def take(self, n: int) -> torch.Tensor:
         """Remove and return the first ``n`` page ids (a tensor the caller may keep)."""
+        chunks = self._chunks
+        if n > 0 and chunks:  # inside the front chunk (most takes): one slice, no coalescing
+            off = self._off
+            end = off + n
+            first = chunks[0]
+            if end < first.shape[0]:
+                self._off = end
+                self._len -= n
+                return first[off:end]
         out = self.head(n)
         self.drop(n)
         return out
@@ -316,24 +325,45 @@ def lengths_ok(bs: int, cpus: tuple[object, ...], tensors: tuple[object, ...]) -
     return True
 
 
+_DECODE_CPU = ("seq_lens_cpu",)
+_DECODE_DEV = ("seq_lens", "last_loc")
+_EXTEND_CPU = ("seq_lens_cpu", "prefix_lens_cpu")
+_EXTEND_DEV = ("prefix_lens", "seq_lens", "last_loc")
+
+
+def check_batch(
+    cpu_names: tuple[str, ...],
+    cpus: tuple[torch.Tensor, ...],
+    names: tuple[str, ...],
+    tensors: tuple[torch.Tensor, ...],
+    *,
+    allow_meta: bool = True,
+) -> int:
+    """The batch size of an ``alloc_extend`` / ``alloc_decode`` call (the structural checks both
+    share): ``cpus`` 1-D CPU integer tensors of one length ``bs`` (the first sets it),
+    ``tensors`` 1-D int32/int64 tensors of ``bs`` entries (on the meta device only with
+    ``allow_meta``: the sync-free tests run allocators there). :func:`lengths_ok` inline on good
+    arguments; else the detailed checks raise ``TypeError`` / ``ValueError`` naming the
+    argument (``cpu_names`` / ``names``, in order)."""
+    first = cpus[0]
+    bs = first.shape[0] if isinstance(first, torch.Tensor) and first.dim() == 1 else -1
+    if lengths_ok(bs, cpus, tensors) and (allow_meta or not any(t.is_meta for t in tensors)):
+        return bs
+    bs = check_cpu_lengths(cpu_names[0], first)
+    for name, cpu in zip(cpu_names[1:], cpus[1:], strict=True):
+        check_cpu_lengths(name, cpu, bs)
+    for name, t in zip(names, tensors, strict=True):
+        check_index(name, t, length=bs, allow_meta=allow_meta)
+    return bs
+
+
 def check_decode_structure(
     seq_lens: torch.Tensor, seq_lens_cpu: torch.Tensor, last_loc: torch.Tensor
 ) -> int:
-    """The batch size of an ``alloc_decode`` call: ``seq_lens_cpu`` a 1-D CPU integer tensor,
-    ``seq_lens`` / ``last_loc`` 1-D int32/int64 tensors of as many entries (meta allowed: the
-    sync-free tests run allocators there). ``TypeError`` / ``ValueError`` naming the argument."""
-    # the batch size when seq_lens_cpu is 1-D, else -1: lengths_ok fails and the detailed
-    # checks name the argument (inline: this runs on every call)
-    bs = (
-        seq_lens_cpu.shape[0]
-        if isinstance(seq_lens_cpu, torch.Tensor) and seq_lens_cpu.dim() == 1
-        else -1
-    )
-    if not lengths_ok(bs, (seq_lens_cpu,), (seq_lens, last_loc)):
-        bs = check_cpu_lengths("seq_lens_cpu", seq_lens_cpu)
-        for name, t in (("seq_lens", seq_lens), ("last_loc", last_loc)):
-            check_index(name, t, length=bs, allow_meta=True)
-    return bs
+    """The batch size of an ``alloc_decode`` call (:func:`check_batch`: ``seq_lens_cpu`` a 1-D
+    CPU integer tensor, ``seq_lens`` / ``last_loc`` 1-D int32/int64 tensors of as many
+    entries, meta allowed)."""
+    return check_batch(_DECODE_CPU, (seq_lens_cpu,), _DECODE_DEV, (seq_lens, last_loc))
 
 
 def check_extend_num_tokens(tokens: int, extend_num_tokens: object) -> None:
@@ -374,24 +404,13 @@ def check_extend_inputs(  # noqa: PLR0917 - mirrors alloc_extend
 
     ``TypeError`` / ``ValueError`` naming the argument; reads no device memory.
     """
-    # the batch size when seq_lens_cpu is 1-D, else -1: lengths_ok fails and the detailed
-    # checks name the argument (inline: this runs on every call)
-    bs = (
-        seq_lens_cpu.shape[0]
-        if isinstance(seq_lens_cpu, torch.Tensor) and seq_lens_cpu.dim() == 1
-        else -1
+    check_batch(
+        _EXTEND_CPU,
+        (seq_lens_cpu, prefix_lens_cpu),
+        _EXTEND_DEV,
+        (prefix_lens, seq_lens, last_loc),
+        allow_meta=allow_meta,
     )
-    if not lengths_ok(bs, (seq_lens_cpu, prefix_lens_cpu), (prefix_lens, seq_lens, last_loc)) or (
-        not allow_meta and (prefix_lens.is_meta or seq_lens.is_meta or last_loc.is_meta)
-    ):
-        bs = check_cpu_lengths("seq_lens_cpu", seq_lens_cpu)
-        check_cpu_lengths("prefix_lens_cpu", prefix_lens_cpu, bs)
-        for name, t in (
-            ("prefix_lens", prefix_lens),
-            ("seq_lens", seq_lens),
-            ("last_loc", last_loc),
-        ):
-            check_index(name, t, length=bs, allow_meta=allow_meta)
     pages, tokens = extend_counts(prefix_lens_cpu, seq_lens_cpu, page_size, names=CPU_LENGTH_NAMES)
     check_extend_num_tokens(tokens, extend_num_tokens)
     if num_new_pages is not None and num_new_pages != pages:
@@ -507,18 +526,12 @@ def pick(op: str, backend: str, *tensors: torch.Tensor) -> Callable[..., Any]:
     return dispatch.pick(op, backend, *tensors)
 
 
-_TORCH_IMPLS: dict[str, Any] = {}
-
-
 def _torch_impl(op: str) -> Any:
-    """The torch implementation of kernel op ``op`` (looked up once, through the dispatch
-    module rather than this module's ``pick``, which tests replace by a stub)."""
-    fn = _TORCH_IMPLS.get(op)
-    if fn is None:
-        from mem_cache_kernels import dispatch
+    """The torch implementation of kernel op ``op``: its entry in the dispatch table (read there,
+    not through this module's ``pick``, which tests replace by a stub)."""
+    from mem_cache_kernels import dispatch
 
-        fn = _TORCH_IMPLS[op] = dispatch.pick(op, "torch")
-    return fn
+    return dispatch.TABLE[op][0]
 
 
 def host_decode(last_loc: torch.Tensor, need: Any, pages: torch.Tensor, shift: int) -> torch.Tensor:
@@ -774,15 +787,21 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
         if type(need_size) is not int or need_size < 0:  # the hot path skips the call
             check_int("need_size", need_size, minimum=0)  # raises (an int subclass passes)
         ps = self.page_size
-        if need_size % ps:
-            raise ValueError(
-                f"need_size must be a multiple of page_size={ps} (whole pages), got {need_size}"
-            )
-        n = need_size // ps
-        if self.need_sort and n > len(self._free):
-            self.merge_and_sort_free()
+        n = need_size
+        if ps != 1:
+            if need_size % ps:
+                raise ValueError(
+                    f"need_size must be a multiple of page_size={ps} (whole pages), got {need_size}"
+                )
+            n = need_size // ps
         if n > len(self._free):
-            return None
+            if self.need_sort:
+                self.merge_and_sort_free()
+            if n > len(self._free):
+                return None
+        if self._debug is None:  # the hot path: one take (page size 1: the slots themselves)
+            pages = self._free.take(n)
+            return pages if ps == 1 else self._pages_to_slots(pages)
         pages = self._free.head(n)
         out = self._pages_to_slots(pages)
         if self._debug is not None:
@@ -818,14 +837,9 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
             ps,
             num_new_pages=num_new_pages,
         )
-        dev = self.device
-        if ps > 1 and not (
-            prefix_lens.device == dev and seq_lens.device == dev and last_loc.device == dev
-        ):  # the kernel's operands share the allocator's device
-            check_same_device(dev, prefix_lens=prefix_lens, seq_lens=seq_lens, last_loc=last_loc)
-        if self.need_sort and extend_num_tokens // ps + seq_lens_cpu.shape[0] + 1 > len(self._free):
-            self.merge_and_sort_free()
-        if pages > len(self._free):
+        if ps > 1:
+            self._check_operand_devices(_EXTEND_DEV, (prefix_lens, seq_lens, last_loc))
+        if not self._reserve(pages, extend_num_tokens // ps + seq_lens_cpu.shape[0] + 1):
             return None
         if self._debug is not None:
             _debug.check_extend_inputs(
@@ -848,10 +862,7 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
                     num_new_pages=pages,
                     num_tokens=tokens,
                 )
-        if self._debug is not None:
-            self._debug_commit(head, out)
-        self._free.drop(pages)
-        return out
+        return self._hand_out(head, out, pages)
 
     def alloc_decode(
         self, seq_lens: torch.Tensor, seq_lens_cpu: torch.Tensor, last_loc: torch.Tensor
@@ -867,9 +878,8 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
         """
         bs = check_decode_structure(seq_lens, seq_lens_cpu, last_loc)
         ps = self.page_size
-        dev = self.device
-        if ps > 1 and not (seq_lens.device == dev and last_loc.device == dev):
-            check_same_device(dev, seq_lens=seq_lens, last_loc=last_loc)
+        if ps > 1:
+            self._check_operand_devices(_DECODE_DEV, (seq_lens, last_loc))
         plan = decode_page_starts(seq_lens_cpu, ps)
         need = None
         if plan is None or (
@@ -881,9 +891,7 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
             pages = decode_counts(seq_lens_cpu, ps, name="seq_lens_cpu")
         else:
             pages, need = plan
-        if self.need_sort and bs > len(self._free):
-            self.merge_and_sort_free()
-        if pages > len(self._free):
+        if not self._reserve(pages, bs):
             return None
         if self._debug is not None:
             _debug.check_decode_inputs(ps, seq_lens, seq_lens_cpu, last_loc)
@@ -898,6 +906,30 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
                 out = torch.empty(bs, dtype=torch.int64, device=self.device)
                 if bs:
                     impl(seq_lens, last_loc, head, out, ps, num_new_pages=pages)
+        return self._hand_out(head, out, pages)
+
+    # the steps alloc_extend and alloc_decode share (between them: the debug-mode input check
+    # and the kernel)
+    def _check_operand_devices(
+        self, names: tuple[str, ...], tensors: tuple[torch.Tensor, ...]
+    ) -> None:
+        """The kernel's operands share the allocator's device (``ValueError`` naming the one
+        that does not); CPU operands of a CPU allocator are recognised without building devices."""
+        dev = self.device
+        if all(t.is_cpu for t in tensors) if self._cpu else all(t.device == dev for t in tensors):
+            return
+        check_same_device(dev, **dict(zip(names, tensors, strict=True)))
+
+    def _reserve(self, pages: int, merge_when: int) -> bool:
+        """Whether ``pages`` pages are free, after SGLang's ``need_sort`` trigger (merge the staged
+        pages first when ``merge_when`` exceeds the free list)."""
+        if self.need_sort and merge_when > len(self._free):
+            self.merge_and_sort_free()
+        return pages <= len(self._free)
+
+    def _hand_out(self, head: torch.Tensor, out: torch.Tensor, pages: int) -> torch.Tensor:
+        """Take the ``pages`` pages ``head`` (the free list's prefix) that ``out`` was built from:
+        debug-mode ownership first (nothing changes if it raises), then the free list."""
         if self._debug is not None:
             self._debug_commit(head, out)
         self._free.drop(pages)

@@ -15,12 +15,20 @@ input: the public ops do (a broken view raises ``ValueError`` naming the buffer)
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
 __all__ = [
     "RowJob",
+    "RunJobs",
+    "backup_all_layers_to_page_first",
+    "get_mla_kv_buffer",
+    "load_layer_from_page_first",
+    "set_mla_kv_buffer",
+    "store_kv",
+    "transfer_rows",
+    "transfer_rows_all_layers",
     "all_layer_jobs",
     "as_byte_rows",
     "as_logical",
@@ -40,6 +48,9 @@ __all__ = [
 ]
 
 RowJob = tuple[torch.Tensor, torch.Tensor]
+RunJobs = Callable[[Sequence[RowJob], "torch.Tensor | None", "torch.Tensor | None"], None]
+"""A backend's executor: ``run_jobs(jobs, src_idx, dst_idx)`` copies ``src[src_idx] ->
+dst[dst_idx]`` for every job (``None``: the identity; a negative index skips the pair)."""
 
 
 def _rows_contiguous(t: torch.Tensor) -> bool:
@@ -53,7 +64,7 @@ def _rows_contiguous(t: torch.Tensor) -> bool:
 
 def byte_rows(name: str, t: torch.Tensor, *, copy_ok: bool = False) -> torch.Tensor:
     """uint8 ``[rows, row_bytes]`` view of ``t``; ``copy_ok``: copy non-contiguous rows."""
-    if copy_ok and not _rows_contiguous(t):
+    if copy_ok and not t.is_contiguous() and not _rows_contiguous(t):
         t = t.contiguous()
     return as_byte_rows(name, t)
 
@@ -187,6 +198,8 @@ def as_byte_rows(name: str, t: torch.Tensor) -> torch.Tensor:
     No data is copied. Raises ``ValueError`` when a row is not contiguous in memory (the row
     stride itself may be anything, e.g. a page-first host buffer sliced at one layer).
     """
+    if t.is_contiguous() and t.dim() >= 1 and t.numel():  # the common case: one reshape
+        return t.view(t.shape[0], -1).view(torch.uint8)
     if t.dim() < 1:
         raise ValueError(f"{name} must have a leading row dimension, got a 0-d tensor")
     if t.dim() == 1:
@@ -217,6 +230,96 @@ def _contig_strides(t: torch.Tensor) -> tuple[int, ...]:
         out.append(acc)
         acc *= size
     return tuple(reversed(out))
+
+
+# ----------------------------------------------------------------------------- the row ops
+# One body per op, for both backends: the dispatch table binds each backend's executor
+# (``_torch.rows.run_jobs`` / ``_triton.rows.run_jobs``) as the first argument, so the torch
+# reference and the Triton kernels move exactly the same bytes. Arguments are trusted (the
+# public ops of :mod:`mem_cache_kernels` and the pools check them). ``copy_all_layer_kv_cache``
+# is not here: its Triton body is two-phase (overlap-safe), each backend has its own.
+def store_kv(  # noqa: PLR0917
+    run_jobs: RunJobs,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    loc: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    dtype: torch.dtype | None,
+) -> None:
+    """``k_cache[loc] = k``, ``v_cache[loc] = v`` (cast to ``dtype``, stored as the cache dtype)."""
+    run_jobs(store_jobs(k_cache, v_cache, k, v, dtype), None, loc)
+
+
+def set_mla_kv_buffer(  # noqa: PLR0917
+    run_jobs: RunJobs,
+    kv_buffer: torch.Tensor,
+    loc: torch.Tensor,
+    k_nope: torch.Tensor,
+    k_rope: torch.Tensor,
+    dtype: torch.dtype | None,
+) -> None:
+    """``kv_buffer[loc, ..., :nope] = k_nope``; ``kv_buffer[loc, ..., nope:] = k_rope``."""
+    run_jobs(mla_set_jobs(kv_buffer, k_nope, k_rope, dtype), None, loc)
+
+
+def get_mla_kv_buffer(
+    run_jobs: RunJobs,
+    kv_buffer: torch.Tensor,
+    loc: torch.Tensor,
+    nope_dim: int,
+    dtype: torch.dtype | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gather ``(kv_buffer[loc, ..., :nope_dim], kv_buffer[loc, ..., nope_dim:])`` (zeros for
+    negative ``loc`` entries), viewed as ``dtype`` when given."""
+    nope, rope, jobs = mla_get_jobs(kv_buffer, loc.shape[0], nope_dim)
+    run_jobs(jobs, loc, None)
+    return as_logical(nope, kv_buffer.dtype, dtype), as_logical(rope, kv_buffer.dtype, dtype)
+
+
+def transfer_rows(
+    run_jobs: RunJobs,
+    src: Sequence[torch.Tensor],
+    dst: Sequence[torch.Tensor],
+    src_indices: torch.Tensor,
+    dst_indices: torch.Tensor,
+) -> None:
+    """One layer, layer-first both sides: ``dst[r][dst_indices] = src[r][src_indices]``."""
+    run_jobs(role_jobs(src, dst), src_indices, dst_indices)
+
+
+def transfer_rows_all_layers(
+    run_jobs: RunJobs,
+    src: Sequence[Sequence[torch.Tensor]],
+    dst: Sequence[Sequence[torch.Tensor]],
+    src_indices: torch.Tensor,
+    dst_indices: torch.Tensor,
+) -> None:
+    """Every layer, ``[role][layer]`` both sides."""
+    run_jobs(all_layer_jobs(src, dst), src_indices, dst_indices)
+
+
+def load_layer_from_page_first(  # noqa: PLR0917
+    run_jobs: RunJobs,
+    host: Sequence[torch.Tensor],
+    device: Sequence[torch.Tensor],
+    host_indices: torch.Tensor,
+    device_indices: torch.Tensor,
+    layer_id: int,
+) -> None:
+    """Page-first host ``[slots, L, *row]`` at ``layer_id`` -> device layer ``[rows, *row]``."""
+    run_jobs(load_page_first_jobs(host, device, layer_id), host_indices, device_indices)
+
+
+def backup_all_layers_to_page_first(
+    run_jobs: RunJobs,
+    device: Sequence[Sequence[torch.Tensor]],
+    host: Sequence[torch.Tensor],
+    device_indices: torch.Tensor,
+    host_indices: torch.Tensor,
+) -> None:
+    """Device layers ``[role][layer]`` -> page-first host ``[slots, L, *row]`` (every layer)."""
+    run_jobs(backup_page_first_jobs(device, host), device_indices, host_indices)
 
 
 # ----------------------------------------------------------------------------- runs of indices

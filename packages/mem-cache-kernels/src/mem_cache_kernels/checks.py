@@ -276,8 +276,9 @@ def check_index_values(
     Reads values only where that is free (a CPU tensor) or when ``full`` (debug mode: one device
     synchronisation); otherwise the range is the caller's guarantee.
     """
-    if (full or t.device.type == "cpu") and t.numel() > 0 and t.device.type != "meta":
-        lo, hi = int(t.min()), int(t.max())
+    if (full or t.is_cpu) and t.numel() > 0 and not t.is_meta:
+        lo_t, hi_t = torch.aminmax(t)  # one reduction
+        lo, hi = int(lo_t), int(hi_t)
         if lo < minimum or hi >= limit:
             raise ValueError(
                 f"{name} values must lie in [{minimum}, {limit}), got min {lo}, max {hi}"
@@ -286,8 +287,12 @@ def check_index_values(
 
 def check_distinct(name: str, t: torch.Tensor, *, full: bool = False) -> None:
     """``ValueError`` if an index tensor repeats a value (read as :func:`check_index_values`)."""
-    if (full or t.device.type == "cpu") and t.numel() > 1 and t.device.type != "meta":
-        distinct = int(torch.unique(t).numel())
+    n = t.numel()
+    if (full or t.is_cpu) and n > 1 and not t.is_meta:
+        if n <= SMALL_BATCH and t.is_cpu:  # a few ints: a Python set beats torch.unique
+            distinct = len(set(t.tolist()))
+        else:
+            distinct = int(torch.unique(t).numel())
         if distinct != t.numel():
             raise ValueError(
                 f"{name} must not repeat a slot, got {t.numel() - distinct} repeated entries"
@@ -309,7 +314,8 @@ def check_fits_dtype(name: str, values: torch.Tensor | None, dtype: torch.dtype,
     if values is None or not values.numel() or values.dtype.itemsize <= dtype.itemsize:
         return
     info = torch.iinfo(dtype)
-    lo, hi = int(values.min()), int(values.max())
+    lo_t, hi_t = torch.aminmax(values)  # one reduction
+    lo, hi = int(lo_t), int(hi_t)
     if lo < info.min or hi > info.max:
         bad = hi if hi > info.max else lo
         raise ValueError(

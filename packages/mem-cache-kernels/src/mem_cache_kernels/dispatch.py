@@ -47,6 +47,7 @@ from typing import Any, Literal, cast, get_args
 
 import torch
 
+from mem_cache_kernels import _layout as lay
 from mem_cache_kernels._torch import alloc as t_alloc
 from mem_cache_kernels._torch import deepseek_v4 as t_deepseek_v4
 from mem_cache_kernels._torch import mamba as t_mamba
@@ -82,6 +83,19 @@ def triton_available() -> bool:
     except Exception:  # a broken install (e.g. no driver libraries) counts as unavailable
         return False
     return True
+
+
+# os.environ's own store (every write through os.environ lands there): whether the backend
+# setting is unset is one dict lookup, where os.environ.get encodes the key on every call
+_ENVIRON_DATA: Any = getattr(os.environ, "_data", None)
+_ENVIRON_KEY: Any = (
+    os.environ.encodekey(BACKEND_ENV_VAR) if hasattr(os.environ, "encodekey") else None
+)
+
+
+def _setting_unset() -> bool:
+    """True when ``MEM_CACHE_KERNELS_BACKEND`` is certainly not set (``False``: read it)."""
+    return _ENVIRON_DATA is not None and _ENVIRON_KEY not in _ENVIRON_DATA
 
 
 def _interpreter_enabled() -> bool:
@@ -154,6 +168,19 @@ def _triton_rows() -> ModuleType:
     return m
 
 
+_TRITON_BOUND: dict[Callable[..., Any], tuple[ModuleType, Callable[..., Any]]] = {}
+
+
+def _bind_triton_rows(body: Callable[..., Any]) -> Callable[..., Any]:
+    """A row op body of :mod:`mem_cache_kernels._layout` bound to the Triton executor: bound
+    once per load of the Triton module (a test that re-imports it gets fresh bindings)."""
+    mod = _triton_rows()
+    hit = _TRITON_BOUND.get(body)
+    if hit is None or hit[0] is not mod:
+        hit = _TRITON_BOUND[body] = (mod, functools.partial(body, mod.run_jobs))
+    return hit[1]
+
+
 def _triton_deepseek_v4() -> ModuleType:
     import mem_cache_kernels._triton.deepseek_v4 as m
 
@@ -178,26 +205,26 @@ TABLE: dict[str, tuple[Impl, Callable[[], Impl]]] = {
         lambda: _triton_req_table().write_req_to_token,
     ),
     "get_last_loc": (t_req_table.get_last_loc, lambda: _triton_req_table().get_last_loc),
-    # store, move, transfer (the row-moving families)
-    "store_kv": (t_rows.store_kv, lambda: _triton_rows().store_kv),
-    "set_mla_kv_buffer": (t_rows.set_mla_kv_buffer, lambda: _triton_rows().set_mla_kv_buffer),
-    "get_mla_kv_buffer": (t_rows.get_mla_kv_buffer, lambda: _triton_rows().get_mla_kv_buffer),
+    # store, move, transfer (the row-moving families): one body per op in _layout, bound to
+    # each backend's executor (run_jobs); the move has a body per backend
+    **{
+        name: (
+            functools.partial(body, t_rows.run_jobs),
+            functools.partial(_bind_triton_rows, body),
+        )
+        for name, body in (
+            ("store_kv", lay.store_kv),
+            ("set_mla_kv_buffer", lay.set_mla_kv_buffer),
+            ("get_mla_kv_buffer", lay.get_mla_kv_buffer),
+            ("transfer_rows", lay.transfer_rows),
+            ("transfer_rows_all_layers", lay.transfer_rows_all_layers),
+            ("load_layer_from_page_first", lay.load_layer_from_page_first),
+            ("backup_all_layers_to_page_first", lay.backup_all_layers_to_page_first),
+        )
+    },
     "copy_all_layer_kv_cache": (
         t_rows.copy_all_layer_kv_cache,
         lambda: _triton_rows().copy_all_layer_kv_cache,
-    ),
-    "transfer_rows": (t_rows.transfer_rows, lambda: _triton_rows().transfer_rows),
-    "transfer_rows_all_layers": (
-        t_rows.transfer_rows_all_layers,
-        lambda: _triton_rows().transfer_rows_all_layers,
-    ),
-    "load_layer_from_page_first": (
-        t_rows.load_layer_from_page_first,
-        lambda: _triton_rows().load_layer_from_page_first,
-    ),
-    "backup_all_layers_to_page_first": (
-        t_rows.backup_all_layers_to_page_first,
-        lambda: _triton_rows().backup_all_layers_to_page_first,
     ),
     # deepseek_v4
     "pack_records": (t_deepseek_v4.pack_records, lambda: _triton_deepseek_v4().pack_records),
@@ -232,6 +259,14 @@ def pick(op: str, backend: str, *tensors: torch.Tensor) -> Callable[..., Any]:
                 f"op must be a str naming a kernel op, got {type(op).__name__}"
             ) from None
         raise ValueError(f"op must name a kernel op of dispatch.TABLE, got {op!r}") from None
+    # the hot case inline (every pool write and allocation of a CPU engine passes here):
+    # "auto" with no backend setting and no GPU operand is torch
+    if backend == "auto" and (_setting_unset() or os.environ.get(BACKEND_ENV_VAR) in ("auto", "")):
+        for t in tensors:
+            if t.is_cuda:  # a GPU tensor (ROCm's too): the full resolution below
+                break
+        else:
+            return torch_fn
     if resolve_backend(backend, *tensors) == "torch":
         return torch_fn
     return load_triton_fn()

@@ -153,6 +153,19 @@ def decode_page_starts(seq_lens: torch.Tensor, page_size: int) -> tuple[int, Any
     return int(_np.count_nonzero(need)), need
 
 
+def check_segments_iterable(segments: object) -> None:
+    """``TypeError`` naming ``segments`` unless it is an iterable (not a tensor) of pairs: the
+    first check of :func:`trim_segments`, for callers that check before they iterate (a shared
+    helper of the allocators, outside ``__all__``: it checks the container only)."""
+    if not isinstance(segments, (list, tuple)) and (
+        isinstance(segments, torch.Tensor) or not isinstance(segments, Iterable)
+    ):
+        raise TypeError(
+            f"segments must be an iterable of (free_index, start_pos) pairs, "
+            f"got {type(segments).__name__}"
+        )
+
+
 def trim_segments(
     segments: Iterable[tuple[torch.Tensor, int]], page_size: int
 ) -> list[tuple[torch.Tensor, int]]:
@@ -167,20 +180,26 @@ def trim_segments(
     pairs as a list: every segment is checked before the caller frees the first. Host
     arithmetic on positions and lengths: reads no tensor data.
     """
-    if isinstance(segments, torch.Tensor) or not isinstance(segments, Iterable):
-        raise TypeError(
-            f"segments must be an iterable of (free_index, start_pos) pairs, "
-            f"got {type(segments).__name__}"
-        )
-    page_size = check_page_size(page_size)
+    check_segments_iterable(segments)
+    if type(page_size) is not int or page_size < 1 or page_size & (page_size - 1):
+        page_size = check_page_size(page_size)  # raises (or passes an int subclass)
     out: list[tuple[torch.Tensor, int]] = []
     prev_end: int | None = None
     for k, seg in enumerate(segments):
         if not isinstance(seg, (tuple, list)) or len(seg) != 2:
             raise TypeError(f"segments[{k}] must be a (free_index, start_pos) pair, got {seg!r}")
         free_index, start_pos = seg
-        check_int(f"segments[{k}] start_pos", start_pos, minimum=0)
-        n = int(check_index(f"segments[{k}] free_index", free_index, allow_meta=True).shape[0])
+        if (  # good pairs inline (every release of a request); else the checks name the part
+            type(start_pos) is int
+            and start_pos >= 0
+            and type(free_index) is torch.Tensor
+            and free_index.dtype in INDEX_DTYPES
+            and free_index.dim() == 1
+        ):
+            n = free_index.shape[0]
+        else:
+            check_int(f"segments[{k}] start_pos", start_pos, minimum=0)
+            n = int(check_index(f"segments[{k}] free_index", free_index, allow_meta=True).shape[0])
         if n == 0:
             continue
         if prev_end is not None and start_pos < prev_end:

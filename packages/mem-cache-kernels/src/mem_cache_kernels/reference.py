@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
+from mem_cache_kernels import _layout as lay
 from mem_cache_kernels._torch import rows
 from mem_cache_kernels._torch.alloc import alloc_decode, alloc_extend
 from mem_cache_kernels._torch.req_table import get_last_loc, write_req_to_token
@@ -43,7 +44,7 @@ def store_kv(
     dtype: torch.dtype | None = None,
 ) -> None:
     """``k_cache[loc] = k``, ``v_cache[loc] = v`` (cast to ``dtype``, stored as the cache dtype)."""
-    rows.store_kv(k_cache, v_cache, loc, k, v, dtype)
+    lay.store_kv(rows.run_jobs, k_cache, v_cache, loc, k, v, dtype)
 
 
 def set_mla_kv_buffer(
@@ -55,14 +56,14 @@ def set_mla_kv_buffer(
     dtype: torch.dtype | None = None,
 ) -> None:
     """``kv_buffer[loc, ..., :nope] = k_nope``; ``kv_buffer[loc, ..., nope:] = k_rope``."""
-    rows.set_mla_kv_buffer(kv_buffer, loc, k_nope, k_rope, dtype)
+    lay.set_mla_kv_buffer(rows.run_jobs, kv_buffer, loc, k_nope, k_rope, dtype)
 
 
 def get_mla_kv_buffer(
     kv_buffer: torch.Tensor, loc: torch.Tensor, nope_dim: int, *, dtype: torch.dtype | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Gather ``(kv_buffer[loc, ..., :nope_dim], kv_buffer[loc, ..., nope_dim:])``."""
-    return rows.get_mla_kv_buffer(kv_buffer, loc, nope_dim, dtype)
+    return lay.get_mla_kv_buffer(rows.run_jobs, kv_buffer, loc, nope_dim, dtype)
 
 
 def copy_all_layer_kv_cache(
@@ -79,7 +80,7 @@ def transfer_rows(
     dst_indices: torch.Tensor,
 ) -> None:
     """One layer, layer-first both sides: ``dst[r][dst_indices] = src[r][src_indices]``."""
-    rows.transfer_rows(src, dst, src_indices, dst_indices)
+    lay.transfer_rows(rows.run_jobs, src, dst, src_indices, dst_indices)
 
 
 def transfer_rows_all_layers(
@@ -89,7 +90,7 @@ def transfer_rows_all_layers(
     dst_indices: torch.Tensor,
 ) -> None:
     """Every layer, ``[role][layer]`` both sides."""
-    rows.transfer_rows_all_layers(src, dst, src_indices, dst_indices)
+    lay.transfer_rows_all_layers(rows.run_jobs, src, dst, src_indices, dst_indices)
 
 
 def load_layer_from_page_first(
@@ -100,7 +101,9 @@ def load_layer_from_page_first(
     layer_id: int,
 ) -> None:
     """Page-first host ``[slots, L, *row]`` at ``layer_id`` -> device layer ``[rows, *row]``."""
-    rows.load_layer_from_page_first(host, device, host_indices, device_indices, layer_id)
+    lay.load_layer_from_page_first(
+        rows.run_jobs, host, device, host_indices, device_indices, layer_id
+    )
 
 
 def backup_all_layers_to_page_first(
@@ -110,4 +113,4 @@ def backup_all_layers_to_page_first(
     host_indices: torch.Tensor,
 ) -> None:
     """Device layers ``[role][layer]`` -> page-first host ``[slots, L, *row]`` (every layer)."""
-    rows.backup_all_layers_to_page_first(device, host, device_indices, host_indices)
+    lay.backup_all_layers_to_page_first(rows.run_jobs, device, host, device_indices, host_indices)

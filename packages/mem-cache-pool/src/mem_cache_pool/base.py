@@ -534,6 +534,11 @@ class KVCache(abc.ABC):
         tgt = self._check_loc("tgt_loc", tgt_loc)
         checks.check_distinct("tgt_loc", tgt, full=self.debug)
         src = self._check_loc("src_loc", src_loc, length=tgt.numel())
+        self._move_rows(tgt, src)
+
+    def _move_rows(self, tgt: torch.Tensor, src: torch.Tensor) -> None:
+        """The trusted body of :meth:`move_kv_cache` (arguments checked by the caller: a
+        composite pool that checked them at its own public method calls this)."""
         if tgt.numel():
             bufs = self._all_buffers()
             pick("copy_all_layer_kv_cache", "auto", bufs[0], tgt, src)(bufs, tgt, src)

@@ -328,33 +328,42 @@ class MHATokenToKVPool(KVCache):
         if type(lid) is not int or not start <= lid < self.end_layer:
             lid = self._write_layer(layer, layer_id_override) + start
         slots = loc_info.loc if isinstance(loc_info, KVWriteLoc) else loc_info
-        if not isinstance(slots, torch.Tensor):
-            _write_slots("loc_info", loc_info)  # raises: not a tensor nor a KVWriteLoc
-        checks.check_index("loc_info", slots, device=self.device)
+        device = self.device
+        cpu = device.type == "cpu"  # CPU operands are recognised without building devices
+        if not (
+            cpu
+            and type(slots) is torch.Tensor
+            and slots.is_cpu
+            and slots.dtype in checks.INDEX_DTYPES
+            and slots.dim() == 1
+        ):
+            if not isinstance(slots, torch.Tensor):
+                _write_slots("loc_info", loc_info)  # raises: not a tensor nor a KVWriteLoc
+            checks.check_index("loc_info", slots, device=device)
         n = slots.shape[0]
         rows = self.size + self.page_size
         padded = True  # may loc_info hold the padding slot? (not known on a GPU: assume so)
-        if n and slots.device.type == "cpu":  # values free to read: one pass gives both answers
-            lo, hi = (int(x) for x in torch.aminmax(slots))
+        if n and slots.is_cpu:  # values free to read: one pass gives both answers
+            lo_t, hi_t = torch.aminmax(slots)
+            lo, hi = int(lo_t), int(hi_t)
             if lo < 0 or hi >= rows:
                 checks.check_index_values("loc_info", slots, limit=rows)  # raises
             padded = lo == PADDING_SLOT
         else:
             checks.check_index_values("loc_info", slots, limit=rows, full=self.debug)
-        device = self.device
         k, v = cache_k, cache_v
         if not (
             isinstance(k, torch.Tensor)
             and k.shape == (n, self.head_num, self.head_dim)
             and k.dtype.is_floating_point
-            and checks.same_device(k.device, device)
+            and (k.is_cpu if cpu else checks.same_device(k.device, device))
         ):
             check_rows("cache_k", k, (n, self.head_num, self.head_dim), device)
         if not (
             isinstance(v, torch.Tensor)
             and v.shape == (n, self.head_num, self.v_head_dim)
             and v.dtype.is_floating_point
-            and checks.same_device(v.device, device)
+            and (v.is_cpu if cpu else checks.same_device(v.device, device))
         ):
             check_rows("cache_v", v, (n, self.head_num, self.v_head_dim), device)
         if k_scale is not None and k.dtype != self.dtype:

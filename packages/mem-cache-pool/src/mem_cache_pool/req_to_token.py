@@ -88,6 +88,7 @@ _INTEGER_INDEX = frozenset(
     (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)
 )
 """Index tensor dtypes ``write`` accepts without a closer look (the rest go to the checks)."""
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 
 
 def _check_write(parts: tuple[object, ...], values: object) -> torch.Tensor | int:
@@ -223,8 +224,19 @@ class ReqToTokenPool:
         ``req_pool_indices_cpu`` (SGLang's ``alloc_for_extend`` / decode call it every step). A
         no-op without an aux cache; with one, both are passed on as keywords. Either way they
         must be 1-D int32/int64 tensors of equal length (``TypeError`` / ``ValueError``)."""
-        rows = checks.check_index("req_pool_indices_cpu", req_pool_indices_cpu)
-        checks.check_index("target_seq_lens_cpu", target_seq_lens_cpu, length=rows.numel())
+        r, t = req_pool_indices_cpu, target_seq_lens_cpu
+        if not (  # inline on good arguments (every step); else the checks name the argument
+            type(r) is torch.Tensor
+            and type(t) is torch.Tensor
+            and r.dtype in checks.INDEX_DTYPES
+            and t.dtype in checks.INDEX_DTYPES
+            and r.dim() == 1
+            and t.shape == r.shape
+            and not r.is_meta
+            and not t.is_meta
+        ):
+            rows = checks.check_index("req_pool_indices_cpu", r)
+            checks.check_index("target_seq_lens_cpu", t, length=rows.numel())
         if self._aux_cache is None:
             return
         self._aux_cache.alloc_to_lengths(
@@ -360,7 +372,8 @@ class ReqToTokenPool:
         always; tensors when their values are free to read, on the CPU, or in debug mode); so do
         indices outside the table. Nothing is written then.
         """
-        # The common index parts (ints, slices, integer tensors) and int32 values are accepted
+        # The common index parts (ints, slices, integer tensors) and int32 values (int64 CPU
+        # values too, range-checked with one aminmax: the assignment casts them) are accepted
         # inline; anything else goes to _check_write, the full check (raises naming the
         # argument, or accepts None, ``...``, lists, other integer values).
         parts: tuple[object, ...] = indices if isinstance(indices, tuple) else (indices,)
@@ -371,20 +384,23 @@ class ReqToTokenPool:
             if (
                 kind is torch.Tensor
                 and isinstance(part, torch.Tensor)
-                and not part.is_meta
                 and part.dtype in _INTEGER_INDEX
+                and not part.is_meta
             ):
                 continue
             values = _check_write(parts, values)
             break
         else:
-            if not (
-                isinstance(values, torch.Tensor)
-                and type(values) is torch.Tensor
-                and values.dtype == torch.int32
-                and not values.is_meta
-            ):
+            if type(values) is not torch.Tensor or values.is_meta:
                 values = _check_write((), values)
+            elif values.dtype is not torch.int32:
+                if values.dtype is torch.int64 and values.is_cpu:
+                    if values.numel():
+                        lo, hi = torch.aminmax(values)
+                        if int(lo) < _INT32_MIN or int(hi) > _INT32_MAX:
+                            _check_write((), values)  # raises naming the value
+                else:
+                    values = _check_write((), values)
         try:
             self.req_to_token[indices] = values
         except IndexError as exc:

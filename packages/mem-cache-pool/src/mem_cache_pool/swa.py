@@ -460,7 +460,7 @@ class SWAKVPool(BaseSWAKVPool):
             swa_tgt = torch.where(skip, torch.full_like(swa_tgt, -1), swa_tgt)
             swa_src = torch.where(skip, torch.full_like(swa_src, -1), swa_src)
         if self._full is not None:
-            self._full.move_kv_cache(tgt, src)
+            self._full._move_rows(tgt, src)  # checked above: the trusted body
         if self._swa is not None and tgt.numel():
             bufs = self._swa._all_buffers()
             pick("copy_all_layer_kv_cache", "auto", bufs[0], swa_tgt, swa_src)(

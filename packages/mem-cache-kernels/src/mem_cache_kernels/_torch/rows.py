@@ -1,13 +1,12 @@
-"""Torch implementation of the row-moving op families (store, move, transfer).
+"""Torch executor of the row-moving op families (store, move, transfer).
 
-Each op (``store_kv``, ``set_mla_kv_buffer``, ``get_mla_kv_buffer``, ``copy_all_layer_kv_cache``,
-``transfer_rows``, ``transfer_rows_all_layers``, ``load_layer_from_page_first``,
-``backup_all_layers_to_page_first``) takes the public op's arguments in order (``backend``
-dropped, keyword-only ones positional) and trusts them; it builds its byte-row jobs with the
-matching function of :mod:`mem_cache_kernels._layout` and runs them with :func:`run_jobs`. The
-Triton family module (:mod:`mem_cache_kernels._triton.rows`) has the same functions, building the
-same jobs, so both backends move exactly the same bytes. These functions are the CPU path of the
-library and the oracle of the tests (:mod:`mem_cache_kernels.reference`).
+The op bodies (``store_kv``, ``set_mla_kv_buffer``, ``get_mla_kv_buffer``, ``transfer_rows``,
+``transfer_rows_all_layers``, ``load_layer_from_page_first``, ``backup_all_layers_to_page_first``)
+live once in :mod:`mem_cache_kernels._layout`: each builds its byte-row jobs and runs them with
+the executor the dispatch table binds as its first argument, :func:`run_jobs` here (the Triton
+executor in :mod:`mem_cache_kernels._triton.rows`), so both backends move exactly the same
+bytes. ``copy_all_layer_kv_cache`` is this module's own (Triton's is two-phase). This executor is
+the CPU path of the library and the oracle of the tests (:mod:`mem_cache_kernels.reference`).
 
 ``copy_rows(src, dst, src_idx, dst_idx)`` copies byte rows: ``dst[dst_idx[i]] = src[src_idx[i]]``
 for every ``i`` where both indices are non-negative (a negative index skips the pair). ``src`` and
@@ -36,18 +35,11 @@ from mem_cache_kernels._layout import RowJob, run_starts
 
 __all__ = [
     "Runs",
-    "backup_all_layers_to_page_first",
     "copy_all_layer_kv_cache",
     "copy_rows",
     "drop_negative",
-    "get_mla_kv_buffer",
-    "load_layer_from_page_first",
     "plan_runs",
     "run_jobs",
-    "set_mla_kv_buffer",
-    "store_kv",
-    "transfer_rows",
-    "transfer_rows_all_layers",
 ]
 
 _RUN_BYTES = 32 << 10  # a slice copy_ costs several microseconds: worth it from ~32 KiB per run
@@ -78,6 +70,10 @@ def drop_negative(
     """
     given = [idx for idx in (src_idx, dst_idx) if idx is not None]
     if not given:
+        return src_idx, dst_idx
+    if all(idx.is_cpu for idx in given) and (  # one reduction per index, no mask (common case)
+        given[0].numel() == 0 or all(int(idx.min()) >= 0 for idx in given)
+    ):
         return src_idx, dst_idx
     keep = given[0] >= 0
     if len(given) == 2:
@@ -134,11 +130,17 @@ def _copy_runs(src: torch.Tensor, dst: torch.Tensor, runs: Runs | None) -> bool:
 def _gather_scatter(
     s: torch.Tensor, d: torch.Tensor, src_idx: torch.Tensor | None, dst_idx: torch.Tensor | None
 ) -> None:
-    rows = s if src_idx is None else s.index_select(0, src_idx.to(s.device))
-    if rows.device != d.device:
+    on_cpu = s.is_cpu and d.is_cpu  # the common case: no device objects built
+    if src_idx is None:
+        rows = s
+    else:
+        rows = s.index_select(0, src_idx if on_cpu and src_idx.is_cpu else src_idx.to(s.device))
+    if not on_cpu and rows.device != d.device:
         rows = rows.to(d.device)
     if dst_idx is None:
         d[: rows.shape[0]].copy_(rows)
+    elif on_cpu and dst_idx.is_cpu and dst_idx.dtype is torch.int64:
+        d.index_copy_(0, dst_idx, rows)
     else:
         d.index_copy_(0, dst_idx.to(device=d.device, dtype=torch.int64), rows)
 
@@ -163,21 +165,21 @@ def copy_rows(
     dst: torch.Tensor,
     src_idx: torch.Tensor | None,
     dst_idx: torch.Tensor | None,
-    runs: Runs | None = None,
-    *,
-    planned: bool = False,
 ) -> None:
-    """Copy byte rows ``src[src_idx] -> dst[dst_idx]`` (see the module docstring).
+    """Copy byte rows ``src[src_idx] -> dst[dst_idx]`` (see the module docstring)."""
+    run_jobs(((src, dst),), src_idx, dst_idx)
 
-    ``planned``: the caller already ran :func:`plan_runs` on the (negative-free) indices and
-    passes its result as ``runs`` (None: no usable runs).
-    """
-    src_idx, dst_idx = drop_negative(src_idx, dst_idx)
-    if src_idx is not None and dst_idx is not None:
-        if not planned and src_idx.numel() * src.shape[1] >= _RUN_BYTES:
-            runs = plan_runs(src_idx, dst_idx, src.shape[1])
-        if _copy_runs(src, dst, runs):
-            return
+
+def _copy_clean(
+    src: torch.Tensor,
+    dst: torch.Tensor,
+    src_idx: torch.Tensor | None,
+    dst_idx: torch.Tensor | None,
+    runs: Runs | None,
+) -> None:
+    """One job of :func:`run_jobs`: negative pairs already dropped, runs already planned."""
+    if _copy_runs(src, dst, runs):
+        return
     s, d = _wide(src), _wide(dst)
     if s.dtype != d.dtype:
         s, d = src, dst
@@ -196,97 +198,24 @@ def copy_rows(
 def run_jobs(
     jobs: Sequence[RowJob], src_idx: torch.Tensor | None, dst_idx: torch.Tensor | None
 ) -> None:
-    """Run every job with the same indices (negatives dropped and runs found once, not per job)."""
+    """Run every job with the same indices: negatives dropped and runs planned once for all
+    jobs (not per job)."""
     src_idx, dst_idx = drop_negative(src_idx, dst_idx)
     runs = None
-    planned = False
-    if src_idx is not None and dst_idx is not None and len(jobs) > 1:
-        runs = plan_runs(src_idx, dst_idx, max(src.shape[1] for src, _ in jobs))
-        planned = True
+    if src_idx is not None and dst_idx is not None:
+        row = max(src.shape[1] for src, _ in jobs) if jobs else 0
+        if src_idx.numel() * row >= _RUN_BYTES:
+            runs = plan_runs(src_idx, dst_idx, row)
     for src, dst in jobs:
-        copy_rows(src, dst, src_idx, dst_idx, runs, planned=planned)
+        _copy_clean(src, dst, src_idx, dst_idx, runs)
 
 
 # ----------------------------------------------------------------------------- the ops
-def store_kv(  # noqa: PLR0917
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    loc: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    dtype: torch.dtype | None,
-) -> None:
-    """``k_cache[loc] = k``, ``v_cache[loc] = v`` (cast to ``dtype``, stored as the cache dtype)."""
-    run_jobs(lay.store_jobs(k_cache, v_cache, k, v, dtype), None, loc)
-
-
-def set_mla_kv_buffer(
-    kv_buffer: torch.Tensor,
-    loc: torch.Tensor,
-    k_nope: torch.Tensor,
-    k_rope: torch.Tensor,
-    dtype: torch.dtype | None,
-) -> None:
-    """``kv_buffer[loc, ..., :nope] = k_nope``; ``kv_buffer[loc, ..., nope:] = k_rope``."""
-    run_jobs(lay.mla_set_jobs(kv_buffer, k_nope, k_rope, dtype), None, loc)
-
-
-def get_mla_kv_buffer(
-    kv_buffer: torch.Tensor, loc: torch.Tensor, nope_dim: int, dtype: torch.dtype | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Gather ``(kv_buffer[loc, ..., :nope_dim], kv_buffer[loc, ..., nope_dim:])`` (zeros for
-    negative ``loc`` entries), viewed as ``dtype`` when given."""
-    nope, rope, jobs = lay.mla_get_jobs(kv_buffer, loc.shape[0], nope_dim)
-    run_jobs(jobs, loc, None)
-    return lay.as_logical(nope, kv_buffer.dtype, dtype), lay.as_logical(
-        rope, kv_buffer.dtype, dtype
-    )
-
-
+# The other row ops are :mod:`mem_cache_kernels._layout`'s, bound to :func:`run_jobs` by the
+# dispatch table (the Triton executor gets the same bodies); the move is backend-specific.
 def copy_all_layer_kv_cache(
     buffers: Sequence[torch.Tensor], tgt_loc: torch.Tensor, src_loc: torch.Tensor
 ) -> None:
     """For every buffer: rows ``tgt_loc`` get the old contents of rows ``src_loc`` (every read
     happens before any write)."""
     run_jobs(lay.copy_jobs(buffers), src_loc, tgt_loc)
-
-
-def transfer_rows(
-    src: Sequence[torch.Tensor],
-    dst: Sequence[torch.Tensor],
-    src_indices: torch.Tensor,
-    dst_indices: torch.Tensor,
-) -> None:
-    """One layer, layer-first both sides: ``dst[r][dst_indices] = src[r][src_indices]``."""
-    run_jobs(lay.role_jobs(src, dst), src_indices, dst_indices)
-
-
-def transfer_rows_all_layers(
-    src: Sequence[Sequence[torch.Tensor]],
-    dst: Sequence[Sequence[torch.Tensor]],
-    src_indices: torch.Tensor,
-    dst_indices: torch.Tensor,
-) -> None:
-    """Every layer, ``[role][layer]`` both sides."""
-    run_jobs(lay.all_layer_jobs(src, dst), src_indices, dst_indices)
-
-
-def load_layer_from_page_first(
-    host: Sequence[torch.Tensor],
-    device: Sequence[torch.Tensor],
-    host_indices: torch.Tensor,
-    device_indices: torch.Tensor,
-    layer_id: int,
-) -> None:
-    """Page-first host ``[slots, L, *row]`` at ``layer_id`` -> device layer ``[rows, *row]``."""
-    run_jobs(lay.load_page_first_jobs(host, device, layer_id), host_indices, device_indices)
-
-
-def backup_all_layers_to_page_first(
-    device: Sequence[Sequence[torch.Tensor]],
-    host: Sequence[torch.Tensor],
-    device_indices: torch.Tensor,
-    host_indices: torch.Tensor,
-) -> None:
-    """Device layers ``[role][layer]`` -> page-first host ``[slots, L, *row]`` (every layer)."""
-    run_jobs(lay.backup_page_first_jobs(device, host), device_indices, host_indices)

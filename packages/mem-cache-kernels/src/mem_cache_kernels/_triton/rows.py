@@ -1,14 +1,14 @@
 """Triton implementation of the row-moving op families (store, move, transfer).
 
-The same op functions as :mod:`mem_cache_kernels._torch.rows` (same arguments, trusted; same jobs
-from :mod:`mem_cache_kernels._layout`), run by one row-copy kernel. One launch copies rows for a
-batch of *jobs* that share the row size and word width: grid ``(row_blocks, jobs)``. A job is
-addressed relative to a base tensor through a small int64 table (word delta of its base pointer,
-row stride in words), so one launch serves every role and layer without int-to-pointer casts.
-Rows are moved as 8/4/2/1-byte words (the widest that divides the row size, the strides and the
-base offsets). Every index is cast to int64 before it is multiplied by a stride, so rows beyond
-2**31 bytes from a buffer's start are addressed correctly. A pair with a negative index is
-skipped.
+The executor of the row ops of :mod:`mem_cache_kernels._layout` (the dispatch table binds
+:func:`run_jobs` to each op body there; same jobs as the torch executor), one row-copy kernel.
+One launch copies rows for a batch of *jobs* that share the row size and word width: grid
+``(row_blocks, jobs)``. A job is addressed relative to a base tensor through a small int64 table
+(word delta of its base pointer, row stride in words), so one launch serves every role and layer
+without int-to-pointer casts. Rows are moved as 8/4/2/1-byte words (the widest that divides the
+row size, the strides and the base offsets). Every index is cast to int64 before it is
+multiplied by a stride, so rows beyond 2**31 bytes from a buffer's start are addressed
+correctly. A pair with a negative index is skipped.
 
 ``copy_all_layer_kv_cache`` is overlap-safe in two phases: phase 1 gathers the ``src_loc`` rows of
 every buffer into a temporary, phase 2 scatters them to ``tgt_loc``. Since every read finishes
@@ -30,15 +30,8 @@ from mem_cache_kernels import _layout as lay
 from mem_cache_kernels._layout import RowJob
 
 __all__ = [
-    "backup_all_layers_to_page_first",
     "copy_all_layer_kv_cache",
-    "get_mla_kv_buffer",
-    "load_layer_from_page_first",
     "run_jobs",
-    "set_mla_kv_buffer",
-    "store_kv",
-    "transfer_rows",
-    "transfer_rows_all_layers",
     "word_dtype",
 ]
 
@@ -230,38 +223,8 @@ def _launch_groups(
 
 
 # ----------------------------------------------------------------------------- the ops
-def store_kv(  # noqa: PLR0917
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    loc: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    dtype: torch.dtype | None,
-) -> None:
-    """``k_cache[loc] = k``, ``v_cache[loc] = v`` (see the torch implementation)."""
-    run_jobs(lay.store_jobs(k_cache, v_cache, k, v, dtype), None, loc)
-
-
-def set_mla_kv_buffer(
-    kv_buffer: torch.Tensor,
-    loc: torch.Tensor,
-    k_nope: torch.Tensor,
-    k_rope: torch.Tensor,
-    dtype: torch.dtype | None,
-) -> None:
-    """``kv_buffer[loc, ..., :nope] = k_nope``; ``kv_buffer[loc, ..., nope:] = k_rope``."""
-    run_jobs(lay.mla_set_jobs(kv_buffer, k_nope, k_rope, dtype), None, loc)
-
-
-def get_mla_kv_buffer(
-    kv_buffer: torch.Tensor, loc: torch.Tensor, nope_dim: int, dtype: torch.dtype | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Gather ``(nope, rope)`` rows ``loc`` of ``kv_buffer`` (zeros for negative entries)."""
-    nope, rope, jobs = lay.mla_get_jobs(kv_buffer, loc.shape[0], nope_dim)
-    run_jobs(jobs, loc, None)
-    return lay.as_logical(nope, kv_buffer.dtype, dtype), lay.as_logical(
-        rope, kv_buffer.dtype, dtype
-    )
+# The other row ops are :mod:`mem_cache_kernels._layout`'s, bound to :func:`run_jobs` by the
+# dispatch table; only the overlap-safe move has a Triton body of its own.
 
 
 _ALIGN = 16
@@ -290,44 +253,3 @@ def copy_all_layer_kv_cache(
     tgt = torch.where(src_loc < 0, -1, tgt_loc.to(torch.int64))
     run_jobs(list(zip(views, parts)), src, None)
     run_jobs(list(zip(parts, views)), None, tgt)
-
-
-def transfer_rows(
-    src: Sequence[torch.Tensor],
-    dst: Sequence[torch.Tensor],
-    src_indices: torch.Tensor,
-    dst_indices: torch.Tensor,
-) -> None:
-    """One layer, layer-first both sides: ``dst[r][dst_indices] = src[r][src_indices]``."""
-    run_jobs(lay.role_jobs(src, dst), src_indices, dst_indices)
-
-
-def transfer_rows_all_layers(
-    src: Sequence[Sequence[torch.Tensor]],
-    dst: Sequence[Sequence[torch.Tensor]],
-    src_indices: torch.Tensor,
-    dst_indices: torch.Tensor,
-) -> None:
-    """Every layer, ``[role][layer]`` both sides."""
-    run_jobs(lay.all_layer_jobs(src, dst), src_indices, dst_indices)
-
-
-def load_layer_from_page_first(
-    host: Sequence[torch.Tensor],
-    device: Sequence[torch.Tensor],
-    host_indices: torch.Tensor,
-    device_indices: torch.Tensor,
-    layer_id: int,
-) -> None:
-    """Page-first host ``[slots, L, *row]`` at ``layer_id`` -> device layer ``[rows, *row]``."""
-    run_jobs(lay.load_page_first_jobs(host, device, layer_id), host_indices, device_indices)
-
-
-def backup_all_layers_to_page_first(
-    device: Sequence[Sequence[torch.Tensor]],
-    host: Sequence[torch.Tensor],
-    device_indices: torch.Tensor,
-    host_indices: torch.Tensor,
-) -> None:
-    """Device layers ``[role][layer]`` -> page-first host ``[slots, L, *row]`` (every layer)."""
-    run_jobs(lay.backup_page_first_jobs(device, host), device_indices, host_indices)
