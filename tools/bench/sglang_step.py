@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from tools.sglang_ref.radix_loop import RadixLoop, Req, load_modules
+from tools.sglang_ref.radix_loop import RadixLoop, Req, build_side, load_modules
 
 __all__ = ["REACHED", "StepConfig", "missing_members", "step_rows"]
 
@@ -186,26 +186,13 @@ def _step(side: _Side, cfg: StepConfig) -> tuple[torch.Tensor | None, torch.Tens
 
 
 def _sides(sgl: types.SimpleNamespace, ps: int, cfg: StepConfig) -> tuple[Any, Any]:
-    """(SGLang's allocator, req pool), (ours)."""
-    import mem_cache_allocator as oa
-    import mem_cache_pool as op
-
-    dt = torch.bfloat16
-    a_o: Any
-    kv_s = sgl.mp.MHATokenToKVPool(size=cfg.capacity, page_size=ps, dtype=dt, head_num=1,
-                                   head_dim=8, layer_num=1, device="cpu",
-                                   enable_memory_saver=False)
-    kv_o = op.MHATokenToKVPool(cfg.capacity, ps, dt, 1, 8, 1, "cpu")
-    if ps == 1:
-        a_s = sgl.alloc.TokenToKVPoolAllocator(cfg.capacity, dt, "cpu", kv_s, True)
-        a_o = oa.TokenToKVPoolAllocator(cfg.capacity, dt, "cpu", kv_o, True)
-    else:
-        a_s = sgl.alloc.PagedTokenToKVPoolAllocator(cfg.capacity, ps, dt, "cpu", kv_s, True)
-        a_o = oa.PagedTokenToKVPoolAllocator(cfg.capacity, ps, dt, "cpu", kv_o, True)
-    r_s = sgl.mp.ReqToTokenPool(size=cfg.running + 1, max_context_len=cfg.context,
-                                device="cpu", enable_memory_saver=False)
-    r_o = op.ReqToTokenPool(cfg.running + 1, cfg.context, "cpu")
-    return (a_s, r_s), (a_o, r_o)
+    """(SGLang's allocator, req pool), (ours): both built by the radix-loop driver's
+    ``build_side`` (one MHA layer, bf16, need_sort on), the one place both stacks are made."""
+    kw: dict[str, Any] = dict(kind="mha", page_size=ps, size=cfg.capacity, need_sort=True,
+                              rows=cfg.running + 1, context=cfg.context, dtype=torch.bfloat16,
+                              head_dim=8)
+    s, o = build_side(sgl, ours=False, **kw), build_side(sgl, ours=True, **kw)
+    return (s.allocator, s.req_to_token_pool), (o.allocator, o.req_to_token_pool)
 
 
 def _run(sgl: types.SimpleNamespace, ps: int, cfg: StepConfig,
