@@ -133,13 +133,19 @@ class DeepSeekV4SingleKVPool(PageRowPool):
         self._set_records(layer_id, "loc", loc, records)
 
     def _set_records(
-        self, layer_id: int, name: str, loc: torch.Tensor | KVWriteLoc, records: torch.Tensor
+        self,
+        layer_id: int,
+        name: str,
+        loc: torch.Tensor | KVWriteLoc,
+        records: torch.Tensor,
+        records_name: str = "records",
     ) -> None:
-        """:meth:`set_key_buffer` with the slot argument called ``name`` (composite pools)."""
+        """:meth:`set_key_buffer` with the slot and record arguments called ``name`` and
+        ``records_name`` (composite pools)."""
         index = self.layer_index(layer_id)
         slots = self._device_loc(name, _write_slots(name, loc))
         shape = (slots.numel(), deepseek_v4.TOKEN_BYTES)
-        check_rows("records", records, shape, self.device, dtypes=(torch.uint8,))
+        check_rows(records_name, records, shape, self.device, dtypes=(torch.uint8,))
         self._write_records(self.kv_buffer[index], slots, records)
 
     def set_key_buffer_parts(
