@@ -148,6 +148,8 @@ class DeepSeekV4SGLangSurface(BaseSWAKVPool):
         attn: list[CompressStateLayer | None] = [None] * self.end_layer
         index: list[CompressStateLayer | None] = [None] * self.end_layer
         for lid, (ratio, local, _) in self.layer_mapping.items():
+            if not ratio:
+                continue
             pool = self.c4_state_pool if ratio == 4 else self.c128_state_pool
             if pool is not None:
                 attn[lid] = CompressStateLayer(pool, local, ratio, request_scoped=ratio == 128)
