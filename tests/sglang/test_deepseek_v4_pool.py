@@ -7,9 +7,11 @@ layout getters, registries, compress-state structure, request-state transfer ind
 geometry and the feature-off answers must agree, and SGLang's own ``clear_request_scoped_state``
 body must leave its c128 state rings bit-for-bit equal to ours.
 
-Stated limits: SGLang's writes (``set_swa_key_buffer`` and the fused stores) and
-``clear_unaccepted_c128_draft_states`` are Triton / JIT CUDA kernels with no CPU path, so here
-their byte layout is checked against our reading in ``packages/mem-cache-pool/tests``, not run.
+SGLang's writes (``set_swa_key_buffer`` / ``set_extra_key_buffer`` through ``SetKAndS``, the
+fused flashmla and indexer stores) and ``clear_unaccepted_c128_draft_states`` are Triton kernels:
+they run in a child process under the Triton interpreter (``_dsv4_kernel_child.py``) next to our
+members on the same inputs, bit-for-bit, except the interpreter's float -> fp8 cast, which is not
+the GPU's round-to-nearest-even (there ours must be the nearer value; see the child).
 SGLang's c4 state rows hold an overlap window (twice our width), so only the c128 rings are
 compared by content. SGLang derives the c4 indexer size from ``c128_size * 32``, which is 0 in a
 model without ratio-128 layers; ours covers the logical c4 space (``size // 4``) in every model,
@@ -18,8 +20,13 @@ so ``c4_logical_size`` is compared where ratio-128 layers exist.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import types
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -27,6 +34,8 @@ import pytest
 import torch
 
 from mem_cache_pool.deepseek_v4 import DeepSeekV4TokenToKVPool
+
+ROOT = Path(__file__).resolve().parents[2]
 
 Load = Callable[..., list[types.ModuleType]]
 FP8 = torch.float8_e4m3fn
@@ -197,3 +206,29 @@ def test_clear_request_scoped_state_leaves_sglangs_rings_bit_equal(pair: tuple[A
             both = sgl.kv_score_buffer.kv_score[:rows]
             assert torch.equal(mine.kv_state, both[:, :width]), (req, lid)
             assert torch.equal(mine.score_state, both[:, width:]), (req, lid)
+
+
+def test_sglang_triton_kernels_write_what_ours_writes() -> None:
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("_dsv4_kernel_child.py"))],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    exact = [
+        "set_swa_key_buffer",
+        "set_extra_key_buffer",
+        "set_swa_key_buffer_radix_fused.rest",
+        "set_swa_key_buffer_radix_fused.other_slots",
+        "set_index_k_fused.scales",
+        "set_index_k_fused.other_keys",
+        "clear_unaccepted_c128_draft_states",
+    ]
+    for name in exact:
+        assert report[name]["compared"] > 0 and report[name]["differ"] == 0, (name, report[name])
+    for name in ("set_swa_key_buffer_radix_fused.nope", "set_index_k_fused.keys"):
+        check = report[name]
+        assert check["ours_farther"] == 0, (name, check)
+        assert check["differ"] * 10 < check["compared"], (name, check)  # the cast's edge cases
+    assert report["clear_unaccepted_c128_draft_states"]["cleared_rows"] == 9
