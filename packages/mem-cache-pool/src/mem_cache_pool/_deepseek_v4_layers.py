@@ -34,7 +34,8 @@ class CompressedPoolConfig:
 
 @dataclass(frozen=True)
 class CompressStateLayer:
-    """One layer of a :class:`CompressStatePool` (what SGLang's per-layer state pool is).
+    """One layer of a :class:`~mem_cache_pool.deepseek_v4.CompressStatePool` (what SGLang's
+    per-layer state pool is).
 
     ``ratio`` (4 or 128), ``request_scoped`` (True for ratio 128: the ring belongs to a request
     slot and travels as PD request state; ratio 4 follows the window pages in SGLang),
@@ -66,7 +67,7 @@ class CompressStateLayer:
     def get_state(
         self, req_pool_indices: torch.Tensor, positions: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`CompressStatePool.get_state` of this layer."""
+        """:meth:`mem_cache_pool.deepseek_v4.CompressStatePool.get_state` of this layer."""
         return self.pool.get_state(self.layer_index, req_pool_indices, positions)
 
     def set_state(
@@ -76,7 +77,7 @@ class CompressStateLayer:
         kv_state: torch.Tensor,
         score_state: torch.Tensor,
     ) -> None:
-        """:meth:`CompressStatePool.set_state` of this layer."""
+        """:meth:`mem_cache_pool.deepseek_v4.CompressStatePool.set_state` of this layer."""
         self.pool.set_state(self.layer_index, req_pool_indices, positions, kv_state, score_state)
 
 

@@ -1,6 +1,6 @@
 """SGLang 0.5.23's compress-state, request-state, buffer-info and unified-KV members of
 ``DeepSeekV4TokenToKVPool`` (private base of :class:`mem_cache_pool.deepseek_v4.
-DeepSeekV4TokenToKVPool`; see :mod:`mem_cache_pool._deepseek_v4_sglang` for the convention).
+DeepSeekV4TokenToKVPool`; see ``_deepseek_v4_sglang`` for the convention).
 
 Compress state: ratio-4 rings (attention and indexer) and ratio-128 rings per layer, addressed by
 request slot (rows ``[r * ring, (r + 1) * ring)``); SGLang's c128 state is request-scoped (it
@@ -88,15 +88,17 @@ class DeepSeekV4RequestStateSurface(DeepSeekV4SGLangSurface):
         """After a speculative verify, clear the c128 ring rows of rejected draft tokens: for
         request ``b``, draft offsets ``d`` in ``[accept_lens[b], num_draft_tokens)`` clear row
         ``req_pool_indices[b] * ring + (seq_lens[b] + d) % ring`` of every ratio-128 layer (kv 0,
-        score -inf). Nothing to do when ``num_draft_tokens <= 1`` or the batch is empty."""
+        score -inf). Nothing to do (nothing read) when ``num_draft_tokens <= 1``, as SGLang."""
         drafts = checks.check_int("num_draft_tokens", num_draft_tokens)
+        if drafts <= 1:  # SGLang returns before reading the tensors
+            return
         req = check_slots(
             "req_pool_indices", req_pool_indices, self.device, self.num_req_slots, full=True
         )
         n = req.numel()
         lens = check_slots("seq_lens", seq_lens, self.device, 2**62, full=True, length=n)
         acc = check_slots("accept_lens", accept_lens, self.device, 2**62, full=True, length=n)
-        if drafts <= 1 or not n:
+        if not n:
             return
         offs = torch.arange(drafts, device=self.device)
         rejected = offs[None, :] >= acc.long()[:, None]
@@ -120,7 +122,7 @@ class DeepSeekV4RequestStateSurface(DeepSeekV4SGLangSurface):
         states = self._c128_states()
         if not states:
             raise ValueError("request_state_transfer_indices: no request-scoped (c128) state")
-        if length <= 0 or length % _C128 == 0:
+        if length == 0 or length % _C128 == 0:
             return np.empty((0,), dtype=np.int32)
         ring = states[0].ring_size
         page = req * (ring // _C128) + ((length - 1) % ring) // _C128
@@ -149,7 +151,10 @@ class DeepSeekV4RequestStateSurface(DeepSeekV4SGLangSurface):
     def get_online_c128_mtp_pending_seq_lens(self) -> torch.Tensor:
         """Online c128 MTP pending lengths: not provided (``online_c128_mtp_pending_seq_lens``
         is None, where SGLang asserts): ``NotImplementedError``."""
-        raise NotImplementedError("online c128 MTP state is not provided")
+        raise NotImplementedError(
+            f"{type(self).__name__} does not support get_online_c128_mtp_pending_seq_lens "
+            "(no online c128 MTP state)"
+        )
 
     # ---------------------------------------------------------------- PD buffer infos
     def get_contiguous_buf_infos(self) -> _BufInfos:
@@ -171,7 +176,9 @@ class DeepSeekV4RequestStateSurface(DeepSeekV4SGLangSurface):
 
     # ---------------------------------------------------------------- unified KV (off)
     def _unified_off(self, name: str) -> NotImplementedError:
-        return NotImplementedError(f"{name}: the unified bf16 KV layout is not provided")
+        return NotImplementedError(
+            f"{type(self).__name__} does not support {name} (no unified bf16 KV layout)"
+        )
 
     def get_unified_kv(self, layer_id: int) -> torch.Tensor:
         """Unified KV rows: not provided (``unified_kv_pool`` is None): ``NotImplementedError``."""

@@ -222,15 +222,18 @@ class DeepSeekV4SGLangSurface(BaseSWAKVPool):
         return self._swa.kv_buffer[index]
 
     def _write_pack(
-        self, pool: DeepSeekV4SingleKVPool, layer: int, loc: object, pack: object
+        self, pool: DeepSeekV4SingleKVPool, index: int, name: str, loc: object, pack: object
     ) -> None:
         """Write records ``[n, 584]`` uint8, or SGLang's ``NopeFp8RopeBf16Pack`` (fp8
         ``k_nope_fp8`` ``[n, 448]``, bf16 ``k_rope_bf16`` ``[n, 64]``, uint8
-        ``scale_k_nope_ue8m0`` ``[n, 7]``; packed as :func:`deepseek_v4.pack_records`)."""
+        ``scale_k_nope_ue8m0`` ``[n, 7]``; packed as
+        :func:`mem_cache_kernels.deepseek_v4.pack_records`)."""
         if not isinstance(loc, (torch.Tensor, KVWriteLoc)):
-            raise TypeError(f"loc must be a slot tensor, got {type(loc).__name__}")
+            raise TypeError(f"{name} must be a slot tensor, got {type(loc).__name__}")
         if isinstance(pack, torch.Tensor):
-            pool._set_records(layer, "loc", loc, pack, "cache_nope_fp8_rope_bf16_pack")
+            pool._set_records(
+                pool.start_layer + index, name, loc, pack, "cache_nope_fp8_rope_bf16_pack"
+            )
             return
         parts: list[torch.Tensor] = []
         for attr in ("k_nope_fp8", "scale_k_nope_ue8m0", "k_rope_bf16"):
@@ -241,26 +244,29 @@ class DeepSeekV4SGLangSurface(BaseSWAKVPool):
                     f"NopeFp8RopeBf16Pack, got {type(pack).__name__}"
                 )
             parts.append(part.reshape(-1, part.shape[-1]) if part.dim() else part)
-        pool.set_key_buffer_parts(layer, loc, *parts)
+        pool._set_parts(index, name, loc, *parts)
 
     def set_swa_key_buffer(
         self, layer_id: int, loc: torch.Tensor, cache_nope_fp8_rope_bf16_pack: Any
     ) -> None:
         """Write V4 records (or a ``NopeFp8RopeBf16Pack``) at window slots ``loc``."""
-        self._write_pack(self._swa, self._layer(layer_id), loc, cache_nope_fp8_rope_bf16_pack)
+        index = self.layer_index(layer_id)
+        self._write_pack(self._swa, index, "loc", loc, cache_nope_fp8_rope_bf16_pack)
 
     def set_swa_key_buffer_radix(
         self, layer_id: int, swa_loc: torch.Tensor, cache_nope_fp8_rope_bf16_pack: Any
     ) -> None:
         """:meth:`set_swa_key_buffer` (SGLang's radix-path name)."""
-        self.set_swa_key_buffer(layer_id, swa_loc, cache_nope_fp8_rope_bf16_pack)
+        index = self.layer_index(layer_id)
+        self._write_pack(self._swa, index, "swa_loc", swa_loc, cache_nope_fp8_rope_bf16_pack)
 
     def set_swa_key_buffer_radix_fused(
         self, layer_id: int, swa_loc: torch.Tensor, cache_k: torch.Tensor
     ) -> None:
         """Quantise float ``cache_k`` ``[n, 512]`` (normed, rotated) into the window pool at
-        ``swa_loc`` (:func:`deepseek_v4.quantize_nope` + bf16 rope, as SGLang's V4 store)."""
-        self._swa.set_kv_buffer(self._layer(layer_id), swa_loc, cache_k)
+        ``swa_loc`` (:func:`mem_cache_kernels.deepseek_v4.quantize_nope` + bf16 rope, as SGLang's
+        V4 store)."""
+        self._swa._quantize_write(self.layer_index(layer_id), "swa_loc", swa_loc, cache_k)
 
     def set_swa_key_buffer_radix_fused_norm_rope(  # noqa: PLR0917 (SGLang's signature)
         self,
@@ -276,14 +282,16 @@ class DeepSeekV4SGLangSurface(BaseSWAKVPool):
         """Not provided: SGLang's fused RMS-norm + RoPE + store kernel (``NotImplementedError``;
         norm and rotate, then call :meth:`set_swa_key_buffer_radix_fused`)."""
         raise NotImplementedError(
-            "set_swa_key_buffer_radix_fused_norm_rope: the fused norm + RoPE store is not "
-            "provided; apply them and call set_swa_key_buffer_radix_fused"
+            f"{type(self).__name__} does not support set_swa_key_buffer_radix_fused_norm_rope "
+            "(no fused norm + RoPE store): apply them and call set_swa_key_buffer_radix_fused"
         )
 
     def set_swa_valid_from(self, slots: torch.Tensor, valid_from: torch.Tensor) -> None:
         """SGLang's DSpark draft window mark: not provided (``swa_valid_from`` is None, where
         SGLang's assignment fails): ``NotImplementedError``."""
-        raise NotImplementedError("swa_valid_from exists only for a DSpark draft window pool")
+        raise NotImplementedError(
+            f"{type(self).__name__} does not support set_swa_valid_from (no DSpark draft window)"
+        )
 
     def get_swa_valid_from_buf_infos(self) -> _BufInfos:
         """``([], [], [])``: no DSpark draft window mark, as SGLang when ``swa_valid_from`` is
@@ -303,7 +311,7 @@ class DeepSeekV4SGLangSurface(BaseSWAKVPool):
         """Write V4 records (or a ``NopeFp8RopeBf16Pack``) at compressed slots ``loc`` of
         ``layer_id`` (HiSparse c4: logical compressed slots)."""
         _, local, pool = self._compressed(layer_id)
-        self._write_pack(pool, local, loc, cache_nope_fp8_rope_bf16_pack)
+        self._write_pack(pool, local, "loc", loc, cache_nope_fp8_rope_bf16_pack)
 
     def set_extra_key_buffer_fused(
         self,
@@ -318,7 +326,7 @@ class DeepSeekV4SGLangSurface(BaseSWAKVPool):
         _, local, pool = self._compressed(layer_id)
         if freqs_cis is not None:
             raise ValueError("freqs_cis must be None: in-kernel RoPE is for the fp4 cache only")
-        pool.set_kv_buffer(local, loc, cache_k)
+        pool._quantize_write(local, "loc", loc, cache_k)
 
     # ---------------------------------------------------------------- indexer
     def get_index_k_with_scale_buffer(self, layer_id: int) -> torch.Tensor:
@@ -345,7 +353,9 @@ class DeepSeekV4SGLangSurface(BaseSWAKVPool):
         ``NotImplementedError``."""
         local, pool = self._c4(layer_id, "the indexer")
         if pool.use_fp4:
-            raise NotImplementedError("set_index_k_fused quantises to fp8; this indexer is fp4")
+            raise NotImplementedError(
+                f"{type(self).__name__} does not support set_index_k_fused on an fp4 indexer"
+            )
         k = checks.check_tensor("cache_k", cache_k)
         if not k.dtype.is_floating_point:
             raise TypeError(f"cache_k must have a floating-point dtype, got {k.dtype}")
@@ -410,7 +420,8 @@ class DeepSeekV4SGLangSurface(BaseSWAKVPool):
 
     def _fp4_off(self, name: str) -> NotImplementedError:
         return NotImplementedError(
-            f"{name}: SGLang's fp4 (ratio-1/2 or ROCm split) indexer layout is not provided"
+            f"{type(self).__name__} does not support {name} (SGLang's fp4 ratio-1/2 or ROCm "
+            "split indexer layout)"
         )
 
     def set_index_k_fp4(self, layer_id: int, loc: torch.Tensor, cache_k: torch.Tensor) -> None:

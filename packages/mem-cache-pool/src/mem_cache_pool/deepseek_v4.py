@@ -74,7 +74,7 @@ class DeepSeekV4TokenToKVPool(DeepSeekV4RequestStateSurface):
 
     SGLang 0.5.23's surface (layouts, compressed / indexer / state getters and setters,
     request-scoped state, PD buffer infos, the members of features not provided) lives in
-    :mod:`mem_cache_pool._deepseek_v4_sglang` and :mod:`mem_cache_pool._deepseek_v4_requests`.
+    the private modules ``_deepseek_v4_sglang`` and ``_deepseek_v4_requests``.
 
     Logical full size: ``size = c128_size * 128`` when there are c128 layers, else
     ``c4_size * 4``; the indexer covers the logical c4 space (``size // 4`` slots) even when the
