@@ -79,9 +79,9 @@ def main() -> None:
     out["set_swa_key_buffer"] = {"compared": mine.numel(), "differ": int((mine != theirs).sum())}
     c4_loc = torch.tensor([33, 40, 63, 1, 0])
     pool.set_extra_key_buffer(1, c4_loc, pack)
-    theirs = torch.zeros_like(pool.get_extra_key_buffer(1))
+    theirs = torch.zeros_like(pool.get_extra_key_buffer(1).view(torch.uint8))
     kv_store._set_k_and_s_triton(theirs, c4_loc, pack, pool.get_extra_key_page_size(1))
-    mine = pool.get_extra_key_buffer(1)
+    mine = pool.get_extra_key_buffer(1).view(torch.uint8)
     out["set_extra_key_buffer"] = {"compared": mine.numel(), "differ": int((mine != theirs).sum())}
 
     # set_swa_key_buffer_radix_fused: SGLang's flashmla fused quantise + store

@@ -137,6 +137,16 @@ def test_surface_answers_match_sglangs(pair: tuple[Any, Any]) -> None:
         "unified_rope_region_buffers": lambda p: p.unified_rope_region_buffers(4),
         "clear_c4_req_states": lambda p: p.clear_c4_req_states([1, 2]),
         "num_req_slots": lambda p: p.num_req_slots,
+        "buffer views": lambda p: [
+            (b.dtype, tuple(b.shape[1:]))
+            for i in compressed
+            for b in (
+                p.get_extra_key_buffer(i),
+                p.get_swa_key_buffer_radix(i),
+                p.get_swa_raw_buffer(i),
+                *([p.get_index_k_with_scale_buffer(i)] if i in c4 else []),
+            )
+        ],
         "kv_pools": lambda p: sorted(p.kv_pools),
         "index_pools": lambda p: sorted(p.index_pools),
         "compressed_pool_configs": lambda p: {

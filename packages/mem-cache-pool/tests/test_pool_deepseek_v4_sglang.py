@@ -170,9 +170,10 @@ def test_swa_writes_records_packs_and_fused_rows_bit_exact() -> None:
     assert pool.get_swa_raw_buffer(4) is pool.swa_kv_pool.kv_buffer[3]
     waiter = _Waiter()
     pool.register_layer_transfer_counter(waiter)
-    assert pool.get_swa_key_buffer_radix(2) is pool.swa_kv_pool.kv_buffer[1]
-    assert torch.equal(read_records(pool.get_swa_key_buffer_radix(2), torch.tensor([5, 9]), 4), rec)
-    assert waiter.calls == [1, 1]
+    radix = pool.get_swa_key_buffer_radix(2)
+    assert radix.dtype == FP8 and radix.data_ptr() == pool.swa_kv_pool.kv_buffer[1].data_ptr()
+    assert torch.equal(read_records(radix.view(torch.uint8), torch.tensor([5, 9]), 4), rec)
+    assert waiter.calls == [1]
     with pytest.raises(TypeError, match="cache_nope_fp8_rope_bf16_pack"):
         pool.set_swa_key_buffer(2, torch.tensor([5]), SimpleNamespace(k_nope_fp8=nope))
     with pytest.raises(ValueError, match="cache_nope_fp8_rope_bf16_pack"):
@@ -188,12 +189,14 @@ def test_extra_key_writes_route_to_the_compressed_pool_bit_exact() -> None:
     assert c4 is not None and c128 is not None
     assert torch.equal(c4.get_key_records(1, torch.tensor([33, 40, 63])), rec)
     assert int(c4.kv_buffer[0].sum()) == 0
-    assert pool.get_extra_key_buffer(4) is c4.kv_buffer[1]
+    extra = pool.get_extra_key_buffer(4)
+    assert extra.dtype == FP8 and torch.equal(extra.view(torch.uint8), c4.kv_buffer[1])
     k = torch.randn(1, 512)
     pool.set_extra_key_buffer_fused(3, torch.tensor([1]), k)
     q, s = quantize_nope(k[:, :448])
     want = pack_records(q, s, k[:, 448:].to(torch.bfloat16))
-    assert torch.equal(read_records(pool.get_extra_key_buffer(3), torch.tensor([1]), 1), want)
+    rows = pool.get_extra_key_buffer(3).view(torch.uint8)
+    assert torch.equal(read_records(rows, torch.tensor([1]), 1), want)
     with pytest.raises(ValueError, match="freqs_cis"):
         pool.set_extra_key_buffer_fused(3, torch.tensor([1]), k, torch.zeros(1, 64))
     with pytest.raises(ValueError, match="compress ratio 0"):

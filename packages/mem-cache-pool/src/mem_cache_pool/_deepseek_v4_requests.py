@@ -93,11 +93,11 @@ class DeepSeekV4RequestStateSurface(DeepSeekV4SGLangSurface):
         if drafts <= 1:  # SGLang returns before reading the tensors
             return
         req = check_slots(
-            "req_pool_indices", req_pool_indices, self.device, self.num_req_slots, full=True
+            "req_pool_indices", req_pool_indices, self.device, self.num_req_slots, full=self.debug
         )
         n = req.numel()
-        lens = check_slots("seq_lens", seq_lens, self.device, 2**62, full=True, length=n)
-        acc = check_slots("accept_lens", accept_lens, self.device, 2**62, full=True, length=n)
+        lens = check_slots("seq_lens", seq_lens, self.device, 2**62, full=self.debug, length=n)
+        acc = check_slots("accept_lens", accept_lens, self.device, 2**62, full=self.debug, length=n)
         if not n:
             return
         offs = torch.arange(drafts, device=self.device)
@@ -114,7 +114,7 @@ class DeepSeekV4RequestStateSurface(DeepSeekV4SGLangSurface):
         block boundary (``seq_len % 128 == 0``), else the ring page (128 rows, see
         :meth:`get_request_state_buf_infos`) holding token ``seq_len - 1``:
         ``req_pool_idx * (ring // 128) + ((seq_len - 1) % ring) // 128``. ``ValueError``
-        without ratio-128 layers (SGLang asserts)."""
+        without ratio-128 layers (SGLang asserts). Needs numpy, as SGLang's PD path."""
         import numpy as np
 
         req = self._req_slot("req_pool_idx", req_pool_idx)

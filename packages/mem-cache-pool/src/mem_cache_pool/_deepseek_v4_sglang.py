@@ -217,9 +217,10 @@ class DeepSeekV4SGLangSurface(BaseSWAKVPool):
         return self._swa.kv_buffer[self.layer_index(layer_id)]
 
     def get_swa_key_buffer_radix(self, layer_id: int) -> torch.Tensor:
-        """Window page rows of ``layer_id`` (waits for the layer)."""
+        """Window page rows of ``layer_id`` viewed as ``dtype`` (fp8; SGLang's
+        ``get_key_buffer`` view of the uint8 rows), waiting for the layer."""
         index = self._wait_layer(layer_id)
-        return self._swa.kv_buffer[index]
+        return self._swa.kv_buffer[index].view(self.dtype)
 
     def _write_pack(
         self, pool: DeepSeekV4SingleKVPool, index: int, name: str, loc: object, pack: object
@@ -300,10 +301,11 @@ class DeepSeekV4SGLangSurface(BaseSWAKVPool):
 
     # ---------------------------------------------------------------- compressed (extra) cache
     def get_extra_key_buffer(self, layer_id: int) -> torch.Tensor:
-        """Compressed page rows of ``layer_id`` (waits for the layer)."""
+        """Compressed page rows of ``layer_id`` viewed as ``dtype`` (fp8, as SGLang's), waiting
+        for the layer."""
         self._wait_layer(layer_id)
         _, local, pool = self._compressed(layer_id)
-        return pool.kv_buffer[local]
+        return pool.kv_buffer[local].view(self.dtype)
 
     def set_extra_key_buffer(
         self, layer_id: int, loc: torch.Tensor, cache_nope_fp8_rope_bf16_pack: Any
