@@ -17,8 +17,9 @@ import torch
 
 from mem_cache_kernels import checks
 from mem_cache_pool._checks import check_slots
+from mem_cache_pool._deepseek_v4_index import DeepSeekV4IndexSurface
 from mem_cache_pool._deepseek_v4_layers import CompressStateLayer, clear_state_rows
-from mem_cache_pool._deepseek_v4_sglang import DeepSeekV4SGLangSurface, buf_infos
+from mem_cache_pool._deepseek_v4_sglang import buf_infos
 
 if TYPE_CHECKING:
     import numpy as np
@@ -30,7 +31,7 @@ _C128 = 128
 _BufInfos = tuple[list[int], list[int], list[int]]
 
 
-class DeepSeekV4RequestStateSurface(DeepSeekV4SGLangSurface):
+class DeepSeekV4RequestStateSurface(DeepSeekV4IndexSurface):
     """Compress-state views, request-scoped state, PD buffer infos; unified KV answers."""
 
     compress_state_pools: list[CompressStateLayer | None]

@@ -74,7 +74,8 @@ class DeepSeekV4TokenToKVPool(DeepSeekV4RequestStateSurface):
 
     SGLang 0.5.23's surface (layouts, compressed / indexer / state getters and setters,
     request-scoped state, PD buffer infos, the members of features not provided) lives in
-    the private modules ``_deepseek_v4_sglang`` and ``_deepseek_v4_requests``.
+    the private modules ``_deepseek_v4_sglang``, ``_deepseek_v4_index`` and
+    ``_deepseek_v4_requests``.
 
     Logical full size: ``size = c128_size * 128`` when there are c128 layers, else
     ``c4_size * 4``; the indexer covers the logical c4 space (``size // 4`` slots) even when the
@@ -160,8 +161,7 @@ class DeepSeekV4TokenToKVPool(DeepSeekV4RequestStateSurface):
         checks.check_int("indexer_head_dim", indexer_head_dim)
         checks.check_optional_int("state_dim", state_dim)
         slots = checks.check_optional_int("num_req_slots", num_req_slots, minimum=1)
-        if unified_fp8 is not None and not isinstance(unified_fp8, bool):
-            raise TypeError(f"unified_fp8 must be None or a bool, got {type(unified_fp8).__name__}")
+        fp8_rows = unified_fp8 is not None and checks.check_bool("unified_fp8", unified_fp8)
         if isinstance(kv_source_layers, (str, bytes)) or not isinstance(kv_source_layers, Iterable):
             raise TypeError(
                 "kv_source_layers must be a sequence of int layer ids, got "
@@ -171,8 +171,7 @@ class DeepSeekV4TokenToKVPool(DeepSeekV4RequestStateSurface):
             checks.check_int(f"kv_source_layers[{i}]", v) for i, v in enumerate(kv_source_layers)
         ]
         checks.check_optional_int("full_size", full_size, minimum=0)
-        if not isinstance(is_draft_worker, bool):
-            raise TypeError(f"is_draft_worker must be a bool, got {type(is_draft_worker).__name__}")
+        checks.check_bool("is_draft_worker", is_draft_worker)
         layout_option = parse_kv_layouts(kv_layout, compressed_kv_layout)
         for name, state_dtype, ids in (
             ("c4_state_dtype", c4_state_dtype, c4_ids),
@@ -272,7 +271,7 @@ class DeepSeekV4TokenToKVPool(DeepSeekV4RequestStateSurface):
             c128_size=c128_size,
             state_dtypes=(c4_state_dtype, c128_state_dtype),
             kv_source_layers=sources,
-            unified_fp8=bool(unified_fp8),
+            unified_fp8=fp8_rows,
             compressed_kv_layout=layout_option,
         )
         self._finalize_allocation()
