@@ -109,6 +109,12 @@ def _state_pool() -> Any:
     return CompressStatePool(3, 8, 4, 2, "cpu")
 
 
+def _state_layer() -> Any:
+    from mem_cache_pool.deepseek_v4 import CompressStateLayer
+
+    return CompressStateLayer(_state_pool(), 1, 4, request_scoped=False)
+
+
 def _write_loc() -> Any:
     from mem_cache_pool import KVWriteLoc
 
@@ -255,6 +261,7 @@ OWNERS: dict[str, Callable[[], Any]] = {
     "mem_cache_pool._deepseek_v4_single:HiSparseC4DevicePool": _c4,
     "mem_cache_pool._deepseek_v4_indexer:DeepSeekV4IndexerPool": _indexer,
     "mem_cache_pool._deepseek_v4_state:CompressStatePool": _state_pool,
+    "mem_cache_pool._deepseek_v4_layers:CompressStateLayer": _state_layer,
     "mem_cache_pool.req_to_token:ReqToTokenPool": _req,
     "mem_cache_pool.mamba:MambaPool": _mamba_pool,
     "mem_cache_pool.hybrid:HybridReqToTokenPool": _hybrid_rows,

@@ -318,6 +318,70 @@ def _req_alloc() -> Call:
     return Call(pool.alloc, {"reqs": 2}, {"reqs": "count"}, owner=pool)
 
 
+V4 = "mem_cache_pool.deepseek_v4:DeepSeekV4TokenToKVPool"
+
+
+def _v4_draft_cleanup() -> Call:
+    pool = OWNERS[V4]()
+    return Call(
+        pool.clear_unaccepted_c128_draft_states,
+        {"req_pool_indices": _i(1, 2), "seq_lens": _i(3, 130), "accept_lens": _i(0, 1),
+         "num_draft_tokens": 4},
+        {"req_pool_indices": "slots", "seq_lens": "lens", "accept_lens": "lens"},
+        owner=pool,
+    )  # fmt: skip
+
+
+def _v4_request_clear() -> Call:
+    pool = OWNERS[V4]()
+    return Call(
+        pool.clear_request_scoped_state, {"req_pool_idx": 1}, {"req_pool_idx": "count"}, owner=pool
+    )
+
+
+def _v4_transfer_indices() -> Call:
+    pool = OWNERS[V4]()
+    return Call(
+        pool.request_state_transfer_indices,
+        {"req_pool_idx": 1, "seq_len": 130},
+        {"req_pool_idx": "count"},
+        owner=pool,
+    )
+
+
+def _v4_index_fused() -> Call:
+    pool = OWNERS[V4]()
+    return Call(
+        pool.set_index_k_fused,
+        {"layer_id": 1, "loc": _i(40, 41), "cache_k": torch.ones(2, 16)},
+        {"layer_id": "layer", "loc": "slots", "cache_k": "data"},
+        owner=pool,
+    )
+
+
+def _v4_index_gather() -> Call:
+    pool = OWNERS[V4]()
+    return Call(
+        pool.get_index_k_scale_buffer,
+        {"layer_id": 1, "seq_len_tensor": _i(3, 2),
+         "page_indices": torch.tensor([[1], [2]], dtype=torch.int32), "seq_len_sum": 5,
+         "max_seq_len": 3},
+        {"layer_id": "layer", "seq_len_tensor": "lens", "seq_len_sum": "count",
+         "max_seq_len": "count"},
+        owner=pool,
+    )  # fmt: skip
+
+
+def _v4_extra_fused() -> Call:
+    pool = OWNERS[V4]()
+    return Call(
+        pool.set_extra_key_buffer_fused,
+        {"layer_id": 2, "loc": _i(1, 2), "cache_k": torch.ones(2, 512)},
+        {"layer_id": "layer", "loc": "slots", "cache_k": "data"},
+        owner=pool,
+    )
+
+
 # ----------------------------------------------------------------------- host pools
 def _host_pair() -> tuple[Any, Any]:
     from mem_cache_pool import MHATokenToKVPool
@@ -408,6 +472,12 @@ BUILDERS: dict[str, Callable[[], Call]] = {
     "mem_cache_pool.mla:MLATokenToKVPool.set_mla_kv_buffer": _mla_set,
     "mem_cache_pool.mla:MLATokenToKVPool.get_mla_kv_buffer": _mla_get,
     "mem_cache_pool.req_to_token:ReqToTokenPool.alloc": _req_alloc,
+    f"{V4}.clear_unaccepted_c128_draft_states": _v4_draft_cleanup,
+    f"{V4}.clear_request_scoped_state": _v4_request_clear,
+    f"{V4}.request_state_transfer_indices": _v4_transfer_indices,
+    f"{V4}.set_index_k_fused": _v4_index_fused,
+    f"{V4}.get_index_k_scale_buffer": _v4_index_gather,
+    f"{V4}.set_extra_key_buffer_fused": _v4_extra_fused,
     "mem_cache_pool.req_to_token:ReqToTokenPool.free": _req_free,
     "mem_cache_pool_host.mha:MHATokenToKVPoolHost.load_to_device_per_layer": _host_load,
     "mem_cache_pool_host.mha:MHATokenToKVPoolHost.backup_from_device_all_layer": _host_backup,

@@ -314,6 +314,7 @@ def test_composite_routes_layers_by_compress_ratio() -> None:
         "c128_state",
         "c4",
         "c4_indexer",
+        "c4_indexer_state",
         "c4_state",
         "swa",
     ]
@@ -321,7 +322,7 @@ def test_composite_routes_layers_by_compress_ratio() -> None:
     state, local = pool.get_state_pool(4)
     assert state is pool.c4_state_pool and local == 1
     sub = sum(p.get_total_bytes() for p in (pool.swa_kv_pool, c4, c128, idx))
-    states = [pool.c4_state_pool, pool.c128_state_pool]
+    states = [pool.c4_state_pool, pool.c4_indexer_state_pool, pool.c128_state_pool]
     assert pool.get_total_bytes() == sub + sum(s.get_total_bytes() for s in states if s)
 
 

@@ -716,8 +716,12 @@ ROWS: dict[type, Row] = {
             ),
             Call(
                 "set_swa_key_buffer",
-                lambda p: {"layer_id": 0, "swa_loc": _i(4, 5), "records": _zeros(2, 584, dtype=U8)},
-                {"layer_id": "layer", "swa_loc": "slots", "records": "rows"},
+                lambda p: {
+                    "layer_id": 0,
+                    "loc": _i(4, 5),
+                    "cache_nope_fp8_rope_bf16_pack": _zeros(2, 584, dtype=U8),
+                },
+                {"layer_id": "layer", "loc": "slots", "cache_nope_fp8_rope_bf16_pack": "rows"},
             ),
             Call(
                 "set_compressed_key_buffer",
@@ -730,7 +734,7 @@ ROWS: dict[type, Row] = {
             ),
             *(
                 Call(c.method, lambda p, c=c: {**c.args(p), "layer_id": 1}, c.kinds)
-                for c in _index_calls(_i(4, 5), 16, name="compressed_loc")
+                for c in _index_calls(_i(4, 5), 16)
             ),
             Call(
                 "register_mapping", lambda p: {"full_to_swa_index_mapping": _V4_MAP.clone()},

@@ -28,6 +28,7 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
     ("SWAKVPool", "host_pool_decls"): _HOST_POOL_DECLS,
     ("DSATokenToKVPool", "host_pool_decls"): _HOST_POOL_DECLS,
     ("HiSparseDSATokenToKVPool", "host_pool_decls"): _HOST_POOL_DECLS,
+    ("DeepSeekV4TokenToKVPool", "host_pool_decls"): _HOST_POOL_DECLS,
     ("DSATokenToKVPool", "index_key_cache"): _INDEX_KEY_CACHE,
     ("HiSparseDSATokenToKVPool", "index_key_cache"): _INDEX_KEY_CACHE,
 }

@@ -133,13 +133,19 @@ class DeepSeekV4SingleKVPool(PageRowPool):
         self._set_records(layer_id, "loc", loc, records)
 
     def _set_records(
-        self, layer_id: int, name: str, loc: torch.Tensor | KVWriteLoc, records: torch.Tensor
+        self,
+        layer_id: int,
+        name: str,
+        loc: torch.Tensor | KVWriteLoc,
+        records: torch.Tensor,
+        records_name: str = "records",
     ) -> None:
-        """:meth:`set_key_buffer` with the slot argument called ``name`` (composite pools)."""
+        """:meth:`set_key_buffer` with the slot and record arguments called ``name`` and
+        ``records_name`` (composite pools)."""
         index = self.layer_index(layer_id)
         slots = self._device_loc(name, _write_slots(name, loc))
         shape = (slots.numel(), deepseek_v4.TOKEN_BYTES)
-        check_rows("records", records, shape, self.device, dtypes=(torch.uint8,))
+        check_rows(records_name, records, shape, self.device, dtypes=(torch.uint8,))
         self._write_records(self.kv_buffer[index], slots, records)
 
     def set_key_buffer_parts(
@@ -152,8 +158,19 @@ class DeepSeekV4SingleKVPool(PageRowPool):
     ) -> None:
         """Pack ``nope_fp8`` (fp8/uint8 ``[n, 448]``), ``scales`` (uint8 ``[n, 7]``) and ``rope``
         (bf16 ``[n, 64]``) and write them at slots ``loc``."""
-        index = self.layer_index(layer_id)
-        slots = self._device_loc("loc", unwrap_write_loc(loc))
+        self._set_parts(self.layer_index(layer_id), "loc", loc, nope_fp8, scales, rope)
+
+    def _set_parts(  # noqa: PLR0917 (set_key_buffer_parts' arguments, slot name first)
+        self,
+        index: int,
+        name: str,
+        loc: torch.Tensor | KVWriteLoc,
+        nope_fp8: torch.Tensor,
+        scales: torch.Tensor,
+        rope: torch.Tensor,
+    ) -> None:
+        """:meth:`set_key_buffer_parts` on local layer ``index``, the slot argument ``name``."""
+        slots = self._device_loc(name, unwrap_write_loc(loc))
         n = slots.numel()
         nope_dtypes = (torch.float8_e4m3fn, torch.uint8)
         check_rows(
@@ -177,8 +194,14 @@ class DeepSeekV4SingleKVPool(PageRowPool):
         write them at ``loc_info`` of ``layer`` (an int or a layer object with an int ``layer_id``).
         ``cache_v`` is ignored (no value buffer). The nope part is quantised with
         :func:`mem_cache_kernels.deepseek_v4.quantize_nope`, rope cast to bf16."""
-        index = self.layer_index(layer, "layer")
-        slots = self._device_loc("loc_info", _write_slots("loc_info", loc_info))
+        self._quantize_write(self.layer_index(layer, "layer"), "loc_info", loc_info, cache_k)
+
+    def _quantize_write(
+        self, index: int, name: str, loc: torch.Tensor | KVWriteLoc, cache_k: torch.Tensor
+    ) -> None:
+        """:meth:`set_kv_buffer` on local layer ``index`` with the slot argument called ``name``
+        (composite pools)."""
+        slots = self._device_loc(name, _write_slots(name, loc))
         n, width = slots.numel(), self.qk_nope_head_dim + self.qk_rope_head_dim
         t = checks.check_tensor("cache_k", cache_k)
         if not t.dtype.is_floating_point:

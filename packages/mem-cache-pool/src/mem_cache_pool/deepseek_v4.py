@@ -24,6 +24,9 @@ from mem_cache_kernels import checks
 from mem_cache_kernels.checks import check_dtype
 from mem_cache_pool._checks import check_mapping, check_slots
 from mem_cache_pool._deepseek_v4_indexer import DeepSeekV4IndexerPool, check_index_head_dim
+from mem_cache_pool._deepseek_v4_layers import CompressedPoolConfig, CompressStateLayer
+from mem_cache_pool._deepseek_v4_requests import DeepSeekV4RequestStateSurface
+from mem_cache_pool._deepseek_v4_sglang import parse_kv_layouts
 from mem_cache_pool._deepseek_v4_single import (
     DeepSeekV4SingleKVPool,
     HiSparseC4DevicePool,
@@ -32,10 +35,11 @@ from mem_cache_pool._deepseek_v4_single import (
 )
 from mem_cache_pool._deepseek_v4_state import CompressStatePool
 from mem_cache_pool.base import CpuKVCopy, KVBufferDesc, KVCache, KVWriteLoc
-from mem_cache_pool.swa import BaseSWAKVPool
 
 __all__ = [
+    "CompressStateLayer",
     "CompressStatePool",
+    "CompressedPoolConfig",
     "DeepSeekV4IndexerPool",
     "DeepSeekV4SingleKVPool",
     "DeepSeekV4TokenToKVPool",
@@ -47,21 +51,31 @@ __all__ = [
 COMPRESS_RATIOS = (0, 4, 128)
 
 
-class DeepSeekV4TokenToKVPool(BaseSWAKVPool):
+class DeepSeekV4TokenToKVPool(DeepSeekV4RequestStateSurface):
     """Sliding-window + compressed (c4, c128) + indexer + compress-state pools, per layer.
 
-    Args (SGLang order, simplified): ``max_num_reqs``; ``swa_size`` (slots of the sliding-window
+    Args (SGLang 0.5.23's order): ``max_num_reqs``; ``swa_size`` (slots of the sliding-window
     pool, page ``swa_page_size``); ``c4_size`` (device slots of the c4 pool, page
     ``page_size // 4``); ``c128_size`` (slots of the c128 pool, page ``page_size // 128``);
-    ``c4_state_pool_size`` / ``c128_state_pool_size`` (request slots of the state rings);
-    ``page_size`` (the logical full page size); ``swa_page_size``; ``dtype``
-    (``torch.float8_e4m3fn``); ``c4_state_dtype`` / ``c128_state_dtype``; ``qk_nope_head_dim``
-    (448), ``qk_rope_head_dim`` (64), ``indexer_head_dim``; ``layer_num``; ``device``;
-    ``enable_memory_saver``; ``compression_ratios`` (one of 0, 4, 128 per layer);
+    ``c4_state_pool_size`` / ``c128_state_pool_size`` (request slots of the state rings, raised
+    to ``num_req_slots - 1``); ``page_size`` (the logical full page size); ``swa_page_size``;
+    ``dtype`` (``torch.float8_e4m3fn``); ``c4_state_dtype`` / ``c128_state_dtype``;
+    ``qk_nope_head_dim`` (448), ``qk_rope_head_dim`` (64), ``indexer_head_dim``; ``layer_num``;
+    ``device``; ``enable_memory_saver``; ``compression_ratios`` (one of 0, 4, 128 per layer);
     ``sliding_window``; ``start_layer``/``end_layer``; ``enable_hisparse`` (the c4 pool becomes a
     :class:`HiSparseC4DevicePool`); ``online_mtp_max_draft_tokens`` (> 0 doubles the rings:
-    16/256 instead of 8/128); keyword ``state_dim`` (default nope + rope), ``use_fp4_indexer``,
-    ``debug``.
+    16/256 instead of 8/128); ``num_req_slots`` (request slots the state rings address, default
+    ``max_num_reqs + 1``); ``unified_fp8`` (kept; the unified KV layout itself is not provided);
+    ``kv_source_layers`` (kept; they serve SGLang's ratio-1/2 layers, not provided);
+    ``full_size`` (checked, unused: SGLang sizes its ratio-1/2 pools with it); ``is_draft_worker``
+    (no DSpark draft window here); ``kv_layout`` (``"v4"``; the V4.1 layouts are
+    ``NotImplementedError``); ``compressed_kv_layout`` (None / ``"auto"`` / ``"fp8"``); keyword
+    ``state_dim`` (default nope + rope), ``use_fp4_indexer``, ``debug``.
+
+    SGLang 0.5.23's surface (layouts, compressed / indexer / state getters and setters,
+    request-scoped state, PD buffer infos, the members of features not provided) lives in
+    the private modules ``_deepseek_v4_sglang``, ``_deepseek_v4_index`` and
+    ``_deepseek_v4_requests``.
 
     Logical full size: ``size = c128_size * 128`` when there are c128 layers, else
     ``c4_size * 4``; the indexer covers the logical c4 space (``size // 4`` slots) even when the
@@ -100,6 +114,13 @@ class DeepSeekV4TokenToKVPool(BaseSWAKVPool):
         end_layer: int | None = None,
         enable_hisparse: bool = False,
         online_mtp_max_draft_tokens: int = 0,
+        num_req_slots: int | None = None,
+        unified_fp8: bool | None = None,
+        kv_source_layers: Sequence[int] = (),
+        full_size: int | None = None,
+        is_draft_worker: bool = False,
+        kv_layout: object = "v4",
+        compressed_kv_layout: str | None = None,
         *,
         state_dim: int | None = None,
         use_fp4_indexer: bool = False,
@@ -139,6 +160,19 @@ class DeepSeekV4TokenToKVPool(BaseSWAKVPool):
         checks.check_int("qk_rope_head_dim", qk_rope_head_dim)
         checks.check_int("indexer_head_dim", indexer_head_dim)
         checks.check_optional_int("state_dim", state_dim)
+        slots = checks.check_optional_int("num_req_slots", num_req_slots, minimum=1)
+        fp8_rows = unified_fp8 is not None and checks.check_bool("unified_fp8", unified_fp8)
+        if isinstance(kv_source_layers, (str, bytes)) or not isinstance(kv_source_layers, Iterable):
+            raise TypeError(
+                "kv_source_layers must be a sequence of int layer ids, got "
+                f"{type(kv_source_layers).__name__}"
+            )
+        sources = [
+            checks.check_int(f"kv_source_layers[{i}]", v) for i, v in enumerate(kv_source_layers)
+        ]
+        checks.check_optional_int("full_size", full_size, minimum=0)
+        checks.check_bool("is_draft_worker", is_draft_worker)
+        layout_option = parse_kv_layouts(kv_layout, compressed_kv_layout)
         for name, state_dtype, ids in (
             ("c4_state_dtype", c4_state_dtype, c4_ids),
             ("c128_state_dtype", c128_state_dtype, c128_ids),
@@ -166,6 +200,10 @@ class DeepSeekV4TokenToKVPool(BaseSWAKVPool):
             debug=debug,
         )
         self.max_num_reqs = checks.check_int("max_num_reqs", max_num_reqs, minimum=0)
+        req_slots = self.max_num_reqs + 1 if slots is None else slots
+        # the rings cover every addressable request slot (SGLang: PD preallocation included)
+        c4_state_pool_size = max(c4_state_pool_size, req_slots - 1)
+        c128_state_pool_size = max(c128_state_pool_size, req_slots - 1)
         self.sliding_window = checks.check_int("sliding_window", sliding_window, minimum=1)
         self.compression_ratios = ratios
         self.qk_nope_head_dim, self.qk_rope_head_dim = qk_nope_head_dim, qk_rope_head_dim
@@ -185,6 +223,7 @@ class DeepSeekV4TokenToKVPool(BaseSWAKVPool):
         self.c4_kv_pool: DeepSeekV4SingleKVPool | None = None
         self.c4_indexer_kv_pool: DeepSeekV4IndexerPool | None = None
         self.c4_state_pool: CompressStatePool | None = None
+        self.c4_indexer_state_pool: CompressStatePool | None = None
         if c4_ids:
             c4_cls = HiSparseC4DevicePool if enable_hisparse else DeepSeekV4SingleKVPool
             c4_ps = page_size // 4
@@ -196,6 +235,10 @@ class DeepSeekV4TokenToKVPool(BaseSWAKVPool):
             self.c4_state_pool = CompressStatePool(
                 c4_state_pool_size, self.c4_ring_size, dim, len(c4_ids), device, c4_state_dtype,
                 debug=debug,
+            )  # fmt: skip
+            self.c4_indexer_state_pool = CompressStatePool(
+                c4_state_pool_size, self.c4_ring_size, indexer_head_dim, len(c4_ids), device,
+                c4_state_dtype, debug=debug,
             )  # fmt: skip
         self.c128_kv_pool: DeepSeekV4SingleKVPool | None = None
         self.c128_state_pool: CompressStatePool | None = None
@@ -222,7 +265,15 @@ class DeepSeekV4TokenToKVPool(BaseSWAKVPool):
         self.full_size = full_size
         self.indexer_head_dim = indexer_head_dim
         self.online_mtp_max_draft_tokens = online_mtp_max_draft_tokens
-        self.num_req_slots = self.max_num_reqs + 1
+        self._init_sglang_surface(
+            num_req_slots=req_slots,
+            c4_size=c4_size,
+            c128_size=c128_size,
+            state_dtypes=(c4_state_dtype, c128_state_dtype),
+            kv_source_layers=sources,
+            unified_fp8=fp8_rows,
+            compressed_kv_layout=layout_option,
+        )
         self._finalize_allocation()
 
     # ---------------------------------------------------------------- sub-pools
@@ -249,7 +300,11 @@ class DeepSeekV4TokenToKVPool(BaseSWAKVPool):
         return [(n, p) for n, p in pools if p is not None]
 
     def _state_pools(self) -> list[tuple[str, CompressStatePool]]:
-        pools = [("c4_state", self.c4_state_pool), ("c128_state", self.c128_state_pool)]
+        pools = [
+            ("c4_state", self.c4_state_pool),
+            ("c4_indexer_state", self.c4_indexer_state_pool),
+            ("c128_state", self.c128_state_pool),
+        ]
         return [(n, p) for n, p in pools if p is not None]
 
     def _role_buffers(self) -> tuple[tuple[str, Sequence[torch.Tensor]], ...]:
@@ -279,19 +334,6 @@ class DeepSeekV4TokenToKVPool(BaseSWAKVPool):
         return {name: pool.get_buffer_desc() for name, pool in self._state_pools()}
 
     # ---------------------------------------------------------------- routing
-    def _compressed(self, layer_id: int) -> tuple[int, int, DeepSeekV4SingleKVPool]:
-        layer_id = self._layer(layer_id)
-        ratio, local, pool = self.layer_mapping[layer_id]
-        if pool is None:
-            raise ValueError(f"layer_id {layer_id} has compress ratio 0 (no compressed cache)")
-        return ratio, local, pool
-
-    def _c4(self, layer_id: int, what: str) -> int:
-        ratio, local, _ = self._compressed(layer_id)
-        if ratio != 4:
-            raise ValueError(f"layer_id {layer_id} has compress ratio {ratio}; {what} needs 4")
-        return local
-
     def wait_layer_transfer(self, layer_id: int) -> None:
         """Validate ``layer_id`` and wait once for it (the readiness waiter, if any)."""
         self._wait_layer(layer_id)
@@ -347,9 +389,8 @@ class DeepSeekV4TokenToKVPool(BaseSWAKVPool):
     def get_indexer_key_buffer(self, layer_id: int) -> torch.Tensor:
         """Indexer page rows of c4 layer ``layer_id`` (waits for the layer)."""
         self._wait_layer(layer_id)
-        local = self._c4(layer_id, "the indexer")
-        assert self.c4_indexer_kv_pool is not None  # c4 layers imply the indexer pool
-        return self.c4_indexer_kv_pool.kv_buffer[local]
+        local, pool = self._c4(layer_id, "the indexer")
+        return pool.kv_buffer[local]
 
     def get_state_pool(self, layer_id: int) -> tuple[CompressStatePool, int]:
         """``(state pool, local layer index)`` of a compressed layer."""
@@ -405,13 +446,6 @@ class DeepSeekV4TokenToKVPool(BaseSWAKVPool):
             raise ValueError(f"loc must be a KVWriteLoc with swa_loc set, got {type(loc).__name__}")
         self._swa.set_kv_buffer(layer_id, swa_loc, cache_k)
 
-    def set_swa_key_buffer(
-        self, layer_id: int, swa_loc: torch.Tensor, records: torch.Tensor
-    ) -> None:
-        """Write packed records ``[n, 584]`` at window slots ``swa_loc`` of ``layer_id``."""
-        self.layer_index(layer_id)
-        self._swa._set_records(layer_id, "swa_loc", swa_loc, records)
-
     def set_compressed_key_buffer(
         self, layer_id: int, compressed_loc: torch.Tensor, records: torch.Tensor
     ) -> None:
@@ -419,20 +453,6 @@ class DeepSeekV4TokenToKVPool(BaseSWAKVPool):
         c4: logical compressed slots, translated by the pool's mapping)."""
         _, local, pool = self._compressed(layer_id)
         pool._set_records(local, "compressed_loc", compressed_loc, records)
-
-    def set_index_k_scale_buffer(
-        self,
-        layer_id: int,
-        compressed_loc: torch.Tensor,
-        index_k: torch.Tensor,
-        index_k_scale: torch.Tensor,
-    ) -> None:
-        """Write indexer keys and scales at (logical) c4 slots of c4 layer ``layer_id``."""
-        local = self._c4(layer_id, "the indexer")
-        assert self.c4_indexer_kv_pool is not None
-        self.c4_indexer_kv_pool._set_index_k_scale(
-            local, "compressed_loc", compressed_loc, index_k, index_k_scale
-        )
 
     # ---------------------------------------------------------------- unsupported bulk ops
     def move_kv_cache(self, tgt_loc: torch.Tensor, src_loc: torch.Tensor) -> None:
