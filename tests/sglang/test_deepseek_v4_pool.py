@@ -9,8 +9,8 @@ body must leave its c128 state rings bit-for-bit equal to ours.
 
 SGLang's writes (``set_swa_key_buffer`` / ``set_extra_key_buffer`` through ``SetKAndS``, the
 fused flashmla and indexer stores) and ``clear_unaccepted_c128_draft_states`` are Triton kernels:
-they run in a child process under the Triton interpreter (``_dsv4_kernel_child.py``) next to our
-members on the same inputs, bit-for-bit, except the interpreter's float -> fp8 cast, which is not
+they run in a child process under the Triton interpreter (``_deepseek_v4_kernel_child.py``) next
+to our members on the same inputs, bit-for-bit, except the interpreter's float -> fp8 cast, which is not
 the GPU's round-to-nearest-even (there ours must be the nearer value; see the child).
 SGLang's c4 state rows hold an overlap window (twice our width), so only the c128 rings are
 compared by content. SGLang derives the c4 indexer size from ``c128_size * 32``, which is 0 in a
@@ -221,7 +221,7 @@ def test_clear_request_scoped_state_leaves_sglangs_rings_bit_equal(pair: tuple[A
 def test_sglang_triton_kernels_write_what_ours_writes() -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     proc = subprocess.run(
-        [sys.executable, str(Path(__file__).with_name("_dsv4_kernel_child.py"))],
+        [sys.executable, str(Path(__file__).with_name("_deepseek_v4_kernel_child.py"))],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]

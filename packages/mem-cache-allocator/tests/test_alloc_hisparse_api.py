@@ -38,7 +38,7 @@ def _extend(a: object, pre: list[int], seq: list[int], last: list[int]) -> torch
 # ----------------------------------------------------------------------------- DeepSeek-V4 stack
 
 
-def _dsv4_pool() -> DeepSeekV4TokenToKVPool:
+def _deepseek_v4_pool() -> DeepSeekV4TokenToKVPool:
     """Logical 256 tokens (page 16), window 64, c4 device 64 slots (16 pages of 4)."""
     return DeepSeekV4TokenToKVPool(
         2, 64, 64, 0, 2, 2, 16, 16, FP8, torch.float32, torch.float32,
@@ -46,16 +46,16 @@ def _dsv4_pool() -> DeepSeekV4TokenToKVPool:
     )  # fmt: skip
 
 
-def _dsv4_stack(need_sort: bool = False) -> DeepSeekV4HiSparseTokenToKVPoolAllocator:
+def _deepseek_v4_stack(need_sort: bool = False) -> DeepSeekV4HiSparseTokenToKVPoolAllocator:
     """SGLang's construction: the SWA allocator over the composite pool, HiSparse over it."""
-    pool = _dsv4_pool()
+    pool = _deepseek_v4_pool()
     swa = SWATokenToKVPoolAllocator(pool.size, 64, 16, FP8, "cpu", pool, need_sort)
     return DeepSeekV4HiSparseTokenToKVPoolAllocator(swa, debug=True)
 
 
-def test_dsv4_stack_builds_as_sglang_builds_it() -> None:
+def test_deepseek_v4_stack_builds_as_sglang_builds_it() -> None:
     # issue 19 item 2: the SWA allocator reads kvcache.full_kv_pool (None for DeepSeek-V4)
-    pool = _dsv4_pool()
+    pool = _deepseek_v4_pool()
     assert pool.full_kv_pool is None
     swa = SWATokenToKVPoolAllocator(pool.size, 64, 16, FP8, "cpu", pool, False)
     assert swa.full_attn_allocator.get_kvcache() is None
@@ -74,9 +74,9 @@ def test_dsv4_stack_builds_as_sglang_builds_it() -> None:
         a.swa_capacity_and_available(full_capacity=-1)
 
 
-def test_dsv4_full_available_size_counts_the_device() -> None:
+def test_deepseek_v4_full_available_size_counts_the_device() -> None:
     # issue 19 item 3: min(logical full side, 4 x device available)
-    a = _dsv4_stack()
+    a = _deepseek_v4_stack()
     out = _extend(a, [0], [16], [-1])  # 4 entries -> one device page
     assert out is not None
     buf = a.alloc_device_buffer(out[3::4] // 4, 60)  # 15 of the 16 device pages of 4
@@ -88,9 +88,9 @@ def test_dsv4_full_available_size_counts_the_device() -> None:
     assert a.full_available_size() == 256
 
 
-def test_dsv4_free_group_defers_to_group_end() -> None:
+def test_deepseek_v4_free_group_defers_to_group_end() -> None:
     # issue 19 item 4: frees inside a group are applied at free_group_end, as one free
-    a = _dsv4_stack()
+    a = _deepseek_v4_stack()
     r0 = _extend(a, [0], [16], [-1])
     r1 = _extend(a, [0], [16], [-1])
     assert r0 is not None and r1 is not None
@@ -107,8 +107,8 @@ def test_dsv4_free_group_defers_to_group_end() -> None:
     assert nxt is not None and nxt.tolist()[0] == 16  # page 1: one sorted free of both
 
 
-def test_dsv4_free_full_is_queued_in_a_group() -> None:
-    a = _dsv4_stack()
+def test_deepseek_v4_free_full_is_queued_in_a_group() -> None:
+    a = _deepseek_v4_stack()
     out = _extend(a, [0], [32], [-1])
     assert out is not None
     a.free_swa(out)
@@ -124,23 +124,23 @@ def test_dsv4_free_full_is_queued_in_a_group() -> None:
     assert a.full_available_size() == 256
 
 
-def test_dsv4_alloc_extend_swa_tail_forwards_to_the_logical_allocator() -> None:
+def test_deepseek_v4_alloc_extend_swa_tail_forwards_to_the_logical_allocator() -> None:
     # issue 12 item 6
-    a = _dsv4_stack()
+    a = _deepseek_v4_stack()
     p, s = t(0), t(32)
     out = a.alloc_extend_swa_tail(p, p, s, s, t(-1), 32, swa_tail_len=16)
     assert out is not None and out.tolist() == list(range(16, 48))
     assert a.translate_loc_from_full_to_swa(out).tolist() == [0] * 16 + list(range(16, 32))
     assert a.hisparse_attn_allocator.available_size() == 64  # no c4 device slots
     paged = DeepSeekV4HiSparseTokenToKVPoolAllocator(
-        PagedTokenToKVPoolAllocator(256, 16, FP8, "cpu", _dsv4_pool())
+        PagedTokenToKVPoolAllocator(256, 16, FP8, "cpu", _deepseek_v4_pool())
     )
     with pytest.raises(AttributeError, match="alloc_extend_swa_tail"):
         paged.alloc_extend_swa_tail(p, p, s, s, t(-1), 32, swa_tail_len=16)
 
 
-def test_dsv4_scheduler_hooks() -> None:
-    a = _dsv4_stack()
+def test_deepseek_v4_scheduler_hooks() -> None:
+    a = _deepseek_v4_stack()
     # SGLang 0.5.23: no workspace until the HiSparse coordinator configures one
     assert a.request_slot_reserve(has_req_pool_slot=False) == 0
     assert a.request_slot_reserve(has_req_pool_slot=True, prefill_tokens=40) == 0
@@ -156,8 +156,8 @@ def test_dsv4_scheduler_hooks() -> None:
         a.request_slot_reserve(has_req_pool_slot=False, prefill_tokens=-1)
 
 
-def test_dsv4_lookups_out_of_range_name_the_argument() -> None:
-    a = _dsv4_stack()
+def test_deepseek_v4_lookups_out_of_range_name_the_argument() -> None:
+    a = _deepseek_v4_stack()
     with pytest.raises(ValueError, match="allocated_indices"):
         a.alloc_device_buffer(t(64 + 4 + 1), 4)
     with pytest.raises(ValueError, match="free_index"):
@@ -294,7 +294,7 @@ def _real_pools() -> list[tuple[str, object, bool]]:
             HiSparseDSATokenToKVPool(16, 2, torch.bfloat16, 16, 4, 2, "cpu", index_buf_size=32),
             False,
         ),
-        ("deepseek_v4", _dsv4_pool(), False),
+        ("deepseek_v4", _deepseek_v4_pool(), False),
     ]
 
 
@@ -328,7 +328,7 @@ def test_cpu_copy_passes_through_to_every_real_pool(case: int, page_size: int) -
 
 def test_hisparse_allocators_forward_cpu_copies_to_their_pools() -> None:
     # the pools do not support CPU copies: their own NotImplementedError, not a TypeError
-    for a in (_hisparse(), _dsv4_stack()):
+    for a in (_hisparse(), _deepseek_v4_stack()):
         with pytest.raises(NotImplementedError, match="does not support get_cpu_copy"):
             a.get_cpu_copy(t(4))
         with pytest.raises(NotImplementedError, match="does not support load_cpu_copy"):
@@ -347,7 +347,7 @@ def test_debug_rejects_releasing_a_device_page_other_slots_still_map_into() -> N
         hs.free_hisparse(out[:2])
     assert hs.hisparse_attn_allocator.available_size() == 24
     hs.free_hisparse(out)  # the whole request: fine
-    ds = _dsv4_stack()
+    ds = _deepseek_v4_stack()
     out = _extend(ds, [0], [32], [-1])  # 8 entries on two device pages of 4
     assert out is not None
     with pytest.raises(ValueError, match="still map into"):
@@ -357,8 +357,8 @@ def test_debug_rejects_releasing_a_device_page_other_slots_still_map_into() -> N
 
 
 @pytest.mark.parametrize("grouped", [False, True])
-def test_dsv4_free_segments_releases_every_entry_of_a_shared_page(grouped: bool) -> None:
-    a = _dsv4_stack()
+def test_deepseek_v4_free_segments_releases_every_entry_of_a_shared_page(grouped: bool) -> None:
+    a = _deepseek_v4_stack()
     out = _extend(a, [0], [40], [-1])  # logical pages 1..3; 10 entries on 3 device pages
     assert out is not None
     if grouped:

@@ -291,7 +291,7 @@ def test_hisparse_extend_after_logical_only_decode_never_hands_out_padding() -> 
 # ----------------------------------------------------------------------------- DeepSeek-V4
 
 
-def _dsv4(ps: int, need_sort: bool, debug: bool) -> DeepSeekV4HiSparseTokenToKVPoolAllocator:
+def _deepseek_v4(ps: int, need_sort: bool, debug: bool) -> DeepSeekV4HiSparseTokenToKVPoolAllocator:
     if ps == 16:  # logical 256 tokens (16 pages); c4 device 64 slots (16 pages of 4)
         ratios, c4, c128 = [0, 4], 64, 0
     else:  # page 128: logical 1024 tokens (8 pages); c4 device 128 slots (4 pages of 32)
@@ -304,7 +304,7 @@ def _dsv4(ps: int, need_sort: bool, debug: bool) -> DeepSeekV4HiSparseTokenToKVP
     return DeepSeekV4HiSparseTokenToKVPoolAllocator(logical, debug=debug)
 
 
-class _DSv4Driver(_Driver):
+class _DeepSeekV4Driver(_Driver):
     compressed = True
 
     def check(self) -> None:
@@ -318,10 +318,10 @@ class _DSv4Driver(_Driver):
 @pytest.mark.parametrize("ps", [16, 128])
 def test_deepseek_v4_hisparse_matches_sglang_model(ps: int, need_sort: bool, seed: int) -> None:
     rng = random.Random(seed * 17 + ps + need_sort)
-    ours = _dsv4(ps, need_sort, debug=seed % 2 == 0)
+    ours = _deepseek_v4(ps, need_sort, debug=seed % 2 == 0)
     c4 = ours.hisparse_attn_allocator.size
     ref = RefDeepSeekV4HiSparse(ours.logical_attn_allocator.size, ps, c4, need_sort)
-    driver = _DSv4Driver(ours, ref, rng, ps)
+    driver = _DeepSeekV4Driver(ours, ref, rng, ps)
     _run(driver, 120, ps // 4, alloc_block=False)
     assert ours.hisparse_attn_allocator.available_size() == c4
 
@@ -360,7 +360,7 @@ def _ref_free_list(r: Any) -> list[int]:
     return [int(v) for v in torch.cat([r.free_pages, *r.staged]).tolist()]
 
 
-class _DSv4StackDriver(_DSv4Driver):
+class _DeepSeekV4StackDriver(_DeepSeekV4Driver):
     def check(self) -> None:
         o, r = self.ours, self.ref
         swa, model = o.logical_attn_allocator, r.logical.r  # type: ignore[attr-defined]
@@ -393,7 +393,7 @@ def test_deepseek_v4_stack_matches_sglang_model(ps: int, need_sort: bool, seed: 
     ours = DeepSeekV4HiSparseTokenToKVPoolAllocator(swa, debug=seed % 2 == 0)
     logical = _SWALogicalModel(pool.size, swa_size, ps, need_sort)
     ref = RefDeepSeekV4HiSparse(pool.size, ps, c4, need_sort, logical=logical)
-    driver = _DSv4StackDriver(ours, ref, rng, ps)
+    driver = _DeepSeekV4StackDriver(ours, ref, rng, ps)
     _run(driver, 100, ps // 4, alloc_block=False)
     assert ours.hisparse_attn_allocator.available_size() == c4
     assert ours.swa_available_size() == swa_size

@@ -39,15 +39,15 @@ def _hisparse(ps: int, need_sort: bool) -> HiSparseTokenToKVPoolAllocator:
     )
 
 
-def _dsv4_pool() -> DeepSeekV4TokenToKVPool:
+def _deepseek_v4_pool() -> DeepSeekV4TokenToKVPool:
     return DeepSeekV4TokenToKVPool(
         2, 128, 32, 0, 2, 2, 16, 16, FP8, torch.float32, torch.float32,
         448, 64, 16, 2, "cpu", False, [0, 4], enable_hisparse=True, state_dim=8,
     )  # fmt: skip
 
 
-def _dsv4(swa: bool, need_sort: bool) -> DeepSeekV4HiSparseTokenToKVPoolAllocator:
-    pool = _dsv4_pool()
+def _deepseek_v4(swa: bool, need_sort: bool) -> DeepSeekV4HiSparseTokenToKVPoolAllocator:
+    pool = _deepseek_v4_pool()
     logical: Any
     if swa:
         logical = SWATokenToKVPoolAllocator(pool.size, 128, 16, FP8, "cpu", pool, need_sort)
@@ -68,7 +68,7 @@ def test_kit_hisparse(ps: int, need_sort: bool) -> None:
 @pytest.mark.parametrize("swa", [False, True])
 def test_kit_deepseek_v4_hisparse(swa: bool, need_sort: bool) -> None:
     run_state_machine_as_test(
-        hisparse_state_machine(lambda: _dsv4(swa, need_sort)), settings=SETTINGS
+        hisparse_state_machine(lambda: _deepseek_v4(swa, need_sort)), settings=SETTINGS
     )
 
 
@@ -99,7 +99,7 @@ class _SGLangPadding(DeepSeekV4HiSparseTokenToKVPoolAllocator):
 
 def test_kit_catches_sglang_buffer_padding() -> None:
     def factory() -> DeepSeekV4HiSparseTokenToKVPoolAllocator:
-        pool = _dsv4_pool()
+        pool = _deepseek_v4_pool()
         logical = PagedTokenToKVPoolAllocator(pool.size, 16, FP8, "cpu", pool)
         return _SGLangPadding(logical)
 

@@ -30,9 +30,9 @@ Variant = tuple[str, dict[str, str], dict[str, Any], Any]  # (suffix, types, con
 _ROW_TYPES = {"dst_idx_ptr": "*i32"}
 _ALIGNED = {(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]]}
 _I32 = {"pre_ptr": "*i32", "seq_ptr": "*i32", "free_ptr": "*i32"}
-_DSV4_BYTES = {"nope_ptr": "*u8", "scales_ptr": "*u8", "rope_ptr": "*u8", "out_ptr": "*u8",
+_DEEPSEEK_V4_BYTES = {"nope_ptr": "*u8", "scales_ptr": "*u8", "rope_ptr": "*u8", "out_ptr": "*u8",
                "rec_ptr": "*u8"}  # fmt: skip
-_DSV4_WORDS = {"buf_ptr": "*i32", "rec_ptr": "*i32", "out_ptr": "*i32", "loc_ptr": "*i64"}
+_DEEPSEEK_V4_WORDS = {"buf_ptr": "*i32", "rec_ptr": "*i32", "out_ptr": "*i32", "loc_ptr": "*i64"}
 
 
 def _rows() -> list[Variant]:
@@ -67,10 +67,10 @@ VARIANTS: dict[str, list[Variant]] = {
     "req_table._get_last_loc_kernel": [
         ("i32", {"table_ptr": "*i32", "pre_ptr": "*i32"}, {"BLOCK": 128}, None)
     ],
-    "deepseek_v4._pack_kernel": [("u8", _DSV4_BYTES, {"BLOCK": 1024}, None)],
-    "deepseek_v4._unpack_kernel": [("u8", _DSV4_BYTES, {"BLOCK": 1024}, None)],
-    "deepseek_v4._write_kernel": [("i32", _DSV4_WORDS, {"BLOCK": 256}, None)],
-    "deepseek_v4._read_kernel": [("i32", _DSV4_WORDS, {"BLOCK": 256}, None)],
+    "deepseek_v4._pack_kernel": [("u8", _DEEPSEEK_V4_BYTES, {"BLOCK": 1024}, None)],
+    "deepseek_v4._unpack_kernel": [("u8", _DEEPSEEK_V4_BYTES, {"BLOCK": 1024}, None)],
+    "deepseek_v4._write_kernel": [("i32", _DEEPSEEK_V4_WORDS, {"BLOCK": 256}, None)],
+    "deepseek_v4._read_kernel": [("i32", _DEEPSEEK_V4_WORDS, {"BLOCK": 256}, None)],
     # Mamba state rows: int32 words when sizes, strides and base allow it, else bytes
     "mamba._state_rows_kernel": [
         (w, {"src_ptr": f"*{w}", "dst_ptr": f"*{w}"}, {"BLOCK": 1024}, None)

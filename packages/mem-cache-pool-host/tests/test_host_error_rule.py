@@ -69,7 +69,7 @@ def _mla_device() -> MLATokenToKVPool:
     return MLATokenToKVPool(16, 4, torch.float16, 8, 4, 2, "cpu")
 
 
-def _dsv4_device() -> DeepSeekV4SingleKVPool:
+def _deepseek_v4_device() -> DeepSeekV4SingleKVPool:
     return DeepSeekV4SingleKVPool(16, 4, torch.float8_e4m3fn, 448, 64, 2, "cpu")
 
 
@@ -78,7 +78,7 @@ POOLS: dict[type[HostKVCache], tuple[Callable[[], Any], bool]] = {
     HostKVCache: (_mha_device, True),
     MHATokenToKVPoolHost: (_mha_device, True),
     MLATokenToKVPoolHost: (_mla_device, True),
-    DeepSeekV4SingleKVPoolHost: (_dsv4_device, False),
+    DeepSeekV4SingleKVPoolHost: (_deepseek_v4_device, False),
 }
 
 
@@ -288,7 +288,7 @@ def _hisparse_rows(cls: type[HostKVCache]) -> list[Row]:
     return rows
 
 
-def _dsv4_rows() -> list[Row]:
+def _deepseek_v4_rows() -> list[Row]:
     cls = DeepSeekV4SingleKVPoolHost
     n = cls.__name__
     rows: list[Row] = []
@@ -560,7 +560,7 @@ ROWS: list[Row] = [
     *(r for cls in POOLS for r in _pool_rows(cls)),
     *_mamba_rows(),
     *_hisparse_rows(MLATokenToKVPoolHost),
-    *_dsv4_rows(),
+    *_deepseek_v4_rows(),
     *_other_rows(),
 ]
 
