@@ -10,8 +10,8 @@ body must leave its c128 state rings bit-for-bit equal to ours.
 SGLang's writes (``set_swa_key_buffer`` / ``set_extra_key_buffer`` through ``SetKAndS``, the
 fused flashmla and indexer stores) and ``clear_unaccepted_c128_draft_states`` are Triton kernels:
 they run in a child process under the Triton interpreter (``_deepseek_v4_kernel_child.py``) next
-to our members on the same inputs, bit-for-bit, except the interpreter's float -> fp8 cast, which is not
-the GPU's round-to-nearest-even (there ours must be the nearer value; see the child).
+to our members on the same inputs, bit-for-bit, except the interpreter's float -> fp8 cast,
+which is not the GPU's round-to-nearest-even (there ours must be the nearer value; see the child).
 SGLang's c4 state rows hold an overlap window (twice our width), so only the c128 rings are
 compared by content. SGLang derives the c4 indexer size from ``c128_size * 32``, which is 0 in a
 model without ratio-128 layers; ours covers the logical c4 space (``size // 4``) in every model,
