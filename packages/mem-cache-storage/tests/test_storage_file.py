@@ -23,7 +23,6 @@ from mem_cache_storage import (
     page_hashes,
     register_backend,
 )
-from mem_cache_storage.file import FILE_SUFFIX
 
 from .conftest import PS, make_host, pages_of
 
