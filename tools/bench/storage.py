@@ -21,7 +21,10 @@ no v1 calls): ``get_data_page`` + ``batch_set``, ``get_dummy_flat_data_page`` + 
 ``set_from_flat_data_page``, ``batch_exists``. Ours is driven as SGLang's controller drives a
 ``interface_v1`` backend: ``batch_set_v1`` / ``batch_get_v1`` (every read verified: header, size,
 checksum) / ``batch_exists``, in our key scheme and in the ``sglang`` scheme. Every ``set``
-repeat writes fresh keys into an emptied directory (SGLang skips a key already present); the
+repeat writes fresh keys (SGLang skips a key already present) into the directory as the earlier
+repeats left it: the steady state of a serving engine (``--set-into-empty`` empties the
+directory before each repeat instead, so each timed call also creates the files a first write
+creates: our segment and index log, SGLang's page file); the
 ratio column is ours / SGLang's pages per second, the median of ``--rounds`` alternating rounds
 (the order of the sides flips every round; each round takes the best of ``--repeat``).
 :func:`sglang_file_rows` gives the same rows to ``python -m tools.bench.sglang`` (``--against
@@ -31,7 +34,7 @@ Every backend (every Mooncake client) is closed before the local Mooncake store 
 client's own log lines are off unless ``--verbose``.
 
 Usage: ``python -m tools.bench.storage [--quick] [--json PATH] [--repeat N] [--rounds N]
-[--dir DIR] [--no-mooncake] [--no-sglang] [--only-sglang] [--verbose]``.
+[--dir DIR] [--no-mooncake] [--no-sglang] [--only-sglang] [--set-into-empty] [--verbose]``.
 """
 
 from __future__ import annotations
@@ -226,9 +229,12 @@ def _timed(fn: Callable[[], Any], prepare: Callable[[], Any], repeat: int) -> fl
 
 
 def _measure(label: str, b: Any, host: Any, *, ps: int, s_idx: torch.Tensor,
-             d_idx: torch.Tensor, repeat: int, calls: list[int]) -> tuple[float, float, float]:
+             d_idx: torch.Tensor, repeat: int, calls: list[int], empty_set: bool = False
+             ) -> tuple[float, float, float]:
     """Seconds of one ``set`` / ``get`` / ``exists`` of ``len(s_idx) // ps`` pages through
-    backend ``b`` (SGLang's driven as its controller drives it, see the module docstring)."""
+    backend ``b`` (SGLang's driven as its controller drives it, see the module docstring).
+    Each timed ``set`` writes fresh keys into the directory as the earlier repeats left it
+    (steady state), or into an emptied one with ``empty_set``."""
     batch = s_idx.numel() // ps
     firsts = [int(i) for i in s_idx[::ps].tolist()]
     d_firsts = [int(i) for i in d_idx[::ps].tolist()]
@@ -258,12 +264,14 @@ def _measure(label: str, b: Any, host: Any, *, ps: int, s_idx: torch.Tensor,
         if b.batch_exists(keys) != batch:
             raise RuntimeError(f"{label} exists")
 
-    def empty() -> None:
-        b.clear()
+    def new_keys() -> None:
+        if empty_set:
+            b.clear()
         calls[0] += 1
         fresh[0] = page_hashes(list(range(batch * ps)), ps, f"{calls[0]:064x}")
 
-    sec_set = _timed(put, empty, repeat)
+    b.clear()
+    sec_set = _timed(put, new_keys, repeat)
     b.clear()
     fresh[0] = keys
     put()
@@ -278,7 +286,8 @@ def _measure(label: str, b: Any, host: Any, *, ps: int, s_idx: torch.Tensor,
 SIDES = ("sglang", "ours", "ours-sgl")  # ours-sgl: our backend in the ``sglang`` key scheme
 
 
-def side_by_side(cfg: Config, root: Path, rounds: int = 1) -> list[dict[str, Any]]:
+def side_by_side(cfg: Config, root: Path, rounds: int = 1, *, empty_set: bool = False
+                 ) -> list[dict[str, Any]]:
     """SGLang's ``HiCacheFile`` and ours on the same pages (see the module docstring):
     ``rounds`` alternating rounds (round ``r`` runs the sides in turn, reversed on odd rounds),
     each row with its per-round seconds (best of ``cfg.repeat`` per round) and their median."""
@@ -312,7 +321,7 @@ def side_by_side(cfg: Config, root: Path, rounds: int = 1) -> list[dict[str, Any
                     for label in order:
                         got = _measure(label, sides[label], host, ps=ps,
                                        s_idx=src[: batch * ps], d_idx=dst[: batch * ps],
-                                       repeat=cfg.repeat, calls=calls)
+                                       repeat=cfg.repeat, calls=calls, empty_set=empty_set)
                         for op, sec in zip(("set", "get", "exists"), got):
                             samples.setdefault((label, op, ps, batch), []).append(sec)
         finally:
@@ -434,6 +443,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="run only the side-by-side comparison")
     parser.add_argument("--rounds", type=int, default=None,
                         help="side-by-side rounds, alternating order (default 3; quick 1)")
+    parser.add_argument("--set-into-empty", action="store_true",
+                        help="side by side: empty the directory before each timed set")
     parser.add_argument("--verbose", action="store_true",
                         help="show third-party logs (the Mooncake client's glog lines)")
     parser.add_argument("--threads", type=int, default=1,
@@ -460,13 +471,14 @@ def main(argv: list[str] | None = None) -> int:
             options = {**store.client_options(), "verbose": args.verbose} if store else None
             rows, prefetch = run(cfg, root, options)  # closes every client it opened
         if not args.no_sglang:
-            side = side_by_side(cfg, root, rounds)
+            side = side_by_side(cfg, root, rounds, empty_set=args.set_into_empty)
     finally:
         if store is not None:  # after the clients: a store stopped under them logs errors
             store.stop()
         shutil.rmtree(root, ignore_errors=True)
     shape = (f"MHA {cfg.layers}L x {cfg.heads} heads x {cfg.head_dim} bf16, page_first host "
              f"pool, best of {cfg.repeat}, {torch.get_num_threads()} threads")
+    into = "an emptied directory" if args.set_into_empty else "the directory as left (steady)"
     if rows:
         print(f"storage tier benchmark: {shape}, zero-copy v1 calls; memcpy = one copy_ of the "
               "same bytes")
@@ -474,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
     if side:
         print(f"\nfile backends side by side ({shape}; {rounds} alternating rounds, medians): "
               "SGLang 0.5.23 HiCacheFile vs ours (verified reads); ratio = ours / SGLang pages "
-              "per second, median of the per-round ratios (min..max)")
+              f"per second, median of the per-round ratios (min..max); set into {into}")
         print(_side_table(side))
     if args.json:
         payload = {
