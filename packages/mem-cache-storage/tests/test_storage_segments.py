@@ -20,7 +20,7 @@ import torch
 
 from mem_cache_storage import HiCacheFile, HiCacheStorageConfig, page_hashes
 from mem_cache_storage._segments import _BODY, _ENT, _ENT_MAGIC, INDEX_NAME
-from mem_cache_storage._sum64 import sum64, sum64_bytes
+from mem_cache_storage._sum64 import sum64, sum64_bytes, sum64_many
 
 from .conftest import PS, make_host, pages_of
 
@@ -279,3 +279,20 @@ def test_sum64_catches_every_changed_byte_and_ignores_the_split() -> None:
             assert sum64(_page(data)) != want, (i, delta)
             data[i] = (data[i] - delta) % 256
     assert sum64(_page(bytearray(256))) != sum64(_page(bytearray(248)))  # zeros: length mixed
+
+
+def test_sum64_many_equals_page_by_page() -> None:
+    """The one-reduction path (pages at a fixed stride, two ranges each, as a page_first host
+    pool hands them out) and its fallback (no common stride) give ``sum64`` of each page."""
+    gen = torch.Generator().manual_seed(5)
+    data = bytearray(torch.randint(0, 256, (2 * 8 * 96,), dtype=torch.uint8,
+                                   generator=gen).numpy())
+    base = ctypes.addressof((ctypes.c_ubyte * len(data)).from_buffer(data))
+    half = len(data) // 2  # "K" and "V" buffers, 8 pages of 96 bytes each
+    pages = [((base + 96 * j, 96), (base + half + 96 * j, 96)) for j in range(8)]
+    want = [sum64(p) for p in pages]
+    assert sum64_many(pages) == want
+    assert sum64_many(pages[::-1]) == want[::-1]  # no common stride: page by page
+    data[half + 96 * 5 + 17] ^= 0x10  # one byte of page 5's second range
+    got = sum64_many(pages)
+    assert [g != w for g, w in zip(got, want)] == [j == 5 for j in range(8)]

@@ -44,7 +44,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mem_cache_storage._sum64 import sum64
+from mem_cache_storage._sum64 import sum64, sum64_many
 from mem_cache_storage.backend import PageBatch, PageFormat, view
 
 __all__ = ["INDEX_NAME", "SEGMENT_SUFFIX", "Location", "SegmentStore"]
@@ -174,23 +174,23 @@ class SegmentStore:
             entries: list[bytes] = []
             start = off = flushed = seg.size
             sname = seg.name.encode()
+            step = max(1, _RUN_BYTES // max(1, fmt.nbytes))
             try:
-                for key, page in zip(keys, pages):
-                    kb = key.encode()
-                    s = sum64(page) if self.verify else 0
-                    head = _REC.pack(_REC_MAGIC, _REC_VERSION, len(kb), fmt.format_id,
-                                     fmt.nbytes, s) + kb
-                    bufs.append(head)
-                    bufs += [view(ptr, n) for ptr, n in page]
-                    rec = len(head) + fmt.nbytes
-                    body = _BODY.pack(off, rec, len(sname)) + sname + kb
-                    entries.append(_ENT.pack(_ENT_MAGIC, len(body), zlib.crc32(body)) + body)
-                    off += rec
-                    if off - flushed >= _RUN_BYTES:  # while the summed pages are in cache
-                        _pwritev_all(seg.fd, bufs, flushed)
-                        bufs, flushed = [], off
-                if bufs:
+                for c in range(0, len(keys), step):  # chunks: summed, then written, in cache
+                    chunk = pages[c : c + step]
+                    sums = sum64_many(chunk) if self.verify else [0] * len(chunk)
+                    for key, page, s in zip(keys[c : c + step], chunk, sums):
+                        kb = key.encode()
+                        head = _REC.pack(_REC_MAGIC, _REC_VERSION, len(kb), fmt.format_id,
+                                         fmt.nbytes, s) + kb
+                        bufs.append(head)
+                        bufs += [view(ptr, n) for ptr, n in page]
+                        rec = len(head) + fmt.nbytes
+                        body = _BODY.pack(off, rec, len(sname)) + sname + kb
+                        entries.append(_ENT.pack(_ENT_MAGIC, len(body), zlib.crc32(body)) + body)
+                        off += rec
                     _pwritev_all(seg.fd, bufs, flushed)
+                    bufs, flushed = [], off
                 if self.fsync:
                     os.fdatasync(seg.fd)
             finally:
@@ -348,11 +348,15 @@ class SegmentStore:
                 except OSError:
                     self._count(errors=1)
                     got = -1
+                sums: list[int | None] = [None] * (j - i)
+                if got == end - loc.offset and self.verify:
+                    sums = list(sum64_many(pages[i:j]))
                 for k in range(i, j):
                     rec = locs[k]
                     assert rec is not None  # in the run: found above
                     if got == end - loc.offset:
-                        out[k] = self._verify(keys[k], heads[k - i], rec, pages[k], fmt)
+                        out[k] = self._verify(keys[k], heads[k - i], rec, pages[k], fmt,
+                                              got=sums[k - i])
                     elif got >= 0:  # short: the file was cut; page by page
                         out[k] = self._read_one(fd, keys[k], rec, pages[k], fmt)
                 i = j
@@ -374,12 +378,14 @@ class SegmentStore:
         return self._verify(key, head, loc, page, fmt)
 
     def _verify(self, key: str, head: bytearray, loc: Location, page: Any,
-                fmt: PageFormat) -> bool:
+                fmt: PageFormat, *, got: int | None = None) -> bool:
+        """Check a record read into ``head`` and ``page`` (``got``: the page's ``sum64``
+        when the caller computed it)."""
         magic, version, klen, fid, nbytes, s = _REC.unpack_from(head)
         ok = (magic == _REC_MAGIC and version == _REC_VERSION and klen == len(head) - _REC.size
               and head[_REC.size :] == key.encode() and fid == fmt.format_id
               and nbytes == fmt.nbytes and loc.nbytes == len(head) + nbytes)
-        if ok and self.verify and s != sum64(page):
+        if ok and self.verify and s != (sum64(page) if got is None else got):
             ok = False
         if not ok:
             self._count(rejected=1)
