@@ -192,11 +192,19 @@ def test_another_instance_clears_and_evicts(tmp_path: Path, host: Any) -> None:
     assert a.batch_exists(keys) == 0 and a.batch_get_v1(keys, dst) == [False] * 3
     assert a.batch_set_v1(keys, src) == [True] * 3  # a notices its segment is gone
     assert b.batch_get_v1(keys, dst) == [True] * 3 and _same(host, src, dst)
-    # b evicts every segment (capacity 1 byte): a sees misses at once
+    assert a.batch_get_v1(keys, dst) == [True] * 3  # a keeps its segment open now
+    # c evicts every segment (capacity 1 byte): its tombstones tell a at once
     c = HiCacheFile(CFG, host, storage_dir=str(tmp_path), capacity_bytes=1)
     assert c.batch_set_v1(_keys(1, salt=5), src[:PS]) == [True]
     assert a.batch_exists(keys) == 0
     assert a.batch_get_v1(keys, dst) == [False] * 3
+    # a segment deleted by hand: a miss for a reader that had not opened it yet
+    assert a.batch_set_v1(keys, src) == [True] * 3
+    d = HiCacheFile(CFG, host, storage_dir=str(tmp_path))
+    extent = a.page_extent(keys[0])
+    assert extent is not None
+    extent[0].unlink()
+    assert d.batch_get_v1(keys, dst) == [False] * 3 and d.batch_exists(keys) == 0
 
 
 def test_eviction_compacts_the_log(tmp_path: Path, host: Any) -> None:
@@ -296,3 +304,27 @@ def test_sum64_many_equals_page_by_page() -> None:
     data[half + 96 * 5 + 17] ^= 0x10  # one byte of page 5's second range
     got = sum64_many(pages)
     assert [g != w for g, w in zip(got, want)] == [j == 5 for j in range(8)]
+
+
+def test_tombstones_tell_readers_with_open_segments(tmp_path: Path, host: Any) -> None:
+    """Another instance evicts a few segments (too few to compact the log): a reader that holds
+    them open learns of it from the tombstones in the log, not from the file system."""
+    a = HiCacheFile(CFG, host, storage_dir=str(tmp_path), segment_bytes=1)
+    src, dst = host.alloc(PS), host.alloc(PS)
+    keys = [_keys(1, salt)[0] for salt in range(10)]
+    for key in keys:  # one page per segment, oldest first
+        assert a.batch_set_v1([key], src) == [True]
+    for key in keys:
+        assert a.batch_get_v1([key], dst) == [True]  # a opens every segment
+    record = next(tmp_path.glob("seg-*.kvp")).stat().st_size
+    for age, key in enumerate(keys):  # mtimes in write order, 10 s apart
+        extent = a.page_extent(key)
+        assert extent is not None
+        os.utime(extent[0], (1e9 + 10 * age, 1e9 + 10 * age))
+    c = HiCacheFile(CFG, host, storage_dir=str(tmp_path), capacity_bytes=int(8.5 * record),
+                    segment_bytes=1)
+    assert c.batch_set_v1(_keys(1, salt=99), src) == [True]  # 11 segments: evicts 4 down to 7
+    gone = [k for k in keys if not c.exists(k)]
+    assert gone == keys[: len(gone)] and 0 < len(gone) < 5, gone
+    assert [a.exists(k) for k in keys] == [k not in gone for k in keys]
+    assert a.batch_get_v1(gone[:1], dst) == [False]

@@ -13,6 +13,7 @@ A directory holds:
 
       magic "MCSI" | body bytes u16 | CRC-32 of the body u32
       | body: record offset u64 | record bytes u64 | segment name length u8 | segment name | key
+      (an empty key: a tombstone, the segment was deleted)
 
 Publishing a page is appending its index entry after its record: a reader that sees the entry
 sees the whole record. A writer killed mid-batch leaves records without entries (never seen) or a
@@ -22,13 +23,16 @@ against the entry and the key, format, byte count and ``sum64`` of the payload: 
 or corrupted record is a miss, never wrong bytes.
 
 Readers keep a map (storage key -> segment, offset, bytes) and parse only the log's new bytes; a
-call costs one ``stat`` of the log, one ``stat`` per distinct segment it touches (a deleted
-segment is a miss) and one ``preadv`` / ``pwritev`` per run of adjacent records (up to
-``IOV_MAX`` buffers). A log replaced or removed (``clear``, compaction) resets the map.
+call costs one ``stat`` of the log (a ``pread`` when it grew) and one ``preadv`` / ``pwritev``
+per run of adjacent records (at most 1 MiB or ``IOV_MAX`` buffers); segment files stay open
+(an ``open`` on first use). A log replaced or removed (``clear``, compaction) resets the map.
 
 Capacity evicts whole segments, least recently used first (a hit refreshes its segment's mtime,
-at most once a second), then rewrites the log without the entries of deleted segments when they
-are most of it.
+at most once a second): the evicting instance appends a *tombstone* per segment (an entry with
+an empty key) before it unlinks them, so every reader drops those pages at its next call; then
+it rewrites the log without the entries of deleted segments when they are most of it. A segment
+deleted by hand is noticed when a reader first opens it (one it has open keeps serving its
+verified bytes).
 """
 
 from __future__ import annotations
@@ -74,6 +78,13 @@ class Location:
     segment: str
     offset: int
     nbytes: int
+
+
+def _entry(segment: str, offset: int, nbytes: int, key: str) -> bytes:
+    """One index entry (an empty ``key``: a tombstone for ``segment``)."""
+    sname = segment.encode()
+    body = _BODY.pack(offset, nbytes, len(sname)) + sname + key.encode()
+    return _ENT.pack(_ENT_MAGIC, len(body), zlib.crc32(body)) + body
 
 
 def _rest(bufs: Sequence[Any], done: int) -> list[Any]:
@@ -173,7 +184,6 @@ class SegmentStore:
             bufs: list[Any] = []
             entries: list[bytes] = []
             start = off = flushed = seg.size
-            sname = seg.name.encode()
             step = max(1, _RUN_BYTES // max(1, fmt.nbytes))
             try:
                 for c in range(0, len(keys), step):  # chunks: summed, then written, in cache
@@ -186,8 +196,7 @@ class SegmentStore:
                         bufs.append(head)
                         bufs += [view(ptr, n) for ptr, n in page]
                         rec = len(head) + fmt.nbytes
-                        body = _BODY.pack(off, rec, len(sname)) + sname + kb
-                        entries.append(_ENT.pack(_ENT_MAGIC, len(body), zlib.crc32(body)) + body)
+                        entries.append(_entry(seg.name, off, rec, key))
                         off += rec
                     _pwritev_all(seg.fd, bufs, flushed)
                     bufs, flushed = [], off
@@ -223,7 +232,11 @@ class SegmentStore:
                 if zlib.crc32(body) == crc:
                     off, rec, slen = _BODY.unpack_from(body)
                     seg = body[_BODY.size : _BODY.size + slen].decode()
-                    m[body[_BODY.size + slen :].decode()] = Location(seg, off, rec)
+                    key = body[_BODY.size + slen :].decode()
+                    if key:
+                        m[key] = Location(seg, off, rec)
+                    else:  # a tombstone: the segment was deleted
+                        self._drop(seg)
                     pos = end
                     continue
             elif magic == _ENT_MAGIC:
@@ -254,20 +267,14 @@ class SegmentStore:
             self._log_pos += self._parse(data)
 
     def _live(self, names: set[str]) -> set[str]:
-        """The segments of ``names`` that exist (a read ``fd`` open on each, same inode)."""
+        """The segments of ``names`` not known dead, with a read ``fd`` open on each (opened on
+        first use: a segment missing then is dead). Deletions by other instances arrive as
+        tombstones in the log, so a cached segment costs no system call."""
         live: set[str] = set()
         for name in names:
             if name in self._dead:
                 continue
-            try:
-                ino = os.stat(self.root + name).st_ino
-            except FileNotFoundError:
-                self._drop(name)
-                continue
-            cached = self._fds.get(name)
-            if cached is None or cached[1] != ino:
-                if cached is not None:
-                    os.close(cached[0])
+            if name not in self._fds:
                 if len(self._fds) >= _FD_CACHE:
                     old = next(iter(self._fds))
                     os.close(self._fds.pop(old)[0])
@@ -276,7 +283,7 @@ class SegmentStore:
                 except FileNotFoundError:
                     self._drop(name)
                     continue
-                self._fds[name] = (fd, os.fstat(fd).st_ino)
+                self._fds[name] = (fd, 0)
             live.add(name)
         return live
 
@@ -419,17 +426,22 @@ class SegmentStore:
         found = sorted(self.scan())
         total = sum(n for _, _, n in found)
         target = int(capacity * _LOW_WATER)
-        gone: set[str] = set()
+        gone: list[str] = []
         for _, name, n in found:
             if total <= target:
                 break
+            gone.append(name)
+            total -= n
+        if gone:  # tombstones first: every reader learns of the deletions from the log
+            with self._wlock, contextlib.suppress(OSError):
+                self._append_log(b"".join(_entry(name, 0, 0, "") for name in gone))
+        for name in gone:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.root + name)
-            gone.add(name)
-            total -= n
         with self._rlock:
             self.refresh()
-            pages = sum(1 for loc in self._map.values() if loc.segment in gone)
+            dropped = set(gone)
+            pages = sum(1 for loc in self._map.values() if loc.segment in dropped)
             for name in gone:
                 self._drop(name)
             dead = sum(1 for loc in self._map.values() if loc.segment in self._dead)
@@ -441,11 +453,7 @@ class SegmentStore:
         """Rewrite the log with the entries of live segments (caller holds ``_rlock``). Entries
         another process appends meanwhile are lost: those pages become misses."""
         keep = [(k, loc) for k, loc in self._map.items() if loc.segment not in self._dead]
-        parts: list[bytes] = []
-        for key, loc in keep:
-            sname = loc.segment.encode()
-            body = _BODY.pack(loc.offset, loc.nbytes, len(sname)) + sname + key.encode()
-            parts.append(_ENT.pack(_ENT_MAGIC, len(body), zlib.crc32(body)) + body)
+        parts = [_entry(loc.segment, loc.offset, loc.nbytes, key) for key, loc in keep]
         tmp = f"{self.root}.tmp-{uuid.uuid4().hex}"
         try:
             with open(tmp, "wb") as f:
