@@ -195,14 +195,14 @@ class HiCacheFile(PageStorageBackend):
 
     def page_path(self, key: str) -> Path:
         """The file that holds caller key ``key``: its page file in the ``sglang`` scheme
-        (whether stored or not), the segment holding it in ours (``FileNotFoundError`` when no
-        page is stored)."""
-        if self._segments is None:
-            return self._path(self.storage_key(key))
-        extent = self.page_extent(key)
-        if extent is None:
-            raise FileNotFoundError(f"no page stored for key {key!r}")
-        return extent[0]
+        (whether stored or not); in ours the segment holding it, or, when no page is stored, a
+        name that does not exist (``{storage_key}.kvp``). To damage one page in tests, use
+        :meth:`page_extent` (a segment holds many pages)."""
+        if self._segments is not None:
+            extent = self.page_extent(key)
+            if extent is not None:
+                return extent[0]
+        return self._path(self.storage_key(key))
 
     @property
     def usage_bytes(self) -> int:
