@@ -49,11 +49,12 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from mem_cache_storage._segments import INDEX_NAME, SEGMENT_SUFFIX, SegmentStore
-from mem_cache_storage._sum64 import sum64
+from mem_cache_storage._sum64 import sum64, sum64_many
 from mem_cache_storage.backend import (
     KeySpace,
     PageBatch,
@@ -275,9 +276,9 @@ class HiCacheFile(PageStorageBackend):
         return fmt.nbytes
 
     # ----------------------------------------------------------------- reads
-    def _read_sidecar(self, skey: str, page: PageRanges, nbytes: int) -> bool | None:
-        """Whether ``page`` (already read) matches the side-car of ``skey``; ``None`` without a
-        side-car (or with checksums off)."""
+    def _sidecar_check(self, skey: str, nbytes: int) -> Callable[[int, PageRanges], bool] | None:
+        """How to check a page read under ``skey`` against its side-car: ``check(sum64 of the
+        page, page) -> ok``; ``None`` without a side-car (or with checksums off)."""
         if not self.verify_checksum:
             return None
         try:
@@ -290,21 +291,21 @@ class HiCacheFile(PageStorageBackend):
             os.close(fd)
         if len(raw) == _SIDE.size:
             magic, version, n, want = _SIDE.unpack(raw)
-            return bool(magic == _SIDE_MAGIC and version == 2 and n == nbytes
-                        and sum64(page) == want)
+            ok = magic == _SIDE_MAGIC and version == 2 and n == nbytes
+            return lambda got, _page: ok and got == want
         if len(raw) == _SIDE_V1.size:  # written by an earlier development version
             magic, version, n, crc = _SIDE_V1.unpack(raw)
-            return bool(magic == _SIDE_MAGIC and version == 1 and n == nbytes
-                        and checksum(page) == crc)
-        return False
+            ok = magic == _SIDE_MAGIC and version == 1 and n == nbytes
+            return lambda _got, page: ok and checksum(page) == crc
+        return lambda _got, _page: False
 
-    def _read_sglang(self, skey: str, page: PageRanges, fmt: PageFormat) -> bool:
-        """Open, one ``preadv`` (plus one byte: a longer file is foreign), close; then the
-        side-car."""
+    def _read_sglang(self, skey: str, page: PageRanges, fmt: PageFormat) -> bool | None:
+        """Open, one ``preadv`` (plus one byte: a longer file is foreign), close: ``None`` when
+        absent, else whether the size was right."""
         try:
             fd = os.open(self._spath(skey), os.O_RDONLY)
         except FileNotFoundError:
-            return False
+            return None
         try:
             extra = bytearray(1)
             got = os.preadv(fd, [*(view(ptr, n) for ptr, n in page), extra], 0)
@@ -313,27 +314,46 @@ class HiCacheFile(PageStorageBackend):
                     os.utime(fd)  # LRU: a hit refreshes the page
         finally:
             os.close(fd)
-        ok = got == fmt.nbytes and self._read_sidecar(skey, page, fmt.nbytes) is not False
-        if not ok:
-            self.stats.add(rejected=1)
-            return False
+        return got == fmt.nbytes
+
+    def _get_sglang(self, keys: list[str], pages: PageBatch, fmt: PageFormat) -> list[bool]:
+        """Every page file, then every side-car; the checksums of the pages in one pass."""
+        plist = list(pages)
+        out = [False] * len(keys)
+        checks: list[tuple[int, Callable[[int, PageRanges], bool]]] = []
+        for i, (skey, page) in enumerate(zip(keys, plist)):
+            try:
+                read = self._read_sglang(skey, page, fmt)
+                check = self._sidecar_check(skey, fmt.nbytes) if read else None
+            except OSError:
+                self.stats.add(errors=1)
+                continue
+            if read is None:
+                continue
+            if not read:
+                self.stats.add(rejected=1)
+            elif check is None:
+                out[i] = True
+            else:
+                checks.append((i, check))
+        if checks:
+            sums = sum64_many(plist) if len(checks) > 1 else [0] * len(plist)
+            for i, check in checks:
+                got = sums[i] if len(checks) > 1 else sum64(plist[i])
+                out[i] = check(got, plist[i])
+                if not out[i]:
+                    self.stats.add(rejected=1)
         if self.capacity_bytes:
             with self._lock:
-                if skey in self._index:
-                    self._index.move_to_end(skey)
-        return True
+                for skey, ok in zip(keys, out):
+                    if ok and skey in self._index:
+                        self._index.move_to_end(skey)
+        return out
 
     def _get_pages(self, keys: list[str], pages: PageBatch, fmt: PageFormat) -> list[bool]:
         if self._segments is not None:
             return self._segments.get(keys, pages, fmt)
-        out: list[bool] = []
-        for skey, page in zip(keys, pages):
-            try:
-                out.append(self._read_sglang(skey, page, fmt))
-            except OSError:
-                self.stats.add(errors=1)
-                out.append(False)
-        return out
+        return self._get_sglang(keys, pages, fmt)
 
     def _exist_pages(self, keys: list[str]) -> list[bool]:
         if self._segments is not None:
