@@ -127,7 +127,7 @@ def _pages_both_ways(a: HostSlotAllocator, idx: torch.Tensor) -> tuple[object, o
     a list of page ids, or the error's type and message."""
     import mem_cache_pool_host.slots as slots_mod
 
-    out = []
+    out: list[object] = []
     for small in (slots_mod._SMALL, 0):
         saved, slots_mod._SMALL = slots_mod._SMALL, small
         try:
