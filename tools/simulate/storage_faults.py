@@ -90,15 +90,19 @@ class FaultyStorage(HiCacheStorage):
     def _corrupt(self, key: str) -> bool:
         if not isinstance(self.inner, HiCacheFile):
             return False
-        path = self.inner.page_path(key)
+        extent = self.inner.page_extent(key)  # this key's payload bytes (a segment holds many)
+        if extent is None or extent[2] == 0:
+            return False
+        path, offset, nbytes = extent
+        at = offset + nbytes - 1 - nbytes // 3  # a payload byte of this page
         try:
-            data = bytearray(path.read_bytes())
+            with path.open("r+b") as f:
+                f.seek(at)
+                byte = f.read(1)
+                f.seek(at)
+                f.write(bytes([byte[0] ^ 0x10]))
         except FileNotFoundError:
             return False
-        if not data:
-            return False
-        data[-1 - (len(data) // 3)] ^= 0x10  # a payload byte (the header is at the front)
-        path.write_bytes(bytes(data))
         return True
 
     # ----------------------------------------------------- faulty zero-copy API

@@ -119,3 +119,48 @@ class SlotMachine(RuleBasedStateMachine):
 
 TestHostSlotMachine = SlotMachine.TestCase
 TestHostSlotMachine.settings = settings(max_examples=30, stateful_step_count=20, deadline=None)
+
+
+# ------------------------------------------------ pages_of: the few-pages path = the tensor path
+def _pages_both_ways(a: HostSlotAllocator, idx: torch.Tensor) -> tuple[object, object]:
+    """``pages_of`` through the Python-int path (few slots) and through the tensor checks:
+    a list of page ids, or the error's type and message."""
+    import mem_cache_pool_host.slots as slots_mod
+
+    out: list[object] = []
+    for small in (slots_mod._SMALL, 0):
+        saved, slots_mod._SMALL = slots_mod._SMALL, small
+        try:
+            out.append(a.pages_of(idx).tolist())
+        except ValueError as e:
+            out.append((type(e), str(e)))
+        finally:
+            slots_mod._SMALL = saved
+    return out[0], out[1]
+
+
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+def test_pages_of_few_pages_path_equals_the_tensor_checks(page_size: int) -> None:
+    a = HostSlotAllocator(8, page_size)
+    size = 8 * page_size
+    gen = torch.Generator().manual_seed(page_size)
+    cases = [torch.arange(0, size), torch.arange(size - page_size, size)]
+    for _ in range(300):
+        pages = torch.randint(0, 9, (int(torch.randint(1, 4, (1,), generator=gen)),),
+                              generator=gen)
+        idx = (pages[:, None] * page_size + torch.arange(page_size)).reshape(-1)
+        kind = int(torch.randint(0, 5, (1,), generator=gen))
+        if kind == 1:  # shift by one slot: not page-aligned
+            idx = idx + 1
+        elif kind == 2 and idx.numel() > 1:  # two slots swapped: not ascending
+            idx[[0, 1]] = idx[[1, 0]]
+        elif kind == 3:  # negative
+            idx = idx - size
+        cases.append(idx)
+    accepted = 0
+    for idx in cases:
+        for dtype in (torch.int64, torch.int32):
+            fast, slow = _pages_both_ways(a, idx.to(dtype))
+            assert fast == slow, (idx.tolist(), fast, slow)
+            accepted += isinstance(fast, list)
+    assert 0 < accepted < 2 * len(cases)  # both outcomes were exercised

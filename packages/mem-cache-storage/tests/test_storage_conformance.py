@@ -15,11 +15,15 @@ from mem_cache_storage.testing import StorageConformanceSuite, run_conformance
 
 
 def corrupt_file_page(storage: HiCacheFile, key: str) -> None:
-    """Flip one payload byte of the page file of ``key``."""
-    path = storage.page_path(key)
-    data = bytearray(path.read_bytes())
-    data[-7] ^= 0x40
-    path.write_bytes(bytes(data))
+    """Flip one payload byte of the stored page of ``key`` (in its segment or page file)."""
+    extent = storage.page_extent(key)
+    assert extent is not None, "no page to corrupt"
+    path, offset, nbytes = extent
+    with open(path, "r+b") as f:
+        f.seek(offset + nbytes - 7)
+        byte = f.read(1)[0]
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte ^ 0x40]))
 
 
 class TestFileBackend(StorageConformanceSuite):
@@ -37,9 +41,11 @@ class TestFileBackendTruncated(StorageConformanceSuite):
         return HiCacheFile(config, storage_dir=str(self.tmp_dir), fsync=True)
 
     def corrupt_stored_page(self, storage: Any, key: str) -> None:
-        path = storage.page_path(key)
-        size = path.stat().st_size
-        os.truncate(path, size - 5)
+        # a torn append: the file ends 5 bytes before the end of this page's payload
+        extent = storage.page_extent(key)
+        assert extent is not None, "no page to truncate"
+        path, offset, nbytes = extent
+        os.truncate(path, offset + nbytes - 5)
 
 
 class TestMemoryBackend(StorageConformanceSuite):

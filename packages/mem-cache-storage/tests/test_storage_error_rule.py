@@ -155,6 +155,8 @@ def _backend_rows(cls: type[HiCacheStorage]) -> list[Row]:
         rows += [
             Row(n, "page_path", "key", T, _on(cls, "page_path", 1), "int"),
             Row(n, "page_path", "key", V, _on(cls, "page_path", "a/b"), "alphabet"),
+            Row(n, "page_extent", "key", T, _on(cls, "page_extent", 1), "int"),
+            Row(n, "page_extent", "key", V, _on(cls, "page_extent", "a/b"), "alphabet"),
         ]
     if cls is HiCacheMooncake:
         rows += [

@@ -23,7 +23,6 @@ from mem_cache_storage import (
     page_hashes,
     register_backend,
 )
-from mem_cache_storage.file import FILE_SUFFIX
 
 from .conftest import PS, make_host, pages_of
 
@@ -34,13 +33,19 @@ def _keys(n: int, salt: int = 0) -> list[str]:
     return page_hashes([salt * 1000 + i for i in range(n * PS)], PS)
 
 
-def test_capacity_evicts_least_recently_used(tmp_path: Path, host: Any) -> None:
-    st = HiCacheFile(CFG, host, storage_dir=str(tmp_path))
+@pytest.mark.parametrize("scheme", ["mem_cache", "sglang"])
+def test_capacity_evicts_least_recently_used(tmp_path: Path, host: Any, scheme: str) -> None:
+    """LRU by file: one page per segment (``segment_bytes=1``) in our scheme, the page file in
+    SGLang's."""
+    opts = {"key_scheme": scheme, "segment_bytes": 1}
+    st = HiCacheFile(CFG, host, storage_dir=str(tmp_path), **opts)
+    suffix = st.suffix
     src = host.alloc(PS)
     st.batch_set_v1(_keys(1, 0), src)
-    page_file = next(tmp_path.glob(f"*{FILE_SUFFIX}")).stat().st_size
+    page_file = next(tmp_path.glob(f"*{suffix}")).stat().st_size
     st.clear()
-    st = HiCacheFile(CFG, host, storage_dir=str(tmp_path), capacity_bytes=10 * page_file)
+    st = HiCacheFile(CFG, host, storage_dir=str(tmp_path), capacity_bytes=10 * page_file,
+                     **opts)
     keys = _keys(14, 1)
     slots = host.alloc(14 * PS)
     for i in range(8):
@@ -52,7 +57,7 @@ def test_capacity_evicts_least_recently_used(tmp_path: Path, host: Any) -> None:
     for i in range(8, 14):
         time.sleep(0.002)
         assert st.batch_set_v1(keys[i : i + 1], slots[i * PS : (i + 1) * PS]) == [True]
-    files = list(tmp_path.glob(f"*{FILE_SUFFIX}"))
+    files = list(tmp_path.glob(f"*{suffix}"))
     assert len(files) * page_file <= 10 * page_file
     assert st.get_stats().evicted > 0
     assert st.exists(keys[0]), "the recently read page was evicted"
@@ -61,7 +66,9 @@ def test_capacity_evicts_least_recently_used(tmp_path: Path, host: Any) -> None:
 
 
 def test_foreign_and_stale_files_are_misses(tmp_path: Path, host: Any) -> None:
-    st = HiCacheFile(CFG, host, storage_dir=str(tmp_path))
+    """SGLang's layout (one file per page); the segment layout's own cases are in
+    test_storage_segments.py."""
+    st = HiCacheFile(CFG, host, storage_dir=str(tmp_path), key_scheme="sglang")
     keys = _keys(2)
     src = host.alloc(2 * PS)
     assert st.batch_set_v1(keys, src) == [True, True]

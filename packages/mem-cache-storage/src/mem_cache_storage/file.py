@@ -1,54 +1,60 @@
-"""``HiCacheFile``: the embedded storage backend, one file per page under a directory.
+"""``HiCacheFile``: the embedded storage backend, pages in files under a directory.
 
-File ``{storage_dir}/{storage_key}.kvp``::
+**Our key scheme** (the default) stores pages in *segment files* (many pages per file, appended
+by one writer each) published through one shared append-only index log; the format, the
+publish protocol and the costs are in :mod:`mem_cache_storage._segments`. Guarantees:
 
-    magic "MCSP" | version u16 | key length u16 | format id u64 | payload bytes u64 | CRC-32 u32
-    | storage key (UTF-8) | payload (the page's ranges, in order)
+* **Atomic publish**: a page becomes visible when its index entry is appended, after its record:
+  a reader sees a complete page or nothing; a writer killed mid-batch leaves unindexed bytes (a
+  miss). Writes of one key by several writers leave one complete page (the last entry wins).
+  ``fsync=True`` also flushes the records and the log.
+* **Verified reads**: the record's magic, version, key, format id, byte count and the
+  ``sum64`` checksum (:mod:`mem_cache_storage._sum64`) of the payload are checked; a torn,
+  truncated, foreign or corrupted record is a miss (counted in ``rejected``), never wrong data.
+* **Capacity** (``capacity_bytes``, 0 = unlimited): when this process's estimate of the segment
+  bytes passes the capacity, it deletes the least recently used *segments* (oldest modification
+  time; a hit refreshes its segment's, at most once a second) down to 90% of the capacity.
+  Segments are ``segment_bytes`` long (default 256 MiB, at most an eighth of the capacity).
+* **Sharing**: several processes and threads may use one directory: each backend instance appends
+  to its own segments, index appends are single ``O_APPEND`` writes, and a page deleted while
+  another process reads it stays readable through its open handle (POSIX).
 
-(little endian). Guarantees:
-
-* **Atomic writes**: a page is written to a temporary file in the same directory and renamed
-  over the final name, so a reader sees a complete old page, a complete new page or nothing;
-  concurrent writers of one key leave one complete page. ``fsync=True`` also flushes it.
-* **Verified reads**: the magic, version, key, format id, byte count, the file size and the CRC
-  of the payload are checked; a torn, truncated, foreign or corrupted file is a miss (counted in
-  ``rejected``), never wrong data.
-* **Capacity** (``capacity_bytes``, 0 = unlimited): when this process's running estimate of the
-  directory size passes the capacity, it rescans the directory and deletes the least recently
-  used pages (oldest modification time; a hit refreshes it) down to 90% of the capacity.
-* **Sharing**: several processes (engine ranks, instances) may use one directory: names are
-  unique per key, renames are atomic, and a page deleted while another process reads it stays
-  readable through the open handle (POSIX). Each writer enforces the capacity, so the directory
-  exceeds it by at most the pages in flight.
+Files of the one-file-per-page layout of earlier development versions (``{key}.kvp`` with a
+``MCSP`` header) are not read (misses); ``clear()`` removes them.
 
 **Key scheme ``sglang``** (``key_scheme="sglang"``): pages are stored exactly as SGLang 0.5.23's
 file backend stores them, ``{storage_dir}/{hash}_{model}[_{tp_rank}_{tp_size}]...bin`` holding
 the raw flat page (no header), so an SGLang instance and this backend read each other's pages in
 one directory. Verification: the file size must equal the page size; a side-car
-``{name}.mcs`` (magic, byte count, CRC-32; SGLang ignores files not ending ``.bin``), written
-*before* the page by this backend, is checked when present, so a page this backend wrote that was
-corrupted later is a miss. A page SGLang wrote has no side-car: only its size is checked (SGLang
-stores no checksum).
+``{name}.mcs`` (magic, version, byte count, ``sum64``; SGLang ignores files not ending ``.bin``),
+written *before* the page by this backend, is checked when present, so a page this backend wrote
+that was corrupted later is a miss. A page SGLang wrote has no side-car: only its size is checked
+(SGLang stores no checksum). Pages are written to a temporary file and renamed (SGLang's readers
+need whole pages); the side-car is written in place (a torn side-car is a miss).
 
 Options (``extra_config``, the SGLang ``kwargs`` dict or keywords): ``storage_dir`` (also
 ``file_path`` and SGLang's ``file_storage_path``; default ``$MEM_CACHE_STORAGE_DIR`` or
 ``/tmp/mem_cache_storage``), ``key_scheme`` (``mem_cache`` or ``sglang``),
-``capacity_bytes`` (int, 0), ``fsync`` (bool, false), ``checksum`` (bool, true: write and check
-the CRC), ``page_size``, ``model_fingerprint``.
+``capacity_bytes`` (int, 0), ``segment_bytes`` (int, our scheme), ``fsync`` (bool, false),
+``checksum`` (bool, true: write and check the checksum), ``page_size``, ``model_fingerprint``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import struct
 import threading
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from mem_cache_storage._segments import INDEX_NAME, SEGMENT_SUFFIX, SegmentStore
+from mem_cache_storage._sum64 import sum64, sum64_many
 from mem_cache_storage.backend import (
     KeySpace,
     PageBatch,
@@ -62,28 +68,29 @@ from mem_cache_storage.backend import (
 __all__ = ["DEFAULT_STORAGE_DIR", "FILE_SUFFIX", "SGLANG_FILE_SUFFIX", "HiCacheFile"]
 
 DEFAULT_STORAGE_DIR = "/tmp/mem_cache_storage"
-FILE_SUFFIX = ".kvp"
+#: segment files (our scheme)
+FILE_SUFFIX = SEGMENT_SUFFIX
 SGLANG_FILE_SUFFIX = ".bin"
 SIDECAR_SUFFIX = ".mcs"
-_SIDE = struct.Struct("<4sHQI")  # magic, version, payload bytes, crc32
+_SIDE = struct.Struct("<4sHQQ")  # magic, version 2, payload bytes, sum64
+_SIDE_V1 = struct.Struct("<4sHQI")  # magic, version 1, payload bytes, crc32
 _SIDE_MAGIC = b"MCSs"
 _TMP_PREFIX = ".tmp-"
-_HDR = struct.Struct("<4sHHQQI")
-_MAGIC = b"MCSP"
-_VERSION = 1
 _STALE_TMP_S = 600.0
 _LOW_WATER = 0.9
+_SEGMENT_BYTES = 256 << 20
 
 
 class HiCacheFile(PageStorageBackend):
-    """One file per page (see the module docstring)."""
+    """Pages in files under a directory (see the module docstring)."""
 
     backend_name = "file"
     key_schemes = ("mem_cache", "sglang")
 
     #: SGLang's positive-lookup metadata cache is off here: ``exists`` looks at the directory
-    #: every time (one ``stat`` per key), so pages another process wrote or removed are seen
-    #: at once. The attributes answer what SGLang's answer with the cache disabled.
+    #: every time (the index log and the segments, or one ``stat`` per key in the ``sglang``
+    #: scheme), so pages another process wrote or removed are seen at once. The attributes
+    #: answer what SGLang's answer with the cache disabled.
     enable_metadata_cache = False
     metadata_cache: Any = None
     metadata_ttl: float | None = None
@@ -109,13 +116,25 @@ class HiCacheFile(PageStorageBackend):
         if capacity < 0:
             raise ValueError(f"capacity_bytes must be >= 0, got {capacity}")
         self.capacity_bytes = capacity
+        seg_default = min(_SEGMENT_BYTES, max(1, capacity // 8)) if capacity else _SEGMENT_BYTES
+        segment_bytes = int(opts.get("segment_bytes", 0) or seg_default)
+        if segment_bytes < 1:
+            raise ValueError(f"segment_bytes must be >= 1, got {segment_bytes}")
         self.fsync = bool(opts.get("fsync", False))
         self.verify_checksum = bool(opts.get("checksum", True))
         self.storage_dir.mkdir(parents=True, exist_ok=True)
         self._dir = f"{os.fspath(self.storage_dir)}{os.sep}"
         self._lock = threading.Lock()
-        self._index: OrderedDict[str, int] = OrderedDict()  # storage key -> file bytes (LRU)
+        self._index: OrderedDict[str, int] = OrderedDict()  # sglang scheme: key -> bytes (LRU)
         self._usage = 0
+        self._tmp = f"{self._dir}{_TMP_PREFIX}{os.getpid():x}-{uuid.uuid4().hex[:12]}-"
+        self._serial = itertools.count()
+        self._segments: SegmentStore | None = None
+        if not self.sglang_layout:
+            self._segments = SegmentStore(self._dir, segment_bytes=segment_bytes,
+                                          fsync=self.fsync, verify=self.verify_checksum,
+                                          count=self.stats.add)
+            self._segments.touch_on_hit = capacity > 0
         self._rescan(remove_stale_tmp=True)
 
     # ----------------------------------------------------------------- paths
@@ -125,8 +144,8 @@ class HiCacheFile(PageStorageBackend):
     def _spath(self, skey: str) -> str:
         return f"{self._dir}{skey}{self.suffix}"
 
-    def _sidecar(self, skey: str) -> Path:
-        return self.storage_dir / f"{skey}{SIDECAR_SUFFIX}"
+    def _sidecar(self, skey: str) -> str:
+        return f"{self._dir}{skey}{SIDECAR_SUFFIX}"
 
     @property
     def file_path(self) -> str:
@@ -149,51 +168,97 @@ class HiCacheFile(PageStorageBackend):
         """The suffix with the TP rank even for MLA (Mamba states are TP-sharded)."""
         return self._suffixes().tp_suffix
 
+    @property
+    def verify_checksum(self) -> bool:
+        """Whether pages are written with a checksum and reads check it."""
+        return self._verify
+
+    @verify_checksum.setter
+    def verify_checksum(self, value: bool) -> None:
+        self._verify = bool(value)
+        segments: SegmentStore | None = getattr(self, "_segments", None)
+        if segments is not None:
+            segments.verify = self._verify
+
+    def page_extent(self, key: str) -> tuple[Path, int, int] | None:
+        """``(file, offset, bytes)`` of the stored payload of caller key ``key`` (its page
+        file in the ``sglang`` scheme, a slice of a segment in ours); ``None`` when no page is
+        stored (for tools and tests)."""
+        skey = self.storage_key(key)
+        if self._segments is None:
+            path = self._path(skey)
+            return (path, 0, path.stat().st_size) if path.is_file() else None
+        loc = self._segments.locations([skey])[0]
+        if loc is None:
+            return None
+        head = self._segments.record_head_bytes(skey)
+        return self.storage_dir / loc.segment, loc.offset + head, loc.nbytes - head
+
     def page_path(self, key: str) -> Path:
-        """The file that holds caller key ``key`` (for tools and tests)."""
+        """The file that holds caller key ``key``: its page file in the ``sglang`` scheme
+        (whether stored or not); in ours the segment holding it, or, when no page is stored, a
+        name that does not exist (``{storage_key}.kvp``). To damage one page in tests, use
+        :meth:`page_extent` (a segment holds many pages)."""
+        if self._segments is not None:
+            extent = self.page_extent(key)
+            if extent is not None:
+                return extent[0]
         return self._path(self.storage_key(key))
 
     @property
     def usage_bytes(self) -> int:
-        """This process's estimate of the bytes in the directory."""
+        """This process's estimate of the page bytes in the directory."""
         with self._lock:
             return self._usage
 
     # ---------------------------------------------------------------- writes
-    def _header(self, skey: str, fmt: PageFormat, crc: int) -> bytes:
-        key = skey.encode()
-        return _HDR.pack(_MAGIC, _VERSION, len(key), fmt.format_id, fmt.nbytes, crc) + key
+    def _put_pages(self, keys: list[str], pages: PageBatch, fmt: PageFormat) -> list[bool]:
+        if self._segments is not None:
+            try:
+                size = self._segments.put(keys, pages, fmt)
+            except OSError:
+                self.stats.add(errors=1)
+                return [False] * len(keys)
+            with self._lock:
+                self._usage += size
+                grown = 0 < self.capacity_bytes < self._usage
+            if grown:
+                self._evict()
+            return [True] * len(keys)
+        out: list[bool] = []
+        grown = False
+        for skey, page in zip(keys, pages):
+            try:
+                size = self._write_sglang(skey, page, fmt)
+            except OSError:
+                self.stats.add(errors=1)
+                out.append(False)
+                continue
+            with self._lock:
+                self._usage += size - self._index.pop(skey, 0)
+                self._index[skey] = size
+                grown = grown or (0 < self.capacity_bytes < self._usage)
+            out.append(True)
+        if grown:
+            self._evict()
+        return out
 
-    def _publish(self, data: bytes, final: Path) -> None:
-        tmp = self.storage_dir / f"{_TMP_PREFIX}{uuid.uuid4().hex}"
-        try:
-            with open(tmp, "wb", buffering=0) as f:
-                f.write(data)
-                if self.fsync:
-                    os.fsync(f.fileno())
-            os.replace(tmp, final)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-
-    def _write_one(self, skey: str, page: PageRanges, fmt: PageFormat) -> int:
-        crc = checksum(page) if self.verify_checksum else 0
-        if self.sglang_layout:
-            # the side-car first: a page without one is only size-checked, never the reverse
-            self._publish(_SIDE.pack(_SIDE_MAGIC, 1, fmt.nbytes, crc), self._sidecar(skey))
-            header = b""
-        else:
-            header = self._header(skey, fmt, crc)
-        # one open, one writev (header and every range), one rename: no Python file object
-        tmp = f"{self._dir}{_TMP_PREFIX}{uuid.uuid4().hex}"
-        bufs: list[Any] = [header] if header else []
-        bufs += [view(ptr, n) for ptr, n in page]
-        total = len(header) + fmt.nbytes
+    def _write_sglang(self, skey: str, page: PageRanges, fmt: PageFormat) -> int:
+        """SGLang's layout: the side-car in place, then the page to a temporary file renamed
+        over its name (open, writev, close, rename)."""
+        if self.verify_checksum:
+            side = os.open(self._sidecar(skey), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                os.write(side, _SIDE.pack(_SIDE_MAGIC, 2, fmt.nbytes, sum64(page)))
+            finally:
+                os.close(side)
+        tmp = f"{self._tmp}{next(self._serial)}"
+        bufs: list[Any] = [view(ptr, n) for ptr, n in page]
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             try:
                 done = os.writev(fd, bufs)
-                while done < total:  # a short write: the rest, range by range
+                while done < fmt.nbytes:  # a short write: the rest, range by range
                     rest = memoryview(b"".join(bytes(b) for b in bufs))[done:]
                     step = os.write(fd, rest)
                     if not step:
@@ -208,104 +273,97 @@ class HiCacheFile(PageStorageBackend):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
             raise
-        return total
-
-    def _put_pages(self, keys: list[str], pages: PageBatch, fmt: PageFormat) -> list[bool]:
-        out: list[bool] = []
-        grown = False
-        for skey, page in zip(keys, pages):
-            try:
-                size = self._write_one(skey, page, fmt)
-            except OSError:
-                self.stats.add(errors=1)
-                out.append(False)
-                continue
-            with self._lock:
-                self._usage += size - self._index.pop(skey, 0)
-                self._index[skey] = size
-                grown = grown or (0 < self.capacity_bytes < self._usage)
-            out.append(True)
-        if grown:
-            self._evict()
-        return out
+        return fmt.nbytes
 
     # ----------------------------------------------------------------- reads
-    def _read_sidecar(self, skey: str, nbytes: int) -> int | bool | None:
-        """The CRC the side-car of ``skey`` records; ``None`` without a side-car (or with
-        checksums off), ``False`` when it is damaged or names another size."""
+    def _sidecar_check(self, skey: str, nbytes: int) -> Callable[[int, PageRanges], bool] | None:
+        """How to check a page read under ``skey`` against its side-car: ``check(sum64 of the
+        page, page) -> ok``; ``None`` without a side-car (or with checksums off)."""
         if not self.verify_checksum:
             return None
         try:
-            raw = self._sidecar(skey).read_bytes()
+            fd = os.open(self._sidecar(skey), os.O_RDONLY)
         except FileNotFoundError:
             return None
-        if len(raw) != _SIDE.size:
-            return False
-        magic, version, n, crc = _SIDE.unpack(raw)
-        if magic != _SIDE_MAGIC or version != 1 or n != nbytes:
-            return False
-        return int(crc)
-
-    def _read_one(self, skey: str, page: PageRanges, fmt: PageFormat) -> bool:
-        path = self._spath(skey)
         try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
-            return False
-        try:
-            ok, crc = self._read_fd(fd, skey, page, fmt)
-            if ok and crc is not None and self.verify_checksum and checksum(page) != crc:
-                ok = False
-            if not ok:
-                self.stats.add(rejected=1)
-                return False
-            with contextlib.suppress(OSError):
-                os.utime(fd)  # LRU: a hit refreshes the page
+            raw = os.read(fd, _SIDE.size + 1)
         finally:
             os.close(fd)
-        with self._lock:
-            if skey in self._index:
-                self._index.move_to_end(skey)
-        return True
+        if len(raw) == _SIDE.size:
+            magic, version, n, want = _SIDE.unpack(raw)
+            ok = magic == _SIDE_MAGIC and version == 2 and n == nbytes
+            return lambda got, _page: ok and got == want
+        if len(raw) == _SIDE_V1.size:  # written by an earlier development version
+            magic, version, n, crc = _SIDE_V1.unpack(raw)
+            ok = magic == _SIDE_MAGIC and version == 1 and n == nbytes
+            return lambda _got, page: ok and checksum(page) == crc
+        return lambda _got, _page: False
 
-    def _read_fd(self, fd: int, skey: str, page: PageRanges, fmt: PageFormat
-                 ) -> tuple[bool, int | None]:
-        """Read the page of open file ``fd`` into ``page`` with one ``preadv``, checking the
-        size (and, in our scheme, the header); ``(ok, checksum to verify or None)``."""
-        size = os.fstat(fd).st_size
-        bufs: list[Any] = [view(ptr, n) for ptr, n in page]
-        if self.sglang_layout:
-            want = self._read_sidecar(skey, fmt.nbytes)
-            if want is False or size != fmt.nbytes:
-                return False, None
-            return os.preadv(fd, bufs, 0) == fmt.nbytes, want
-        key = skey.encode()
-        head = bytearray(_HDR.size + len(key))
-        if size != len(head) + fmt.nbytes:
-            return False, None
-        if os.preadv(fd, [head, *bufs], 0) != size:
-            return False, None
-        magic, version, key_len, fid, nbytes, crc = _HDR.unpack_from(head)
-        if (magic != _MAGIC or version != _VERSION or key_len != len(key)
-                or head[_HDR.size:] != key or fid != fmt.format_id or nbytes != fmt.nbytes):
-            return False, None
-        return True, crc
+    def _read_sglang(self, skey: str, page: PageRanges, fmt: PageFormat) -> bool | None:
+        """Open, one ``preadv`` (plus one byte: a longer file is foreign), close: ``None`` when
+        absent, else whether the size was right."""
+        try:
+            fd = os.open(self._spath(skey), os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        try:
+            extra = bytearray(1)
+            got = os.preadv(fd, [*(view(ptr, n) for ptr, n in page), extra], 0)
+            if got == fmt.nbytes and self.capacity_bytes:
+                with contextlib.suppress(OSError):
+                    os.utime(fd)  # LRU: a hit refreshes the page
+        finally:
+            os.close(fd)
+        return got == fmt.nbytes
 
-    def _get_pages(self, keys: list[str], pages: PageBatch, fmt: PageFormat) -> list[bool]:
-        out: list[bool] = []
-        for skey, page in zip(keys, pages):
+    def _get_sglang(self, keys: list[str], pages: PageBatch, fmt: PageFormat) -> list[bool]:
+        """Every page file, then every side-car; the checksums of the pages in one pass."""
+        plist = list(pages)
+        out = [False] * len(keys)
+        checks: list[tuple[int, Callable[[int, PageRanges], bool]]] = []
+        for i, (skey, page) in enumerate(zip(keys, plist)):
             try:
-                out.append(self._read_one(skey, page, fmt))
+                read = self._read_sglang(skey, page, fmt)
+                check = self._sidecar_check(skey, fmt.nbytes) if read else None
             except OSError:
                 self.stats.add(errors=1)
-                out.append(False)
+                continue
+            if read is None:
+                continue
+            if not read:
+                self.stats.add(rejected=1)
+            elif check is None:
+                out[i] = True
+            else:
+                checks.append((i, check))
+        if checks:
+            sums = sum64_many(plist) if len(checks) > 1 else [0] * len(plist)
+            for i, check in checks:
+                got = sums[i] if len(checks) > 1 else sum64(plist[i])
+                out[i] = check(got, plist[i])
+                if not out[i]:
+                    self.stats.add(rejected=1)
+        if self.capacity_bytes:
+            with self._lock:
+                for skey, ok in zip(keys, out):
+                    if ok and skey in self._index:
+                        self._index.move_to_end(skey)
         return out
 
+    def _get_pages(self, keys: list[str], pages: PageBatch, fmt: PageFormat) -> list[bool]:
+        if self._segments is not None:
+            return self._segments.get(keys, pages, fmt)
+        return self._get_sglang(keys, pages, fmt)
+
     def _exist_pages(self, keys: list[str]) -> list[bool]:
+        if self._segments is not None:
+            return self._segments.exists(keys)
         isfile, d, sfx = os.path.isfile, self._dir, self.suffix
         return [isfile(f"{d}{k}{sfx}") for k in keys]
 
     def _exist_prefix(self, keys: list[str]) -> int:
+        if self._segments is not None:
+            return self._segments.exists_prefix(keys)
         isfile, d, sfx = os.path.isfile, self._dir, self.suffix
         for i, key in enumerate(keys):
             if not isfile(f"{d}{key}{sfx}"):
@@ -314,7 +372,7 @@ class HiCacheFile(PageStorageBackend):
 
     # --------------------------------------------------------- capacity / clear
     def _scan(self) -> list[tuple[float, str, int]]:
-        """(mtime, storage key, bytes) of every page file."""
+        """(mtime, storage key, bytes) of every page file (``sglang`` scheme)."""
         found: list[tuple[float, str, int]] = []
         with os.scandir(self.storage_dir) as it:
             for entry in it:
@@ -339,13 +397,25 @@ class HiCacheFile(PageStorageBackend):
                                 os.unlink(entry.path)
                         except FileNotFoundError:
                             pass
+        if self._segments is not None:
+            usage = sum(n for _, _, n in self._segments.scan())
+            with self._lock:
+                self._usage = usage
+            return
         found = sorted(self._scan())
         with self._lock:
             self._index = OrderedDict((k, n) for _, k, n in found)
             self._usage = sum(n for _, _, n in found)
 
     def _evict(self) -> None:
-        """Delete least recently used pages until the directory is at 90% of the capacity."""
+        """Delete least recently used pages (segments in our scheme) down to 90% of the
+        capacity."""
+        if self._segments is not None:
+            evicted, left = self._segments.evict(self.capacity_bytes)
+            self.stats.add(evicted=evicted)
+            with self._lock:
+                self._usage = left
+            return
         found = sorted(self._scan())
         total = sum(n for _, _, n in found)
         target = int(self.capacity_bytes * _LOW_WATER)
@@ -355,22 +425,29 @@ class HiCacheFile(PageStorageBackend):
                 break
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self._path(skey))
-            if self.sglang_layout:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(self._sidecar(skey))
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._sidecar(skey))
             total -= n
             evicted += 1
         self.stats.add(evicted=evicted)
         self._rescan()
 
     def _clear(self) -> None:
+        if self._segments is not None:
+            self._segments.clear()
         with os.scandir(self.storage_dir) as it:
             for entry in it:
-                if entry.name.endswith((self.suffix, SIDECAR_SUFFIX)) or entry.name.startswith(
-                    _TMP_PREFIX
-                ):
+                name = entry.name
+                if (name.endswith((self.suffix, SIDECAR_SUFFIX)) or name.startswith(_TMP_PREFIX)
+                        or name == INDEX_NAME):
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(entry.path)
         with self._lock:
             self._index.clear()
             self._usage = 0
+
+    def close(self) -> None:
+        """Close the open segment and index files (idempotent; the backend reopens them when
+        used again)."""
+        if self._segments is not None:
+            self._segments.close()

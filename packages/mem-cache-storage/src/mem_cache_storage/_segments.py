@@ -1,0 +1,490 @@
+"""Segment files: the file backend's layout for its own key scheme (many pages per file).
+
+A directory holds:
+
+* **segments** ``seg-{pid}-{random}-{n}.kvp``: append-only files, each written by one backend
+  instance of one process (never shared by writers), rotated at ``segment_bytes``. A record::
+
+      magic "MCSR" | version u16 | key length u16 | format id u64 | payload bytes u64
+      | sum64 u64 | storage key (UTF-8) | payload (the page's ranges, in order)
+
+* **the index log** ``index.kvi``: one append-only file shared by every writer (``O_APPEND``);
+  after a batch's records are written, one ``write`` appends one entry per page::
+
+      magic "MCSI" | body bytes u16 | CRC-32 of the body u32
+      | body: record offset u64 | record bytes u64 | segment name length u8 | segment name | key
+      (an empty key: a tombstone, the segment was deleted)
+
+Publishing a page is appending its index entry after its record: a reader that sees the entry
+sees the whole record. A writer killed mid-batch leaves records without entries (never seen) or a
+torn entry; readers skip an entry whose CRC fails when a valid entry follows it (a torn append)
+and wait at one that ends the log (an append still being copied). Every read checks the record
+against the entry and the key, format, byte count and ``sum64`` of the payload: a torn, truncated
+or corrupted record is a miss, never wrong bytes.
+
+Readers keep a map (storage key -> segment, offset, bytes) and parse only the log's new bytes; a
+call costs one ``stat`` of the log (a ``pread`` when it grew) and one ``preadv`` / ``pwritev``
+per run of adjacent records (at most 8 MiB or ``IOV_MAX`` buffers); segment files stay open
+(an ``open`` on first use). A log replaced or removed (``clear``, compaction) resets the map.
+
+Capacity evicts whole segments, least recently used first (a hit refreshes its segment's mtime,
+at most once a second): the evicting instance appends a *tombstone* per segment (an entry with
+an empty key) before it unlinks them, so every reader drops those pages at its next call; then
+it rewrites the log without the entries of deleted segments when they are most of it. A segment
+deleted by hand is noticed when a reader first opens it (one it has open keeps serving its
+verified bytes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import struct
+import threading
+import time
+import uuid
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from mem_cache_storage._sum64 import sum64, sum64_many
+from mem_cache_storage.backend import PageBatch, PageFormat, view
+
+__all__ = ["INDEX_NAME", "SEGMENT_SUFFIX", "Location", "SegmentStore"]
+
+SEGMENT_SUFFIX = ".kvp"
+SEGMENT_PREFIX = "seg-"
+INDEX_NAME = "index.kvi"
+_REC = struct.Struct("<4sHHQQQ")
+_REC_MAGIC = b"MCSR"
+_REC_VERSION = 2
+_ENT = struct.Struct("<4sHI")
+_ENT_MAGIC = b"MCSI"
+_BODY = struct.Struct("<QQB")
+_IOV_MAX = max(16, min(1024, os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024))
+_TOUCH_S = 1.0
+_LOW_WATER = 0.9
+_FD_CACHE = 64
+#: a run read by one ``preadv`` (written by one ``pwritev``) stops past this many bytes, so its
+#: pages are still in the last-level cache when their checksums run (after a read, before a
+#: write): 1, 4, 8 MiB and unbounded measured, 8 MiB best or even here
+_RUN_BYTES = 8 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Location:
+    """Where a page's record lies: segment file name, record offset and bytes."""
+
+    segment: str
+    offset: int
+    nbytes: int
+
+
+def _entry(segment: str, offset: int, nbytes: int, key: str) -> bytes:
+    """One index entry (an empty ``key``: a tombstone for ``segment``)."""
+    sname = segment.encode()
+    body = _BODY.pack(offset, nbytes, len(sname)) + sname + key.encode()
+    return _ENT.pack(_ENT_MAGIC, len(body), zlib.crc32(body)) + body
+
+
+def _rest(bufs: Sequence[Any], done: int) -> list[Any]:
+    """The buffers of ``bufs`` past its first ``done`` bytes."""
+    out: list[Any] = []
+    for b in bufs:
+        n = len(b)
+        if done >= n:
+            done -= n
+            continue
+        out.append(memoryview(b)[done:] if done else b)
+        done = 0
+    return out
+
+
+def _pwritev_all(fd: int, bufs: list[Any], offset: int) -> None:
+    for i in range(0, len(bufs), _IOV_MAX):
+        chunk = bufs[i : i + _IOV_MAX]
+        want = sum(len(b) for b in chunk)
+        done = os.pwritev(fd, chunk, offset)
+        while done < want:  # a short write: the rest
+            step = os.pwritev(fd, _rest(chunk, done), offset + done)
+            if step <= 0:
+                raise OSError(f"short write to a segment ({done} of {want} bytes)")
+            done += step
+        offset += want
+
+
+class _Segment:
+    __slots__ = ("fd", "name", "size")
+
+    def __init__(self, fd: int, name: str) -> None:
+        self.fd, self.name, self.size = fd, name, 0
+
+
+class SegmentStore:
+    """The segment layout of one directory (see the module docstring). Thread safe."""
+
+    def __init__(self, root: str, *, segment_bytes: int, fsync: bool, verify: bool,
+                 count: Callable[..., None]) -> None:
+        self.root = root if root.endswith(os.sep) else root + os.sep
+        self.segment_bytes = segment_bytes
+        self.fsync = fsync
+        self.verify = verify
+        self._count = count
+        self._log_path = self.root + INDEX_NAME
+        self._token = f"{SEGMENT_PREFIX}{os.getpid():x}-{uuid.uuid4().hex[:12]}"
+        self._serial = 0
+        self._wlock = threading.Lock()
+        self._seg: _Segment | None = None
+        self._wlog: tuple[int, int] | None = None  # (fd, inode) of the log, for appends
+        self._rlock = threading.Lock()
+        self._map: dict[str, Location] = {}
+        self._log: tuple[int, int] | None = None  # (fd, inode) of the log, for reading
+        self._log_pos = 0
+        self._fds: dict[str, tuple[int, int]] = {}  # segment -> (fd, inode), reads
+        self._dead: set[str] = set()
+        self._touched: dict[str, float] = {}
+        self.touch_on_hit = False
+
+    # ------------------------------------------------------------------ writes
+    def _writable(self) -> _Segment:
+        seg = self._seg
+        if seg is not None and seg.size < self.segment_bytes and os.fstat(seg.fd).st_nlink:
+            return seg
+        if seg is not None:
+            os.close(seg.fd)
+            self._seg = None
+        self._serial += 1
+        name = f"{self._token}-{self._serial}{SEGMENT_SUFFIX}"
+        fd = os.open(self.root + name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        self._seg = _Segment(fd, name)
+        return self._seg
+
+    def _append_log(self, data: bytes) -> None:
+        try:
+            ino = os.stat(self._log_path).st_ino
+        except FileNotFoundError:
+            ino = -1
+        if self._wlog is None or self._wlog[1] != ino:
+            if self._wlog is not None:
+                os.close(self._wlog[0])
+                self._wlog = None
+            fd = os.open(self._log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            self._wlog = (fd, os.fstat(fd).st_ino)
+        fd = self._wlog[0]
+        if os.write(fd, data) != len(data):  # a torn entry: readers skip it
+            raise OSError("short append to the index log")
+        if self.fsync:
+            os.fsync(fd)
+
+    def put(self, keys: list[str], pages: PageBatch, fmt: PageFormat) -> int:
+        """Append ``pages`` under ``keys`` and publish them; the bytes written (``OSError``
+        when the batch could not be written: none of it is published)."""
+        with self._wlock:
+            seg = self._writable()
+            bufs: list[Any] = []
+            entries: list[bytes] = []
+            start = off = flushed = seg.size
+            step = max(1, _RUN_BYTES // max(1, fmt.nbytes))
+            try:
+                for c in range(0, len(keys), step):  # chunks: summed, then written, in cache
+                    chunk = pages[c : c + step]
+                    sums = sum64_many(chunk) if self.verify else [0] * len(chunk)
+                    for key, page, s in zip(keys[c : c + step], chunk, sums):
+                        kb = key.encode()
+                        head = _REC.pack(_REC_MAGIC, _REC_VERSION, len(kb), fmt.format_id,
+                                         fmt.nbytes, s) + kb
+                        bufs.append(head)
+                        bufs += [view(ptr, n) for ptr, n in page]
+                        rec = len(head) + fmt.nbytes
+                        entries.append(_entry(seg.name, off, rec, key))
+                        off += rec
+                    _pwritev_all(seg.fd, bufs, flushed)
+                    bufs, flushed = [], off
+                if self.fsync:
+                    os.fdatasync(seg.fd)
+            finally:
+                seg.size = off  # a failed batch leaves unindexed bytes: never reused
+            self._append_log(b"".join(entries))
+            return off - start
+
+    # ------------------------------------------------------------------- index
+    def _reset(self) -> None:
+        if self._log is not None:
+            os.close(self._log[0])
+            self._log = None
+        for fd, _ in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+        self._map.clear()
+        self._dead.clear()
+        self._touched.clear()
+        self._log_pos = 0
+
+    def _parse(self, data: bytes) -> int:
+        """Add the entries of ``data`` (the log from ``_log_pos``); the bytes consumed."""
+        pos, n, head = 0, len(data), _ENT.size
+        m = self._map
+        while pos + head <= n:
+            magic, blen, crc = _ENT.unpack_from(data, pos)
+            end = pos + head + blen
+            if magic == _ENT_MAGIC and end <= n:
+                body = data[pos + head : end]
+                if zlib.crc32(body) == crc:
+                    off, rec, slen = _BODY.unpack_from(body)
+                    seg = body[_BODY.size : _BODY.size + slen].decode()
+                    key = body[_BODY.size + slen :].decode()
+                    if key:
+                        m[key] = Location(seg, off, rec)
+                    else:  # a tombstone: the segment was deleted
+                        self._drop(seg)
+                    pos = end
+                    continue
+            elif magic == _ENT_MAGIC:
+                break  # runs past the end: still being appended
+            nxt = data.find(_ENT_MAGIC, pos + 1)
+            if nxt < 0:
+                break  # nothing valid after it yet: wait
+            pos = nxt  # a torn entry followed by others: skip it
+        return pos
+
+    def refresh(self) -> None:
+        """Catch up with the log (one ``stat``; a ``pread`` when it grew)."""
+        try:
+            st = os.stat(self._log_path)
+        except FileNotFoundError:
+            if self._log is not None or self._map:
+                self._reset()
+            return
+        if self._log is None or self._log[1] != st.st_ino or st.st_size < self._log_pos:
+            self._reset()
+            try:
+                fd = os.open(self._log_path, os.O_RDONLY)
+            except FileNotFoundError:
+                return
+            self._log = (fd, os.fstat(fd).st_ino)
+        if st.st_size > self._log_pos:
+            data = os.pread(self._log[0], st.st_size - self._log_pos, self._log_pos)
+            self._log_pos += self._parse(data)
+
+    def _live(self, names: set[str]) -> set[str]:
+        """The segments of ``names`` not known dead, with a read ``fd`` open on each (opened on
+        first use: a segment missing then is dead). Deletions by other instances arrive as
+        tombstones in the log, so a cached segment costs no system call."""
+        live: set[str] = set()
+        for name in names:
+            if name in self._dead:
+                continue
+            if name not in self._fds:
+                if len(self._fds) >= _FD_CACHE:
+                    old = next(iter(self._fds))
+                    os.close(self._fds.pop(old)[0])
+                try:
+                    fd = os.open(self.root + name, os.O_RDONLY)
+                except FileNotFoundError:
+                    self._drop(name)
+                    continue
+                self._fds[name] = (fd, 0)
+            live.add(name)
+        return live
+
+    def _drop(self, name: str) -> None:
+        self._dead.add(name)
+        cached = self._fds.pop(name, None)
+        if cached is not None:
+            os.close(cached[0])
+
+    def locations(self, keys: list[str]) -> list[Location | None]:
+        """The record of each key in a live segment (``None``: absent)."""
+        with self._rlock:
+            self.refresh()
+            locs = [self._map.get(k) for k in keys]
+            live = self._live({loc.segment for loc in locs if loc is not None})
+        return [loc if loc is not None and loc.segment in live else None for loc in locs]
+
+    @staticmethod
+    def record_head_bytes(key: str) -> int:
+        """Bytes of a record before its payload."""
+        return _REC.size + len(key.encode())
+
+    def exists(self, keys: list[str]) -> list[bool]:
+        return [loc is not None for loc in self.locations(keys)]
+
+    def exists_prefix(self, keys: list[str]) -> int:
+        with self._rlock:
+            self.refresh()
+            n = 0
+            for k in keys:
+                loc = self._map.get(k)
+                if loc is None or not self._live({loc.segment}):
+                    break
+                n += 1
+        return n
+
+    # ------------------------------------------------------------------- reads
+    def get(self, keys: list[str], pages: PageBatch, fmt: PageFormat) -> list[bool]:
+        """Read and verify each page; ``False``: absent or rejected (counted)."""
+        with self._rlock:  # held through the reads: no fd is closed under them
+            self.refresh()
+            locs = [self._map.get(k) for k in keys]
+            live = self._live({loc.segment for loc in locs if loc is not None})
+            out = [False] * len(keys)
+            i, n = 0, len(keys)
+            while i < n:  # runs of adjacent records of one segment: one preadv each
+                loc = locs[i]
+                if loc is None or loc.segment not in live:
+                    i += 1
+                    continue
+                j, end = i, loc.offset
+                bufs: list[Any] = []
+                heads: list[bytearray] = []
+                while j < n:
+                    nxt = locs[j]
+                    if (nxt is None or nxt.segment != loc.segment or nxt.offset != end
+                            or len(bufs) + 1 + len(pages[j]) > _IOV_MAX
+                            or end - loc.offset >= _RUN_BYTES):
+                        break
+                    head = bytearray(_REC.size + len(keys[j].encode()))
+                    heads.append(head)
+                    bufs.append(head)
+                    bufs += [view(ptr, nb) for ptr, nb in pages[j]]
+                    end += nxt.nbytes
+                    j += 1
+                fd = self._fds[loc.segment][0]
+                try:
+                    got = os.preadv(fd, bufs, loc.offset)
+                except OSError:
+                    self._count(errors=1)
+                    got = -1
+                sums: list[int | None] = [None] * (j - i)
+                if got == end - loc.offset and self.verify:
+                    sums = list(sum64_many(pages[i:j]))
+                for k in range(i, j):
+                    rec = locs[k]
+                    assert rec is not None  # in the run: found above
+                    if got == end - loc.offset:
+                        out[k] = self._verify(keys[k], heads[k - i], rec, pages[k], fmt,
+                                              got=sums[k - i])
+                    elif got >= 0:  # short: the file was cut; page by page
+                        out[k] = self._read_one(fd, keys[k], rec, pages[k], fmt)
+                i = j
+            if self.touch_on_hit:
+                self._touch({loc.segment for loc, ok in zip(locs, out) if ok and loc})
+        return out
+
+    def _read_one(self, fd: int, key: str, loc: Location, page: Any, fmt: PageFormat) -> bool:
+        head = bytearray(_REC.size + len(key.encode()))
+        bufs: list[Any] = [head, *(view(ptr, nb) for ptr, nb in page)]
+        try:
+            got = os.preadv(fd, bufs, loc.offset)
+        except OSError:
+            self._count(errors=1)
+            return False
+        if got != loc.nbytes:
+            self._count(rejected=1)
+            return False
+        return self._verify(key, head, loc, page, fmt)
+
+    def _verify(self, key: str, head: bytearray, loc: Location, page: Any,
+                fmt: PageFormat, *, got: int | None = None) -> bool:
+        """Check a record read into ``head`` and ``page`` (``got``: the page's ``sum64``
+        when the caller computed it)."""
+        magic, version, klen, fid, nbytes, s = _REC.unpack_from(head)
+        ok = (magic == _REC_MAGIC and version == _REC_VERSION and klen == len(head) - _REC.size
+              and head[_REC.size :] == key.encode() and fid == fmt.format_id
+              and nbytes == fmt.nbytes and loc.nbytes == len(head) + nbytes)
+        if ok and self.verify and s != (sum64(page) if got is None else got):
+            ok = False
+        if not ok:
+            self._count(rejected=1)
+        return ok
+
+    def _touch(self, names: set[str]) -> None:
+        now = time.monotonic()
+        for name in names:
+            if now - self._touched.get(name, -_TOUCH_S) >= _TOUCH_S:
+                self._touched[name] = now
+                with contextlib.suppress(OSError):
+                    os.utime(self._fds[name][0])
+
+    # ----------------------------------------------------------- space, clear
+    def scan(self) -> list[tuple[float, str, int]]:
+        """(mtime, name, bytes) of every segment file in the directory."""
+        found: list[tuple[float, str, int]] = []
+        with os.scandir(self.root) as it:
+            for entry in it:
+                name = entry.name
+                if not (name.startswith(SEGMENT_PREFIX) and name.endswith(SEGMENT_SUFFIX)):
+                    continue
+                with contextlib.suppress(FileNotFoundError):
+                    st = entry.stat()
+                    found.append((st.st_mtime, name, st.st_size))
+        return found
+
+    def evict(self, capacity: int) -> tuple[int, int]:
+        """Delete least recently used segments until they hold at most 90% of ``capacity``;
+        (pages evicted, bytes left)."""
+        found = sorted(self.scan())
+        total = sum(n for _, _, n in found)
+        target = int(capacity * _LOW_WATER)
+        gone: list[str] = []
+        for _, name, n in found:
+            if total <= target:
+                break
+            gone.append(name)
+            total -= n
+        if gone:  # tombstones first: every reader learns of the deletions from the log
+            with self._wlock, contextlib.suppress(OSError):
+                self._append_log(b"".join(_entry(name, 0, 0, "") for name in gone))
+        for name in gone:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.root + name)
+        with self._rlock:
+            self.refresh()
+            dropped = set(gone)
+            pages = sum(1 for loc in self._map.values() if loc.segment in dropped)
+            for name in gone:
+                self._drop(name)
+            dead = sum(1 for loc in self._map.values() if loc.segment in self._dead)
+            if gone and 2 * dead > len(self._map):
+                self._compact()
+        return pages, total
+
+    def _compact(self) -> None:
+        """Rewrite the log with the entries of live segments (caller holds ``_rlock``). Entries
+        another process appends meanwhile are lost: those pages become misses."""
+        keep = [(k, loc) for k, loc in self._map.items() if loc.segment not in self._dead]
+        parts = [_entry(loc.segment, loc.offset, loc.nbytes, key) for key, loc in keep]
+        tmp = f"{self.root}.tmp-{uuid.uuid4().hex}"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(b"".join(parts))
+            os.replace(tmp, self._log_path)
+        except OSError:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            return
+        self._reset()
+
+    def clear(self) -> None:
+        """Remove every segment and the log (of every process: the directory is shared)."""
+        with self._wlock, self._rlock:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._log_path)
+            for _, name, _ in self.scan():
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.root + name)
+            if self._seg is not None:
+                os.close(self._seg.fd)
+                self._seg = None
+            self._reset()
+
+    def close(self) -> None:
+        with self._wlock, self._rlock:
+            if self._seg is not None:
+                os.close(self._seg.fd)
+                self._seg = None
+            if self._wlog is not None:
+                os.close(self._wlog[0])
+                self._wlog = None
+            self._reset()
