@@ -56,9 +56,9 @@ def _fp8_match(ours: torch.Tensor, theirs: torch.Tensor, exact: torch.Tensor) ->
 def main() -> None:
     assert os.environ.get("TRITON_INTERPRET") == "1", "run by the parent test only"
     kv_store, store, cleanup = load(
-        "sglang.kernels.ops.kvcache.deepseek_v4_main_kv_store",
+        "sglang.kernels.ops.kvcache.dsv4_main_kv_store",
         "sglang.kernels.ops.kvcache.triton_store_cache",
-        "sglang.kernels.ops.kvcache.deepseek_v4_c128_cleanup",
+        "sglang.kernels.ops.kvcache.dsv4_c128_cleanup",
     )
     g = torch.Generator().manual_seed(24)
     out: dict[str, dict[str, int]] = {}
