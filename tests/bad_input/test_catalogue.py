@@ -372,6 +372,21 @@ def _v4_index_gather() -> Call:
     )  # fmt: skip
 
 
+def _v4_swa_norm_rope() -> Call:
+    pool = OWNERS[V4]()
+    return Call(
+        pool.set_swa_key_buffer_radix_fused_norm_rope,
+        {"layer_id": 0, "swa_loc": _i(4, -1), "kv": torch.ones(2, 512),
+         "kv_weight": torch.ones(512), "eps": 1e-6,
+         "freqs_cis": torch.ones(8, 32, dtype=torch.complex64), "positions": _i(0, 7),
+         "q": torch.ones(2, 1, 512)},
+        # swa_loc < 0 is a skipped row (SGLang's kernel), so "idx" (no negative variant)
+        {"layer_id": "layer", "swa_loc": "idx", "kv": "data", "freqs_cis": "data",
+         "positions": "pair_idx", "q": "data"},
+        owner=pool,
+    )  # fmt: skip
+
+
 def _v4_extra_fused() -> Call:
     pool = OWNERS[V4]()
     return Call(
@@ -478,6 +493,7 @@ BUILDERS: dict[str, Callable[[], Call]] = {
     f"{V4}.set_index_k_fused": _v4_index_fused,
     f"{V4}.get_index_k_scale_buffer": _v4_index_gather,
     f"{V4}.set_extra_key_buffer_fused": _v4_extra_fused,
+    f"{V4}.set_swa_key_buffer_radix_fused_norm_rope": _v4_swa_norm_rope,
     "mem_cache_pool.req_to_token:ReqToTokenPool.free": _req_free,
     "mem_cache_pool_host.mha:MHATokenToKVPoolHost.load_to_device_per_layer": _host_load,
     "mem_cache_pool_host.mha:MHATokenToKVPoolHost.backup_from_device_all_layer": _host_backup,

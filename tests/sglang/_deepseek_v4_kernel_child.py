@@ -16,6 +16,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -53,12 +54,85 @@ def _fp8_match(ours: torch.Tensor, theirs: torch.Tensor, exact: torch.Tensor) ->
     }
 
 
+def _norm_rope(
+    pool: DeepSeekV4TokenToKVPool, store: Any, rope_ops: Any, g: torch.Generator
+) -> dict[str, dict[str, int]]:
+    """set_swa_key_buffer_radix_fused_norm_rope against SGLang's pieces of its fused kernel.
+
+    ``fused_k_norm_rope_flashmla`` is a CUDA JIT kernel (no Triton, no CPU path), so SGLang's side
+    is its kernel's steps from SGLang's Triton code: the fp32 RMS-norm (written here, as the CUDA
+    kernel does it: ``x * rsqrt(sum(x * x) / 512 + eps) * w``, no bf16 rounding), SGLang's DSv4
+    RoPE kernel (``apply_rotary_emb_triton``, batched as DeepseekV4 sets it; the query rope of
+    the ROCm launch is documented bitwise equal to it) on the fp32 rope dims and on ``q``, then
+    SGLang's flashmla fused store of the fp32 rows at the slots ``>= 0`` (the CUDA kernel skips
+    ``swa_loc < 0``; the Triton store has no such check). The bf16 roundings of the rope dims
+    and of ``q`` are done by torch (round to nearest even, as the GPU kernels' casts), since the
+    interpreter's float -> bf16 store does not round so."""
+    n, layer = 6, 0
+    kv = (torch.randn(n, 512, generator=g) * 3).to(torch.bfloat16)
+    weight = (torch.rand(512, generator=g) + 0.5).to(torch.bfloat16)
+    angles = torch.rand(64, 32, generator=g) * 7
+    freqs = torch.polar(torch.ones_like(angles), angles)
+    positions = torch.randint(0, 64, (n,), generator=g)
+    loc = torch.tensor([7, -1, 30, 0, 13, 22], dtype=torch.int32)
+    q = (torch.randn(n, 4, 512, generator=g) * 2).to(torch.bfloat16)
+    q_theirs, q_before = q.clone(), q.clone()
+    pool.set_swa_key_buffer_radix_fused_norm_rope(
+        layer, loc, kv, weight, 1e-6, freqs, positions, q=q
+    )
+    rope_ops.set_batched_rope(True)
+    x = kv.float()
+    rows = x * torch.rsqrt((x * x).sum(-1, keepdim=True) / 512 + 1e-6) * weight.float()
+    keep = loc >= 0
+    rows, pos, slots = rows[keep].contiguous(), positions[keep], loc[keep]
+    tail = rows[:, 448:].contiguous()
+    rope_ops.apply_rotary_emb_triton(tail, freqs, positions=pos)
+    # bf16 casts by torch (round to nearest even, the GPU's cvt.rn), not by the interpreter
+    rows[:, 448:] = tail.to(torch.bfloat16).float()
+    theirs = torch.zeros_like(pool.get_swa_raw_buffer(layer))
+    store.triton_fused_store_cache(
+        rows, theirs, slots, page_size=pool.swa_page_size, type="flashmla"
+    )
+    q_tail = q_theirs[..., 448:].float()
+    rope_ops.apply_rotary_emb_triton(q_tail, freqs, positions=positions)
+    q_theirs[..., 448:] = q_tail.to(torch.bfloat16)
+    mine_buf = pool.get_swa_raw_buffer(layer)
+    a = read_records(mine_buf, slots, pool.swa_page_size)
+    b = read_records(theirs, slots, pool.swa_page_size)
+    tiles = rows[:, :448].view(-1, 7, 64)
+    exp = torch.ceil(torch.log2(tiles.abs().amax(-1).clamp_min(1e-8) / 448.0))
+    exact = (tiles * torch.exp2(-exp)[..., None]).reshape(-1, 448)
+    untouched = torch.ones(theirs.shape[0] * pool.swa_page_size, dtype=torch.bool)
+    untouched[slots.long()] = False
+    other = untouched.nonzero().flatten()
+    return {
+        "norm_rope.nope": _fp8_match(a[:, :448].view(FP8), b[:, :448].view(FP8), exact),
+        "norm_rope.rest": {
+            "compared": a[:, 448:].numel(),
+            "differ": int((a[:, 448:] != b[:, 448:]).sum()),
+        },
+        "norm_rope.other_slots": {
+            "compared": other.numel(),
+            "differ": int(
+                (read_records(mine_buf, other, pool.swa_page_size) != 0).sum()
+                + (read_records(theirs, other, pool.swa_page_size) != 0).sum()
+            ),
+        },
+        "norm_rope.q": {
+            "compared": q.numel(),
+            "differ": int((q.view(torch.int16) != q_theirs.view(torch.int16)).sum()),
+            "rotated": int((q.view(torch.int16) != q_before.view(torch.int16)).sum()),
+        },
+    }
+
+
 def main() -> None:
     assert os.environ.get("TRITON_INTERPRET") == "1", "run by the parent test only"
-    kv_store, store, cleanup = load(
+    kv_store, store, cleanup, rope_ops = load(
         "sglang.kernels.ops.kvcache.dsv4_main_kv_store",
         "sglang.kernels.ops.kvcache.triton_store_cache",
         "sglang.kernels.ops.kvcache.dsv4_c128_cleanup",
+        "sglang.kernels.ops.attention.dsv4.rope",
     )
     g = torch.Generator().manual_seed(24)
     out: dict[str, dict[str, int]] = {}
@@ -113,6 +187,8 @@ def main() -> None:
             + (read_records(theirs, other, pool.swa_page_size) != 0).sum()
         ),
     }
+
+    out.update(_norm_rope(pool, store, rope_ops, g))
 
     # set_index_k_fused: SGLang's indexer fused quantise + store (keys then fp32 scales)
     keys = (torch.randn(n, 128, generator=g) * 2).to(torch.bfloat16)

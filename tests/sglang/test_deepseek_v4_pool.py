@@ -12,6 +12,8 @@ fused flashmla and indexer stores) and ``clear_unaccepted_c128_draft_states`` ar
 they run in a child process under the Triton interpreter (``_deepseek_v4_kernel_child.py``) next
 to our members on the same inputs, bit-for-bit, except the interpreter's float -> fp8 cast,
 which is not the GPU's round-to-nearest-even (there ours must be the nearer value; see the child).
+``set_swa_key_buffer_radix_fused_norm_rope`` calls a CUDA-only kernel; it is compared with its
+steps composed from SGLang's Triton RoPE and fused store (the child says how).
 SGLang's c4 state rows hold an overlap window (twice our width), so only the c128 rings are
 compared by content. SGLang derives the c4 indexer size from ``c128_size * 32``, which is 0 in a
 model without ratio-128 layers; ours covers the logical c4 space (``size // 4``) in every model,
@@ -234,10 +236,14 @@ def test_sglang_triton_kernels_write_what_ours_writes() -> None:
         "set_index_k_fused.scales",
         "set_index_k_fused.other_keys",
         "clear_unaccepted_c128_draft_states",
+        "norm_rope.rest",
+        "norm_rope.other_slots",
+        "norm_rope.q",
     ]
     for name in exact:
         assert report[name]["compared"] > 0 and report[name]["differ"] == 0, (name, report[name])
-    for name in ("set_swa_key_buffer_radix_fused.nope", "set_index_k_fused.keys"):
+    assert report["norm_rope.q"]["rotated"] > 1000  # 6 tokens x 4 heads x 64 rope dims
+    for name in ("set_swa_key_buffer_radix_fused.nope", "set_index_k_fused.keys", "norm_rope.nope"):
         check = report[name]
         assert check["ours_farther"] == 0, (name, check)
         assert check["differ"] * 10 < check["compared"], (name, check)  # the cast's edge cases

@@ -355,7 +355,6 @@ def test_feature_off_members_answer_as_sglang_with_the_feature_off() -> None:
         lambda: pool.get_unified_kv_rope(2),
         lambda: pool.unified_region_buffers(4),
         lambda: pool.set_unified_key_buffer_radix_fused_norm_rope(2, t, t, t, 1e-6, t, t),
-        lambda: pool.set_swa_key_buffer_radix_fused_norm_rope(2, t, t, t, 1e-6, t, t),
         lambda: pool.set_index_k_fp4(2, t, t),
         lambda: pool.get_index_k_fp4_payload_buffer(2),
         lambda: pool.get_index_k_fp4_scale_buffer(2),

@@ -145,6 +145,8 @@ KINDS: dict[str, Variants] = {
     "nope dim": {**_ints(), "not 448": (lambda v: 512, V)},
     "rope dim": {**_ints(), "not 64": (lambda v: 32, V)},
     "compress ratio": {**_ints(), "not 4 or 128": (lambda v: 8, V)},
+    # SGLang's fused norm + RoPE store skips slots < 0 (no KV write target): not an error
+    "slots or negative": {k: f for k, f in _SLOTS.items() if k != "negative"},
     "row": {**_ints(), "not allocated": (lambda v: 99, V)},
     "row list": {
         "an int": (lambda v: v[0], T),
@@ -749,6 +751,29 @@ ROWS: dict[type, Row] = {
                 "translate_loc_from_full_to_compressed",
                 lambda p: {"full_loc": _i(3, 7), "compress_ratio": 4},
                 {"full_loc": "unbounded slots", "compress_ratio": "compress ratio"},
+            ),
+            Call(
+                "set_swa_key_buffer_radix_fused_norm_rope",
+                lambda p: {
+                    "layer_id": 0,
+                    "swa_loc": _i(4, -1),
+                    "kv": torch.ones(2, 512),
+                    "kv_weight": torch.ones(512),
+                    "eps": 1e-6,
+                    "freqs_cis": torch.ones(8, 32, dtype=torch.complex64),
+                    "positions": _i(0, 7),
+                    "q": torch.ones(2, 1, 512),
+                },
+                {
+                    "layer_id": "layer",
+                    "swa_loc": "slots or negative",
+                    "kv": "rows",
+                    "kv_weight": "rows",
+                    "eps": "scale",
+                    "freqs_cis": "rows",
+                    "positions": "pair",
+                    "q": "rows",
+                },
             ),
             Call("get_compress_ratio", lambda p: {"layer_id": 2}, {"layer_id": "layer"}),
             Call("get_compressed_key_buffer", lambda p: {"layer_id": 1}, {"layer_id": "layer"}),

@@ -26,6 +26,11 @@ from mem_cache_pool._deepseek_v4_layers import (
     CompressedPoolConfig,
     CompressStateLayer,
 )
+from mem_cache_pool._deepseek_v4_norm_rope import (
+    check_norm_rope_args,
+    norm_rope_rows,
+    rope_query_,
+)
 from mem_cache_pool._deepseek_v4_single import DeepSeekV4SingleKVPool
 from mem_cache_pool._deepseek_v4_state import CompressStatePool
 from mem_cache_pool.base import KVWriteLoc
@@ -279,12 +284,31 @@ class DeepSeekV4SGLangSurface(BaseSWAKVPool):
         positions: torch.Tensor,
         q: torch.Tensor | None = None,
     ) -> None:
-        """Not provided: SGLang's fused RMS-norm + RoPE + store kernel (``NotImplementedError``;
-        norm and rotate, then call :meth:`set_swa_key_buffer_radix_fused`)."""
-        raise NotImplementedError(
-            f"{type(self).__name__} does not support set_swa_key_buffer_radix_fused_norm_rope "
-            "(no fused norm + RoPE store): apply them and call set_swa_key_buffer_radix_fused"
+        """SGLang's fused K store (``fused_k_norm_rope_flashmla``, V4 layout), in torch.
+
+        ``kv`` float ``[n, 512]`` (bf16 / fp16 / fp32, read only), ``kv_weight`` float ``[512]``,
+        ``eps`` a number, ``freqs_cis`` complex64 ``[max_pos, 32]``, ``positions`` int32/int64
+        ``[n]`` (rows of ``freqs_cis``), ``swa_loc`` int32/int64 ``[n]`` window slots of
+        ``layer_id``. Each row is RMS-normed over its 512 dims with ``kv_weight`` and ``eps``, its
+        last 64 dims rotated as 32 interleaved (real, imag) pairs by ``freqs_cis[positions]``, all
+        in float32, then stored as :meth:`set_swa_key_buffer_radix_fused` stores float32 rows
+        (nope quantised to fp8 from the fp32 values, rope rounded to bf16). Rows with
+        ``swa_loc < 0`` are not stored (SGLang skips them). ``q`` (optional, float
+        ``[n, heads, 512]``): the last 64 dims of every head are rotated in place with the same
+        frequencies (not normed), rows with ``swa_loc < 0`` included; that is SGLang's ROCm
+        launch (its CUDA launch asserts ``q is None``). Exact order of the math:
+        ``mem_cache_pool._deepseek_v4_norm_rope``. Arguments are checked before anything is
+        written."""
+        index = self.layer_index(layer_id)
+        slots = checks.check_index("swa_loc", swa_loc, device=self.device)
+        kv_t, w, eps_f, freqs, pos, q_t = check_norm_rope_args(
+            slots.numel(), self.device, kv, kv_weight, eps, freqs_cis, positions, q
         )
+        keep = slots >= 0
+        rows = norm_rope_rows(kv_t[keep], w, eps_f, freqs, pos[keep])
+        self._swa._quantize_write(index, "swa_loc", slots[keep], rows)
+        if q_t is not None:
+            rope_query_(q_t, freqs, pos)
 
     def set_swa_valid_from(self, slots: torch.Tensor, valid_from: torch.Tensor) -> None:
         """SGLang's DSpark draft window mark: not provided (``swa_valid_from`` is None, where
