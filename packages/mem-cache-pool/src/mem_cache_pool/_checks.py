@@ -29,6 +29,7 @@ import torch
 from mem_cache_kernels import checks
 
 __all__ = [
+    "batch_page_tokens",
     "check_copy_layers",
     "check_copy_roles",
     "check_layer",
@@ -55,6 +56,53 @@ def check_slots(
     t = checks.check_index(name, loc, length=length, device=device)
     checks.check_index_values(name, t, limit=limit, full=full)
     return t
+
+
+def batch_page_tokens(
+    page_indices: object,
+    seq_len_tensor: object,
+    seq_len_sum: object,
+    max_seq_len: object,
+    *,
+    page_size: int,
+    device: torch.device,
+    limit: int,
+) -> torch.Tensor:
+    """The token slots (int64, 1-D, sequences concatenated in order) of a batch gather
+    (SGLang's ``GetKAndS``): sequence ``b``'s first ``seq_len_tensor[b]`` tokens, token ``t`` in
+    page ``page_indices[b, t // page_size]``. Checks every argument (``page_indices``
+    ``[B, max_pages]`` int32/int64, ``seq_len_tensor`` ``[B]``, ``seq_len_sum`` / ``max_seq_len``
+    their sum / max, no sequence longer than its row of pages, slots in ``[0, limit)``)."""
+    pages = checks.check_tensor("page_indices", page_indices)
+    if pages.dtype not in checks.INDEX_DTYPES:
+        raise TypeError(f"page_indices must be int32 or int64, got {pages.dtype}")
+    if pages.dim() != 2:
+        raise ValueError(f"page_indices must be 2-D [B, max_pages], got {tuple(pages.shape)}")
+    checks.check_on_device("page_indices", pages, device)
+    lens = checks.check_index("seq_len_tensor", seq_len_tensor, device=device)
+    total = checks.check_int("seq_len_sum", seq_len_sum, minimum=0)
+    longest = checks.check_int("max_seq_len", max_seq_len, minimum=0)
+    if lens.numel() != pages.shape[0]:
+        raise ValueError(
+            f"seq_len_tensor must hold one length per row of page_indices "
+            f"({pages.shape[0]}), got {lens.numel()}"
+        )
+    lens64 = lens.to(torch.int64)
+    if int(lens64.sum()) != total or (lens64.numel() and int(lens64.max()) > longest):
+        raise ValueError(
+            f"seq_len_sum / max_seq_len must be the sum / max of seq_len_tensor, got "
+            f"{total} / {longest} for {lens64.tolist()}"
+        )
+    if longest > pages.shape[1] * page_size:
+        raise ValueError(
+            f"max_seq_len must be <= page_indices.shape[1] * page_size = "
+            f"{pages.shape[1] * page_size}, got {longest}"
+        )
+    pos = torch.arange(longest, device=device)
+    keep = pos[None, :] < lens64[:, None]
+    page = pages.to(torch.int64).gather(1, (pos // page_size).expand(pages.shape[0], -1))
+    tokens = (page * page_size + pos % page_size)[keep]
+    return check_slots("page_indices (tokens)", tokens, device, limit, full=True)
 
 
 def layer_id_of(name: str, value: object) -> int:

@@ -8,7 +8,13 @@ import torch
 
 from mem_cache_kernels import checks
 from mem_cache_kernels.dispatch import pick
-from mem_cache_pool._checks import check_copy_layers, check_copy_roles, check_rows, check_slots
+from mem_cache_pool._checks import (
+    batch_page_tokens,
+    check_copy_layers,
+    check_copy_roles,
+    check_rows,
+    check_slots,
+)
 from mem_cache_pool._index_pages import IndexPageLayout
 from mem_cache_pool.base import CpuKVCopy
 from mem_cache_pool.mla import MLATokenToKVPool
@@ -215,36 +221,9 @@ class DSATokenToKVPool(MLATokenToKVPool):
         than its row holds.
         """
         index = self._wait_layer(layer_id)
-        pages = checks.check_tensor("page_indices", page_indices)
-        if pages.dtype not in checks.INDEX_DTYPES:
-            raise TypeError(f"page_indices must be int32 or int64, got {pages.dtype}")
-        if pages.dim() != 2:
-            raise ValueError(f"page_indices must be 2-D [B, max_pages], got {tuple(pages.shape)}")
-        checks.check_on_device("page_indices", pages, self.device)
-        lens = checks.check_index("seq_len_tensor", seq_len_tensor, device=self.device)
-        total = checks.check_int("seq_len_sum", seq_len_sum, minimum=0)
-        longest = checks.check_int("max_seq_len", max_seq_len, minimum=0)
-        if lens.numel() != pages.shape[0]:
-            raise ValueError(
-                f"seq_len_tensor must hold one length per row of page_indices "
-                f"({pages.shape[0]}), got {lens.numel()}"
-            )
-        lens64 = lens.to(torch.int64)
-        if int(lens64.sum()) != total or (lens64.numel() and int(lens64.max()) > longest):
-            raise ValueError(
-                f"seq_len_sum / max_seq_len must be the sum / max of seq_len_tensor, got "
-                f"{total} / {longest} for {lens64.tolist()}"
-            )
-        if longest > pages.shape[1] * self.page_size:
-            raise ValueError(
-                f"max_seq_len must be <= page_indices.shape[1] * page_size = "
-                f"{pages.shape[1] * self.page_size}, got {longest}"
-            )
-        pos = torch.arange(longest, device=self.device)
-        keep = pos[None, :] < lens64[:, None]
-        page = pages.to(torch.int64).gather(1, (pos // self.page_size).expand(pages.shape[0], -1))
-        tokens = (page * self.page_size + pos % self.page_size)[keep]
-        check_slots("page_indices (tokens)", tokens, self.device, self.index_num_rows, full=True)
+        tokens = batch_page_tokens(page_indices, seq_len_tensor, seq_len_sum, max_seq_len,
+                                   page_size=self.page_size, device=self.device,
+                                   limit=self.index_num_rows)
         return self._gather_index(index, tokens)
 
     # ---------------------------------------------------------------- SGLang kpool compress (off)
