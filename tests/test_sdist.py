@@ -89,7 +89,10 @@ def _build(package: Path, out: Path) -> Sdist:
         assert all(m.isfile() or m.isdir() for m in members), [
             m.name for m in members if not (m.isfile() or m.isdir())
         ]
-        tar.extractall(out, filter="data")
+        if hasattr(tarfile, "data_filter"):  # extraction filters: Python 3.10.12+ / 3.11.4+
+            tar.extractall(out, filter="data")
+        else:  # an older patch release: members were checked above (plain files and dirs)
+            tar.extractall(out)
     [top] = {m.name.split("/", 1)[0] for m in members}
     files = tuple(sorted(m.name.split("/", 1)[1] for m in members if m.isfile()))
     requirements = list(meta.get("dependencies", []))
