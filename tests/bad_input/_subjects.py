@@ -267,7 +267,7 @@ OWNERS: dict[str, Callable[[], Any]] = {
     "mem_cache_pool._hybrid_requests:HybridReqToTokenPool": _hybrid_rows,
     "mem_cache_pool._hybrid_linear_kv:HybridLinearKVPool": _hybrid_kv,
     "mem_cache_pool_host.mamba:MambaPoolHost": _mamba_host,
-    "mem_cache_pool.mamba:Mamba2StateShape": _mamba_shape,
+    "mem_cache_pool._mamba_params:Mamba2StateShape": _mamba_shape,
     "mem_cache_pool_host.mamba:MambaStateBufferInfo": _mamba_info,
     "mem_cache_pool.base:KVWriteLoc": _write_loc,
     "mem_cache_pool.deepseek_v4:DeepSeekV4TokenToKVPool": _v4_mapped,
