@@ -46,6 +46,7 @@ from mem_cache_pool._mamba_params import (
     Mamba2StateShape,
     _read_params,
 )
+from mem_cache_pool._mamba_speculative import build_intermediate_state
 
 __all__ = [
     "BaseLinearStateParams",
@@ -230,36 +231,18 @@ class MambaPool:
         )
         self.mamba_cache: MambaPool.State
         if draft is not None:
-            shape = cache_params.shape
-            if dedup_conv_window is None:  # SGLang's rule: CUDA, a linear draft chain, not KDA
-                dedup_conv_window = (
-                    self.device.type == "cuda"
-                    and not bool(getattr(cache_params, "is_kda", False))
-                    and (speculative_eagle_topk is None or speculative_eagle_topk <= 1)
-                )
-            dedup = checks.check_bool("dedup_conv_window", dedup_conv_window) and not bool(
-                getattr(shape, "disable_conv_window_dedup", False)
+            ssm, windows, self._intermediate_conv_window_phys = build_intermediate_state(
+                conv_shapes,
+                temporal_shape,
+                (conv_dtype, ssm_dtype),
+                (n_layers, spec, draft),
+                self.device,
+                cache_params,
+                dedup_conv_window,
+                speculative_eagle_topk,
             )
-            windows: list[torch.Tensor] = []
-            self._intermediate_conv_window_phys = []
-            for s in conv_shapes:
-                if dedup:
-                    phys, view = self._dedup_window(s, n_layers, spec, draft, conv_dtype, shape)
-                else:
-                    phys = view = torch.zeros(
-                        (n_layers, spec + 1, draft, *s), dtype=conv_dtype, device=self.device
-                    )
-                self._intermediate_conv_window_phys.append(phys)
-                windows.append(view)
             self.mamba_cache = self.SpeculativeState(
-                conv=conv,
-                temporal=temporal,
-                intermediate_ssm=torch.zeros(
-                    (n_layers, spec + 1, draft, *temporal_shape),
-                    dtype=ssm_dtype,
-                    device=self.device,
-                ),
-                intermediate_conv_window=windows,
+                conv=conv, temporal=temporal, intermediate_ssm=ssm, intermediate_conv_window=windows
             )
         else:
             self._intermediate_conv_window_phys = []
@@ -273,35 +256,6 @@ class MambaPool:
         shape = cache_params.shape
         self.conv_shard_groups = getattr(shape, "conv_shard_groups", None)
         self.conv_slice_axis = getattr(shape, "conv_slice_axis", 0)
-
-    def _dedup_window(  # noqa: PLR0917
-        self,
-        conv_shape: tuple[int, ...],
-        n_layers: int,
-        spec: int,
-        draft: int,
-        dtype: torch.dtype,
-        shape: Any,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """SGLang's deduplicated conv windows: consecutive draft tokens' ``K - 1`` windows
-        overlap by ``K - 2``, so one ``[dim, D + K - 2]`` buffer per (layer, slot) backs an
-        overlapping ``as_strided`` view of logical shape ``[L, spec + 1, D, *conv_shape]``."""
-        win = int(getattr(shape, "conv_kernel", 0)) - 1
-        if len(conv_shape) != 2 or win not in conv_shape:
-            raise ValueError(
-                f"conv shape {conv_shape} has no axis of length conv_kernel - 1 = {win}; cannot "
-                "build the deduplicated conv window (pass dedup_conv_window=False)"
-            )
-        axis = 1 if conv_shape[1] == win else 0
-        physical = list(conv_shape)
-        physical[axis] = draft + win - 1
-        phys = torch.zeros((n_layers, spec + 1, *physical), dtype=dtype, device=self.device)
-        inner = phys.stride()[2:]
-        view = phys.as_strided(
-            (n_layers, spec + 1, draft, *conv_shape),
-            (phys.stride(0), phys.stride(1), inner[axis], *inner),
-        )
-        return phys, view
 
     # ------------------------------------------------------------------ side states
     def register_slot_state(self, state: SlotState) -> None:
