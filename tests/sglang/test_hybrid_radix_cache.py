@@ -142,7 +142,7 @@ def test_sglang_radix_cache_runs_the_same_on_our_pools(
         assert "sglang.srt.mem_cache.memory_pool.HybridReqToTokenPool" in rewritten
         got = _scenario(kit, cfg, seed=index)
     assert want[0][1] == "sglang.srt.mem_cache.memory_pool"
-    assert got[0][1:] == ("mem_cache_pool.hybrid", "mem_cache_pool.hybrid")
+    assert got[0][1:] == ("mem_cache_pool._hybrid_requests", "mem_cache_pool._hybrid_requests")
     _same(want, got)
     steps = [x for x in want if x[0] == "step"]
     assert any(x[4] for x in steps) and any(not x[4] for x in steps)  # both insert outcomes
