@@ -731,20 +731,7 @@ class PageAllocatorCore(SchedulerMembers):
                 self._debug.check_free_slots(idx, pages, aligned=False)
             self._check_count(pages.shape[0])
             return pages
-        cpu = idx.device.type == "cpu"
-        host = (
-            host_unique_pages([idx], self._page_shift, self.num_pages)
-            if cpu and _np is not None
-            else None
-        )
-        if host is not None:
-            uniq = host
-        else:
-            uniq = unique_sorted(idx >> self._page_shift if self.page_size > 1 else idx)
-            if cpu:
-                self._check_sorted_pages("free_index", uniq, idx)
-            if uniq.dtype is not torch.int64:
-                uniq = uniq.to(torch.int64)
+        uniq = self._unique_pages([idx])
         if self._debug is not None:
             self._debug.check_free_slots(idx, uniq, aligned=False, dedup=True)
         self._check_count(uniq.shape[0])
@@ -781,6 +768,24 @@ class PageAllocatorCore(SchedulerMembers):
     def _free_input(self, name: str, t: object) -> torch.Tensor | None:
         """``t`` as int64 on the allocator's device (``None`` when empty), validated."""
         return self._index_input(name, t, page_ids=False)
+
+    def _unique_pages(self, parts: list[torch.Tensor]) -> torch.Tensor:
+        """``unique(cat(parts) // page_size)`` of validated, non-empty slot tensors: int64,
+        ascending; range-checked on CPU (``ValueError`` naming ``free_index``). CPU: one numpy
+        pass (:func:`host_unique_pages`); else ``torch.unique`` (a device sync)."""
+        cpu = parts[0].device.type == "cpu"
+        host = (
+            host_unique_pages(parts, self._page_shift, self.num_pages)
+            if cpu and _np is not None  # one numpy pass: range check, sort, mask
+            else None
+        )
+        if host is not None:
+            return host
+        slots = torch.cat(parts) if len(parts) > 1 else parts[0]
+        uniq = unique_sorted(slots >> self._page_shift if self.page_size > 1 else slots)
+        if cpu:
+            self._check_sorted_pages("free_index", uniq, slots)
+        return uniq if uniq.dtype is torch.int64 else uniq.to(torch.int64)
 
     def _check_sorted_pages(self, name: str, pages: torch.Tensor, slots: torch.Tensor) -> None:
         """Range of ascending CPU page ids ``pages`` derived from ``slots`` (two reads)."""
@@ -896,22 +901,7 @@ class PageAllocatorCore(SchedulerMembers):
         out: list[torch.Tensor] = []
         unique_pages: torch.Tensor | None = None
         if slot_parts:
-            host = (
-                host_unique_pages(slot_parts, self._page_shift, self.num_pages)
-                if cpu and _np is not None  # one numpy pass: range check, sort, mask
-                else None
-            )
-            if host is not None:
-                unique_pages = host
-            else:
-                slots = torch.cat(slot_parts) if len(slot_parts) > 1 else slot_parts[0]
-                unique_pages = unique_sorted(
-                    slots >> self._page_shift if self.page_size > 1 else slots
-                )
-                if cpu:
-                    self._check_sorted_pages("free_index", unique_pages, slots)
-                if unique_pages.dtype is not torch.int64:
-                    unique_pages = unique_pages.to(torch.int64)
+            unique_pages = self._unique_pages(slot_parts)
             out.append(unique_pages)
         if page_parts:
             listed = torch.cat(page_parts) if len(page_parts) > 1 else page_parts[0]
