@@ -5,19 +5,21 @@ scheduler and caches call off the alloc/free hot path (private; a mixin of the c
   ``staged_pages``, ...) and ``resize``: host-side reads of the core's state.
 * Exact-page frees: ``free_page_ids`` and ``free_segment(s)`` (page ids by stride at
   caller-stated positions, no dedup, no device sync) and the deprecated ``free_unaligned``.
+* Free groups: ``free_group_end``'s flush (:meth:`SchedulerMembers._flush_free_group`), one
+  free of the union of the queued frees, as SGLang.
 
 Every member reads or changes the state that :class:`PageAllocatorCore` owns and documents
 (``_free``, ``_release``, ``_free_group``, ``_debug``); the checks and the release they share
-with ``free`` (``_index_input``, ``_check_count``, ``commit_free``) are the core's, declared
-below for the type checker only. Kept out of ``page_allocator`` so that the module an
-``alloc_extend`` / ``free`` runs through holds only what those calls run.
+with ``free`` (``_index_input``, ``_check_count``, ``commit_free``, ``_unique_pages``, ...) are
+the core's, declared below for the type checker only. Kept out of ``page_allocator`` so that
+the module an ``alloc_extend`` / ``free`` runs through holds only what those calls run.
 """
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -45,6 +47,8 @@ class SchedulerMembers(BaseTokenToKVPoolAllocator):
         _num_release: int
         _free_empty: torch.Tensor
         _debug: DebugTracker | None
+        _FREE_TO_FRONT: ClassVar[bool]
+        _SORT_FREES: ClassVar[bool]
 
         def commit_free(self, pages: torch.Tensor) -> None: ...
 
@@ -57,6 +61,10 @@ class SchedulerMembers(BaseTokenToKVPoolAllocator):
         def _check_cpu_range(self, name: str, t: torch.Tensor, *, page_ids: bool) -> None: ...
 
         def _check_count(self, n: int, queued: int = 0) -> None: ...
+
+        def _push(self, pages: torch.Tensor) -> None: ...
+
+        def _unique_pages(self, parts: list[torch.Tensor]) -> torch.Tensor: ...
 
     # ------------------------------------------------------------------ views and resize
     @property
@@ -235,3 +243,62 @@ class SchedulerMembers(BaseTokenToKVPoolAllocator):
         if first_boundary >= idx.shape[0]:
             return idx[:1] >> self._page_shift
         return torch.cat((idx[:1], idx[first_boundary::ps])) >> self._page_shift
+
+    # ------------------------------------------------------------------ free groups
+    def _flush_free_group(self, group: list[Any]) -> None:
+        """Apply the group's frees as SGLang does: one free of their union.
+
+        Paged: the pages of every ``free`` in the group, deduplicated and ascending, go first
+        (one ``torch.unique``: the group's one sync), then the pages of ``free_segment(s)`` /
+        ``free_page_ids`` calls that the ``free`` calls did not release already, in call order,
+        in front of them. Token allocator: every slot in call order, appended. On an error
+        (double free by the count, debug ownership) nothing is released and the group stays
+        open.
+        """
+        try:
+            pages = self._group_pages(group)
+        except BaseException:
+            self._free_group = group
+            raise
+        if pages is not None:
+            for part in pages:
+                self._push(part)
+
+    def _group_pages(self, group: list[Any]) -> list[torch.Tensor] | None:
+        cpu = self.device.type == "cpu"
+        if not self._SORT_FREES:
+            merged = torch.cat([t for t, _ in group]) if len(group) > 1 else group[0][0]
+            if merged.dtype is not torch.int64:  # int32 slots queued as given
+                merged = merged.to(torch.int64)
+            if cpu:
+                self._check_cpu_range("free_index", merged, page_ids=False)
+            if self._debug is not None:
+                self._debug.check_free_slots(merged, merged, aligned=False)
+            self._check_count(merged.shape[0])
+            if self._debug is not None:
+                self._debug.on_free_pages(merged)
+            if not (self.need_sort or self._FREE_TO_FRONT):
+                self._free.extend_back([t for t, _ in group])
+                return None
+            return [merged]
+        slot_parts = [t for t, kind in group if kind is _SLOTS]
+        page_parts = [t for t, kind in group if kind is _PAGES]
+        out: list[torch.Tensor] = []
+        unique_pages: torch.Tensor | None = None
+        if slot_parts:
+            unique_pages = self._unique_pages(slot_parts)
+            out.append(unique_pages)
+        if page_parts:
+            listed = torch.cat(page_parts) if len(page_parts) > 1 else page_parts[0]
+            if cpu:
+                self._check_cpu_range("free_segment / free_page_ids", listed, page_ids=True)
+            if unique_pages is not None:  # a page both kinds release goes once
+                listed = listed[~torch.isin(listed, unique_pages)]
+            out.append(listed)
+        merged = torch.cat(out) if len(out) > 1 else out[0]
+        if self._debug is not None:
+            self._debug.check_free_pages(merged)
+        self._check_count(merged.shape[0])
+        if self._debug is not None:
+            self._debug.on_free_pages(merged)
+        return out

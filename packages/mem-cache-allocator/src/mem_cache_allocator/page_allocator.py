@@ -66,7 +66,7 @@ except ImportError:  # pragma: no cover - numpy ships with every torch wheel we 
 from mem_cache_allocator import _debug
 from mem_cache_allocator._debug import DebugTracker
 from mem_cache_allocator._free_list import ChunkedFreeList, FreeListSnapshot
-from mem_cache_allocator._scheduler_members import _PAGES, _SLOTS, SchedulerMembers
+from mem_cache_allocator._scheduler_members import _SLOTS, SchedulerMembers
 from mem_cache_allocator.base import (
     check_cpu_lengths,
 )
@@ -859,64 +859,6 @@ class PageAllocatorCore(SchedulerMembers):
             self._free.push_front(pages)
         else:
             self._free.push_back(pages)
-
-    def _flush_free_group(self, group: list[Any]) -> None:
-        """Apply the group's frees as SGLang does: one free of their union.
-
-        Paged: the pages of every ``free`` in the group, deduplicated and ascending, go first
-        (one ``torch.unique``: the group's one sync), then the pages of ``free_segment(s)`` /
-        ``free_page_ids`` calls that the ``free`` calls did not release already, in call order,
-        in front of them. Token allocator: every slot in call order, appended. On an error
-        (double free by the count, debug ownership) nothing is released and the group stays
-        open.
-        """
-        try:
-            pages = self._group_pages(group)
-        except BaseException:
-            self._free_group = group
-            raise
-        if pages is not None:
-            for part in pages:
-                self._push(part)
-
-    def _group_pages(self, group: list[Any]) -> list[torch.Tensor] | None:
-        cpu = self.device.type == "cpu"
-        if not self._SORT_FREES:
-            merged = torch.cat([t for t, _ in group]) if len(group) > 1 else group[0][0]
-            if merged.dtype is not torch.int64:  # int32 slots queued as given
-                merged = merged.to(torch.int64)
-            if cpu:
-                self._check_cpu_range("free_index", merged, page_ids=False)
-            if self._debug is not None:
-                self._debug.check_free_slots(merged, merged, aligned=False)
-            self._check_count(merged.shape[0])
-            if self._debug is not None:
-                self._debug.on_free_pages(merged)
-            if not (self.need_sort or self._FREE_TO_FRONT):
-                self._free.extend_back([t for t, _ in group])
-                return None
-            return [merged]
-        slot_parts = [t for t, kind in group if kind is _SLOTS]
-        page_parts = [t for t, kind in group if kind is _PAGES]
-        out: list[torch.Tensor] = []
-        unique_pages: torch.Tensor | None = None
-        if slot_parts:
-            unique_pages = self._unique_pages(slot_parts)
-            out.append(unique_pages)
-        if page_parts:
-            listed = torch.cat(page_parts) if len(page_parts) > 1 else page_parts[0]
-            if cpu:
-                self._check_cpu_range("free_segment / free_page_ids", listed, page_ids=True)
-            if unique_pages is not None:  # a page both kinds release goes once
-                listed = listed[~torch.isin(listed, unique_pages)]
-            out.append(listed)
-        merged = torch.cat(out) if len(out) > 1 else out[0]
-        if self._debug is not None:
-            self._debug.check_free_pages(merged)
-        self._check_count(merged.shape[0])
-        if self._debug is not None:
-            self._debug.on_free_pages(merged)
-        return out
 
     # ------------------------------------------------------------------ debug helpers
     def _debug_commit(self, pages: torch.Tensor, slots: torch.Tensor) -> None:
