@@ -18,12 +18,17 @@ ps)``; page 0 is the padding page, never handed out; slots are int64 on the allo
 
 State (lengths on the host, never read from the device):
 
-* ``_free``: a :class:`ChunkedFreeList` of free page ids (slot ids for page size 1); every
-  allocation takes its prefix, in request order.
+* ``_free``: a ``ChunkedFreeList`` (:mod:`mem_cache_allocator._free_list`) of free page ids
+  (slot ids for page size 1); every allocation takes its prefix, in request order.
 * ``_release``: ``need_sort`` only, the staged frees, merged into ``_free`` and sorted when an
   allocation finds ``_free`` short (SGLang's trigger conditions: same calls, same slots).
 * ``_free_group``: the queued frees between ``free_group_begin`` and ``free_group_end``.
 * ``_debug``: debug mode's ownership bitmaps (:mod:`mem_cache_allocator._debug`), or ``None``.
+
+This module holds what an allocation or a ``free`` runs (the host checks, the core's alloc /
+free, the kernel calls) and the state backup; the members off that path (SGLang-name views,
+``resize``, ``free_page_ids`` / ``free_segment(s)``, the free-group flush) are the private mixin
+``_scheduler_members.SchedulerMembers``, the class's base.
 
 One way down. Every public method checks its arguments once, at its entry, on the host: structure
 and dtypes with :mod:`mem_cache_kernels.checks`, page counts with :mod:`mem_cache_kernels.pages`
@@ -84,8 +89,8 @@ from mem_cache_kernels.pages import decode_counts, decode_page_starts, extend_co
 if TYPE_CHECKING:
     from mem_cache_pool.base import KVCache
 
-# the public surface; the free list and the argument checks below are shared with the package's
-# other allocators (composites, Mamba) and documented here, not exported
+# the public surface; the argument checks below are shared with the package's other allocators
+# (composites) and documented here, not exported (the free list: _free_list)
 __all__ = ["PageAllocatorCore", "PageAllocatorState"]
 
 
