@@ -164,3 +164,24 @@ def test_members_inherited_from_private_bases_are_listed() -> None:
     members = _public_members(Allocator)
     assert set(members) == {"own", "shared"}
     assert members["shared"] == {"kind": "method", "signature": "(self, n: 'int') -> 'int'"}
+
+
+def test_private_members_a_public_base_inherits_stay_with_that_base() -> None:
+    """A subclass of a public class whose members come from a private mixin does not list them
+    again: they are in the public base's snapshot."""
+    import types
+
+    from mem_cache_refactor.api_snapshot import _public_members
+
+    private = types.ModuleType("demo._mixins")
+    exec("class Mixin:\n    def shared(self, n: int) -> int:\n        return n\n",
+         private.__dict__)
+    public = types.ModuleType("demo.core")
+    exec("class Core(Mixin):\n    def core(self) -> None: ...\n",
+         {**private.__dict__, "__name__": "demo.core"}, public.__dict__)
+
+    class Configured(public.Core):  # type: ignore[name-defined,misc]
+        def own(self) -> None: ...
+
+    assert set(_public_members(public.Core)) == {"core", "shared"}
+    assert set(_public_members(Configured)) == {"own"}

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from mem_cache_allocator.page_allocator import ChunkedFreeList, FreeListSnapshot
+from mem_cache_allocator._free_list import ChunkedFreeList, FreeListSnapshot
 from mem_cache_kernels.checks import (
     check_device_arg,
     check_index,

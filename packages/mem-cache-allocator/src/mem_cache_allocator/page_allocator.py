@@ -18,12 +18,17 @@ ps)``; page 0 is the padding page, never handed out; slots are int64 on the allo
 
 State (lengths on the host, never read from the device):
 
-* ``_free``: a :class:`ChunkedFreeList` of free page ids (slot ids for page size 1); every
-  allocation takes its prefix, in request order.
+* ``_free``: a ``ChunkedFreeList`` (:mod:`mem_cache_allocator._free_list`) of free page ids
+  (slot ids for page size 1); every allocation takes its prefix, in request order.
 * ``_release``: ``need_sort`` only, the staged frees, merged into ``_free`` and sorted when an
   allocation finds ``_free`` short (SGLang's trigger conditions: same calls, same slots).
 * ``_free_group``: the queued frees between ``free_group_begin`` and ``free_group_end``.
 * ``_debug``: debug mode's ownership bitmaps (:mod:`mem_cache_allocator._debug`), or ``None``.
+
+This module holds what an allocation or a ``free`` runs (the host checks, the core's alloc /
+free, the kernel calls) and the state backup; the members off that path (SGLang-name views,
+``resize``, ``free_page_ids`` / ``free_segment(s)``, the free-group flush) are the private mixin
+``_scheduler_members.SchedulerMembers``, the class's base.
 
 One way down. Every public method checks its arguments once, at its entry, on the host: structure
 and dtypes with :mod:`mem_cache_kernels.checks`, page counts with :mod:`mem_cache_kernels.pages`
@@ -52,9 +57,7 @@ memory outside debug mode.
 
 from __future__ import annotations
 
-import warnings
-from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -67,9 +70,9 @@ except ImportError:  # pragma: no cover - numpy ships with every torch wheel we 
 
 from mem_cache_allocator import _debug
 from mem_cache_allocator._debug import DebugTracker
-from mem_cache_allocator._scheduler_hooks import check_config
+from mem_cache_allocator._free_list import ChunkedFreeList, FreeListSnapshot
+from mem_cache_allocator._scheduler_members import _SLOTS, SchedulerMembers
 from mem_cache_allocator.base import (
-    BaseTokenToKVPoolAllocator,
     check_cpu_lengths,
 )
 from mem_cache_kernels.checks import (
@@ -81,221 +84,14 @@ from mem_cache_kernels.checks import (
     debug_enabled,
     describe,
 )
-from mem_cache_kernels.pages import decode_counts, decode_page_starts, extend_counts, trim_segments
+from mem_cache_kernels.pages import decode_counts, decode_page_starts, extend_counts
 
 if TYPE_CHECKING:
     from mem_cache_pool.base import KVCache
 
-# the public surface; the free list and the argument checks below are shared with the package's
-# other allocators (composites, Mamba) and documented here, not exported
+# the public surface; the argument checks below are shared with the package's other allocators
+# (composites) and documented here, not exported (the free list: _free_list)
 __all__ = ["PageAllocatorCore", "PageAllocatorState"]
-
-
-# ====================================================================== the free list
-FreeListSnapshot = tuple[tuple[torch.Tensor, ...], int, int]
-"""``(chunks front-to-back, ids already taken from the front chunk, total length)``: an
-immutable view of a :class:`ChunkedFreeList`."""
-
-_ARENA_MIN = 1 << 14  # ids per arena at least (an arena holds many pushes)
-MERGE_AHEAD = 1024  # ids a take that spans chunks may join beyond what it needs (8 KiB)
-
-
-class ChunkedFreeList:
-    """An ordered sequence of int64 page ids on ``device``, stored as a deque of 1-D chunks.
-
-    ``arena_size`` (optional): ids per ``push_back`` arena, typically the allocator's capacity
-    (frees between two arena switches then never exceed it).
-    """
-
-    __slots__ = (
-        "_arena",
-        "_arena_pos",
-        "_arena_size",
-        "_chunks",
-        "_device",
-        "_empty",
-        "_len",
-        "_off",
-        "_tail",
-    )
-
-    def __init__(
-        self, device: torch.device, initial: Iterable[torch.Tensor] = (), arena_size: int = 0
-    ) -> None:
-        self._device = device
-        self._empty = torch.empty(0, dtype=torch.int64, device=device)
-        self._chunks: deque[torch.Tensor] = deque()
-        self._off = 0  # ids of chunks[0] already taken
-        self._len = 0  # ids in the list (chunks minus the taken ones)
-        self._arena_size = max(arena_size, _ARENA_MIN)
-        self._arena: torch.Tensor | None = None
-        self._arena_pos = 0  # next arena index to write (only ever grows)
-        self._tail = -1  # arena start of chunks[-1] if it ends at _arena_pos, else -1
-        for chunk in initial:
-            self.push_back(chunk)
-
-    def __len__(self) -> int:
-        return self._len
-
-    @property
-    def num_chunks(self) -> int:
-        return len(self._chunks)
-
-    def push_front(self, chunk: torch.Tensor) -> None:
-        """Put ``chunk`` (1-D int64, owned by the list from now on) before every page id."""
-        n = chunk.shape[0]
-        if not n:
-            return
-        off = self._off
-        if off:  # the front chunk keeps only its untaken ids
-            self._chunks[0] = self._chunks[0][off:]
-            self._off = 0
-            if len(self._chunks) == 1 and self._tail >= 0:
-                self._tail += off  # it is also the back chunk (an arena view)
-        if not self._chunks:
-            self._tail = -1
-        self._chunks.appendleft(chunk)
-        self._len += n
-
-    def push_back(self, chunk: torch.Tensor) -> None:
-        """Put the ids of ``chunk`` (1-D int64) after every page id.
-
-        Into an empty list the chunk goes by reference (no copy; the list owns it from now on).
-        Otherwise its ids are copied into the arena and the back chunk widened when it ends there.
-        """
-        self.extend_back((chunk,))
-
-    def extend_back(self, parts: tuple[torch.Tensor, ...] | list[torch.Tensor]) -> None:
-        """Put the ids of ``parts`` (1-D int64 tensors, in this order) after every page id.
-
-        One write into the arena (a slice assignment for one part, ``torch.cat(out=)`` for
-        several) plus the widened back-chunk view; into an empty list the parts go by reference
-        (one part) or as one new tensor.
-        """
-        n = 0
-        for part in parts:
-            n += part.shape[0]
-        if not n:
-            return
-        chunks = self._chunks
-        if not chunks:
-            first = parts[0] if len(parts) == 1 else torch.cat(parts)
-            chunks.append(first if first.dtype is torch.int64 else first.to(torch.int64))
-            self._len = n
-            self._off = 0
-            self._tail = -1
-            return
-        arena = self._arena
-        pos = self._arena_pos
-        if arena is None or pos + n > arena.shape[0]:
-            arena = self._arena = torch.empty(
-                max(self._arena_size, n), dtype=torch.int64, device=self._device
-            )
-            pos = 0
-            self._tail = -1
-        end = pos + n
-        if len(parts) == 1:
-            arena[pos:end] = parts[0]
-        else:
-            torch.cat(parts, out=arena[pos:end])
-        start = self._tail
-        if start >= 0:  # the back chunk ends where this push starts: widen it
-            chunks[-1] = arena[start:end]
-        else:
-            chunks.append(arena[pos:end])
-            self._tail = pos
-        self._arena_pos = end
-        self._len += n
-
-    def head(self, n: int) -> torch.Tensor:
-        """The first ``n`` page ids as one contiguous tensor, without removing them.
-
-        Coalesces the chunks it touches into one front chunk (same logical content). Requires
-        ``0 <= n <= len(self)``; the caller checks (a ``RuntimeError`` here is an internal bug).
-        """
-        if n < 0 or n > self._len:
-            raise RuntimeError(f"free list head({n}) out of range (length {self._len})")
-        chunks = self._chunks
-        if n == 0:
-            return self._empty  # shared, immutable (no elements)
-        off = self._off
-        first = chunks[0]
-        if first.shape[0] - off >= n:
-            return first[off : off + n]
-        parts = [first[off:] if off else chunks[0]]
-        chunks.popleft()
-        got = parts[0].shape[0]
-        while got < n:
-            chunk = chunks.popleft()
-            parts.append(chunk)
-            got += chunk.shape[0]
-        # merge ahead: following small chunks (freed runs) join the same cat, so the next takes
-        # are slices instead of one more cat each
-        limit = max(n, MERGE_AHEAD)
-        while chunks and got + chunks[0].shape[0] <= limit:
-            chunk = chunks.popleft()
-            parts.append(chunk)
-            got += chunk.shape[0]
-        if not chunks:
-            self._tail = -1  # the back chunk was merged (a new tensor, not the arena)
-        merged = torch.cat(parts)
-        chunks.appendleft(merged)
-        self._off = 0
-        return merged[:n]
-
-    def drop(self, n: int) -> None:
-        """Remove the first ``n`` page ids (``0 <= n <= len(self)``)."""
-        if n < 0 or n > self._len:
-            raise RuntimeError(f"free list drop({n}) out of range (length {self._len})")
-        chunks = self._chunks
-        left = n + self._off
-        while left:
-            m = chunks[0].shape[0]
-            if m > left:
-                break
-            chunks.popleft()
-            left -= m
-        self._off = left
-        self._len -= n
-        if not chunks:
-            self._tail = -1
-
-    def take(self, n: int) -> torch.Tensor:
-        """Remove and return the first ``n`` page ids (a tensor the caller may keep)."""
-        chunks = self._chunks
-        if n > 0 and chunks:  # inside the front chunk (most takes): one slice, no coalescing
-            off = self._off
-            end = off + n
-            first = chunks[0]
-            if end < first.shape[0]:
-                self._off = end
-                self._len -= n
-                return first[off:end]
-        out = self.head(n)
-        self.drop(n)
-        return out
-
-    def to_tensor(self) -> torch.Tensor:
-        """All page ids front-to-back as one tensor (O(len)); the list keeps them."""
-        return self.head(self._len)
-
-    def clear(self) -> None:
-        self._chunks.clear()
-        self._len = 0
-        self._off = 0
-        self._arena = None  # never rewrite memory that old chunks or results may view
-        self._arena_pos = 0
-        self._tail = -1
-
-    def snapshot(self) -> FreeListSnapshot:
-        return tuple(self._chunks), self._off, self._len
-
-    def restore(self, snap: FreeListSnapshot) -> None:
-        chunks, off, length = snap
-        self._chunks = deque(chunks)
-        self._off = off
-        self._len = length
-        self._tail = -1  # the back chunk may no longer end at the arena position
 
 
 # ====================================================================== argument checks
@@ -593,11 +389,9 @@ def host_unique_pages(parts: list[torch.Tensor], shift: int, num_pages: int) -> 
 
 
 _INT64 = (torch.int64,)
-_SLOTS = "slots"  # free-group entry kinds: slot ids (``free``; page ids for paged) ...
-_PAGES = "pages"  # ... or exact page ids (``free_segment(s)`` / ``free_page_ids``)
 
 
-class PageAllocatorCore(BaseTokenToKVPoolAllocator):
+class PageAllocatorCore(SchedulerMembers):
     """Page-granular free-list allocator; see :class:`PagedTokenToKVPoolAllocator`."""
 
     _FREE_TO_FRONT: ClassVar[bool] = True
@@ -652,36 +446,6 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
         return len(self._free) + self._num_release
 
     @property
-    def free_pages(self) -> torch.Tensor:
-        """Read-only view under SGLang's name: the free list front-to-back (staged pages not
-        included; a tensor the allocator never writes, O(free pages) on first access)."""
-        return self._free.to_tensor()
-
-    @property
-    def release_pages(self) -> torch.Tensor:
-        """Read-only view under SGLang's name: the staged (``need_sort``) pages, a new tensor."""
-        if not self._release:
-            return self._free_empty
-        return torch.cat(self._release) if len(self._release) > 1 else self._release[0]
-
-    @property
-    def free_group(self) -> list[torch.Tensor] | None:
-        """Read-only view under SGLang's name: ``None`` outside a free group, else the queued
-        tensors (page ids for paged ``free``/``free_segment``, slots for the token allocator)."""
-        group = self._free_group
-        return None if group is None else [t for t, _ in group]
-
-    @property
-    def is_not_in_free_group(self) -> bool:
-        """SGLang 0.5.14's flag: ``True`` outside a free group."""
-        return self._free_group is None
-
-    @property
-    def debug_mode(self) -> bool:
-        """SGLang's name of :attr:`debug` (its ``SGLANG_DEBUG_MEMORY_POOL`` checks)."""
-        return self._debug is not None
-
-    @property
     def use_triton_kernels(self) -> bool:
         """Whether allocations run the Triton kernels (a GPU allocator under the ``auto`` or
         ``triton`` kernel backend); ``False`` for CPU allocators, which use the torch / host
@@ -689,45 +453,6 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
         if self.device.type != "cuda":
             return False
         return pick("alloc_extend", "auto", self._page_offsets) is not _torch_impl("alloc_extend")
-
-    @property
-    def staged_pages(self) -> list[torch.Tensor]:
-        """SGLang's ``need_sort`` staging list: the staged page-id tensors (a new list; the
-        tensors are the allocator's, treat them as read-only)."""
-        return list(self._release)
-
-    @property
-    def num_staged_pages(self) -> int:
-        """Pages in :attr:`staged_pages` (host-side)."""
-        return self._num_release
-
-    @property
-    def free_page_ids_group(self) -> list[torch.Tensor]:
-        """SGLang's queue of exact page-id frees (``free_segment(s)`` / ``free_page_ids``) in
-        the open free group; ``[]`` outside a group."""
-        group = self._free_group
-        return [] if group is None else [t for t, kind in group if kind is _PAGES]
-
-    def get_all_free_pages(self) -> torch.Tensor:
-        """Every free page id: the free list front-to-back, then the staged pages (a copy)."""
-        return self.free_pages_tensor()
-
-    def resize(self, config: Any) -> None:
-        """Resize to ``config.max_total_num_tokens`` tokens (``num_pages`` whole pages) and
-        :meth:`clear`: the free list, staging and debug bookkeeping are rebuilt for the new
-        capacity. The pool is the caller's to resize. Outstanding slots are forgotten."""
-        size = check_config(config, "max_total_num_tokens")["max_total_num_tokens"]
-        self.size = size
-        self.num_pages = size // self.page_size
-        self._free = ChunkedFreeList(self.device, arena_size=self.num_pages)
-        if self._debug is not None:
-            self._debug = DebugTracker(type(self).__name__, self.num_pages, self.page_size)
-        self.clear()
-
-    def free_pages_tensor(self) -> torch.Tensor:
-        """The free list front-to-back followed by staged pages (a copy; O(free pages))."""
-        parts = [self._free.to_tensor(), *self._release]
-        return torch.cat(parts) if len(parts) > 1 else parts[0].clone()
 
     # ------------------------------------------------------------------ state
     def clear(self) -> None:
@@ -1011,20 +736,7 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
                 self._debug.check_free_slots(idx, pages, aligned=False)
             self._check_count(pages.shape[0])
             return pages
-        cpu = idx.device.type == "cpu"
-        host = (
-            host_unique_pages([idx], self._page_shift, self.num_pages)
-            if cpu and _np is not None
-            else None
-        )
-        if host is not None:
-            uniq = host
-        else:
-            uniq = unique_sorted(idx >> self._page_shift if self.page_size > 1 else idx)
-            if cpu:
-                self._check_sorted_pages("free_index", uniq, idx)
-            if uniq.dtype is not torch.int64:
-                uniq = uniq.to(torch.int64)
+        uniq = self._unique_pages([idx])
         if self._debug is not None:
             self._debug.check_free_slots(idx, uniq, aligned=False, dedup=True)
         self._check_count(uniq.shape[0])
@@ -1045,113 +757,6 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
             raise TypeError(f"name must be a str (the argument name), got {type(name).__name__}")
         return self._free_input(name, t)
 
-    def free_unaligned(self, free_index: torch.Tensor) -> None:
-        """Deprecated alias of :meth:`free` (``free`` accepts unaligned slots since SGLang's
-        contract became ours); warns once per call and is removed after one release."""
-        warnings.warn(
-            "free_unaligned is deprecated: free accepts the same input (SGLang's contract); "
-            "call free",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        self.free(free_index)
-
-    def free_page_ids(self, page_ids: torch.Tensor) -> None:
-        """Release exactly ``page_ids`` (no dedup, kept in the given order); sync-free."""
-        pages = self._index_input("page_ids", page_ids, page_ids=True)
-        if pages is None:
-            return
-        pages = pages.clone() if pages is page_ids else pages
-        if self._free_group is not None:
-            self._free_group.append((pages, _PAGES))
-            return
-        if self._debug is not None:
-            self._debug.check_free_pages(pages)
-        self._check_count(pages.shape[0])
-        self.commit_free(pages)
-
-    def free_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
-        """Free one request's slots of positions ``[start_pos, start_pos + len(free_index))``.
-
-        Sync-free: the caller states the structure (``free_index[k]`` is the slot of position
-        ``start_pos + k`` of one request, so a page's slots sit together), and the page ids are
-        taken by stride on the host-known positions: the first slot, then the first slot of every
-        page boundary after ``start_pos``. Releases exactly ``unique(free_index // page_size)``
-        (a segment starting inside a page releases that page too), in position order.
-        """
-        check_int("start_pos", start_pos, minimum=0)
-        idx = self._index_input("free_index", free_index, page_ids=False, check_range=False)
-        if idx is None:
-            return
-        pages = self._segment_pages(idx, start_pos)
-        self._release_page_list([pages], free_index, [(idx, pages)])
-
-    def free_segments(self, segments: Iterable[tuple[torch.Tensor, int]]) -> None:
-        """Free ascending ``(free_index, start_pos)`` segments of one request's kv row.
-
-        A page shared by two consecutive segments (one ends inside it, the next starts in it) is
-        released once; every other page as :meth:`free_segment` would. Sync-free; one release
-        (one free-list insertion) for all segments, pages in position order.
-        """
-        parts: list[torch.Tensor] = []
-        checked: list[tuple[torch.Tensor, torch.Tensor]] = []
-        if self._debug is not None and isinstance(segments, list | tuple):
-            segments = list(segments)  # the debug check sees the untrimmed slots
-        for free_index, start_pos in trim_segments(segments, self.page_size):
-            idx = self._index_input("segments", free_index, page_ids=False, check_range=False)
-            if idx is None:
-                continue
-            pages = self._segment_pages(idx, start_pos)
-            parts.append(pages)
-            checked.append((idx, pages))
-        if parts:
-            whole: list[torch.Tensor] | None = None
-            if self._debug is not None and isinstance(segments, list):
-                whole = []
-                for seg in segments:
-                    i = self._free_input("segments", seg[0])
-                    if i is not None:
-                        whole.append(i)
-            self._release_page_list(parts, None, checked, whole)
-
-    def _release_page_list(
-        self,
-        parts: list[torch.Tensor],
-        caller: torch.Tensor | None,
-        checked: list[tuple[torch.Tensor, torch.Tensor]],
-        whole: list[torch.Tensor] | None = None,
-    ) -> None:
-        pages = torch.cat(parts) if len(parts) > 1 else parts[0]
-        if pages is caller:
-            pages = pages.clone()
-        if self._free_group is not None:
-            self._free_group.append((pages, _PAGES))
-            return
-        if pages.device.type == "cpu":
-            self._check_cpu_range("free_segment", pages, page_ids=True)
-        if self._debug is not None:
-            for idx, p in checked:
-                self._debug.check_derivation(idx, p)
-            slots = whole or [idx for idx, _ in checked]
-            self._debug.check_free_slots(
-                torch.cat(slots) if len(slots) > 1 else slots[0], pages, aligned=False
-            )
-        self._check_count(pages.shape[0])
-        self.commit_free(pages)
-
-    def _segment_pages(self, idx: torch.Tensor, start_pos: int) -> torch.Tensor:
-        """Page ids of the segment ``idx`` of positions from ``start_pos`` (position order)."""
-        ps = self.page_size
-        if ps == 1:
-            return idx.clone()  # the free list / the group owns what it keeps
-        head = start_pos & (ps - 1)
-        if head == 0:
-            return idx[::ps] >> self._page_shift
-        first_boundary = ps - head  # local index of the first slot of the next page
-        if first_boundary >= idx.shape[0]:
-            return idx[:1] >> self._page_shift
-        return torch.cat((idx[:1], idx[first_boundary::ps])) >> self._page_shift
-
     # ------------------------------------------------------------------ free helpers
     def _check_validated(self, name: str, t: object, *, any_index_dtype: bool = False) -> None:
         """Host-only type check of an already validated index tensor (int64, 1-D, this device:
@@ -1168,6 +773,24 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
     def _free_input(self, name: str, t: object) -> torch.Tensor | None:
         """``t`` as int64 on the allocator's device (``None`` when empty), validated."""
         return self._index_input(name, t, page_ids=False)
+
+    def _unique_pages(self, parts: list[torch.Tensor]) -> torch.Tensor:
+        """``unique(cat(parts) // page_size)`` of validated, non-empty slot tensors: int64,
+        ascending; range-checked on CPU (``ValueError`` naming ``free_index``). CPU: one numpy
+        pass (:func:`host_unique_pages`); else ``torch.unique`` (a device sync)."""
+        cpu = parts[0].device.type == "cpu"
+        host = (
+            host_unique_pages(parts, self._page_shift, self.num_pages)
+            if cpu and _np is not None  # one numpy pass: range check, sort, mask
+            else None
+        )
+        if host is not None:
+            return host
+        slots = torch.cat(parts) if len(parts) > 1 else parts[0]
+        uniq = unique_sorted(slots >> self._page_shift if self.page_size > 1 else slots)
+        if cpu:
+            self._check_sorted_pages("free_index", uniq, slots)
+        return uniq if uniq.dtype is torch.int64 else uniq.to(torch.int64)
 
     def _check_sorted_pages(self, name: str, pages: torch.Tensor, slots: torch.Tensor) -> None:
         """Range of ascending CPU page ids ``pages`` derived from ``slots`` (two reads)."""
@@ -1241,79 +864,6 @@ class PageAllocatorCore(BaseTokenToKVPoolAllocator):
             self._free.push_front(pages)
         else:
             self._free.push_back(pages)
-
-    def _flush_free_group(self, group: list[Any]) -> None:
-        """Apply the group's frees as SGLang does: one free of their union.
-
-        Paged: the pages of every ``free`` in the group, deduplicated and ascending, go first
-        (one ``torch.unique``: the group's one sync), then the pages of ``free_segment(s)`` /
-        ``free_page_ids`` calls that the ``free`` calls did not release already, in call order,
-        in front of them. Token allocator: every slot in call order, appended. On an error
-        (double free by the count, debug ownership) nothing is released and the group stays
-        open.
-        """
-        try:
-            pages = self._group_pages(group)
-        except BaseException:
-            self._free_group = group
-            raise
-        if pages is not None:
-            for part in pages:
-                self._push(part)
-
-    def _group_pages(self, group: list[Any]) -> list[torch.Tensor] | None:
-        cpu = self.device.type == "cpu"
-        if not self._SORT_FREES:
-            merged = torch.cat([t for t, _ in group]) if len(group) > 1 else group[0][0]
-            if merged.dtype is not torch.int64:  # int32 slots queued as given
-                merged = merged.to(torch.int64)
-            if cpu:
-                self._check_cpu_range("free_index", merged, page_ids=False)
-            if self._debug is not None:
-                self._debug.check_free_slots(merged, merged, aligned=False)
-            self._check_count(merged.shape[0])
-            if self._debug is not None:
-                self._debug.on_free_pages(merged)
-            if not (self.need_sort or self._FREE_TO_FRONT):
-                self._free.extend_back([t for t, _ in group])
-                return None
-            return [merged]
-        slot_parts = [t for t, kind in group if kind is _SLOTS]
-        page_parts = [t for t, kind in group if kind is _PAGES]
-        out: list[torch.Tensor] = []
-        unique_pages: torch.Tensor | None = None
-        if slot_parts:
-            host = (
-                host_unique_pages(slot_parts, self._page_shift, self.num_pages)
-                if cpu and _np is not None  # one numpy pass: range check, sort, mask
-                else None
-            )
-            if host is not None:
-                unique_pages = host
-            else:
-                slots = torch.cat(slot_parts) if len(slot_parts) > 1 else slot_parts[0]
-                unique_pages = unique_sorted(
-                    slots >> self._page_shift if self.page_size > 1 else slots
-                )
-                if cpu:
-                    self._check_sorted_pages("free_index", unique_pages, slots)
-                if unique_pages.dtype is not torch.int64:
-                    unique_pages = unique_pages.to(torch.int64)
-            out.append(unique_pages)
-        if page_parts:
-            listed = torch.cat(page_parts) if len(page_parts) > 1 else page_parts[0]
-            if cpu:
-                self._check_cpu_range("free_segment / free_page_ids", listed, page_ids=True)
-            if unique_pages is not None:  # a page both kinds release goes once
-                listed = listed[~torch.isin(listed, unique_pages)]
-            out.append(listed)
-        merged = torch.cat(out) if len(out) > 1 else out[0]
-        if self._debug is not None:
-            self._debug.check_free_pages(merged)
-        self._check_count(merged.shape[0])
-        if self._debug is not None:
-            self._debug.on_free_pages(merged)
-        return out
 
     # ------------------------------------------------------------------ debug helpers
     def _debug_commit(self, pages: torch.Tensor, slots: torch.Tensor) -> None:

@@ -158,9 +158,13 @@ def _is_private_class(klass: type) -> bool:
 
 def _public_members(cls: type) -> dict[str, Any]:
     """The class's own public members plus those it inherits from private bases (a method moved
-    into a private mixin stays in the public class's snapshot; public bases have their own)."""
+    into a private mixin stays in the public class's snapshot; public bases have their own, and
+    so do the private bases a public base inherits: listed once, with that base)."""
     members: dict[str, Any] = {}
-    owners = [cls, *(k for k in cls.__mro__[1:] if k is not object and _is_private_class(k))]
+    mro = [k for k in cls.__mro__[1:] if k is not object]
+    public = [k for k in mro if not _is_private_class(k)]
+    owners = [cls, *(k for k in mro if _is_private_class(k)
+                     and not any(issubclass(p, k) for p in public))]
     for owner in owners:
         annotations = inspect.get_annotations(owner)
         for name in sorted(set(owner.__dict__) | set(annotations)):
