@@ -158,8 +158,10 @@ class HostSlotAllocator:
         """:meth:`pages_of` as Python ints; ``trusted``: ``indices`` is known to be a 1-D int64
         CPU tensor of whole, distinct, in-range pages (no check, one ``tolist``)."""
         ps = self.page_size
-        if trusted:
-            return [s // ps for s in indices[::ps].tolist()]
+        if trusted:  # a short list: one tolist (a strided tensor slice costs more)
+            firsts = indices.tolist()[::ps] if indices.numel() <= _SMALL else (
+                indices[::ps].tolist())
+            return [s // ps for s in firsts]
         check_index("indices", indices)
         n = indices.numel()
         if 0 < n <= _SMALL and not n % ps and indices.device.type == "cpu":
