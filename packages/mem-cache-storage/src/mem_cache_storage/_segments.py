@@ -23,7 +23,8 @@ against the entry and the key, format, byte count and ``sum64`` of the payload: 
 or corrupted record is a miss, never wrong bytes.
 
 Readers keep a map (storage key -> segment, offset, bytes) and parse only the log's new bytes; a
-call costs one ``stat`` of the log (a ``pread`` when it grew) and one ``preadv`` / ``pwritev``
+call costs one ``fstat`` of the open log (a ``pread`` when it grew; a ``stat`` of its path when
+it was unlinked, its link count 0, and every 50 ms) and one ``preadv`` / ``pwritev``
 per run of adjacent records (at most 8 MiB or ``IOV_MAX`` buffers); segment files stay open
 (an ``open`` on first use). A log replaced or removed (``clear``, compaction) resets the map.
 

@@ -1,7 +1,8 @@
 """The file backend's page checksum: the 64-bit sum of a page's little-endian 8-byte words.
 
 CRC-32 (``zlib``) runs at about 1-4 GB/s and bounded the file backend's verified reads; this sum
-runs at memory speed (one vectorised ``torch`` reduction per range, 15-60 GB/s here). It is
+runs at memory speed (one vectorised reduction per range, numpy's when installed, else torch's;
+15-60 GB/s here). It is
 computed over the page's flat bytes, so it does not depend on how the page is split into ranges
 (a layout with ranges that are not whole words takes a slower, equal path). What it catches: any
 change inside one aligned 8-byte word (every flipped or altered byte, any burst of up to 8
