@@ -228,6 +228,39 @@ def test_page_buffer_meta_points_at_layout_native_page_bytes(
         host.get_page_buffer_meta([1, 2, 3, 4])
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("kind", ["mha", "mla"])
+def test_page_range_table_and_page_ids_give_the_buffer_meta(
+    make_pool, kind: str, layout: str
+) -> None:
+    """The trusted entry storage uses: the table + page ids, checked or trusted, are exactly
+    ``get_page_buffer_meta``'s lists; closed -> RuntimeError; an override -> None."""
+    host = make_host(make_pool, kind, layout, torch.float16)
+    indices = torch.cat([torch.arange(12, 16), torch.arange(4, 8)])
+    table = host.page_range_table()
+    assert table is not None
+    for trusted in (False, True):
+        pages = host.page_ids(indices, trusted=trusted)
+        assert pages == [3, 1]
+        ptrs = [base + p * stride for p in pages for base, stride, _ in table]
+        sizes = [n for _, _, n in table] * len(pages)
+        assert (ptrs, sizes) == host.get_page_buffer_meta(indices)
+    with pytest.raises(ValueError, match="indices"):
+        host.page_ids(torch.tensor([1, 2, 3, 4]))
+    with pytest.raises(ValueError, match="indices"):
+        host.page_ids(torch.cat([indices, indices]))
+
+    class Listed(type(host)):  # type: ignore[misc]
+        def get_page_buffer_meta(self, indices: Any) -> tuple[list[int], list[int]]:
+            return super().get_page_buffer_meta(indices)
+
+    host.__class__ = Listed
+    assert host.page_range_table() is None
+    host.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        host.page_range_table()
+
+
 def test_stride_alignment(make_pool: MakePool) -> None:
     # MHA row = 2 heads x 8 dims x 2 bytes = 32 B; 2 layers; page of 64 tokens = 4 KiB per role
     aligned = MHATokenToKVPoolHost(

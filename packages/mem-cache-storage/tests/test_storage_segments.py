@@ -20,7 +20,7 @@ import torch
 
 from mem_cache_storage import HiCacheFile, HiCacheStorageConfig, page_hashes
 from mem_cache_storage._segments import _BODY, _ENT, _ENT_MAGIC, INDEX_NAME
-from mem_cache_storage._sum64 import sum64, sum64_bytes, sum64_many
+from mem_cache_storage._sum64 import sum64, sum64_bytes, sum64_many, use_numpy
 
 from .conftest import PS, make_host, pages_of
 
@@ -267,6 +267,16 @@ def test_threads_share_one_instance(tmp_path: Path, host: Any) -> None:
     assert not errors
 
 
+@pytest.fixture(params=["numpy", "torch"])
+def reductions(request: pytest.FixtureRequest) -> Any:
+    """Both reduction paths of ``sum64`` (numpy's when installed, torch's always)."""
+    if request.param == "numpy":
+        pytest.importorskip("numpy", reason="sum64's numpy path needs numpy")
+    assert use_numpy(request.param == "numpy") == (request.param == "numpy")
+    yield request.param
+    use_numpy(True)
+
+
 def _page(data: bytearray, split: int | None = None) -> tuple[tuple[int, int], ...]:
     base = ctypes.addressof((ctypes.c_ubyte * len(data)).from_buffer(data))
     if split is None:
@@ -274,7 +284,7 @@ def _page(data: bytearray, split: int | None = None) -> tuple[tuple[int, int], .
     return ((base, split), (base + split, len(data) - split))
 
 
-def test_sum64_catches_every_changed_byte_and_ignores_the_split() -> None:
+def test_sum64_catches_every_changed_byte_and_ignores_the_split(reductions: str) -> None:
     gen = torch.Generator().manual_seed(3)
     data = bytearray(torch.randint(0, 256, (256,), dtype=torch.uint8, generator=gen).numpy())
     want = sum64(_page(data))
@@ -289,7 +299,29 @@ def test_sum64_catches_every_changed_byte_and_ignores_the_split() -> None:
     assert sum64(_page(bytearray(256))) != sum64(_page(bytearray(248)))  # zeros: length mixed
 
 
-def test_sum64_many_equals_page_by_page() -> None:
+def test_sum64_of_one_page_in_one_reduction_equals_its_flat_bytes(reductions: str) -> None:
+    """A page whose equal ranges lie at one stride (a host page's K and V, in any order, with
+    a gap between them) takes one strided reduction: the same sum as its flat bytes; every
+    changed byte of either range and a zeroed page change it; other strides fall back."""
+    gen = torch.Generator().manual_seed(7)
+    data = bytearray(torch.randint(0, 256, (4 * 64,), dtype=torch.uint8, generator=gen).numpy())
+    base = ctypes.addressof((ctypes.c_ubyte * len(data)).from_buffer(data))
+    k, v, w = (base, 64), (base + 96, 64), (base + 192, 64)  # stride 96: a 32-byte gap
+    flat = lambda *rs: b"".join(ctypes.string_at(p, n) for p, n in rs)  # noqa: E731
+    for page in ((k, v), (v, k), (k, v, w), (w, k, v), (k, w), ((base, 64), (base + 96, 32))):
+        assert sum64(page) == sum64_bytes(flat(*page)), page
+    want = sum64((v, k))
+    for i in list(range(0, 64)) + list(range(96, 160)):
+        for delta in (1, 0x80):
+            data[i] = (data[i] + delta) % 256
+            assert sum64((v, k)) != want, (i, delta)
+            data[i] = (data[i] - delta) % 256
+    assert sum64((v, k)) == want
+    ctypes.memset(base, 0, 160)
+    assert sum64((v, k)) != want and sum64((v, k)) == sum64_bytes(bytes(128))
+
+
+def test_sum64_many_equals_page_by_page(reductions: str) -> None:
     """The one-reduction path (pages at a fixed stride, two ranges each, as a page_first host
     pool hands them out) and its fallback (no common stride) give ``sum64`` of each page."""
     gen = torch.Generator().manual_seed(5)

@@ -949,26 +949,52 @@ class HostKVCache:
             for k, i in enumerate(indices):
                 check_int(f"indices[{k}]", i)
             idx = torch.tensor(list(indices), dtype=torch.int64)
-        ps, pages = self.page_size, self._slots.pages_of(idx).tolist()
-        ptrs: list[int] = []
-        sizes: list[int] = []
-        if self.layout == "layer_first":  # per page, per layer, per role (k0 v0 k1 v1 ...)
-            for page in pages:
-                for layer in range(self.buffers[0].shape[0]):
-                    for h in self.buffers:
-                        row_bytes = h.stride(1) * h.element_size()
-                        ptrs.append(h.data_ptr() + page * ps * row_bytes
-                                    + layer * h.stride(0) * h.element_size())
-                        sizes.append(ps * row_bytes)
-            return ptrs, sizes
-        rows = ps if self.layout == "page_first" else 1  # page-major: one range per role
-        roles = [(h.data_ptr(), h.stride(0) * h.element_size() * rows)
-                 for h in self.buffers]
-        for page in pages:
-            for base, page_bytes in roles:
-                ptrs.append(base + page * page_bytes)
-                sizes.append(page_bytes)
+        table = self._range_table()
+        pages = self._slots.pages_of(idx).tolist()
+        ptrs = [base + page * stride for page in pages for base, stride, _ in table]
+        sizes = [nbytes for _, _, nbytes in table] * len(pages)
         return ptrs, sizes
+
+    def _range_table(self) -> tuple[tuple[int, int, int], ...]:
+        """``(base, stride, nbytes)`` of every range of a page, in :meth:`get_page_buffer_meta`
+        order (computed once: the host buffers never move while the pool is open)."""
+        table: tuple[tuple[int, int, int], ...] | None = getattr(self, "_page_ranges", None)
+        if table is not None:
+            return table
+        ps, out = self.page_size, []
+        if self.layout == "layer_first":  # per layer, per role (k0 v0 k1 v1 ...)
+            for layer in range(self.buffers[0].shape[0]):
+                for h in self.buffers:
+                    span = ps * h.stride(1) * h.element_size()
+                    out.append((h.data_ptr() + layer * h.stride(0) * h.element_size(), span, span))
+        else:
+            rows = ps if self.layout == "page_first" else 1  # page-major: one range per role
+            for h in self.buffers:
+                span = h.stride(0) * h.element_size() * rows
+                out.append((h.data_ptr(), span, span))
+        table = tuple(out)
+        self._page_ranges = table
+        return table
+
+    def page_range_table(self) -> tuple[tuple[int, int, int], ...] | None:
+        """The trusted zero-copy geometry storage backends use instead of
+        :meth:`get_page_buffer_meta` on their hot path: ``(base, stride, nbytes)`` per range of
+        a page, in that method's order, so range ``r`` of page ``p`` is
+        ``(base_r + p * stride_r, nbytes_r)``. Nothing is checked here: pair it with
+        :meth:`page_ids` (which checks the slots unless told they are trusted) and use the
+        pointers under :meth:`io_guard`. ``RuntimeError`` once closed; ``None`` for a pool
+        whose subclass lists its pages its own way (its own ``get_page_buffer_meta``)."""
+        self._check_open()
+        if type(self).get_page_buffer_meta is not HostKVCache.get_page_buffer_meta:
+            return None
+        return self._range_table()
+
+    def page_ids(self, indices: torch.Tensor, *, trusted: bool = False) -> list[int]:
+        """The page ids of host slots ``indices`` (whole pages, as :meth:`alloc` returns them),
+        as ints. Checked as :meth:`get_page_buffer_meta` checks them (``TypeError`` /
+        ``ValueError``) unless ``trusted``: the caller already checked a 1-D int64 CPU tensor
+        of whole, distinct, in-range pages (a storage controller's I/O thread)."""
+        return self._slots.page_ids(indices, trusted=trusted)
 
     def get_page_buffer_element_size(self, split_factor: int = 1) -> int | None:
         """Bytes of one zero-copy range of :meth:`get_page_buffer_meta` (the first range of

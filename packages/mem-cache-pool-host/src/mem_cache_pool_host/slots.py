@@ -154,6 +154,23 @@ class HostSlotAllocator:
             raise ValueError("indices name the same page more than once")
         return pages
 
+    def page_ids(self, indices: torch.Tensor, *, trusted: bool = False) -> list[int]:
+        """:meth:`pages_of` as Python ints; ``trusted``: ``indices`` is known to be a 1-D int64
+        CPU tensor of whole, distinct, in-range pages (no check, one ``tolist``)."""
+        ps = self.page_size
+        if trusted:  # a short list: one tolist (a strided tensor slice costs more)
+            firsts = indices.tolist()[::ps] if indices.numel() <= _SMALL else (
+                indices[::ps].tolist())
+            return [s // ps for s in firsts]
+        check_index("indices", indices)
+        n = indices.numel()
+        if 0 < n <= _SMALL and not n % ps and indices.device.type == "cpu":
+            small = self._small_pages(indices.tolist())
+            if small is not None:
+                return small
+        out: list[int] = self.pages_of(indices).tolist()
+        return out
+
     def _small_pages(self, slots: list[int]) -> list[int] | None:
         """The page ids of ``slots`` (a few pages, as Python ints) when they are whole, distinct
         pages in range, else ``None``: a storage call of one page costs one ``tolist`` here

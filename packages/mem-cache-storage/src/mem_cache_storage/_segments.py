@@ -23,7 +23,8 @@ against the entry and the key, format, byte count and ``sum64`` of the payload: 
 or corrupted record is a miss, never wrong bytes.
 
 Readers keep a map (storage key -> segment, offset, bytes) and parse only the log's new bytes; a
-call costs one ``stat`` of the log (a ``pread`` when it grew) and one ``preadv`` / ``pwritev``
+call costs one ``fstat`` of the open log (a ``pread`` when it grew; a ``stat`` of its path when
+it was unlinked, its link count 0, and every 50 ms) and one ``preadv`` / ``pwritev``
 per run of adjacent records (at most 8 MiB or ``IOV_MAX`` buffers); segment files stay open
 (an ``open`` on first use). A log replaced or removed (``clear``, compaction) resets the map.
 
@@ -66,6 +67,9 @@ _IOV_MAX = max(16, min(1024, os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") 
 _TOUCH_S = 1.0
 _LOW_WATER = 0.9
 _FD_CACHE = 64
+#: the open index log is checked with ``fstat`` (link count, size); its path is looked up again
+#: at least this often (file systems that keep an unlinked open file linked, e.g. NFS)
+_RESTAT_S = 0.05
 #: a run read by one ``preadv`` (written by one ``pwritev``) stops past this many bytes, so its
 #: pages are still in the last-level cache when their checksums run (after a read, before a
 #: write): 1, 4, 8 MiB and unbounded measured, 8 MiB best or even here
@@ -137,10 +141,12 @@ class SegmentStore:
         self._wlock = threading.Lock()
         self._seg: _Segment | None = None
         self._wlog: tuple[int, int] | None = None  # (fd, inode) of the log, for appends
+        self._wstat_at = 0.0
         self._rlock = threading.Lock()
         self._map: dict[str, Location] = {}
         self._log: tuple[int, int] | None = None  # (fd, inode) of the log, for reading
         self._log_pos = 0
+        self._stat_at = 0.0  # when the log's path was last looked up
         self._fds: dict[str, tuple[int, int]] = {}  # segment -> (fd, inode), reads
         self._dead: set[str] = set()
         self._touched: dict[str, float] = {}
@@ -161,10 +167,16 @@ class SegmentStore:
         return self._seg
 
     def _append_log(self, data: bytes) -> None:
-        try:
-            ino = os.stat(self._log_path).st_ino
-        except FileNotFoundError:
-            ino = -1
+        now = time.monotonic()
+        if (self._wlog is not None and now - self._wstat_at < _RESTAT_S
+                and os.fstat(self._wlog[0]).st_nlink):
+            ino = self._wlog[1]  # still the published log
+        else:
+            self._wstat_at = now
+            try:
+                ino = os.stat(self._log_path).st_ino
+            except FileNotFoundError:
+                ino = -1
         if self._wlog is None or self._wlog[1] != ino:
             if self._wlog is not None:
                 os.close(self._wlog[0])
@@ -249,7 +261,20 @@ class SegmentStore:
         return pos
 
     def refresh(self) -> None:
-        """Catch up with the log (one ``stat``; a ``pread`` when it grew)."""
+        """Catch up with the log: one ``fstat`` of the open log (a ``pread`` when it grew); a
+        ``stat`` of its path when it has none open, when the open one was unlinked (``clear``,
+        compaction: its link count is 0) or shrank, and at least every ``_RESTAT_S``."""
+        log = self._log
+        if log is not None:
+            now = time.monotonic()
+            if now - self._stat_at < _RESTAT_S:
+                st = os.fstat(log[0])
+                if st.st_nlink and st.st_size >= self._log_pos:
+                    if st.st_size > self._log_pos:
+                        data = os.pread(log[0], st.st_size - self._log_pos, self._log_pos)
+                        self._log_pos += self._parse(data)
+                    return
+        self._stat_at = time.monotonic()
         try:
             st = os.stat(self._log_path)
         except FileNotFoundError:
@@ -326,6 +351,7 @@ class SegmentStore:
         """Read and verify each page; ``False``: absent or rejected (counted)."""
         with self._rlock:  # held through the reads: no fd is closed under them
             self.refresh()
+            plist = list(pages)
             locs = [self._map.get(k) for k in keys]
             live = self._live({loc.segment for loc in locs if loc is not None})
             out = [False] * len(keys)
@@ -341,13 +367,13 @@ class SegmentStore:
                 while j < n:
                     nxt = locs[j]
                     if (nxt is None or nxt.segment != loc.segment or nxt.offset != end
-                            or len(bufs) + 1 + len(pages[j]) > _IOV_MAX
+                            or len(bufs) + 1 + len(plist[j]) > _IOV_MAX
                             or end - loc.offset >= _RUN_BYTES):
                         break
                     head = bytearray(_REC.size + len(keys[j].encode()))
                     heads.append(head)
                     bufs.append(head)
-                    bufs += [view(ptr, nb) for ptr, nb in pages[j]]
+                    bufs += [view(ptr, nb) for ptr, nb in plist[j]]
                     end += nxt.nbytes
                     j += 1
                 fd = self._fds[loc.segment][0]
@@ -358,15 +384,15 @@ class SegmentStore:
                     got = -1
                 sums: list[int | None] = [None] * (j - i)
                 if got == end - loc.offset and self.verify:
-                    sums = list(sum64_many(pages[i:j]))
+                    sums = list(sum64_many(plist[i:j]))
                 for k in range(i, j):
                     rec = locs[k]
                     assert rec is not None  # in the run: found above
                     if got == end - loc.offset:
-                        out[k] = self._verify(keys[k], heads[k - i], rec, pages[k], fmt,
+                        out[k] = self._verify(keys[k], heads[k - i], rec, plist[k], fmt,
                                               got=sums[k - i])
                     elif got >= 0:  # short: the file was cut; page by page
-                        out[k] = self._read_one(fd, keys[k], rec, pages[k], fmt)
+                        out[k] = self._read_one(fd, keys[k], rec, plist[k], fmt)
                 i = j
             if self.touch_on_hit:
                 self._touch({loc.segment for loc, ok in zip(locs, out) if ok and loc})

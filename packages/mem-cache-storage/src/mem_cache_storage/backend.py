@@ -73,7 +73,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from functools import partial
+from functools import lru_cache, partial
 from typing import Any, TypeVar, overload
 
 import torch
@@ -174,15 +174,18 @@ class PageBatch(Sequence[PageRanges]):
     @overload
     def __getitem__(self, index: slice) -> list[PageRanges]: ...
     def __getitem__(self, index: int | slice) -> PageRanges | list[PageRanges]:
-        n = len(self)
+        per = self.per
+        n = len(self.ptrs) // per if per else 0
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(n))]
         if index < 0:
             index += n
         if not 0 <= index < n:
             raise IndexError(f"page {index} of a batch of {n}")
-        lo = index * self.per
-        return tuple(zip(self.ptrs[lo : lo + self.per], self.sizes[lo : lo + self.per]))
+        if per == 1:
+            return ((self.ptrs[index], self.sizes[index]),)
+        lo = index * per
+        return tuple(zip(self.ptrs[lo : lo + per], self.sizes[lo : lo + per]))
 
     def __iter__(self) -> Iterator[PageRanges]:
         per, ptrs, sizes = self.per, self.ptrs, self.sizes
@@ -232,6 +235,14 @@ def host_page_ranges(
     layout = str(getattr(pool, "layout", ""))
     if num_pages == 0:
         return PageBatch([], [], 0), PageFormat(f"native:{layout}", dtype, ())
+    table_of = getattr(pool, "page_range_table", None)
+    table = table_of() if callable(table_of) else None
+    if table is not None:  # ours: the pool's trusted geometry, its page ids checked once
+        pages = pool.page_ids(host_indices, trusted=trusted)
+        ptrs = [base + p * stride for p in pages for base, stride, _ in table]
+        first = [n for _, _, n in table]
+        return (PageBatch(ptrs, first * len(pages), len(table)),
+                _page_format(f"native:{layout}", dtype, tuple(first)))
     ptrs, sizes = pool.get_page_buffer_meta(host_indices.to("cpu", torch.int64))
     per = len(ptrs) // num_pages
     if len(ptrs) != len(sizes) or len(ptrs) % num_pages:
@@ -242,8 +253,14 @@ def host_page_ranges(
     first = list(sizes[:per])
     if list(sizes) != first * num_pages:
         raise RuntimeError("get_page_buffer_meta returned pages of different sizes")
-    fmt = PageFormat(f"native:{layout}", dtype, tuple(int(s) for s in first))
+    fmt = _page_format(f"native:{layout}", dtype, tuple(int(s) for s in first))
     return PageBatch(list(ptrs), list(sizes), per), fmt
+
+
+@lru_cache(maxsize=256)
+def _page_format(kind: str, dtype: str, sizes: tuple[int, ...]) -> PageFormat:
+    """One :class:`PageFormat` per distinct format (its id is a SHA-256: computed once)."""
+    return PageFormat(kind, dtype, sizes)
 
 
 # ----------------------------------------------------------------------- keys
