@@ -949,8 +949,8 @@ class HostKVCache:
             for k, i in enumerate(indices):
                 check_int(f"indices[{k}]", i)
             idx = torch.tensor(list(indices), dtype=torch.int64)
+        pages = self._slots.pages_of(idx).tolist()  # checked before the table is cached
         table = self._range_table()
-        pages = self._slots.pages_of(idx).tolist()
         ptrs = [base + page * stride for page in pages for base, stride, _ in table]
         sizes = [nbytes for _, _, nbytes in table] * len(pages)
         return ptrs, sizes
@@ -958,7 +958,7 @@ class HostKVCache:
     def _range_table(self) -> tuple[tuple[int, int, int], ...]:
         """``(base, stride, nbytes)`` of every range of a page, in :meth:`get_page_buffer_meta`
         order (computed once: the host buffers never move while the pool is open)."""
-        table: tuple[tuple[int, int, int], ...] | None = getattr(self, "_page_ranges", None)
+        table: tuple[tuple[int, int, int], ...] | None = getattr(self, "_range_table_cache", None)
         if table is not None:
             return table
         ps, out = self.page_size, []
@@ -973,7 +973,7 @@ class HostKVCache:
                 span = h.stride(0) * h.element_size() * rows
                 out.append((h.data_ptr(), span, span))
         table = tuple(out)
-        self._page_ranges = table
+        self._range_table_cache = table
         return table
 
     def page_range_table(self) -> tuple[tuple[int, int, int], ...] | None:
