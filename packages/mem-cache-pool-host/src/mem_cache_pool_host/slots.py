@@ -127,6 +127,29 @@ class HostSlotAllocator:
         1-D tensor with data of whole pages in range, each page's slots consecutive and
         ascending, no page twice.
         """
+        small = self._check_shape_and_small_pages(indices)
+        if small is not None:
+            return torch.tensor(small, dtype=torch.int64)
+        return self._tensor_pages(indices)
+
+    def page_ids(self, indices: torch.Tensor, *, trusted: bool = False) -> list[int]:
+        """:meth:`pages_of` as Python ints; ``trusted``: ``indices`` is known to be a 1-D int64
+        CPU tensor of whole, distinct, in-range pages (no check, one ``tolist``)."""
+        ps = self.page_size
+        if trusted:  # a short list: one tolist (a strided tensor slice costs more)
+            firsts = indices.tolist()[::ps] if indices.numel() <= _SMALL else (
+                indices[::ps].tolist())
+            return [s // ps for s in firsts]
+        small = self._check_shape_and_small_pages(indices)
+        if small is not None:
+            return small
+        out: list[int] = self._tensor_pages(indices).tolist()
+        return out
+
+    def _check_shape_and_small_pages(self, indices: torch.Tensor) -> list[int] | None:
+        """Check the kind, shape and length of ``indices``; for a few CPU slots that are whole,
+        distinct pages in range, also their page ids (else ``None``: the tensor checks of
+        :meth:`_tensor_pages` decide, and raise the precise error)."""
         check_index("indices", indices)
         ps = self.page_size
         if indices.numel() % ps:
@@ -134,10 +157,12 @@ class HostSlotAllocator:
                 f"indices length must be a multiple of page_size={ps}, got {indices.numel()}"
             )
         if 0 < indices.numel() <= _SMALL and indices.device.type == "cpu":
-            small = self._small_pages(indices.tolist())
-            if small is not None:
-                return torch.tensor(small, dtype=torch.int64)
-            # not whole valid pages: the tensor checks below raise the precise error
+            return self._small_pages(indices.tolist())
+        return None
+
+    def _tensor_pages(self, indices: torch.Tensor) -> torch.Tensor:
+        """The value checks of :meth:`pages_of` as tensor ops (kind and shape already checked)."""
+        ps = self.page_size
         idx = indices.to("cpu", torch.int64)
         if idx.numel() == 0:
             return idx
@@ -153,23 +178,6 @@ class HostSlotAllocator:
         if torch.unique(pages).numel() != pages.numel():
             raise ValueError("indices name the same page more than once")
         return pages
-
-    def page_ids(self, indices: torch.Tensor, *, trusted: bool = False) -> list[int]:
-        """:meth:`pages_of` as Python ints; ``trusted``: ``indices`` is known to be a 1-D int64
-        CPU tensor of whole, distinct, in-range pages (no check, one ``tolist``)."""
-        ps = self.page_size
-        if trusted:  # a short list: one tolist (a strided tensor slice costs more)
-            firsts = indices.tolist()[::ps] if indices.numel() <= _SMALL else (
-                indices[::ps].tolist())
-            return [s // ps for s in firsts]
-        check_index("indices", indices)
-        n = indices.numel()
-        if 0 < n <= _SMALL and not n % ps and indices.device.type == "cpu":
-            small = self._small_pages(indices.tolist())
-            if small is not None:
-                return small
-        out: list[int] = self.pages_of(indices).tolist()
-        return out
 
     def _small_pages(self, slots: list[int]) -> list[int] | None:
         """The page ids of ``slots`` (a few pages, as Python ints) when they are whole, distinct
