@@ -8,12 +8,8 @@ from pathlib import Path
 import pytest
 
 from mem_cache_refactor.modpath import SourceRoots, module_name_for_path, resolve_relative
-from mem_cache_refactor.move_check._defs import (
-    collect_definitions,
-    find_moves,
-    same_after_renames,
-    same_body,
-)
+from mem_cache_refactor.move_check._defs import collect_definitions
+from mem_cache_refactor.move_check._pairing import find_moves, same_after_renames, same_body
 from mem_cache_refactor.move_check._probe import probe_env, static_old_path
 from mem_cache_refactor.move_check._sites import find_import_sites
 

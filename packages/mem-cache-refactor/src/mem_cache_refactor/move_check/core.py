@@ -53,12 +53,7 @@ from mem_cache_refactor.move_check._defs import (
     Definition,
     changed_members,
     collect_definitions,
-    find_moves,
-    module_aliases,
     moved_lines,
-    same_after_renames,
-    same_after_resolving,
-    same_body,
     source_diff,
     unchanged_new_lines,
 )
@@ -71,6 +66,13 @@ from mem_cache_refactor.move_check._git import (
     git,
     rev_list,
     rev_parse,
+)
+from mem_cache_refactor.move_check._pairing import (
+    find_moves,
+    module_aliases,
+    same_after_renames,
+    same_after_resolving,
+    same_body,
 )
 from mem_cache_refactor.move_check._probe import (
     OldPath,
