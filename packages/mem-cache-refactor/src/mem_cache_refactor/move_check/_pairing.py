@@ -28,6 +28,11 @@ def _similarity(a: Definition, b: Definition) -> float:
 #: least source similarity (after the renames found so far) for a renamed move
 RENAME_MIN_SIMILARITY = 0.75
 
+#: least source similarity of two constants of one name, for them to be one constant (moved and
+#: edited): a constant is its value alone, so unrelated ones that share a name (a tuple of names
+#: in one module, a dotted path in another) are no move
+CONSTANT_MIN_SIMILARITY = 0.75
+
 
 def _renamed_source(d: Definition, renames: dict[str, str], own: str) -> str:
     """``d``'s source with its own name replaced by a placeholder and every identifier of
@@ -52,7 +57,8 @@ def _rename_moves(
     names (and the renames already found) are aligned. Exact matches pair first, round after
     round (each found rename can align the next ones, e.g. constants built from renamed
     constants), then, when ``similar``, the most similar ones above
-    :data:`RENAME_MIN_SIMILARITY`; the closer name breaks ties."""
+    :data:`RENAME_MIN_SIMILARITY` (constants excepted: a renamed constant pairs only when its
+    value is the same); the closer name breaks ties."""
     exact_only = True
     while True:
         renames = {o.short: n.short for o, n in pairs if o.short != n.short}
@@ -64,6 +70,8 @@ def _rename_moves(
             for j, new in enumerate(appeared):
                 if j in used_new or not compatible(old, new) or new.short == old.short:
                     continue
+                if not exact_only and old.kind == "constant":
+                    continue  # renamed and edited, a constant is another one (`_V = 1`, `_D = 512`)
                 b = _renamed_source(new, {}, "\0")
                 same = 1.0 if a == b else (0.0 if exact_only else difflib.SequenceMatcher(
                     None, a, b, autojunk=False).ratio())
@@ -198,7 +206,8 @@ def find_moves(
     then the rest by renamed moves (see :func:`_rename_moves`).
 
     ``before``/``after`` hold the definitions of the changed files at each ref. When a name left
-    or appeared in several modules, identical bodies pair first, then the most similar sources.
+    or appeared in several modules, identical bodies pair first, then the most similar sources
+    (two constants of one name only when :data:`CONSTANT_MIN_SIMILARITY` alike).
     A definition renamed in place (same module, new name) counts as a move too.
     """
     left = [
@@ -212,7 +221,9 @@ def find_moves(
         for j, new in enumerate(appeared):
             if old.name == new.name:
                 same = old.dump == new.dump
-                candidates.append((same, 1.0 if same else _similarity(old, new), i, j))
+                ratio = 1.0 if same else _similarity(old, new)
+                if same or old.kind != "constant" or ratio >= CONSTANT_MIN_SIMILARITY:
+                    candidates.append((same, ratio, i, j))
     candidates.sort(key=lambda c: (not c[0], -c[1], c[2], c[3]))
     used_old: set[int] = set()
     used_new: set[int] = set()
