@@ -11,10 +11,10 @@ from mem_cache_refactor._eager import (
     EagerChain,
     EagerIndex,
     Hop,
-    _drop_tails,
-    _path_to,
-    _reached_targets,
-    _shortest_tree,
+    drop_tails,
+    path_to,
+    reached_targets,
+    shortest_tree,
 )
 from mem_cache_refactor._locate import within
 
@@ -94,7 +94,7 @@ def classify_chains(
 
     def old_chains(source: str) -> dict[str, list[Hop]]:
         via = old_trees.get(source) or old_tree(source)
-        return {t: _path_to(via, t) for t in _reached_targets(via, source, forbidden)}
+        return {t: path_to(via, t) for t in reached_targets(via, source, forbidden)}
 
     def tails_from(start: str, blocked: set[str]) -> dict[str, list[Hop]]:
         """Shortest routes from ``start`` to each forbidden module, not through a module the
@@ -112,12 +112,12 @@ def classify_chains(
                 via[target] = hop
                 if not within(target, forbidden):
                     queue.append(target)
-        return {t: _path_to(via, t) for t in _reached_targets(via, start, forbidden)}
+        return {t: path_to(via, t) for t in reached_targets(via, start, forbidden)}
 
     new: dict[tuple[str, str, tuple[Hop, ...]], EagerChain] = {}
     existing: list[EagerChain] = []
     for source in index_b.entry_points(sources, exempt, forbidden, as_packages):
-        via = _shortest_tree(index_b, source, sources, exempt, forbidden)
+        via = shortest_tree(index_b, source, sources, exempt, forbidden)
         before = old_reach(source)
         for target, old_hops in old_chains(source).items():
             existing.append(EagerChain(source, target, tuple(old_hops)))
@@ -130,10 +130,10 @@ def classify_chains(
                     continue  # an old hop, or a new route to a module loaded anyway
                 if module == source and not hop.line_number and within(hop.imported, sources):
                     continue  # the enclosing package is an entry point of its own
-                head = [*_path_to(via, module), hop]
+                head = [*path_to(via, module), hop]
                 for target, tail in tails_from(hop.imported, before).items():
                     hops = tuple(head + tail)
                     if len({h.imported for h in hops}) < len(hops):
                         continue  # runs in a circle: the chain is found the other way round
                     new.setdefault((source, target, hops), EagerChain(source, target, hops))
-    return _drop_tails(list(new.values())), _drop_tails(existing)
+    return drop_tails(list(new.values())), drop_tails(existing)

@@ -3,8 +3,9 @@
 import-linter's graph (grimp) does not descend into folders without ``__init__.py`` under a
 root package (SGLang's ``python/sglang/srt/``), and it folds every external import to its top
 package (``sgl_kernel.kvcacheio`` becomes ``sgl_kernel``). The eager-import contract therefore
-builds its own graph: :class:`Locator` finds module files on a search path the way Python's
-path finder does (regular packages, modules, namespace folders, extension modules), and
+builds its own graph: :class:`~mem_cache_refactor._locate.Locator` finds module files on a
+search path the way Python's path finder does (regular packages, modules, namespace folders,
+extension modules), and
 :class:`EagerIndex` parses each module reached and keeps the import statements that run when it
 is imported (see :func:`eager_imports`), each resolved to the module it loads. External modules
 keep their full dotted name and are leaves (never followed).
@@ -25,8 +26,12 @@ __all__ = [
     "EagerChain",
     "EagerIndex",
     "Hop",
+    "drop_tails",
     "eager_imports",
     "find_chains",
+    "path_to",
+    "reached_targets",
+    "shortest_tree",
 ]
 
 _IMPORT_ERRORS = frozenset({"ImportError", "ModuleNotFoundError", "Exception", "BaseException"})
@@ -254,7 +259,7 @@ class EagerIndex:
         return sorted(found)
 
 
-def _shortest_tree(
+def shortest_tree(
     index: EagerIndex, source: str, sources: list[str], exempt: list[str], forbidden: list[str]
 ) -> dict[str, Hop | None]:
     """Breadth-first predecessors from ``source`` (forbidden modules are reached, not
@@ -276,7 +281,7 @@ def _shortest_tree(
     return via
 
 
-def _path_to(via: dict[str, Hop | None], node: str) -> list[Hop]:
+def path_to(via: dict[str, Hop | None], node: str) -> list[Hop]:
     hops: list[Hop] = []
     while (step := via[node]) is not None:
         hops.append(step)
@@ -284,7 +289,7 @@ def _path_to(via: dict[str, Hop | None], node: str) -> list[Hop]:
     return list(reversed(hops))
 
 
-def _reached_targets(via: dict[str, Hop | None], source: str, forbidden: list[str]) -> list[str]:
+def reached_targets(via: dict[str, Hop | None], source: str, forbidden: list[str]) -> list[str]:
     """The forbidden modules reached; ``x.y`` is dropped when ``x`` was reached by the same
     statement (``from x import y`` names both)."""
     reached = sorted(m for m in via if m != source and within(m, forbidden))
@@ -302,7 +307,7 @@ def _reached_targets(via: dict[str, Hop | None], source: str, forbidden: list[st
     return keep
 
 
-def _drop_tails(chains: list[EagerChain]) -> list[EagerChain]:
+def drop_tails(chains: list[EagerChain]) -> list[EagerChain]:
     keep: list[EagerChain] = []
     for chain in chains:
         longer = any(
@@ -331,7 +336,7 @@ def find_chains(
     sources, forbidden, exempt = list(sources), list(forbidden), list(exempt)
     chains: list[EagerChain] = []
     for source in index.entry_points(sources, exempt, forbidden, as_packages):
-        via = _shortest_tree(index, source, sources, exempt, forbidden)
-        for target in _reached_targets(via, source, forbidden):
-            chains.append(EagerChain(source, target, tuple(_path_to(via, target))))
-    return _drop_tails(chains)
+        via = shortest_tree(index, source, sources, exempt, forbidden)
+        for target in reached_targets(via, source, forbidden):
+            chains.append(EagerChain(source, target, tuple(path_to(via, target))))
+    return drop_tails(chains)

@@ -10,9 +10,9 @@ from collections.abc import Iterable
 import libcst as cst
 from libcst.metadata import Assignment, GlobalScope, ImportAssignment, ScopeProvider
 
-from mem_cache_refactor._rewrite_pass import _dotted
+from mem_cache_refactor._rewrite_pass import dotted_name
 
-__all__ = ["_rename_definition", "_rename_locals"]
+__all__ = ["rename_definition", "rename_locals"]
 
 
 def _import_binds(node: cst.CSTNode, local: str, name: str) -> bool:
@@ -21,7 +21,7 @@ def _import_binds(node: cst.CSTNode, local: str, name: str) -> bool:
         return False
     return any(
         a.asname is not None and isinstance(a.asname.name, cst.Name)
-        and a.asname.name.value == local and _dotted(a.name) == name
+        and a.asname.name.value == local and dotted_name(a.name) == name
         for a in node.names
     )
 
@@ -88,7 +88,7 @@ class _RenameLocals(cst.CSTTransformer):
         if asname is None or not isinstance(asname.name, cst.Name):
             return updated_node
         target = self.renames.get(asname.name.value)
-        if target is None or _dotted(updated_node.name) != target:
+        if target is None or dotted_name(updated_node.name) != target:
             return updated_node
         return updated_node.with_changes(asname=None)
 
@@ -98,7 +98,7 @@ class _RenameLocals(cst.CSTTransformer):
         return updated_node
 
 
-def _rename_locals(module: cst.Module, renames: dict[str, str]) -> cst.Module:
+def rename_locals(module: cst.Module, renames: dict[str, str]) -> cst.Module:
     wrapper = cst.MetadataWrapper(module)
     safe, names = _safe_local_renames(wrapper, renames)
     if not safe:
@@ -128,7 +128,7 @@ def _all_strings(module: cst.Module) -> set[int]:
     return ids
 
 
-def _rename_definition(module: cst.Module, old: str, new: str) -> cst.Module | None:
+def rename_definition(module: cst.Module, old: str, new: str) -> cst.Module | None:
     """Rename the module-level definition ``old`` (``def``, ``class`` or assignment) of the new
     home to ``new``: its binding, every use of it in the file and its ``__all__`` entry. None
     (nothing renamed) when that is not safe: ``new`` already bound or used (or a builtin),

@@ -20,10 +20,10 @@ from mem_cache_refactor._import_style import (
 )
 from mem_cache_refactor.modpath import resolve_relative
 
-__all__ = ["_Rewrite", "_Scan", "_dotted"]
+__all__ = ["ImportRewrite", "ImportScan", "dotted_name"]
 
 
-def _dotted(node: cst.BaseExpression) -> str | None:
+def dotted_name(node: cst.BaseExpression) -> str | None:
     parts: list[str] = []
     while isinstance(node, cst.Attribute):
         parts.append(node.attr.value)
@@ -55,7 +55,7 @@ def _expr(dotted: str) -> cst.Attribute | cst.Name:
     return expr
 
 
-class _Scan(cst.CSTVisitor):
+class ImportScan(cst.CSTVisitor):
     """First pass: import bindings, rewritable attribute chains, and name reference counts."""
 
     def __init__(self, old: str, module: str | None, is_package: bool) -> None:
@@ -70,7 +70,7 @@ class _Scan(cst.CSTVisitor):
 
     def visit_Import(self, node: cst.Import) -> bool:
         for alias in node.names:
-            name = _dotted(alias.name) or ""
+            name = dotted_name(alias.name) or ""
             if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
                 self.aliases[alias.asname.name.value] = name
             else:
@@ -81,7 +81,7 @@ class _Scan(cst.CSTVisitor):
         base = self.base_of(node)
         if base and not isinstance(node.names, cst.ImportStar):
             for alias in node.names:
-                name = _dotted(alias.name) or ""
+                name = dotted_name(alias.name) or ""
                 local = name
                 if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
                     local = alias.asname.name.value
@@ -89,7 +89,7 @@ class _Scan(cst.CSTVisitor):
         return False
 
     def base_of(self, node: cst.ImportFrom) -> str:
-        target = _dotted(node.module) if node.module is not None else None
+        target = dotted_name(node.module) if node.module is not None else None
         return resolve_relative(self.module, self.is_package, len(node.relative), target)
 
     def full_path(self, dotted: str) -> str | None:
@@ -102,7 +102,7 @@ class _Scan(cst.CSTVisitor):
 
     def visit_Attribute(self, node: cst.Attribute) -> bool:
         self._attr_names.add(id(node.attr))
-        dotted = _dotted(node)
+        dotted = dotted_name(node)
         if dotted is not None:
             if self.full_path(dotted) == self.old:
                 self.chain_hits[dotted.split(".")[0]] += 1
@@ -116,9 +116,9 @@ class _Scan(cst.CSTVisitor):
         return False
 
 
-class _Rewrite(cst.CSTTransformer):
+class ImportRewrite(cst.CSTTransformer):
     def __init__(
-        self, scan: _Scan, old: str, new: str, line_length: int = DEFAULT_LINE_LENGTH
+        self, scan: ImportScan, old: str, new: str, line_length: int = DEFAULT_LINE_LENGTH
     ) -> None:
         super().__init__()
         self.scan, self.old, self.new = scan, old, new
@@ -220,7 +220,7 @@ class _Rewrite(cst.CSTTransformer):
     def leave_Attribute(
         self, original_node: cst.Attribute, updated_node: cst.Attribute
     ) -> cst.BaseExpression:
-        dotted = _dotted(original_node)
+        dotted = dotted_name(original_node)
         if dotted is None or self.scan.full_path(dotted) != self.old:
             return updated_node
         self.changed = True
@@ -240,7 +240,7 @@ class _Rewrite(cst.CSTTransformer):
         names: list[cst.ImportAlias] = []
         touched = anchor = False
         for alias in node.names:
-            name = _dotted(alias.name) or ""
+            name = dotted_name(alias.name) or ""
             local = alias.asname.name.value if alias.asname and isinstance(
                 alias.asname.name, cst.Name) else None
             if _moved(name, self.old):
@@ -278,7 +278,7 @@ class _Rewrite(cst.CSTTransformer):
         moved: dict[str, list[str]] = {}
         anchor = touched = False
         for alias in node.names:
-            name = _dotted(alias.name) or ""
+            name = dotted_name(alias.name) or ""
             local = alias.asname.name.value if alias.asname and isinstance(
                 alias.asname.name, cst.Name) else None
             full = f"{base}.{name}"

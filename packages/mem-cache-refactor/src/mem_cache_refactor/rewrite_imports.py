@@ -53,8 +53,8 @@ from pathlib import Path
 import libcst as cst
 
 from mem_cache_refactor._import_style import DEFAULT_LINE_LENGTH, line_length_for
-from mem_cache_refactor._rename_uses import _rename_definition, _rename_locals
-from mem_cache_refactor._rewrite_pass import _Rewrite, _Scan
+from mem_cache_refactor._rename_uses import rename_definition, rename_locals
+from mem_cache_refactor._rewrite_pass import ImportRewrite, ImportScan
 from mem_cache_refactor.modpath import SKIP_DIRS, SourceRoots
 
 __all__ = ["iter_python_files", "main", "rewrite_file", "rewrite_markdown", "rewrite_source"]
@@ -90,26 +90,27 @@ def rewrite_source(
     for an ``__init__.py``. ``rename_uses``: when the last component changes, an import that
     bound the old name without ``as`` imports the new name and the file's uses of the old name
     are renamed (``from a import old`` + ``old.X`` -> ``from a import new`` + ``new.X``), where
-    that is safe (see :func:`_safe_local_renames`); elsewhere the ``as`` stays. Returns
-    ``source`` itself when nothing refers to ``old``. With ``rename_uses``, in the new home
-    itself (``module`` is the new parent) a module-level definition still named like ``old``
-    is renamed too, with its uses and its ``__all__`` entry (see :func:`_rename_definition`).
+    that is safe (see :func:`mem_cache_refactor._rename_uses._safe_local_renames`); elsewhere
+    the ``as`` stays. Returns ``source`` itself when nothing refers to ``old``. With
+    ``rename_uses``, in the new home itself (``module`` is the new parent) a module-level
+    definition still named like ``old`` is renamed too, with its uses and its ``__all__`` entry
+    (see :func:`mem_cache_refactor._rename_uses.rename_definition`).
     """
     _check_path("old", old)
     _check_path("new", new)
     if old.rpartition(".")[2] not in source:  # every reference spells the last component
         return source
     tree = cst.parse_module(source)
-    scan = _Scan(old, module, is_package)
+    scan = ImportScan(old, module, is_package)
     tree.visit(scan)
-    rewriter = _Rewrite(scan, old, new, line_length)
+    rewriter = ImportRewrite(scan, old, new, line_length)
     result = tree.visit(rewriter)
     changed = rewriter.changed
     if changed and rename_uses and rewriter.local_renames:
-        result = _rename_locals(result, rewriter.local_renames)
+        result = rename_locals(result, rewriter.local_renames)
     old_last, new_parent, new_last = old.rpartition(".")[2], *new.rpartition(".")[::2]
     if rename_uses and module == new_parent and old_last != new_last:
-        renamed = _rename_definition(result, old_last, new_last)
+        renamed = rename_definition(result, old_last, new_last)
         if renamed is not None:
             result, changed = renamed, True
     return result.code if changed else source

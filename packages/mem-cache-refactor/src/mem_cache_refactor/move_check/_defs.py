@@ -19,6 +19,7 @@ from mem_cache_refactor.modpath import SourceRoots
 __all__ = [
     "Definition",
     "changed_members",
+    "clean_docstrings",
     "collect_definitions",
     "moved_lines",
     "source_diff",
@@ -86,7 +87,7 @@ def _constant_name(node: ast.stmt) -> str | None:
     return target.id
 
 
-def _clean_docstrings(tree: ast.AST) -> ast.AST:
+def clean_docstrings(tree: ast.AST) -> ast.AST:
     """Docstrings as Python reads them (:func:`inspect.cleandoc`: common indentation removed,
     as the compiler itself does since 3.13): a method moved to module level keeps its docstring
     although every continuation line lost four spaces of indentation."""
@@ -105,7 +106,7 @@ def _definitions_in(source: str, module: str, path: str) -> dict[str, Definition
         tree = ast.parse(source)
     except SyntaxError:
         return {}
-    _clean_docstrings(tree)
+    clean_docstrings(tree)
     lines = source.splitlines()
     found: dict[str, Definition] = {}
     for node in tree.body:

@@ -10,7 +10,7 @@ import re
 from collections.abc import Callable
 
 from mem_cache_refactor.modpath import resolve_relative
-from mem_cache_refactor.move_check._defs import Definition, _clean_docstrings
+from mem_cache_refactor.move_check._defs import Definition, clean_docstrings
 
 __all__ = [
     "find_moves",
@@ -137,7 +137,7 @@ def same_after_resolving(
     except SyntaxError:
         return None
     for tree in (a, b):
-        _clean_docstrings(tree)
+        clean_docstrings(tree)
     if old.kind != new.kind:
         _strip_staticmethod(a)
         _strip_staticmethod(b)
@@ -170,8 +170,8 @@ def same_after_renames(
         a, b = ast.parse(old.source), ast.parse(new.source)
     except SyntaxError:
         return None
-    _clean_docstrings(a)
-    _clean_docstrings(b)
+    clean_docstrings(a)
+    clean_docstrings(b)
     if old.kind != new.kind:  # a static method that became a module function, or back
         _strip_staticmethod(a)
         _strip_staticmethod(b)

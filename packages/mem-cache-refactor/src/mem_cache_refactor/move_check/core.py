@@ -4,7 +4,7 @@ For every top-level class, function or module-level constant (``NAME = value``) 
 module and appeared in another between ``REF_A`` and ``REF_B`` it reports the following. A
 definition that left under one name and appeared under another (in another module or the same
 one) is a *renamed* move when their sources match once the names are aligned (exactly, or at
-least 75 % similar; see :func:`~mem_cache_refactor.move_check._defs.find_moves`). A method
+least 75 % similar; see :func:`~mem_cache_refactor.move_check._pairing.find_moves`). A method
 that left its class on its own is a move too: ``C.m`` gone from ``C`` whose definition
 appeared as a module function ``m`` or as a method ``D.m`` of another (or a new) class
 (identical, or at least 75 % similar and shown as an edit); a function that became a method
@@ -359,7 +359,7 @@ def _resolved(
     tree_a: Path, tree_b: Path, roots_a: SourceRoots, old: Definition, new: Definition
 ) -> tuple[str, ...] | None:
     """The references into the new module that the move unqualified, when they are the only
-    difference (see :func:`~mem_cache_refactor.move_check._defs.same_after_resolving`)."""
+    difference (see :func:`~mem_cache_refactor.move_check._pairing.same_after_resolving`)."""
     if old.module == new.module:
         return None
     file_a, file_b = tree_a / old.path, tree_b / new.path
