@@ -83,6 +83,7 @@ from mem_cache_refactor.move_check._probe import (
     top_level_names,
 )
 from mem_cache_refactor.move_check._report import (
+    BLAME_MIN_CHARS,
     DEFAULT_MIN_BLAME,
     ContractReport,
     MoveReport,
@@ -157,7 +158,7 @@ def _contracts(
 def _min_chars(new: Definition) -> int:
     # a short definition is one short block: let blame trace it (git's default needs 40 chars)
     alnum = sum(c.isalnum() for c in new.source)
-    return min(40, max(10, alnum // 2))
+    return min(40, max(BLAME_MIN_CHARS, alnum // 2))
 
 
 _BlameKey = tuple[str, int, bool]
@@ -306,6 +307,8 @@ def check(
                 unchanged_new_lines(old, new)
             )
             total, before, sources = _blame(traced, old, new, change_commits, only)
+            chars = sum(c.isalnum() for n, text in enumerate(new.source.splitlines(), new.start)
+                        if n in only for c in text)
             moves.append(
                 MoveReport(
                     name=old.name,
@@ -335,6 +338,7 @@ def check(
                     removal_allowed=_removal_allowed(allow_removal, old),
                     probe_error_allowed=opts.allow_probe_error,
                     min_blame=opts.min_blame,
+                    blame_chars=chars,
                 )
             )
         if not opts.contracts:
