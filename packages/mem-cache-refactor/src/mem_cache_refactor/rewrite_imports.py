@@ -35,7 +35,9 @@ in a string such as ``__all__``). This works for a renamed module as well
 new home's own definition of the old name (``def``, ``class`` or a module-level assignment) is
 renamed as well, with its uses in that file and its ``__all__`` entry, so
 ``rewrite-imports a.b.X a.b.Z --rename-uses`` is a whole rename (prose such as docstrings
-excepted).
+excepted). When the new home among the paths cannot rename its definition (``Z`` already bound
+or used there), the command changes no file and exits 2, saying why: the importers would
+otherwise import a name that does not exist.
 Not handled: string references (``"a.b.X"``, ``importlib.import_module``), imports inside
 one-line compound statements (``if x: import y``), and ``import a.b`` whose head ``a`` is also
 used for other attributes after a top-level rename. Run ``ruff check --fix`` (isort) afterwards
@@ -224,6 +226,48 @@ def rewrite_file(
     return True
 
 
+def _binds_at_top(module: cst.Module, name: str) -> bool:
+    """``module`` defines ``name`` at its top level (``def``, ``class`` or an assignment)."""
+    for stmt in module.body:
+        if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) and stmt.name.value == name:
+            return True
+        if isinstance(stmt, cst.SimpleStatementLine):
+            for small in stmt.body:
+                targets = [t.target for t in small.targets] if isinstance(small, cst.Assign) \
+                    else [small.target] if isinstance(small, cst.AnnAssign) else []
+                if any(isinstance(t, cst.Name) and t.value == name for t in targets):
+                    return True
+    return False
+
+
+def _refused_rename(
+    files: Iterable[Path], old: str, new: str, src_roots: Sequence[Path] = ()
+) -> str | None:
+    """With ``--rename-uses``: why the new home among ``files`` would keep its definition of the
+    old name, else None. The importers are rewritten to import the new name, so a home that
+    cannot rename its own definition (the new name already bound or used there, the old one
+    declared ``global`` or spelt in a string) would leave them importing a name that does not
+    exist; the command checks this first and then changes nothing."""
+    old_last = old.rpartition(".")[2]
+    new_parent, _, new_last = new.rpartition(".")
+    if old_last == new_last:
+        return None
+    for file in files:
+        if file.suffix != ".py" or _module_of(file, src_roots) != new_parent:
+            continue
+        try:
+            module = cst.parse_module(file.read_text(encoding="utf-8"))
+        except cst.ParserSyntaxError:
+            return None
+        if _binds_at_top(module, old_last) and \
+                rename_definition(module, old_last, new_last) is None:
+            return (f"{file} defines {old_last} but cannot rename it to {new_last} (the name "
+                    f"{new_last} is already bound or used there, or {old_last} is declared "
+                    "global or spelt in a string): pick another name, or rename it there first")
+        return None
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="rewrite-imports",
@@ -247,6 +291,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     files = iter_python_files(args.paths or [Path(".")], markdown=True)
+    refused = _refused_rename(files, args.old, args.new, args.src_root) if args.rename_uses \
+        else None
+    if refused is not None:
+        print(f"rewrite_imports: nothing changed: {refused}", file=sys.stderr)
+        return 2
     changed = [f for f in files if rewrite_file(f, args.old, args.new, write=not args.check,
                                       src_roots=args.src_root, rename_uses=args.rename_uses)]
     verb = "would rewrite" if args.check else "rewrote"
