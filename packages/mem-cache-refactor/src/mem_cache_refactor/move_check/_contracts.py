@@ -10,7 +10,7 @@ from mem_cache_refactor.move_check._chains import check_eager_contracts
 from mem_cache_refactor.move_check._probe import run_import_linter
 from mem_cache_refactor.move_check._report import ContractReport
 
-__all__ = ["_contracts"]
+__all__ = ["check_contracts"]
 
 
 def _broken_details(output: str, names: tuple[str, ...]) -> str:
@@ -31,7 +31,7 @@ def _broken_details(output: str, names: tuple[str, ...]) -> str:
     return "\n\n".join(blocks)
 
 
-def _contracts(
+def check_contracts(
     tree_a: Path, roots_a: list[Path], tree_b: Path, roots_b: list[Path], python: str | None,
     *, moved_from: dict[str, set[str]],
 ) -> ContractReport:

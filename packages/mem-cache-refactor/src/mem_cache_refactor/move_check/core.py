@@ -48,7 +48,7 @@ from collections import Counter
 from pathlib import Path
 
 from mem_cache_refactor.modpath import SourceRoots
-from mem_cache_refactor.move_check._contracts import _contracts
+from mem_cache_refactor.move_check._contracts import check_contracts
 from mem_cache_refactor.move_check._defs import (
     Definition,
     changed_members,
@@ -296,7 +296,7 @@ def check(
             moved_from: dict[str, set[str]] = {}
             for old, new in pairs:
                 moved_from.setdefault(new.module, set()).add(old.module)
-            contracts = _contracts(tree_a, roots_a, tree_b, roots_b, opts.python,
+            contracts = check_contracts(tree_a, roots_a, tree_b, roots_b, opts.python,
                                    moved_from=moved_from)
     failures = [f for m in moves for f in m.failures]
     if contracts.configured and not contracts.ran:
