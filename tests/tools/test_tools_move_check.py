@@ -417,3 +417,51 @@ def test_move_that_changes_one_comparison_operator_fails(synth: tuple[SynthRepo,
     code, out = _check(repo, "HEAD~1", "HEAD", "--allow-removal", "page_window",
                        "--allow-edit", "page_window")
     assert code == 0, out
+
+
+def test_a_too_short_move_and_a_renamed_test_pass(synth: tuple[SynthRepo, str]) -> None:
+    """Regression (move-check 2be00e7..4d0f5af of this repository): ``_HEAD_DIM = 2`` moved
+    unedited failed at blame 0 % (8 alphanumeric characters: git's copy detection cannot find
+    it, whatever the history), and tests renamed in place in a pytest module failed as ``old
+    path gone`` (nothing imports a test). Both are now accepted, and said why."""
+    repo, _ = synth
+    repo.write({"lowpkg/consts.py": '''
+        """Constants."""
+
+        _HEAD_DIM = 2
+        LIMIT = 8
+    ''', "tests/__init__.py": "", "tests/test_widgets.py": '''
+        from lowpkg.core import scale
+
+
+        def test_dsv4_scale_doubles() -> None:
+            assert scale(2) == 4
+    '''})
+    base = repo.commit("constants and a test")
+    repo.write({"lowpkg/consts.py": '''
+        """Constants."""
+
+        LIMIT = 8
+    ''', "lowpkg/dims.py": '''
+        """Dimensions."""
+
+        _HEAD_DIM = 2
+    ''', "tests/test_widgets.py": '''
+        from lowpkg.core import scale
+
+
+        def test_deepseek_v4_scale_doubles() -> None:
+            assert scale(2) == 4
+    '''})
+    moved = repo.commit("move _HEAD_DIM, rename the test")
+    result = check(repo.root, base, moved)
+    text = render_text(result)
+    assert result.ok, text
+    moves = {m["name"]: m for m in result.to_json()["moves"]}
+    assert set(moves) == {"_HEAD_DIM", "test_dsv4_scale_doubles"}
+    assert moves["_HEAD_DIM"]["blame_chars"] == 8
+    assert "not applicable (8 alphanumeric characters to trace" in text
+    renamed = moves["test_dsv4_scale_doubles"]
+    assert renamed["new_name"] == "test_deepseek_v4_scale_doubles"
+    assert renamed["old_path"]["status"] == "gone" and renamed["removal_allowed"]
+    assert "test_dsv4_scale_doubles: gone" in text and "[removal accepted: private path]" in text

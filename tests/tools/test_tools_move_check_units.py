@@ -8,12 +8,8 @@ from pathlib import Path
 import pytest
 
 from mem_cache_refactor.modpath import SourceRoots, module_name_for_path, resolve_relative
-from mem_cache_refactor.move_check._defs import (
-    collect_definitions,
-    find_moves,
-    same_after_renames,
-    same_body,
-)
+from mem_cache_refactor.move_check._defs import collect_definitions
+from mem_cache_refactor.move_check._pairing import find_moves, same_after_renames, same_body
 from mem_cache_refactor.move_check._probe import probe_env, static_old_path
 from mem_cache_refactor.move_check._sites import find_import_sites
 
@@ -235,3 +231,39 @@ def test_a_re_indented_docstring_is_the_same_body_another_string_is_not(tmp_path
     reindented = collect_definitions(b, ["o.py"], top)["o"]["f"]
     assert not same_body(old, reindented)  # a string literal's value changed
     assert find_moves(before, {"n": {"f": new}}) == [(old, new)]
+
+
+def test_constants_pair_by_value_not_by_a_look_alike(tmp_path: Path) -> None:
+    """Regression (move-check 2be00e7..4d0f5af of this repository): a renamed constant pairs only
+    when its value is the same once the names are aligned, and two constants of one name only
+    when their values are alike. Before, ``_VERSION = 1`` (a file format, removed) paired with
+    ``_HEAD_DIM = 512`` of another package (80 % alike as text), a new format's ``_REC`` /
+    ``_REC_MAGIC`` with the old one's ``_HDR`` / ``_MAGIC``, and a tuple of names that left one
+    module with a dotted path of the same name in another; that stole the real rename
+    (``_DSV4`` -> ``_DEEPSEEK_V4``), so the functions renamed with it showed as edited."""
+    old_fmt = '_HDR = struct.Struct("<4sHHQQI")\n_MAGIC = b"MCSP"\n_VERSION = 1\n'
+    new_fmt = '_REC = struct.Struct("<4sHHQQQ")\n_REC_MAGIC = b"MCSR"\n'
+    gaps = '_DEEPSEEK_V4 = (\n' + "".join(f'    "m{i}",\n' for i in range(12)) + ")\n"
+    use = ('\n\ndef test_{n}_names_the_pool():\n    owner = OWNERS[{c}]\n'
+           '    assert owner is not None\n')
+    before = '_DSV4 = "pkg.deepseek_v4:Allocator"\n' + use.format(n="dsv4", c="_DSV4")
+    after = ('_DEEPSEEK_V4 = "pkg.deepseek_v4:Allocator"\n'
+             + use.format(n="deepseek_v4", c="_DEEPSEEK_V4"))
+    a = _tree(tmp_path / "a", {"p/file.py": old_fmt, "p/gaps.py": gaps, "p/t.py": before,
+                               "p/lim.py": "LIMIT = 64\n"})
+    b = _tree(tmp_path / "b", {"p/file.py": "", "p/gaps.py": "", "p/t.py": after,
+                               "p/_segments.py": new_fmt, "p/norm.py": "_HEAD_DIM = 512\n",
+                               "p/lim2.py": "LIMIT = 128\n"})
+    top = SourceRoots(("",))
+    changed = ["p/file.py", "p/gaps.py", "p/t.py", "p/lim.py", "p/_segments.py", "p/norm.py",
+               "p/lim2.py"]
+    pairs = find_moves(collect_definitions(a, changed, top), collect_definitions(b, changed, top))
+    assert [(o.qualname, n.qualname) for o, n in pairs] == [
+        ("p.lim.LIMIT", "p.lim2.LIMIT"),  # one name, alike values: a move with an edit
+        ("p.t._DSV4", "p.t._DEEPSEEK_V4"),
+        ("p.t.test_dsv4_names_the_pool", "p.t.test_deepseek_v4_names_the_pool"),
+    ]
+    renames = {o.short: n.short for o, n in pairs if o.short != n.short}
+    old_test, new_test = pairs[2]
+    assert same_after_renames(old_test, new_test, renames) == (
+        "_DSV4 -> _DEEPSEEK_V4", "test_dsv4_names_the_pool -> test_deepseek_v4_names_the_pool")

@@ -274,3 +274,31 @@ def test_cli_rewrites_markdown_files(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "1 file(s) changed" in proc.stdout
     assert "v = b.Z(1)" in doc.read_text() and "`a.b.X`" in doc.read_text()
+
+
+def test_cli_changes_nothing_when_the_new_home_cannot_take_the_new_name(tmp_path: Path) -> None:
+    """Regression (renaming this package's own helper ``_rewrite_pass._dotted`` to ``dotted``):
+    the home binds ``dotted`` as a local elsewhere, so it refused to rename its definition, but
+    the importer in another file was rewritten to ``from ... import dotted``: an ImportError.
+    Now the command checks the home first and changes nothing (exit 2, the reason on stderr);
+    a free name renames both files."""
+    (tmp_path / ".git").mkdir()
+    home = tmp_path / "pkg" / "a.py"
+    user = tmp_path / "pkg" / "b.py"
+    home.parent.mkdir()
+    (home.parent / "__init__.py").write_text("")
+    home.write_text("def _dotted(x):\n    return x\n\n\ndef use(y):\n"
+                    "    dotted = _dotted(y)\n    return dotted\n")
+    user.write_text("from pkg.a import _dotted\n\nprint(_dotted(1))\n")
+    before = (home.read_text(), user.read_text())
+    proc = run_tool("rewrite_imports", "pkg.a._dotted", "pkg.a.dotted", str(tmp_path),
+                    "--rename-uses")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "nothing changed" in proc.stderr and "cannot rename it to dotted" in proc.stderr
+    assert (home.read_text(), user.read_text()) == before
+    proc = run_tool("rewrite_imports", "pkg.a._dotted", "pkg.a.dotted_name", str(tmp_path),
+                    "--rename-uses")
+    assert proc.returncode == 0, proc.stderr
+    renamed = home.read_text()
+    assert "def dotted_name(x):" in renamed and "dotted = dotted_name(y)" in renamed
+    assert user.read_text() == "from pkg.a import dotted_name\n\nprint(dotted_name(1))\n"

@@ -80,11 +80,10 @@ from mem_cache_refactor._eager import (
     EagerChain,
     EagerIndex,
     Hop,
-    Locator,
     eager_imports,
     find_chains,
-    unresolved_modules,
 )
+from mem_cache_refactor._locate import Locator, unresolved_modules
 
 __all__ = [
     "EagerChain",

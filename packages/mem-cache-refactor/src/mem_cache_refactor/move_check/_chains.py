@@ -10,13 +10,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mem_cache_refactor._chain_diff import classify_chains
 from mem_cache_refactor._eager import (
     EagerChain,
     EagerIndex,
-    Locator,
-    classify_chains,
-    unresolved_modules,
 )
+from mem_cache_refactor._locate import Locator, unresolved_modules
 from mem_cache_refactor.move_check._probe import import_linter_config
 
 if sys.version_info >= (3, 11):

@@ -10,6 +10,7 @@ from mem_cache_refactor.move_check._probe import OldPath
 from mem_cache_refactor.move_check._sites import ImportSite
 
 __all__ = [
+    "BLAME_MIN_CHARS",
     "DEFAULT_MIN_BLAME",
     "ContractReport",
     "MoveReport",
@@ -22,12 +23,20 @@ __all__ = [
 #: default --min-blame: the share (%) of a moved definition's lines blame must trace back
 DEFAULT_MIN_BLAME = 90.0
 
+#: the fewest alphanumeric characters ``git blame -C<n>`` is asked to match (``n``); moved text
+#: with fewer (``_HEAD_DIM = 2``) cannot be traced by git at all
+BLAME_MIN_CHARS = 10
+
 
 def is_private_path(module: str, name: str) -> bool:
     """A path no user may import: a ``_x`` component in the module or a ``_X`` name (dunder
-    names excepted). Its removal needs no shim; the private-modules convention forbids importing
-    it from outside its package."""
+    names excepted), or anything in a pytest module (``test_x``, ``x_test``, ``conftest``:
+    pytest collects it, nothing imports it, so a renamed test needs no shim). Its removal needs
+    no shim; the private-modules convention forbids importing it from outside its package."""
     parts = [*module.split("."), *name.split(".")]
+    last = module.rpartition(".")[2]
+    if last == "conftest" or last.startswith("test_") or last.endswith("_test"):
+        return True
     return any(p.startswith("_") and not p.startswith("__") for p in parts)
 
 
@@ -84,6 +93,14 @@ class MoveReport:
     #: references into the new module that the move unqualified ("alias.f -> f"), the only
     #: difference of an otherwise identical body
     resolved: tuple[str, ...] = ()
+    #: the alphanumeric characters of the lines blame traces (None: not counted); under
+    #: :data:`BLAME_MIN_CHARS` git cannot follow them, so the blame check does not apply
+    blame_chars: int | None = None
+
+    @property
+    def blame_too_short(self) -> bool:
+        """The moved text is too short for git to trace (see :data:`BLAME_MIN_CHARS`)."""
+        return self.blame_chars is not None and self.blame_chars < BLAME_MIN_CHARS
 
     @property
     def target(self) -> str:
@@ -103,6 +120,8 @@ class MoveReport:
     def blame_ok(self) -> bool:
         if self.blame_lines == 0 and (self.renamed or self.edit_allowed):
             return True  # every line renamed or (declared) edited: nothing unedited to trace
+        if self.blame_too_short:
+            return True  # under git's copy threshold: blame cannot trace it, whatever the history
         return 100.0 * self.blame_share + 1e-9 >= self.min_blame
 
     @property
@@ -272,6 +291,11 @@ def render_text(report: Report) -> str:
             )
         elif m.blame_lines == 0 and m.edit_allowed:
             out.append("  git blame -C -C -C: no line left unedited (not applicable)")
+        elif m.blame_too_short:
+            out.append(
+                f"  git blame -C -C -C: not applicable ({m.blame_chars} alphanumeric characters "
+                f"to trace, under the {BLAME_MIN_CHARS} git needs to find a copy)"
+            )
         else:
             flags = "-w -C -C -C" if m.blame_whitespace else "-C -C -C"
             out.append(

@@ -4,7 +4,7 @@ For every top-level class, function or module-level constant (``NAME = value``) 
 module and appeared in another between ``REF_A`` and ``REF_B`` it reports the following. A
 definition that left under one name and appeared under another (in another module or the same
 one) is a *renamed* move when their sources match once the names are aligned (exactly, or at
-least 75 % similar; see :func:`~mem_cache_refactor.move_check._defs.find_moves`). A method
+least 75 % similar; see :func:`~mem_cache_refactor.move_check._pairing.find_moves`). A method
 that left its class on its own is a move too: ``C.m`` gone from ``C`` whose definition
 appeared as a module function ``m`` or as a method ``D.m`` of another (or a new) class
 (identical, or at least 75 % similar and shown as an edit); a function that became a method
@@ -48,17 +48,12 @@ from collections import Counter
 from pathlib import Path
 
 from mem_cache_refactor.modpath import SourceRoots
-from mem_cache_refactor.move_check._chains import check_eager_contracts
+from mem_cache_refactor.move_check._contracts import check_contracts
 from mem_cache_refactor.move_check._defs import (
     Definition,
     changed_members,
     collect_definitions,
-    find_moves,
-    module_aliases,
     moved_lines,
-    same_after_renames,
-    same_after_resolving,
-    same_body,
     source_diff,
     unchanged_new_lines,
 )
@@ -72,15 +67,22 @@ from mem_cache_refactor.move_check._git import (
     rev_list,
     rev_parse,
 )
+from mem_cache_refactor.move_check._pairing import (
+    find_moves,
+    module_aliases,
+    same_after_renames,
+    same_after_resolving,
+    same_body,
+)
 from mem_cache_refactor.move_check._probe import (
     OldPath,
     probe_old_paths,
-    run_import_linter,
     static_old_path,
     static_reexport,
     top_level_names,
 )
 from mem_cache_refactor.move_check._report import (
+    BLAME_MIN_CHARS,
     DEFAULT_MIN_BLAME,
     ContractReport,
     MoveReport,
@@ -102,60 +104,10 @@ __all__ = [
     "render_text",
 ]
 
-def _broken_details(output: str, names: tuple[str, ...]) -> str:
-    """lint-imports' explanation blocks of the contracts ``names`` (a name line, then dashes)."""
-    lines = output.splitlines()
-    blocks: list[str] = []
-    for i, line in enumerate(lines[:-1]):
-        if line.strip() in names and set(lines[i + 1].strip()) == {"-"}:
-            end = i + 2
-            while end < len(lines) and not (
-                end + 1 < len(lines)
-                and lines[end + 1].strip()
-                and set(lines[end + 1].strip()) == {"-"}
-                and lines[end].strip()
-            ):
-                end += 1
-            blocks.append("\n".join(lines[i:end]).strip())
-    return "\n\n".join(blocks)
-
-
-def _contracts(
-    tree_a: Path, roots_a: list[Path], tree_b: Path, roots_b: list[Path], python: str | None,
-    *, moved_from: dict[str, set[str]],
-) -> ContractReport:
-    """lint-imports at REF_B (and at REF_A when something is broken); the eager contracts are
-    decided in-process by comparing their chains at both refs (see :mod:`._chains`)."""
-    eager = tuple(check_eager_contracts(tree_a, roots_a, tree_b, roots_b, moved_from))
-    eager_names = {r.name for r in eager}
-    eager_newly = tuple(r.name for r in eager if r.broken_by_change)
-    eager_already = tuple(r.name for r in eager if r.broken and not r.broken_by_change)
-    eager_kept = tuple(r.name for r in eager if not r.broken)
-    run_b = run_import_linter(tree_b, roots_b, python=python)
-    if not run_b.ran:
-        note = run_b.output.strip()[-2000:] or "lint-imports did not run"
-        return ContractReport(False, note, configured=run_b.configured, newly_broken=eager_newly,
-                              eager=eager)
-    results_b = {n: k for n, k in run_b.results.items() if n not in eager_names}
-    broken_b = [name for name, kept in results_b.items() if not kept]
-    kept_b = tuple(name for name, kept in results_b.items() if kept) + eager_kept
-    if not broken_b:
-        return ContractReport(True, "lint-imports at REF_B", True, False, kept_b, eager_newly,
-                              eager_already, eager=eager)
-    run_a = run_import_linter(tree_a, roots_a, python=python)
-    before = run_a.results if run_a.ran else {}
-    newly = tuple(n for n in broken_b if before.get(n, True))
-    already = tuple(n for n in broken_b if not before.get(n, True))
-    return ContractReport(
-        True, "lint-imports at REF_B (and REF_A)", True, False, kept_b, newly + eager_newly,
-        already + eager_already, _broken_details(run_b.output, newly), eager=eager,
-    )
-
-
 def _min_chars(new: Definition) -> int:
     # a short definition is one short block: let blame trace it (git's default needs 40 chars)
     alnum = sum(c.isalnum() for c in new.source)
-    return min(40, max(10, alnum // 2))
+    return min(40, max(BLAME_MIN_CHARS, alnum // 2))
 
 
 _BlameKey = tuple[str, int, bool]
@@ -304,6 +256,8 @@ def check(
                 unchanged_new_lines(old, new)
             )
             total, before, sources = _blame(traced, old, new, change_commits, only)
+            chars = sum(c.isalnum() for n, text in enumerate(new.source.splitlines(), new.start)
+                        if n in only for c in text)
             moves.append(
                 MoveReport(
                     name=old.name,
@@ -333,6 +287,7 @@ def check(
                     removal_allowed=_removal_allowed(allow_removal, old),
                     probe_error_allowed=opts.allow_probe_error,
                     min_blame=opts.min_blame,
+                    blame_chars=chars,
                 )
             )
         if not opts.contracts:
@@ -341,7 +296,7 @@ def check(
             moved_from: dict[str, set[str]] = {}
             for old, new in pairs:
                 moved_from.setdefault(new.module, set()).add(old.module)
-            contracts = _contracts(tree_a, roots_a, tree_b, roots_b, opts.python,
+            contracts = check_contracts(tree_a, roots_a, tree_b, roots_b, opts.python,
                                    moved_from=moved_from)
     failures = [f for m in moves for f in m.failures]
     if contracts.configured and not contracts.ran:
@@ -357,7 +312,7 @@ def _resolved(
     tree_a: Path, tree_b: Path, roots_a: SourceRoots, old: Definition, new: Definition
 ) -> tuple[str, ...] | None:
     """The references into the new module that the move unqualified, when they are the only
-    difference (see :func:`~mem_cache_refactor.move_check._defs.same_after_resolving`)."""
+    difference (see :func:`~mem_cache_refactor.move_check._pairing.same_after_resolving`)."""
     if old.module == new.module:
         return None
     file_a, file_b = tree_a / old.path, tree_b / new.path
