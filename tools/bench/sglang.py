@@ -274,6 +274,9 @@ def pool_rows(sgl_mp: types.ModuleType, rounds: int, calls: int, quick: bool) ->
     dvals = torch.randint(0, size, (64,), generator=g, dtype=torch.int32)
     cases: list[tuple[str, Any, torch.Tensor]] = [
         ("ReqToTokenPool.write extend (row, slice) 600", idx, vals),
+        # SGLang's prefill writes its int64 slot tensors (prefix and out_cache_loc) as they are:
+        # ours range-checks them for int32 (one aminmax), SGLang's assignment casts silently
+        ("ReqToTokenPool.write extend int64 values 600", idx, vals.to(torch.int64)),
         ("ReqToTokenPool.write decode (rows, cols) bs=64", (rows_t, cols), dvals),
     ]
     for name, index, values in cases:

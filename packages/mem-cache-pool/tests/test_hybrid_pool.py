@@ -95,6 +95,11 @@ def test_extra_buffer_ping_pong_slots() -> None:
     assert r.kv.mamba_ping_pong_track_buffer.tolist() == [2, 3]
     assert pool.req_index_to_mamba_ping_pong_track_buffer_mapping[row].tolist() == [2, 3]
     assert pool.get_mamba_ping_pong_keep_idx(r) == 1
+    before = pool.req_index_to_mamba_ping_pong_track_buffer_mapping.clone()
+    with pytest.raises(ValueError, match="new_slot must hold a slot, got an empty tensor"):
+        pool.donate_mamba_ping_pong_slot(r, torch.tensor([], dtype=torch.int64))
+    assert torch.equal(pool.req_index_to_mamba_ping_pong_track_buffer_mapping, before)
+    assert r.kv.mamba_ping_pong_track_buffer.tolist() == [2, 3]
     donated = pool.donate_mamba_ping_pong_slot(r, torch.tensor([7]))
     assert donated.tolist() == [3]
     assert pool.req_index_to_mamba_ping_pong_track_buffer_mapping[row].tolist() == [2, 7]

@@ -201,3 +201,75 @@ def test_constructor_validation() -> None:
         ReqToTokenPool(0, 4, "cpu")
     with pytest.raises(TypeError, match="max_context_len"):
         ReqToTokenPool(2, 4.0, "cpu")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "indices",
+    [
+        (torch.tensor([1, 2, 9]), torch.tensor([0, 1, 2])),  # decode form, a row past the table
+        (torch.tensor([1, 2, 3]), torch.tensor([0, 1, 6])),  # decode form, a column past it
+        (torch.tensor([1, 2, -5]), torch.tensor([0, 1, 2])),  # a negative row before row 0
+        ([1, 2, 7], slice(0, 3)),  # general form: a list of rows
+        (torch.tensor([1, 2, 5], dtype=torch.int32), slice(0, 3)),  # general form, int32 rows
+    ],
+)
+def test_write_outside_the_table_writes_nothing(indices: object) -> None:
+    """torch's assignment writes the entries before the first bad index and then raises; ours
+    raises first (a failed call changes nothing)."""
+    pool = ReqToTokenPool(3, 6, "cpu")
+    before = pool.req_to_token.clone()
+    with pytest.raises(ValueError, match=r"indices must address req_to_token of shape \(4, 6\)"):
+        pool.write(indices, torch.tensor([7, 8, 9], dtype=torch.int32))  # type: ignore[arg-type]
+    assert torch.equal(pool.req_to_token, before)
+
+
+def test_write_forms_match_plain_assignment() -> None:
+    """Every inline form ends in the state torch's plain assignment gives (negative rows and
+    columns included), and a replaced ``req_to_token`` is the one written."""
+    pool = ReqToTokenPool(3, 6, "cpu")
+    model = pool.req_to_token.clone()
+    cases: list[tuple[object, torch.Tensor]] = [
+        ((2, slice(1, 4)), torch.tensor([5, 6, 7])),
+        ((-1, slice(0, 2)), torch.tensor([8, 9], dtype=torch.int32)),
+        ((torch.tensor([1, -2]), torch.tensor([0, -1])), torch.tensor([3, 4], dtype=torch.int32)),
+        ((torch.tensor([3, 1], dtype=torch.int32), torch.tensor([5, 2])), torch.tensor([1, 2])),
+        ((1, slice(4, None)), torch.tensor([11, 12])),
+    ]
+    for index, values in cases:
+        pool.write(index, values)  # type: ignore[arg-type]
+        model[index] = values.to(torch.int32)  # type: ignore[index]
+        assert torch.equal(pool.req_to_token, model), index
+    pool.req_to_token = torch.zeros(4, 6, dtype=torch.int32)
+    pool.write((2, slice(0, 2)), torch.tensor([1, 2]))
+    assert pool.req_to_token[2, :3].tolist() == [1, 2, 0]
+    assert model[2, :3].tolist() != [1, 2, 0]
+
+
+def test_alloc_bumps_the_generation_of_the_rows_it_hands_out() -> None:
+    pool = ReqToTokenPool(4, 6, "cpu")
+    rows = pool.alloc([_req23(), _req23()]) or []
+    assert rows == [3, 4]
+    assert pool.req_generation.tolist() == [0, 0, 0, 1, 1]
+    pool.free(rows[0])
+    pool.alloc_rows(1)
+    assert pool.req_generation.tolist() == [0, 0, 0, 2, 1]
+    pool.req_generation = torch.full((5,), 7, dtype=torch.int64)  # replaced: its own counts
+    pool.alloc_rows(1)
+    assert pool.req_generation.tolist() == [7, 7, 8, 7, 7]
+    pool.clear()
+    pool.req_generation = torch.zeros(5, dtype=torch.int32)  # not int64: the tensor path
+    pool.alloc_rows(2)
+    assert pool.req_generation.tolist() == [0, 0, 0, 1, 1]
+
+
+def test_free_of_a_request_resets_its_row_and_refuses_a_second_free() -> None:
+    pool = ReqToTokenPool(4, 6, "cpu")
+    req = _req23()
+    (row,) = pool.alloc([req]) or []
+    pool.free(req)
+    assert req.kv.req_pool_idx is None and pool.free_slots[-1] == row
+    before = list(pool.free_slots)
+    req.kv.req_pool_idx = row  # a stale row: freed already
+    with pytest.raises(ValueError, match=rf"req row {row} is not allocated \(double free\)"):
+        pool.free(req)
+    assert pool.free_slots == before and req.kv.req_pool_idx == row

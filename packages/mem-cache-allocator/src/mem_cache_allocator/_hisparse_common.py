@@ -32,13 +32,10 @@ from mem_cache_allocator._hisparse_device import (
     plan_device_extend,
     surplus_pages,
 )
+from mem_cache_allocator._page_inputs import CPU_LENGTH_NAMES, check_extend_inputs
 from mem_cache_allocator._paired import PairedAllocators
 from mem_cache_allocator.base import BaseTokenToKVPoolAllocator, _optional, check_index_tensor
-from mem_cache_allocator.page_allocator import (
-    CPU_LENGTH_NAMES,
-    PageAllocatorCore,
-    check_extend_inputs,
-)
+from mem_cache_allocator.page_allocator import PageAllocatorCore
 from mem_cache_kernels.checks import check_bool, check_int
 from mem_cache_kernels.pages import compressed_entry_offsets, extend_counts
 

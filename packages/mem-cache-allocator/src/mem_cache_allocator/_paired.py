@@ -28,14 +28,13 @@ from typing import Any, TypeVar
 import torch
 
 from mem_cache_allocator._composite import check_need_size
-from mem_cache_allocator.base import BaseTokenToKVPoolAllocator
-from mem_cache_allocator.page_allocator import (
-    PageAllocatorCore,
-    PageAllocatorState,
+from mem_cache_allocator._page_inputs import (
     check_decode_inputs,
     check_decode_structure,
     check_extend_inputs,
 )
+from mem_cache_allocator.base import BaseTokenToKVPoolAllocator
+from mem_cache_allocator.page_allocator import PageAllocatorCore, PageAllocatorState
 from mem_cache_kernels.pages import decode_counts
 
 __all__ = ["ExtendLens", "PairedAllocators", "check_own_state", "free_page_count"]

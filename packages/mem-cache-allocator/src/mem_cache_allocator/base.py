@@ -274,7 +274,24 @@ class BaseTokenToKVPoolAllocator(abc.ABC):
         shard_size: int,
     ) -> int:
         """Tokens to make allocatable (by eviction) before a paged extend: the scheduler's
-        ``conservative_num_tokens`` (page-interleaved pools, which we do not have, refine it)."""
+        ``conservative_num_tokens`` (page-interleaved pools, which we do not have, refine it).
+        Reads no tensor values; the arguments are checked for kind, dtype, device and shape."""
+        p, q, n = prefix_lens_cpu, seq_lens_cpu, conservative_num_tokens
+        if (  # inline on good arguments (every extend); else the checks name the argument
+            type(p) is torch.Tensor
+            and type(q) is torch.Tensor
+            and p.is_cpu
+            and q.is_cpu
+            and p.dtype in _INT_DTYPES
+            and q.dtype in _INT_DTYPES
+            and p.dim() == 1
+            and q.shape == p.shape
+            and type(shard_size) is int
+            and shard_size >= 1
+            and type(n) is int
+            and n >= 0
+        ):
+            return n
         bs = check_cpu_lengths("prefix_lens_cpu", prefix_lens_cpu)
         check_cpu_lengths("seq_lens_cpu", seq_lens_cpu, bs)
         check_int("shard_size", shard_size, minimum=1)

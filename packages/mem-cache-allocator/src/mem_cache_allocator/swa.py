@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from mem_cache_allocator._composite import make_inner, new_mapping
+from mem_cache_allocator._page_inputs import check_extend_inputs
 from mem_cache_allocator._paired import PairedAllocators, check_own_state
 from mem_cache_allocator._prefill_budget import SWAPrefillBudget
 from mem_cache_allocator._scheduler_hooks import (
@@ -38,7 +39,7 @@ from mem_cache_allocator.base import (
     check_cpu_lengths,
     check_index_tensor,
 )
-from mem_cache_allocator.page_allocator import PageAllocatorState, check_extend_inputs
+from mem_cache_allocator.page_allocator import PageAllocatorState
 from mem_cache_kernels.checks import check_int, check_optional_int
 
 if TYPE_CHECKING:

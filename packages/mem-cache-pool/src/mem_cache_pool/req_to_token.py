@@ -7,6 +7,7 @@ padding row (padded batches use request index 0); rows ``1..size`` are handed ou
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Callable, Sequence
 from typing import Protocol, overload
 
@@ -69,6 +70,19 @@ def _row_holder(req: object, name: str) -> ReqLike | ReqKvInfoLike:
     )
 
 
+def _raise_listed_twice(reqs: Sequence[object]) -> None:
+    """``ValueError`` naming the first request listed twice in ``reqs``."""
+    seen: dict[int, int] = {}
+    for i, req in enumerate(reqs):
+        first = seen.setdefault(id(req), i)
+        if first != i:
+            raise ValueError(
+                f"reqs must not list a request twice, got the same request at reqs[{first}] "
+                f"and reqs[{i}]"
+            )
+    raise RuntimeError("reqs lists a request twice, but no repeat was found")
+
+
 def _check_index_part(part: object) -> None:
     """One part of a ``write`` index: ``TypeError`` for what torch would misread or reject with
     a message that names no argument (a bool, a float, a string, a float tensor)."""
@@ -84,10 +98,6 @@ def _check_index_part(part: object) -> None:
         )
 
 
-_INTEGER_INDEX = frozenset(
-    (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)
-)
-"""Index tensor dtypes ``write`` accepts without a closer look (the rest go to the checks)."""
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 
 
@@ -118,6 +128,37 @@ def _check_write(parts: tuple[object, ...], values: object) -> torch.Tensor | in
     if not lo32 <= value <= hi32:
         raise ValueError(f"values must fit int32 [{lo32}, {hi32}], got {value}")
     return value
+
+
+_SLOT_VALUES = frozenset((torch.int64, torch.int32))
+"""Index and value dtypes of :meth:`ReqToTokenPool.write`'s inline forms."""
+
+
+def _check_fits_int32(values: torch.Tensor) -> None:
+    """``ValueError`` naming ``values`` unless every entry of the int64 tensor fits int32 (one
+    ``aminmax``), where its values are free to read (on the CPU) or in debug mode."""
+    host = values if values.is_cpu else checks.host_values(values)
+    if host is not None and host.numel():
+        lo, hi = torch.aminmax(host)
+        if int(lo) < _INT32_MIN or int(hi) > _INT32_MAX:
+            checks.check_fits_dtype("values", host, torch.int32, "int32")
+
+
+def _check_device_index_bounds(table: torch.Tensor, indices: _Index) -> None:
+    """Debug mode on a device: every integer tensor part of ``indices`` addresses its
+    dimension of ``table``; tuples with ``None`` or ``...`` are left to torch."""
+    parts: tuple[object, ...] = indices if isinstance(indices, tuple) else (indices,)
+    if any(p is None or p is Ellipsis for p in parts):
+        return
+    for dim, part in enumerate(parts):
+        if isinstance(part, torch.Tensor) and part.dtype != torch.bool and part.numel():
+            size = table.shape[dim]
+            lo, hi = (int(x) for x in torch.aminmax(part))
+            if lo < -size or hi >= size:
+                raise IndexError(
+                    f"index {hi if hi >= size else lo} is out of bounds for dimension {dim} "
+                    f"with size {size}"
+                )
 
 
 class ReqToTokenPool:
@@ -171,6 +212,13 @@ class ReqToTokenPool:
         row's generation detects the row's reuse by inequality (SGLang 0.5.23)."""
         self._aux_cache: AuxCache | None = None
         self._on_alloc_rows: Callable[[list[int]], None] | None = None
+        # Derived views, built here (a failed call must not be the one that builds them) and
+        # rebuilt only if a caller replaces req_to_token or req_generation.
+        self._rows_of: torch.Tensor | None = None
+        self._row_views: tuple[torch.Tensor, ...] = self._cache_row_views()
+        self._generation_of: torch.Tensor | None = None
+        self._generation_view = memoryview(b"")
+        self._generation_counts()
         self.clear()
 
     enable_mamba_extra_buffer_lazy: bool = False
@@ -263,17 +311,14 @@ class ReqToTokenPool:
                 f"reqs must be an int or a sequence of requests, got {type(reqs).__name__}"
             )
         holders = [_row_holder(req, f"reqs[{i}]") for i, req in enumerate(reqs)]
-        seen_req: dict[int, int] = {}
+        if len({id(req) for req in reqs}) != len(holders):
+            _raise_listed_twice(reqs)
         owner: dict[int, int] = {}
-        for i, (req, holder) in enumerate(zip(reqs, holders)):
-            first = seen_req.setdefault(id(req), i)
-            if first != i:
-                raise ValueError(
-                    f"reqs must not list a request twice, got the same request at reqs[{first}] "
-                    f"and reqs[{i}]"
-                )
+        need = 0
+        for i, holder in enumerate(holders):
             idx = holder.req_pool_idx
             if idx is None:
+                need += 1
                 continue
             checks.check_int(f"reqs[{i}].req_pool_idx", idx)
             if not 1 <= idx <= self.size or idx in self._free_set:
@@ -287,7 +332,6 @@ class ReqToTokenPool:
                     f"reqs[{other}] and reqs[{i}] must not own the same row, both have "
                     f"req_pool_idx {idx}"
                 )
-        need = sum(1 for h in holders if h.req_pool_idx is None)
         fresh = self.alloc_rows(need)
         if fresh is None:
             return None
@@ -310,14 +354,38 @@ class ReqToTokenPool:
         taken = self.free_slots[-need:]
         del self.free_slots[-need:]
         self._free_set.difference_update(taken)
-        self.req_generation[taken] += 1
+        counts = self._generation_counts()
+        if counts is None:
+            self.req_generation[taken] += 1
+        else:
+            for row in taken:
+                counts[row] += 1
         if self._on_alloc_rows is not None:
             self._on_alloc_rows(taken)
         return taken
 
+    def _generation_counts(self) -> memoryview | None:
+        """A view of ``req_generation``'s memory as Python ints (a CPU int64 tensor, cached
+        while it is the same tensor): bumping a few rows through it costs well under a
+        microsecond, where ``req_generation[rows] += 1`` costs two indexing ops. ``None`` when
+        ``req_generation`` was replaced by a tensor that is not CPU int64 contiguous."""
+        gen = self.req_generation
+        if self._generation_of is not gen:
+            if gen.device.type != "cpu" or gen.dtype != torch.int64 or not gen.is_contiguous():
+                return None
+            words = (ctypes.c_int64 * gen.numel()).from_address(gen.data_ptr())
+            self._generation_view = memoryview(words).cast("B").cast("q")
+            self._generation_of = gen  # keeps the tensor (and so the memory) alive
+        return self._generation_view
+
     # ---------------------------------------------------------------- release
     def free(self, req: int | Sequence[int] | AnyReq) -> None:
         """Return rows to the tail of the free list (see the class docstring)."""
+        kv = getattr(req, "kv", None)
+        if kv is not None and type(getattr(kv, "req_pool_idx", None)) is int:
+            self._release([kv.req_pool_idx], "req")  # SGLang 0.5.23's request
+            kv.req_pool_idx = None
+            return
         holder: ReqLike | ReqKvInfoLike | None = None
         if isinstance(req, int):  # a bool is an int to Python: check_int rejects it
             rows: list[int] = [checks.check_int("req", req)]
@@ -348,6 +416,14 @@ class ReqToTokenPool:
         self._release(list(indices), "indices")
 
     def _release(self, rows: list[int], name: str) -> None:
+        if len(rows) == 1:  # one row (a request's): the checks below, inline
+            row = rows[0]
+            if type(row) is int and 1 <= row <= self.size and row not in self._free_set:
+                if self._aux_cache is not None:
+                    self._aux_cache.free(row)
+                self.free_slots.append(row)
+                self._free_set.add(row)
+                return
         for i, r in enumerate(rows):
             checks.check_int(f"{name}[{i}]", r)
             if not 1 <= r <= self.size:
@@ -370,44 +446,69 @@ class ReqToTokenPool:
         them); ``values``: an int or an integer tensor. Anything else (a float, a bool, a float
         tensor) raises ``TypeError``. Values that do not fit int32 raise ``ValueError`` (ints
         always; tensors when their values are free to read, on the CPU, or in debug mode); so do
-        indices outside the table. Nothing is written then.
+        indices outside the table (ints always; tensors and lists when the table is on the CPU,
+        and in debug mode). Nothing is written then: SGLang's plain assignment writes the
+        entries before the first index outside the table, then raises (README, deviations).
+
+        Cost: SGLang's two forms take an inline path. ``(row, slice)`` (the prefill) writes
+        through a cached view of the row; ``(rows, cols)`` tensors (the decode) pay one gather
+        of the addressed entries on the CPU, which is the bounds check. int64 values on the CPU
+        pay one ``aminmax`` (the int32 range check).
         """
-        # The common index parts (ints, slices, integer tensors) and int32 values (int64 CPU
-        # values too, range-checked with one aminmax: the assignment casts them) are accepted
-        # inline; anything else goes to _check_write, the full check (raises naming the
-        # argument, or accepts None, ``...``, lists, other integer values).
-        parts: tuple[object, ...] = indices if isinstance(indices, tuple) else (indices,)
-        for part in parts:
-            kind = type(part)
-            if kind is slice or kind is int:
-                continue
+        table = self.req_to_token
+        if type(indices) is tuple and len(indices) == 2 and type(values) is torch.Tensor:
+            first, second = indices
             if (
-                kind is torch.Tensor
-                and isinstance(part, torch.Tensor)
-                and part.dtype in _INTEGER_INDEX
-                and not part.is_meta
-            ):
-                continue
-            values = _check_write(parts, values)
-            break
-        else:
-            if type(values) is not torch.Tensor or values.is_meta:
-                values = _check_write((), values)
-            elif values.dtype is not torch.int32:
-                if values.dtype is torch.int64 and values.is_cpu:
-                    if values.numel():
-                        lo, hi = torch.aminmax(values)
-                        if int(lo) < _INT32_MIN or int(hi) > _INT32_MAX:
-                            _check_write((), values)  # raises naming the value
-                else:
-                    values = _check_write((), values)
+                type(first) is int
+                and type(second) is slice
+                and values.dtype in _SLOT_VALUES
+                and not values.is_meta
+            ):  # the prefill form: (row, columns)
+                if -table.shape[0] <= first < table.shape[0]:
+                    if values.dtype is torch.int64:
+                        _check_fits_int32(values)
+                    rows = self._row_views if self._rows_of is table else self._cache_row_views()
+                    rows[first][second] = values
+                    return
+            elif (
+                type(first) is torch.Tensor
+                and type(second) is torch.Tensor
+                and first.dtype in _SLOT_VALUES
+                and second.dtype in _SLOT_VALUES
+                and values.dtype in _SLOT_VALUES
+                and not (first.is_meta or second.is_meta or values.is_meta)
+            ):  # the decode form: (rows, columns) tensors
+                if values.dtype is torch.int64:  # index_put needs the table's dtype
+                    _check_fits_int32(values)
+                    values = values.to(torch.int32)
+                self._store_checked(table, indices, values)
+                return
+        parts: tuple[object, ...] = indices if isinstance(indices, tuple) else (indices,)
+        self._store_checked(table, indices, _check_write(parts, values))
+
+    def _store_checked(
+        self, table: torch.Tensor, indices: _Index, values: torch.Tensor | int
+    ) -> None:
+        """``table[indices] = values``, failing before anything is written: on the CPU a
+        gather of the addressed entries runs first and raises on an index outside the table
+        (torch's assignment raises only after writing the entries before it); on a device,
+        debug mode checks the integer tensor parts (one synchronisation each)."""
         try:
-            self.req_to_token[indices] = values
+            if table.is_cpu:
+                table[indices]  # the bounds check: a read raises before anything is written
+            elif checks.debug_enabled():
+                _check_device_index_bounds(table, indices)
+            table[indices] = values
         except IndexError as exc:
             raise ValueError(
-                f"indices must address req_to_token of shape {tuple(self.req_to_token.shape)}: "
-                f"{exc}"
+                f"indices must address req_to_token of shape {tuple(table.shape)}: {exc}"
             ) from None
+
+    def _cache_row_views(self) -> tuple[torch.Tensor, ...]:
+        """One view per table row, cached while ``req_to_token`` is the same tensor."""
+        self._row_views = self.req_to_token.unbind(0)
+        self._rows_of = self.req_to_token
+        return self._row_views
 
     def clear(self) -> None:
         """Free every row (the table contents and ``req_generation`` are left as they are);
