@@ -5,7 +5,11 @@ Whole pages as flat tensors (``get_data_page`` / ``set_from_flat_data_page``, al
 zero-copy byte ranges (``get_page_buffer_meta``). A page is addressed by its first host slot
 ``index`` (a multiple of ``page_size``). The flat page bytes follow SGLang 0.5.23's
 host-layout-dependent order, named and versioned by ``page_format``
-(:mod:`mem_cache_pool_host.page_format`). The per-call zero-copy members a storage controller's
+(:mod:`mem_cache_pool_host.page_format`), whose ``tag`` a storage tier records with each page.
+Pages restore unchanged into pools with an equal tag (``layer_first`` and ``page_first_direct``
+pools share one); :func:`~mem_cache_pool_host.page_format.convert_flat_page` reorders a
+``page_first`` page for the others and back. ``get_page_buffer_meta`` is layout native (zero
+copy). The per-call zero-copy members a storage controller's
 I/O thread uses (``page_range_table``, ``page_ids``, ``io_guard``) stay in ``base``, on the
 module that thread runs through.
 """

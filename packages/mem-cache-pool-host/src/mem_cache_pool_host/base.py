@@ -1,15 +1,23 @@
 """``HostKVCache``: the host (L2) mirror of a device KV pool.
 
-Built from the device pool's :class:`~mem_cache_pool.base.KVBufferDesc` only (never its
-internals). Holds one host tensor per role (``"k"``, ``"v"`` / ``"kv"``) in one of the layouts of
-``layout.py``, a page-granular slot allocator, and a :class:`LayerDoneCounter` for layer-wise
-loads.
+One class, four modules, one concept each. This module holds what a transfer or a storage
+controller's I/O thread runs per call, so such a call enters no other module of this package
+(``tools/dev chain``): the open check, ``alloc`` / ``free``, the transfers with their one argument
+check, and the zero-copy page ranges (``page_range_table``, ``page_ids``, ``io_guard``). Its bases:
 
-Contract:
+* :class:`~mem_cache_pool_host._buffers.HostBuffers` (``_buffers``): construction from the device
+  pool's :class:`~mem_cache_pool.base.KVBufferDesc` (never its internals), capacity in whole
+  pages (``host_token_capacity``, else ``host_size`` / ``host_size_bytes``, else
+  ``device.size * host_to_device_ratio``, rounded down; checked against free host memory before
+  anything is allocated), one host tensor per role in a layout of ``layout.py``, the transfer plan,
+  and ``close()`` (idempotent; unregisters the memory, deferred while :meth:`io_guard` users copy);
+* :class:`~mem_cache_pool_host._storage_pages.StoragePages` (``_storage_pages``): the storage (L3)
+  page API, whole pages as flat tensors in the named, versioned ``page_format``;
+* :class:`~mem_cache_pool_host._sglang_views.SGLangViews` (``_sglang_views``): SGLang's
+  read-only slot state and transfer geometry.
 
-* Capacity: whole pages, ``host_size_bytes`` (if > 0) or ``device.size * host_to_device_ratio``
-  tokens, rounded down; the host page size equals the device pool's. Before allocating, the
-  requested bytes are checked against available host memory (``ValueError`` with the numbers).
+Contract of the members here:
+
 * Host slots ``[0, size)`` (no padding page); ``alloc(n)`` returns CPU int64 whole-page slots or
   ``None``; ``free`` raises ``ValueError`` on double free / never-allocated / misaligned pages.
 * Transfers: ``load_to_device_per_layer`` copies one layer host -> device and advances
@@ -25,15 +33,6 @@ Contract:
   readers never deadlock.
 * Thread safety: alloc/free/clear/available_size/close hold ``self.lock`` (an RLock); transfers do
   not (IO threads move disjoint slots concurrently).
-* ``close()`` unregisters host memory (idempotent); the pool is unusable afterwards.
-* Storage (L3) page API: whole pages as flat tensors or zero-copy byte ranges. A page is addressed
-  by its first host slot ``index`` (a multiple of ``page_size``). The flat page bytes follow
-  SGLang 0.5.23's host-layout-dependent order; the format is named and versioned by
-  ``page_format`` (:mod:`mem_cache_pool_host.page_format`), whose ``tag`` a storage tier records
-  with each page. Pages restore unchanged into pools with an equal tag (``layer_first`` and
-  ``page_first_direct`` pools share one); :func:`~mem_cache_pool_host.page_format.convert_flat_page`
-  reorders a ``page_first`` page for the others and back. ``get_page_buffer_meta`` is layout
-  native (zero copy).
 """
 
 from __future__ import annotations
@@ -85,7 +84,9 @@ def _prepare_transfer_indices(
 
 
 class HostKVCache(StoragePages, SGLangViews, HostBuffers):
-    """Base of the host pools (see the module docstring). Subclasses pin the expected roles."""
+    """Base of the host pools (see the module docstring): construction and memory in
+    :class:`~mem_cache_pool_host._buffers.HostBuffers`, the storage page API and SGLang's
+    read-only members in the other two bases. Subclasses pin the expected roles."""
 
     expected_roles: ClassVar[tuple[str, ...] | None] = None
 
