@@ -28,9 +28,11 @@ Contract of the members here:
   itself before any copy (errors name its arguments), so a rejected call copies nothing; the copy
   is the kernels' trusted body (``mem_cache_kernels.dispatch.pick``), whose arguments come source
   first (device then host for a backup, host then device for a load). ``"kernel"`` IO gets its
-  indices on the device pool's device, ``"direct"`` on the CPU (the host-driven
-  ``mem_cache_kernels.direct_*`` copies). A failing load aborts the counter's batch in flight so
-  readers never deadlock.
+  indices on the device pool's device, ``"direct"`` on the CPU: host-driven copies, the torch
+  executor's (``pick(op, "torch")``) for ``layer_first``; ``page_first_direct`` still calls the
+  public ``mem_cache_kernels.direct_*`` ops, which check their arguments again (their
+  page-granular bodies have no row in ``dispatch.TABLE``). A failing load aborts the counter's
+  batch in flight so readers never deadlock.
 * Thread safety: alloc/free/clear/available_size/close hold ``self.lock`` (an RLock); transfers do
   not (IO threads move disjoint slots concurrently).
 """
@@ -47,7 +49,6 @@ import torch
 from mem_cache_kernels import (
     direct_backup_all_layers_to_page_first_direct,
     direct_load_layer_from_page_first_direct,
-    direct_transfer_rows,
 )
 from mem_cache_kernels.checks import (
     check_bool,
@@ -68,6 +69,9 @@ __all__ = ["DevicePoolLike", "HostKVCache", "resolve_buffer_desc"]
 
 _log = logging.getLogger(__name__)
 _CPU = torch.device("cpu")
+# the kernel backend of each IO backend: "direct" is host-driven, the torch executor's copies (the
+# body mem_cache_kernels.direct_transfer_rows runs after its checks); "kernel" picks by device
+_KERNEL: dict[IOBackend, str] = {"kernel": "auto", "direct": "torch"}
 
 
 def _prepare_transfer_indices(
@@ -346,22 +350,12 @@ class HostKVCache(StoragePages, SGLangViews, HostBuffers):
                 else tuple(role[layer_id] for role in desc.buffers)
             )
             host = self.buffers
-            if backend == "direct":
-                if self.layout == "layer_first":
-                    host_layer: tuple[torch.Tensor, ...] = self._host_layers[layer_id]
-                    direct_transfer_rows(
-                        [[h] for h in host_layer],
-                        [[d] for d in device_layer],
-                        host_idx,
-                        device_idx,
-                        self.page_size,
-                    )
-                else:
-                    direct_load_layer_from_page_first_direct(
-                        host, device_layer, host_idx, device_idx, layer_id, self.page_size
-                    )
+            if self.layout == "page_first_direct":
+                direct_load_layer_from_page_first_direct(
+                    host, device_layer, host_idx, device_idx, layer_id, self.page_size
+                )
             elif self.layout == "layer_first":
-                pick("transfer_rows", "auto", host[0], device_layer[0])(
+                pick("transfer_rows", _KERNEL[backend], host[0], device_layer[0])(
                     self._host_layers[layer_id], device_layer, host_idx, device_idx
                 )
             else:
@@ -393,18 +387,13 @@ class HostKVCache(StoragePages, SGLangViews, HostBuffers):
         backend = self._io_backend(io_backend, desc)
         host_idx, device_idx = self._checked_indices(desc, backend, host_indices, device_indices)
         device = desc.buffers
-        if backend == "direct":
-            if self.layout == "layer_first":
-                direct_transfer_rows(
-                    device, self._layer_views, device_idx, host_idx, self.page_size
-                )
-            else:
-                direct_backup_all_layers_to_page_first_direct(
-                    device, self.buffers, device_idx, host_idx, self.page_size
-                )
+        if self.layout == "page_first_direct":
+            direct_backup_all_layers_to_page_first_direct(
+                device, self.buffers, device_idx, host_idx, self.page_size
+            )
             return
         host = self._layer_views if self.layout == "layer_first" else self.buffers
-        pick(self._backup_op, "auto", device[0][0], self.buffers[0])(
+        pick(self._backup_op, _KERNEL[backend], device[0][0], self.buffers[0])(
             device, host, device_idx, host_idx
         )
 
