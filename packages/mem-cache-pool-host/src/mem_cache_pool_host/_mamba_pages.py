@@ -1,5 +1,6 @@
 """``MambaStoragePages``: the storage (L3) page API of a
-:class:`~mem_cache_pool_host.mamba.MambaPoolHost` (private; one of its bases).
+:class:`~mem_cache_pool_host.mamba.MambaPoolHost` (private; its base, itself over
+:class:`~mem_cache_pool_host._mamba_slots.MambaSlots`).
 
 A host slot is one page (``page_size`` 1): ``get_data_page`` / ``set_from_flat_data_page`` move it
 as one flat ``uint8`` page (temporal bytes, then each conv tensor's: SGLang's order), and
@@ -15,28 +16,16 @@ from typing import TYPE_CHECKING
 import torch
 
 from mem_cache_kernels.checks import check_index, check_int, check_tensor
-
-if TYPE_CHECKING:
-    from mem_cache_pool_host.slots import HostSlotAllocator
+from mem_cache_pool_host._mamba_slots import MambaSlots
 
 __all__ = ["MambaStoragePages"]
 
 
-class MambaStoragePages:
+class MambaStoragePages(MambaSlots):
     """The storage page API of :class:`~mem_cache_pool_host.mamba.MambaPoolHost` (see the
     module doc); not used alone."""
 
-    if TYPE_CHECKING:  # MambaPoolHost's state, set by its constructor
-        size: int
-        page_size: int
-        num_mamba_layers: int
-        temporal_buffer: torch.Tensor
-        conv_buffer: list[torch.Tensor]
-        temporal_state_elem_size: int
-        conv_state_elem_sizes: list[int]
-        temporal_dtype: torch.dtype
-        _conv_dtypes: list[torch.dtype]
-        _slots: HostSlotAllocator
+    if TYPE_CHECKING:  # MambaPoolHost's state, set by its constructor (the rest: MambaSlots)
         size_per_token: int
 
     # ------------------------------------------------------------------ storage (L3) pages

@@ -1,5 +1,5 @@
 """``MambaSlots``: the sizes and host slots of a :class:`~mem_cache_pool_host.mamba.MambaPoolHost`
-(private; one of its bases).
+(private; the base of its storage page API).
 
 Sizes (``get_size_per_token``: every Mamba layer's conv and temporal state of one slot), the slot
 calls (``alloc`` / ``free`` / ``clear`` / ``is_allocated`` / ``available_size``, the

@@ -50,7 +50,6 @@ from mem_cache_kernels.checks import (
 )
 from mem_cache_kernels.dispatch import pick
 from mem_cache_pool_host._mamba_pages import MambaStoragePages
-from mem_cache_pool_host._mamba_slots import MambaSlots
 from mem_cache_pool_host.base import _prepare_transfer_indices
 from mem_cache_pool_host.capacity import preflight_host_memory
 from mem_cache_pool_host.layer_counter import LayerDoneCounter
@@ -106,7 +105,7 @@ def _buffer_info(value: object, arg: str = "buffer_info") -> Any:
     return value
 
 
-class MambaPoolHost(MambaStoragePages, MambaSlots):
+class MambaPoolHost(MambaStoragePages):
     """Host slots of request states (see the module doc). SGLang's arguments:
     ``buffer_info`` (the device checkpoint buffers, or the device ``MambaPool`` itself),
     ``host_to_device_ratio``, ``host_size`` (GB; ``> 0`` wins), ``device_capacity`` (device
