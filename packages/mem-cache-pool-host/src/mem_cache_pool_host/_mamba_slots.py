@@ -4,8 +4,9 @@
 Sizes (``get_size_per_token``: every Mamba layer's conv and temporal state of one slot), the slot
 calls (``alloc`` / ``free`` / ``clear`` / ``is_allocated`` / ``available_size``, the
 :class:`~mem_cache_pool_host.slots.HostSlotAllocator`'s, double frees raise), and the read-only
-members under SGLang's names (``free_slots``, ``release_slots``, ``slot_used``, ``mem_state``,
-``logical_size``, ``fd``, ...): snapshots, never written.
+members under SGLang's names: ``fd``, and the slot state (``free_slots``, ``release_slots``,
+``slot_used``, ``mem_state``, ``logical_size``, ...) of
+:class:`~mem_cache_pool_host._slot_state.SlotState`, shared with the KV pools.
 """
 
 from __future__ import annotations
@@ -14,20 +15,19 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from mem_cache_pool_host._slot_state import SlotState
+
 if TYPE_CHECKING:
     from mem_cache_pool_host.memory import HostAllocation, MmapHostTensorAllocator
-    from mem_cache_pool_host.slots import HostSlotAllocator
 
 __all__ = ["MambaSlots"]
 
 
-class MambaSlots:
+class MambaSlots(SlotState):
     """Sizes and slots of :class:`~mem_cache_pool_host.mamba.MambaPoolHost` (see the module
     doc); not used alone."""
 
-    if TYPE_CHECKING:  # MambaPoolHost's state, set by its constructor
-        size: int
-        page_size: int
+    if TYPE_CHECKING:  # MambaPoolHost's state, set by its constructor (and SlotState's)
         num_mamba_layers: int
         temporal_buffer: torch.Tensor
         conv_buffer: list[torch.Tensor]
@@ -35,8 +35,6 @@ class MambaSlots:
         conv_state_elem_sizes: list[int]
         temporal_dtype: torch.dtype
         _conv_dtypes: list[torch.dtype]
-        _slots: HostSlotAllocator
-        dcp_size: int
         allocator: MmapHostTensorAllocator
         _allocations: list[HostAllocation]
 
@@ -79,48 +77,6 @@ class MambaSlots:
     def is_allocated(self, indices: torch.Tensor) -> bool:
         """Whether every slot of ``indices`` is allocated."""
         return self._slots.is_allocated(indices)
-
-    # SGLang's free-list state, read from the slot allocator (snapshots, CPU; not writable)
-    @property
-    def logical_size(self) -> int:
-        """Slots the radix tree and controller see (SGLang's ``size * dcp_size``; no decode
-        context parallelism here, so ``size``)."""
-        return self.size * self.dcp_size
-
-    @property
-    def logical_page_size(self) -> int:
-        """Page size in that logical space (``page_size * dcp_size``: 1, a slot per state)."""
-        return self.page_size * self.dcp_size
-
-    @property
-    def free_slots(self) -> torch.Tensor:
-        """Free slots not yet merged back (CPU int64, in hand-out order; a copy). With
-        :attr:`release_slots` they make up :meth:`available_size`."""
-        return self._slots.free_slots()
-
-    @property
-    def release_slots(self) -> list[torch.Tensor]:
-        """Slots freed since the last merge, one tensor per ``free`` call (merged lazily by the
-        next ``alloc`` that needs them; copies)."""
-        return self._slots.release_slots()
-
-    @property
-    def num_release_slots(self) -> int:
-        """Total slots in :attr:`release_slots`."""
-        return sum(int(t.numel()) for t in self._slots.release_slots())
-
-    @property
-    def slot_used(self) -> torch.Tensor:
-        """Per slot, whether it is allocated (bool ``[logical_size]``; a copy). SGLang's base
-        keeps this for its double-free check; its ``MambaPoolHost`` does not, ours does
-        (``free`` of a free slot raises ``ValueError``)."""
-        return self._slots.slot_used()
-
-    @property
-    def mem_state(self) -> torch.Tensor:
-        """SGLang's per-slot ``uint8`` state tensor, which its ``clear`` allocates zeroed and
-        nothing updates: zeros of ``[logical_size]`` (a fresh tensor)."""
-        return torch.zeros(self.logical_size, dtype=torch.uint8)
 
     @property
     def fd(self) -> int | None:

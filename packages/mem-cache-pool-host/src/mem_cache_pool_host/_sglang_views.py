@@ -2,7 +2,8 @@
 off a host pool (private; a base of :class:`~mem_cache_pool_host.base.HostKVCache`).
 
 * The slot state under SGLang's names (``free_slots``, ``release_slots``, ``slot_used``,
-  ``mem_state``, ``logical_size``, ...): snapshots read from the slot allocator, never written.
+  ``mem_state``, ``logical_size``, ...): :class:`~mem_cache_pool_host._slot_state.SlotState`,
+  shared with the state pool.
 * SGLang's transfer geometry: the JIT / staging answers of a pool without those kernels,
   ``token_stride_size``, ``layout_dim``, ``get_ksize_per_token`` and the per-layer host views
   and pointer tables the MHA / MLA pools expose as ``*_data_refs`` / ``*_data_ptrs``.
@@ -12,63 +13,21 @@ Kept out of ``base`` so that the module a transfer runs through holds only what 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from mem_cache_pool_host._buffers import HostBuffers
+from mem_cache_pool_host._slot_state import SlotState
 
 __all__ = ["SGLangViews"]
 
 
-class SGLangViews(HostBuffers):
+class SGLangViews(HostBuffers, SlotState):
     """SGLang's read-only members of :class:`~mem_cache_pool_host.base.HostKVCache` (see the
     module doc); not used alone."""
-
-    if TYPE_CHECKING:  # declared by HostKVCache
-        dcp_size: int
 
     def get_size_per_token(self) -> int:
         """Host bytes one token occupies across all layers (``size_per_token``)."""
         return self.size_per_token
-
-    @property
-    def logical_size(self) -> int:
-        """SGLang's slot count the radix tree and controller see (``size * dcp_size``; no decode
-        context parallelism here, so ``size``)."""
-        return self.size * self.dcp_size
-
-    @property
-    def logical_page_size(self) -> int:
-        """SGLang's page size in that logical space (``page_size * dcp_size``: ``page_size``)."""
-        return self.page_size * self.dcp_size
-
-    # SGLang's free-list state, read from the slot allocator (snapshots, CPU; not writable)
-    @property
-    def free_slots(self) -> torch.Tensor:
-        """Free slots not yet merged back (int64, pages whole, in hand-out order)."""
-        return self._slots.free_slots()
-
-    @property
-    def release_slots(self) -> list[torch.Tensor]:
-        """Slots freed since the last merge, one tensor per ``free`` call (merged lazily)."""
-        return self._slots.release_slots()
-
-    @property
-    def num_release_slots(self) -> int:
-        """Total slots in :attr:`release_slots`."""
-        return sum(int(t.numel()) for t in self._slots.release_slots())
-
-    @property
-    def slot_used(self) -> torch.Tensor:
-        """Per slot, whether it is allocated (bool, ``[logical_size]``)."""
-        return self._slots.slot_used()
-
-    @property
-    def mem_state(self) -> torch.Tensor:
-        """SGLang's per-slot uint8 state tensor, which its base allocates zeroed and nothing
-        updates: zeros of ``[logical_size]`` (a fresh tensor)."""
-        return torch.zeros(self.logical_size, dtype=torch.uint8)
 
     # ------------------------------------------------------------- SGLang's transfer geometry
     can_use_jit: bool = False
