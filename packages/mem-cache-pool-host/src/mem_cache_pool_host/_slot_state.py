@@ -38,13 +38,14 @@ class SlotState:
 
     @property
     def logical_page_size(self) -> int:
-        """Page size in that logical space (``page_size * dcp_size``: 1, a slot per state)."""
+        """Page size in that logical space (SGLang's ``page_size * dcp_size``: ``page_size``;
+        1 for a state pool, a slot per state)."""
         return self.page_size * self.dcp_size
 
     @property
     def free_slots(self) -> torch.Tensor:
-        """Free slots not yet merged back (CPU int64, in hand-out order; a copy). With
-        :attr:`release_slots` they make up :meth:`available_size`."""
+        """Free slots not yet merged back (CPU int64, whole pages, in hand-out order; a copy).
+        With :attr:`release_slots` they make up ``available_size()``."""
         return self._slots.free_slots()
 
     @property
@@ -60,13 +61,13 @@ class SlotState:
 
     @property
     def slot_used(self) -> torch.Tensor:
-        """Per slot, whether it is allocated (bool ``[logical_size]``; a copy). SGLang's base
-        keeps this for its double-free check; its ``MambaPoolHost`` does not, ours does
-        (``free`` of a free slot raises ``ValueError``)."""
+        """Per slot, whether it is allocated (bool ``[logical_size]``; a copy). SGLang's
+        ``HostKVCache`` keeps this for its double-free check (its ``MambaPoolHost`` does not;
+        ours do: ``free`` of a free slot raises ``ValueError``)."""
         return self._slots.slot_used()
 
     @property
     def mem_state(self) -> torch.Tensor:
-        """SGLang's per-slot ``uint8`` state tensor, which its ``clear`` allocates zeroed and
-        nothing updates: zeros of ``[logical_size]`` (a fresh tensor)."""
+        """SGLang's per-slot ``uint8`` state tensor, which its base allocates zeroed and nothing
+        updates: zeros of ``[logical_size]`` (a fresh tensor)."""
         return torch.zeros(self.logical_size, dtype=torch.uint8)
