@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import runpy
 import subprocess
 import sys
 import types
@@ -38,9 +39,9 @@ import torch
 from mem_cache_pool.deepseek_v4 import DeepSeekV4TokenToKVPool
 
 ROOT = Path(__file__).resolve().parents[2]
+POOL_TESTS = ROOT / "packages" / "mem-cache-pool" / "tests"
 
 Load = Callable[..., list[types.ModuleType]]
-FP8 = torch.float8_e4m3fn
 CONFIGS = {
     "c4+c128": dict(compression_ratios=[0, 4, 128, 4], layer_num=4, page_size=128, c128_size=2),
     "c128 first": dict(compression_ratios=[128, 0, 4], layer_num=3, page_size=256, c128_size=3),
@@ -49,24 +50,11 @@ CONFIGS = {
 
 
 def _args(config: dict[str, Any]) -> dict[str, Any]:
-    args: dict[str, Any] = dict(
-        max_num_reqs=4,
-        swa_size=32,
-        c4_size=64,
-        c4_state_pool_size=4,
-        c128_state_pool_size=4,
-        swa_page_size=4,
-        dtype=FP8,
-        c4_state_dtype=torch.float32,
-        c128_state_dtype=torch.float32,
-        qk_nope_head_dim=448,
-        qk_rope_head_dim=64,
-        indexer_head_dim=128,
-        device="cpu",
-        enable_memory_saver=False,
-    )
-    args.update(config)
-    return args
+    """The arguments both pools are built with: mem-cache-pool's test builder
+    (``deepseek_v4_args`` of its ``tests/conftest.py``) with a wider SWA and indexer, then
+    ``config``."""
+    deepseek_v4_args = runpy.run_path(str(POOL_TESTS / "conftest.py"))["deepseek_v4_args"]
+    return dict(deepseek_v4_args(swa_size=32, indexer_head_dim=128, **config))
 
 
 @pytest.fixture(scope="module")

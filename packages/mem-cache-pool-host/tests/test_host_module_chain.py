@@ -2,7 +2,10 @@
 trusted body. Counted at run time (a profile hook on the second call, as ``tools/dev chain``):
 the only module of this package a transfer enters is the public method's own (plus the layer
 counter a load signals), the only checks module is ``mem_cache_kernels.checks``, and the
-kernels' validating public ops are never entered on the ``kernel`` IO path."""
+kernels' validating public ops are never entered: not on the ``kernel`` IO path, nor on the
+``direct`` one of a ``layer_first`` pool (the torch executor's row copies, through ``pick``). A
+``page_first_direct`` pool still runs the public ``direct_*`` ops, which check again: their
+page-granular bodies have no row in ``mem_cache_kernels.dispatch.TABLE`` yet."""
 
 from __future__ import annotations
 
@@ -24,7 +27,8 @@ from mem_cache_pool_host.deepseek_v4 import DeepSeekV4SingleKVPoolHost
 _MARK = "/src/mem_cache_"
 # the kernels' validating public ops (a pool that validated calls their trusted bodies instead)
 _VALIDATING_OPS = ("mem_cache_kernels._transfer", "mem_cache_kernels.mamba",
-                   "mem_cache_kernels.deepseek_v4", "mem_cache_kernels._names")  # fmt: skip
+                   "mem_cache_kernels.deepseek_v4", "mem_cache_kernels._names",
+                   "mem_cache_kernels._direct")  # fmt: skip
 
 
 def _module_of(filename: str) -> str | None:
@@ -54,13 +58,13 @@ def _chain(call: Callable[[], object]) -> list[str]:
     return list(seen)
 
 
-def _check(chain: list[str], own: set[str], *, kernel_io: bool) -> None:
+def _check(chain: list[str], own: set[str], *, trusted: bool) -> None:
     ours = [m for m in chain if m.startswith("mem_cache_pool_host")]
     assert set(ours) <= own | {"mem_cache_pool_host.layer_counter"}, chain
     assert ours and ours[0] in own, chain
     checks = [m for m in chain if m.rsplit(".", 1)[-1].lstrip("_") == "checks"]
     assert checks == ["mem_cache_kernels.checks"], chain
-    if kernel_io:
+    if trusted:
         assert not [m for m in chain if m in _VALIDATING_OPS], chain
         assert "mem_cache_kernels.dispatch" in chain, chain
 
@@ -75,22 +79,22 @@ def test_mha_transfers_enter_only_base(layout: str, io_backend: str) -> None:
     dev = MHATokenToKVPool(64, 4, torch.bfloat16, 2, 8, 2, "cpu")
     host = MHATokenToKVPoolHost(dev, 2.0, 0, 4, layout, pin_memory=False, io_backend=io_backend)
     h, d = torch.arange(0, 16), torch.arange(16, 32)
-    kernel = io_backend == "kernel"
+    trusted = layout != "page_first_direct"  # see the module doc
     for call in (
         lambda: host.backup_from_device_all_layer(dev, h, d, io_backend),
         lambda: host.backup_from_device_all_layer_physical(dev, h, d, io_backend),
         lambda: host.load_to_device_per_layer(dev, h, d, 1, io_backend),
         lambda: host.load_to_device_per_layer_physical(dev, h, d, 1, io_backend),
     ):
-        _check(_chain(call), _BASE, kernel_io=kernel)
+        _check(_chain(call), _BASE, trusted=trusted)
 
 
 def test_mla_transfers_enter_only_base() -> None:
     dev = MLATokenToKVPool(64, 4, torch.bfloat16, 16, 8, 2, "cpu")
     host = MLATokenToKVPoolHost(dev, 2.0, 0, 4, "page_first", pin_memory=False)
     h, d = torch.arange(0, 16), torch.arange(16, 32)
-    _check(_chain(lambda: host.backup_from_device_all_layer(dev, h, d)), _BASE, kernel_io=True)
-    _check(_chain(lambda: host.load_to_device_per_layer(dev, h, d, 0)), _BASE, kernel_io=True)
+    _check(_chain(lambda: host.backup_from_device_all_layer(dev, h, d)), _BASE, trusted=True)
+    _check(_chain(lambda: host.load_to_device_per_layer(dev, h, d, 0)), _BASE, trusted=True)
 
 
 def test_mamba_transfers_enter_only_mamba() -> None:
@@ -107,8 +111,8 @@ def test_mamba_transfers_enter_only_mamba() -> None:
     assert h is not None
     d = torch.tensor([1, 2, 3])
     own = {"mem_cache_pool_host.mamba"}
-    _check(_chain(lambda: host.backup_from_device_all_layer(pool, h, d)), own, kernel_io=True)
-    _check(_chain(lambda: host.load_to_device_per_layer(pool, h, d, 1)), own, kernel_io=True)
+    _check(_chain(lambda: host.backup_from_device_all_layer(pool, h, d)), own, trusted=True)
+    _check(_chain(lambda: host.load_to_device_per_layer(pool, h, d, 1)), own, trusted=True)
 
 
 def test_deepseek_v4_token_transfers_enter_only_their_class() -> None:
@@ -117,8 +121,8 @@ def test_deepseek_v4_token_transfers_enter_only_their_class() -> None:
     h, d = torch.arange(0, 8), torch.arange(4, 12)
     own = {"mem_cache_pool_host.deepseek_v4", "mem_cache_pool_host.base"}
     _check(
-        _chain(lambda: host.backup_tokens_from_device_all_layer(dev, h, d)), own, kernel_io=True
+        _chain(lambda: host.backup_tokens_from_device_all_layer(dev, h, d)), own, trusted=True
     )
     _check(
-        _chain(lambda: host.load_tokens_to_device_per_layer(dev, h, d, 1)), own, kernel_io=True
+        _chain(lambda: host.load_tokens_to_device_per_layer(dev, h, d, 1)), own, trusted=True
     )

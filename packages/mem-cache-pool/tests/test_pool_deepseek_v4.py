@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 from hypothesis import settings
@@ -20,6 +22,7 @@ from mem_cache_pool.deepseek_v4 import (
 )
 
 FP8 = torch.float8_e4m3fn
+MakeDeepSeekV4Pool = Callable[..., DeepSeekV4TokenToKVPool]
 
 
 def _records(n: int, seed: int = 0) -> torch.Tensor:
@@ -264,35 +267,10 @@ def test_compress_state_ring_addressing() -> None:
 # ----------------------------------------------------------------------------- composite
 
 
-def _composite(**kw: object) -> DeepSeekV4TokenToKVPool:
-    args: dict[str, object] = dict(
-        max_num_reqs=4,
-        swa_size=16,
-        c4_size=64,
-        c128_size=2,
-        c4_state_pool_size=4,
-        c128_state_pool_size=4,
-        page_size=128,
-        swa_page_size=4,
-        dtype=FP8,
-        c4_state_dtype=torch.float32,
-        c128_state_dtype=torch.float32,
-        qk_nope_head_dim=448,
-        qk_rope_head_dim=64,
-        indexer_head_dim=16,
-        layer_num=4,
-        device="cpu",
-        enable_memory_saver=False,
-        compression_ratios=[0, 4, 128, 4],
-        state_dim=8,
-        start_layer=1,
-    )
-    args.update(kw)
-    return DeepSeekV4TokenToKVPool(**args)  # type: ignore[arg-type]
-
-
-def test_composite_routes_layers_by_compress_ratio() -> None:
-    pool = _composite()
+def test_composite_routes_layers_by_compress_ratio(
+    make_deepseek_v4_pool: MakeDeepSeekV4Pool,
+) -> None:
+    pool = make_deepseek_v4_pool()
     assert (pool.size, pool.page_size, pool.start_layer, pool.end_layer) == (256, 128, 1, 5)
     assert {k: v[:2] for k, v in pool.layer_mapping.items()} == {
         1: (0, -1),
@@ -326,8 +304,10 @@ def test_composite_routes_layers_by_compress_ratio() -> None:
     assert pool.get_total_bytes() == sub + sum(s.get_total_bytes() for s in states if s)
 
 
-def test_composite_writes_go_to_the_routed_sub_pool() -> None:
-    pool = _composite()
+def test_composite_writes_go_to_the_routed_sub_pool(
+    make_deepseek_v4_pool: MakeDeepSeekV4Pool,
+) -> None:
+    pool = make_deepseek_v4_pool()
     rec = _records(2, seed=4)
     pool.set_compressed_key_buffer(4, torch.tensor([33, 40]), rec)  # c4 local layer 1
     c4 = pool.c4_kv_pool
@@ -353,8 +333,8 @@ def test_composite_writes_go_to_the_routed_sub_pool() -> None:
     assert int(pool.swa_kv_pool.get_key_records(1, torch.tensor([5])).sum()) == 0
 
 
-def test_composite_mapping_and_hisparse_variant() -> None:
-    pool = _composite(enable_hisparse=True, online_mtp_max_draft_tokens=2)
+def test_composite_mapping_and_hisparse_variant(make_deepseek_v4_pool: MakeDeepSeekV4Pool) -> None:
+    pool = make_deepseek_v4_pool(enable_hisparse=True, online_mtp_max_draft_tokens=2)
     assert isinstance(pool.c4_kv_pool, HiSparseC4DevicePool)
     assert (pool.c4_ring_size, pool.c128_ring_size) == (16, 256)
     with pytest.raises(RuntimeError, match="register_mapping"):
@@ -372,11 +352,13 @@ def test_composite_mapping_and_hisparse_variant() -> None:
         pool.move_kv_cache(torch.tensor([1]), torch.tensor([2]))
 
 
-def test_composite_rejects_bad_ratios_and_page_size() -> None:
+def test_composite_rejects_bad_ratios_and_page_size(
+    make_deepseek_v4_pool: MakeDeepSeekV4Pool,
+) -> None:
     with pytest.raises(ValueError, match="compression_ratios must hold layer_num=4 values"):
-        _composite(compression_ratios=[0, 4, 8, 4])
+        make_deepseek_v4_pool(compression_ratios=[0, 4, 8, 4])
     with pytest.raises(ValueError, match="page_size must be a multiple of 128"):
-        _composite(page_size=64)
+        make_deepseek_v4_pool(page_size=64)
 
 
 # ----------------------------------------------------------------------------- stateful model
@@ -451,7 +433,9 @@ TestSingleKVModel = _SingleKVModel.TestCase
 TestSingleKVModel.settings = settings(max_examples=12, stateful_step_count=12, deadline=None)
 
 
-def test_every_store_writes_the_padding_slot_like_sglang() -> None:
+def test_every_store_writes_the_padding_slot_like_sglang(
+    make_deepseek_v4_pool: MakeDeepSeekV4Pool,
+) -> None:
     # SGLang 0.5.23's DeepSeek-V4 stores (SetKAndS, fused_store_cache, the indexer store) take
     # no skip index: slot 0 is written like any other slot
     pool = _single()
@@ -466,12 +450,14 @@ def test_every_store_writes_the_padding_slot_like_sglang() -> None:
     indexer.set_index_k_scale_buffer(0, torch.tensor([0]), keys, torch.tensor([0.5]))
     got_k, got_s = indexer.get_index_k_scale_buffer(0, torch.tensor([0]))
     assert torch.equal(got_k.view(torch.uint8), keys) and got_s.tolist() == [0.5]
-    composite = _composite()
+    composite = make_deepseek_v4_pool()
     composite.set_swa_key_buffer(1, torch.tensor([0]), rec[:1])
     assert torch.equal(composite.swa_kv_pool.get_key_records(1, torch.tensor([0])), rec[:1])
 
 
-def test_composite_sglang_0_5_23_size_names_and_helpers() -> None:
+def test_composite_sglang_0_5_23_size_names_and_helpers(
+    make_deepseek_v4_pool: MakeDeepSeekV4Pool,
+) -> None:
     class Waiter:
         def __init__(self) -> None:
             self.calls: list[int] = []
@@ -479,12 +465,12 @@ def test_composite_sglang_0_5_23_size_names_and_helpers() -> None:
         def wait_until(self, layer_index: int) -> None:
             self.calls.append(layer_index)
 
-    pool = _composite()
+    pool = make_deepseek_v4_pool()
     assert (pool.swa_size, pool.swa_page_size, pool.c128_size) == (16, 4, 2)
     assert pool.full_size == 2 * 128 and pool.num_req_slots == 5
     assert pool.indexer_head_dim == 16 and pool.online_mtp_max_draft_tokens == 0
     assert (pool.get_ring_size(4), pool.get_ring_size(128)) == (8, 128)
-    assert _composite(online_mtp_max_draft_tokens=2).get_ring_size(4) == 16
+    assert make_deepseek_v4_pool(online_mtp_max_draft_tokens=2).get_ring_size(4) == 16
     assert pool.get_swa_key_page_size() == 4
     assert pool.get_index_k_page_size() == 128 // 4
     with pytest.raises(ValueError, match="compress_ratio"):

@@ -17,34 +17,7 @@ from mem_cache_pool.deepseek_v4 import (
 )
 
 FP8 = torch.float8_e4m3fn
-
-
-def _pool(**kw: object) -> DeepSeekV4TokenToKVPool:
-    """Layers 1..4 with ratios 0, 4, 128, 4; full size 256 (c128_size 2 * 128)."""
-    args: dict[str, object] = dict(
-        max_num_reqs=4,
-        swa_size=16,
-        c4_size=64,
-        c128_size=2,
-        c4_state_pool_size=4,
-        c128_state_pool_size=4,
-        page_size=128,
-        swa_page_size=4,
-        dtype=FP8,
-        c4_state_dtype=torch.float32,
-        c128_state_dtype=torch.float32,
-        qk_nope_head_dim=448,
-        qk_rope_head_dim=64,
-        indexer_head_dim=16,
-        layer_num=4,
-        device="cpu",
-        enable_memory_saver=False,
-        compression_ratios=[0, 4, 128, 4],
-        state_dim=8,
-        start_layer=1,
-    )
-    args.update(kw)
-    return DeepSeekV4TokenToKVPool(**args)  # type: ignore[arg-type]
+MakeDeepSeekV4Pool = Callable[..., DeepSeekV4TokenToKVPool]
 
 
 def _records(n: int, seed: int) -> torch.Tensor:
@@ -64,10 +37,12 @@ class _Waiter:
 # ----------------------------------------------------------------------------- constructor
 
 
-def test_constructor_takes_sglangs_keywords_and_sizes_state_by_request_slots() -> None:
-    pool = _pool()
+def test_constructor_takes_sglangs_keywords_and_sizes_state_by_request_slots(
+    make_deepseek_v4_pool: MakeDeepSeekV4Pool,
+) -> None:
+    pool = make_deepseek_v4_pool()
     assert pool.num_req_slots == 5 and pool.max_num_reqs == 4
-    wide = _pool(num_req_slots=10)
+    wide = make_deepseek_v4_pool(num_req_slots=10)
     assert wide.num_req_slots == 10
     assert wide.c4_state_pool is not None and wide.c128_state_pool is not None
     assert (wide.c4_state_pool.size, wide.c128_state_pool.size) == (9, 9)  # slots 0..9
@@ -76,25 +51,29 @@ def test_constructor_takes_sglangs_keywords_and_sizes_state_by_request_slots() -
     class Layout(str, enum.Enum):
         V4 = "v4"
 
-    same = _pool(kv_layout=Layout.V4, compressed_kv_layout="auto", unified_fp8=False)
+    same = make_deepseek_v4_pool(
+        kv_layout=Layout.V4, compressed_kv_layout="auto", unified_fp8=False
+    )
     assert same.kv_layout == "v4" and same.compressed_kv_layout_option == "auto"
     with pytest.raises(NotImplementedError, match="only the V4 layout"):
-        _pool(kv_layout="v41")
+        make_deepseek_v4_pool(kv_layout="v41")
     with pytest.raises(ValueError, match="kv_layout must be 'v4'"):
-        _pool(kv_layout="uniform_fp8")
+        make_deepseek_v4_pool(kv_layout="uniform_fp8")
     with pytest.raises(ValueError, match="compressed_kv_layout"):
-        _pool(compressed_kv_layout="fp4")
+        make_deepseek_v4_pool(compressed_kv_layout="fp4")
     with pytest.raises(TypeError, match="unified_fp8"):
-        _pool(unified_fp8=1)
+        make_deepseek_v4_pool(unified_fp8=1)
     with pytest.raises(TypeError, match="kv_source_layers"):
-        _pool(kv_source_layers="0")
+        make_deepseek_v4_pool(kv_source_layers="0")
     with pytest.raises(ValueError, match="num_req_slots"):
-        _pool(num_req_slots=0)
-    assert _pool(kv_source_layers=[1], full_size=256, is_draft_worker=True).kv_source_layers == [1]
+        make_deepseek_v4_pool(num_req_slots=0)
+    assert make_deepseek_v4_pool(
+        kv_source_layers=[1], full_size=256, is_draft_worker=True
+    ).kv_source_layers == [1]
 
 
-def test_registries_and_configs() -> None:
-    pool = _pool()
+def test_registries_and_configs(make_deepseek_v4_pool: MakeDeepSeekV4Pool) -> None:
+    pool = make_deepseek_v4_pool()
     assert pool.c4_logical_size == 64
     assert pool.compressed_pool_configs == {
         4: CompressedPoolConfig(64, 4, torch.float32, 64),
@@ -127,13 +106,13 @@ def test_registries_and_configs() -> None:
     assert [i is None for i in idx] == [True, True, False, True, False]
     i4 = idx[4]
     assert i4 is not None and i4.pool is pool.c4_indexer_state_pool and i4.kv_state.shape[1] == 16
-    only_c4 = _pool(compression_ratios=[0, 4, 0, 4], page_size=16)
+    only_c4 = make_deepseek_v4_pool(compression_ratios=[0, 4, 0, 4], page_size=16)
     assert only_c4.present_ratios == (4,) and set(only_c4.compressed_pool_configs) == {4}
     assert only_c4.pd_kv_layout() == "v4,c4:v4"
 
 
-def test_layout_getters() -> None:
-    pool = _pool()
+def test_layout_getters(make_deepseek_v4_pool: MakeDeepSeekV4Pool) -> None:
+    pool = make_deepseek_v4_pool()
     assert pool.pd_kv_layout() == "v4,c4:v4,c128:v4"
     assert pool.compressed_kv_layout(4) == pool.compressed_kv_layout(128) == "v4"
     assert pool.get_swa_key_layout() == "v4" and pool.get_swa_key_bytes_per_token() == 584
@@ -148,8 +127,10 @@ def test_layout_getters() -> None:
 # ----------------------------------------------------------------------------- writes and reads
 
 
-def test_swa_writes_records_packs_and_fused_rows_bit_exact() -> None:
-    pool = _pool()
+def test_swa_writes_records_packs_and_fused_rows_bit_exact(
+    make_deepseek_v4_pool: MakeDeepSeekV4Pool,
+) -> None:
+    pool = make_deepseek_v4_pool()
     rec = _records(2, seed=1)
     pool.set_swa_key_buffer(2, torch.tensor([5, 9]), rec)
     assert torch.equal(pool.swa_kv_pool.get_key_records(2, torch.tensor([5, 9])), rec)
@@ -180,8 +161,10 @@ def test_swa_writes_records_packs_and_fused_rows_bit_exact() -> None:
     assert torch.equal(pool.swa_kv_pool.get_key_records(2, torch.tensor([5, 9])), rec)
 
 
-def test_extra_key_writes_route_to_the_compressed_pool_bit_exact() -> None:
-    pool = _pool()
+def test_extra_key_writes_route_to_the_compressed_pool_bit_exact(
+    make_deepseek_v4_pool: MakeDeepSeekV4Pool,
+) -> None:
+    pool = make_deepseek_v4_pool()
     rec = _records(3, seed=2)
     pool.set_extra_key_buffer(4, torch.tensor([33, 40, 63]), rec)  # c4 local layer 1
     c4, c128 = pool.c4_kv_pool, pool.c128_kv_pool
@@ -202,8 +185,10 @@ def test_extra_key_writes_route_to_the_compressed_pool_bit_exact() -> None:
         pool.set_extra_key_buffer(1, torch.tensor([1]), rec[:1])
 
 
-def test_indexer_fused_store_and_sequence_gather_bit_exact() -> None:
-    pool = _pool()
+def test_indexer_fused_store_and_sequence_gather_bit_exact(
+    make_deepseek_v4_pool: MakeDeepSeekV4Pool,
+) -> None:
+    pool = make_deepseek_v4_pool()
     idx = pool.c4_indexer_kv_pool
     assert idx is not None
     x = torch.randn(3, 16) * torch.tensor([[1.0], [100.0], [0.0]])
@@ -243,8 +228,8 @@ def _fill_states(pool: DeepSeekV4TokenToKVPool) -> None:
             state.score_state.copy_(torch.randn(state.score_state.shape, generator=g))
 
 
-def test_state_views_and_request_scoped_clear() -> None:
-    pool = _pool()
+def test_state_views_and_request_scoped_clear(make_deepseek_v4_pool: MakeDeepSeekV4Pool) -> None:
+    pool = make_deepseek_v4_pool()
     waiter = _Waiter()
     pool.register_layer_transfer_counter(waiter)
     view = pool.get_attention_compress_states(4)
@@ -277,8 +262,10 @@ def test_state_views_and_request_scoped_clear() -> None:
         pool.clear_request_scoped_state(5)
 
 
-def test_clear_unaccepted_c128_draft_states_clears_rejected_rows_only() -> None:
-    pool = _pool(online_mtp_max_draft_tokens=3)  # c128 ring 256
+def test_clear_unaccepted_c128_draft_states_clears_rejected_rows_only(
+    make_deepseek_v4_pool: MakeDeepSeekV4Pool,
+) -> None:
+    pool = make_deepseek_v4_pool(online_mtp_max_draft_tokens=3)  # c128 ring 256
     _fill_states(pool)
     c128 = pool.compress_state_pools[3]
     assert c128 is not None and c128.ring_size == 256
@@ -295,13 +282,17 @@ def test_clear_unaccepted_c128_draft_states_clears_rejected_rows_only() -> None:
         pool.clear_unaccepted_c128_draft_states(req, seq, acc[:1], 4)
 
 
-def test_request_state_transfer_indices_and_buf_infos() -> None:
-    pool = _pool()
+def test_request_state_transfer_indices_and_buf_infos(
+    make_deepseek_v4_pool: MakeDeepSeekV4Pool,
+) -> None:
+    pool = make_deepseek_v4_pool()
     assert pool.request_state_transfer_indices(3, 0).tolist() == []
     assert pool.request_state_transfer_indices(3, 256).tolist() == []
     out = pool.request_state_transfer_indices(3, 300)
     assert type(out).__name__ == "ndarray" and str(out.dtype) == "int32" and out.tolist() == [3]
-    spec = _pool(online_mtp_max_draft_tokens=2)  # ring 256: two 128-row pages per request
+    spec = make_deepseek_v4_pool(
+        online_mtp_max_draft_tokens=2
+    )  # ring 256: two 128-row pages per request
     assert spec.request_state_transfer_indices(3, 300).tolist() == [3 * 2 + 0]
     assert spec.request_state_transfer_indices(3, 200).tolist() == [3 * 2 + 1]
     c128 = pool.compress_state_pools[3]
@@ -309,14 +300,16 @@ def test_request_state_transfer_indices_and_buf_infos() -> None:
     ptrs, lens, items = pool.get_request_state_buf_infos()
     assert ptrs == [c128.kv_state.data_ptr(), c128.score_state.data_ptr()]
     assert lens == [c128.kv_state.nbytes] * 2 and items == [128 * 8 * 4] * 2
-    no_c128 = _pool(compression_ratios=[0, 4, 0, 4], page_size=16)
+    no_c128 = make_deepseek_v4_pool(compression_ratios=[0, 4, 0, 4], page_size=16)
     assert no_c128.get_request_state_buf_infos() == ([], [], [])
     with pytest.raises(ValueError, match="no request-scoped"):
         no_c128.request_state_transfer_indices(1, 3)
 
 
-def test_contiguous_buf_infos_follow_sglangs_pd_order() -> None:
-    pool = _pool()
+def test_contiguous_buf_infos_follow_sglangs_pd_order(
+    make_deepseek_v4_pool: MakeDeepSeekV4Pool,
+) -> None:
+    pool = make_deepseek_v4_pool()
     c4, c128, idx = pool.c4_kv_pool, pool.c128_kv_pool, pool.c4_indexer_kv_pool
     assert c4 is not None and c128 is not None and idx is not None
     bufs = [*c4.kv_buffer, *idx.kv_buffer, *c128.kv_buffer]
@@ -328,8 +321,10 @@ def test_contiguous_buf_infos_follow_sglangs_pd_order() -> None:
 # ----------------------------------------------------------------------------- features off
 
 
-def test_feature_off_members_answer_as_sglang_with_the_feature_off() -> None:
-    pool = _pool()
+def test_feature_off_members_answer_as_sglang_with_the_feature_off(
+    make_deepseek_v4_pool: MakeDeepSeekV4Pool,
+) -> None:
+    pool = make_deepseek_v4_pool()
     assert (pool.uniform_fp8, pool.needs_paged_swa_allocator) == (False, True)
     assert pool.swa_valid_from is None and pool.unified_kv_pool is None
     assert pool.online_c128_mtp_pending_seq_lens is None
@@ -360,7 +355,7 @@ def test_feature_off_members_answer_as_sglang_with_the_feature_off() -> None:
         lambda: pool.get_index_k_fp4_scale_buffer(2),
         lambda: pool.get_low_ratio_index_k_fp4(2, t),
         lambda: pool.get_low_ratio_index_k_dequant(2),
-        lambda: _pool(unified_fp8=True).unified_rope_region_buffers(4),
+        lambda: make_deepseek_v4_pool(unified_fp8=True).unified_rope_region_buffers(4),
     ]
     for call in raising:
         with pytest.raises(NotImplementedError):

@@ -14,7 +14,12 @@ negative index skips its row (``direct_transfer_rows``) or its whole page (page-
 the page's first index decides).
 
 ``backend`` is accepted for a uniform signature and validated, but every backend runs the same
-host-driven copies.
+host-driven copies. Each public op checks its arguments once, then runs its trusted body, which
+checks nothing: ``direct_transfer_rows`` the torch executor's all-layer row copy (a host pool calls
+that through ``dispatch.pick(..., "torch")``), the page-first-direct ops
+:func:`load_layer_pages` / :func:`backup_all_layer_pages`. Those two use only ``_layout`` and
+the torch executor, so they can take a row of ``dispatch.TABLE`` (not yet: a host pool still
+reaches them through the public ops).
 """
 
 from __future__ import annotations
@@ -99,8 +104,10 @@ def direct_transfer_rows(
         check_role_pair(f"src (buffer {i})", a, f"dst (buffer {i})", b)
         s_top.check(a.shape[0], f"src (buffer {i})")
         d_top.check(b.shape[0], f"dst (buffer {i})")
-    # one slice copy per run of >= 32 KiB; shorter runs are gathered/scattered (the torch path)
-    run_jobs(lay.all_layer_jobs(s, d), si, di)
+    # the trusted body: the torch executor's all-layer row copy (dispatch.TABLE's
+    # transfer_rows_all_layers, torch column): one slice copy per run of >= 32 KiB, shorter runs
+    # gathered/scattered. A host pool that checked its own arguments calls that row directly.
+    lay.transfer_rows_all_layers(run_jobs, s, d, si, di)
 
 
 def _page_runs(
@@ -184,15 +191,29 @@ def direct_load_layer_from_page_first_direct(  # noqa: PLR0917
         check_role_pair(f"host[{r}][:, layer_id, 0]", a[:, layer, 0], f"device[{r}]", b)
         h_top.check(a.shape[0], f"host[{r}] pages")
         d_top.check(b.shape[0], f"device[{r}]")
-    ids = _page_ids(hi, di, ps)
-    jobs = _page_jobs([(a[:, layer], b) for a, b in zip(h, d)], ps, to_host=False)
+    load_layer_pages(h, d, hi, di, layer, ps)
+
+
+def load_layer_pages(  # noqa: PLR0917
+    host: Sequence[torch.Tensor],
+    device: Sequence[torch.Tensor],
+    host_indices: torch.Tensor,
+    device_indices: torch.Tensor,
+    layer_id: int,
+    page_size: int,
+) -> None:
+    """The trusted body of :func:`direct_load_layer_from_page_first_direct`: its arguments
+    checked (``backend`` dropped), indices int64 on the CPU. Checks nothing."""
+    ps = page_size
+    ids = _page_ids(host_indices, device_indices, ps)
+    jobs = _page_jobs([(a[:, layer_id], b) for a, b in zip(host, device)], ps, to_host=False)
     if ids is not None and jobs is not None:  # pages as rows: runs coalesced, else gathered
         run_jobs(jobs, ids[0], ids[1])
         return
-    for h0, d0, n in _page_runs(hi, di, ps):
-        for a, b in zip(h, d):
+    for h0, d0, n in _page_runs(host_indices, device_indices, ps):
+        for a, b in zip(host, device):
             dst = b[d0 : d0 + n * ps].view(n, ps, *b.shape[1:])
-            dst.copy_(a[h0 : h0 + n, layer], non_blocking=True)
+            dst.copy_(a[h0 : h0 + n, layer_id], non_blocking=True)
 
 
 def direct_backup_all_layers_to_page_first_direct(
@@ -223,14 +244,27 @@ def direct_backup_all_layers_to_page_first_direct(
         for i, b in enumerate(layers):
             check_role_pair(f"device[{r}][{i}]", b, f"host[{r}][:, {i}, 0]", a[:, i, 0])
             d_top.check(b.shape[0], f"device[{r}][{i}]")
-    ids = _page_ids(hi, di, ps)
-    pairs = [(a[:, i], b) for layers, a in zip(d, h) for i, b in enumerate(layers)]
+    backup_all_layer_pages(d, h, di, hi, ps)
+
+
+def backup_all_layer_pages(
+    device: Sequence[Sequence[torch.Tensor]],
+    host: Sequence[torch.Tensor],
+    device_indices: torch.Tensor,
+    host_indices: torch.Tensor,
+    page_size: int,
+) -> None:
+    """The trusted body of :func:`direct_backup_all_layers_to_page_first_direct`: its
+    arguments checked (``backend`` dropped), indices int64 on the CPU. Checks nothing."""
+    ps = page_size
+    ids = _page_ids(host_indices, device_indices, ps)
+    pairs = [(a[:, i], b) for layers, a in zip(device, host) for i, b in enumerate(layers)]
     jobs = _page_jobs(pairs, ps, to_host=True)
     if ids is not None and jobs is not None:  # pages as rows: runs coalesced, else gathered
         run_jobs(jobs, ids[1], ids[0])
         return
-    for h0, d0, n in _page_runs(hi, di, ps):
-        for layers, a in zip(d, h):
+    for h0, d0, n in _page_runs(host_indices, device_indices, ps):
+        for layers, a in zip(device, host):
             for i, b in enumerate(layers):
                 src = b[d0 : d0 + n * ps].view(n, ps, *b.shape[1:])
                 a[h0 : h0 + n, i].copy_(src, non_blocking=True)

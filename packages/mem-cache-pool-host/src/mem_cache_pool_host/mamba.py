@@ -49,6 +49,7 @@ from mem_cache_kernels.checks import (
     check_tensor,
 )
 from mem_cache_kernels.dispatch import pick
+from mem_cache_pool_host._mamba_pages import MambaStoragePages
 from mem_cache_pool_host.base import _prepare_transfer_indices
 from mem_cache_pool_host.capacity import preflight_host_memory
 from mem_cache_pool_host.layer_counter import LayerDoneCounter
@@ -104,7 +105,7 @@ def _buffer_info(value: object, arg: str = "buffer_info") -> Any:
     return value
 
 
-class MambaPoolHost:
+class MambaPoolHost(MambaStoragePages):
     """Host slots of request states (see the module doc). SGLang's arguments:
     ``buffer_info`` (the device checkpoint buffers, or the device ``MambaPool`` itself),
     ``host_to_device_ratio``, ``host_size`` (GB; ``> 0`` wins), ``device_capacity`` (device
@@ -259,106 +260,6 @@ class MambaPoolHost:
         self._allocations.append(alloc)
         return alloc.tensor.view(dtype).view(dims)
 
-    # ------------------------------------------------------------------ sizes and slots
-    def get_size_per_token(self) -> int:
-        """Bytes of one host slot: every layer's conv and temporal state."""
-        conv = sum(n * d.itemsize for n, d in zip(self.conv_state_elem_sizes, self._conv_dtypes))
-        temporal = self.temporal_state_elem_size * self.temporal_dtype.itemsize
-        return (conv + temporal) * self.num_mamba_layers
-
-    def get_ksize_per_token(self) -> int:
-        """Same as :meth:`get_size_per_token` (states have no K/V split)."""
-        return self.get_size_per_token()
-
-    def get_hybrid_pool_buffer(self) -> list[torch.Tensor]:
-        """Every host tensor a storage backend must register (temporal, then conv)."""
-        return [self.temporal_buffer, *self.conv_buffer]
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of host memory held."""
-        return sum(a.nbytes for a in self._allocations)
-
-    def available_size(self) -> int:
-        """Free host slots."""
-        return self._slots.available_size()
-
-    def alloc(self, need_size: int) -> torch.Tensor | None:
-        """``need_size`` host slots (CPU int64) or ``None`` with no change when fewer are free."""
-        return self._slots.alloc(need_size)
-
-    def free(self, indices: torch.Tensor) -> int:
-        """Free host slots (``ValueError`` for a double free; nothing freed then)."""
-        return self._slots.free(indices)
-
-    def clear(self) -> None:
-        """Every host slot free."""
-        self._slots.clear()
-
-    def is_allocated(self, indices: torch.Tensor) -> bool:
-        """Whether every slot of ``indices`` is allocated."""
-        return self._slots.is_allocated(indices)
-
-    # SGLang's free-list state, read from the slot allocator (snapshots, CPU; not writable)
-    @property
-    def logical_size(self) -> int:
-        """Slots the radix tree and controller see (SGLang's ``size * dcp_size``; no decode
-        context parallelism here, so ``size``)."""
-        return self.size * self.dcp_size
-
-    @property
-    def logical_page_size(self) -> int:
-        """Page size in that logical space (``page_size * dcp_size``: 1, a slot per state)."""
-        return self.page_size * self.dcp_size
-
-    @property
-    def free_slots(self) -> torch.Tensor:
-        """Free slots not yet merged back (CPU int64, in hand-out order; a copy). With
-        :attr:`release_slots` they make up :meth:`available_size`."""
-        return self._slots.free_slots()
-
-    @property
-    def release_slots(self) -> list[torch.Tensor]:
-        """Slots freed since the last merge, one tensor per ``free`` call (merged lazily by the
-        next ``alloc`` that needs them; copies)."""
-        return self._slots.release_slots()
-
-    @property
-    def num_release_slots(self) -> int:
-        """Total slots in :attr:`release_slots`."""
-        return sum(int(t.numel()) for t in self._slots.release_slots())
-
-    @property
-    def slot_used(self) -> torch.Tensor:
-        """Per slot, whether it is allocated (bool ``[logical_size]``; a copy). SGLang's base
-        keeps this for its double-free check; its ``MambaPoolHost`` does not, ours does
-        (``free`` of a free slot raises ``ValueError``)."""
-        return self._slots.slot_used()
-
-    @property
-    def mem_state(self) -> torch.Tensor:
-        """SGLang's per-slot ``uint8`` state tensor, which its ``clear`` allocates zeroed and
-        nothing updates: zeros of ``[logical_size]`` (a fresh tensor)."""
-        return torch.zeros(self.logical_size, dtype=torch.uint8)
-
-    @property
-    def fd(self) -> int | None:
-        """Shared-memory file descriptor of the host buffers (``getattr(allocator, "fd",
-        None)`` as SGLang's base reads it): ``None`` for the default allocator."""
-        fd = getattr(self.allocator, "fd", None)
-        return fd if isinstance(fd, int) else None
-
-    @property
-    def device_row_stride_bytes(self) -> int:
-        """Not defined for state pools: ``AttributeError``, as SGLang's ``MambaPoolHost`` (its
-        base answers ``token_stride_size``, a KV row width states do not have; each conv and
-        temporal tensor has its own slot stride). ``getattr(pool, name, default)`` gives the
-        default, as with SGLang's."""
-        raise AttributeError(
-            "MambaPoolHost has no single device row stride (conv and temporal states each have "
-            "their own); SGLang's MambaPoolHost has none either"
-        )
-
     # ------------------------------------------------------------------ transfers
     def _host_views(self) -> list[torch.Tensor]:
         """Host buffers viewed as ``[L, size, *state]`` (state entries contiguous)."""
@@ -507,98 +408,6 @@ class MambaPoolHost:
         self.load_to_device_per_layer(
             device_pool, host_indices, device_indices, layer_id, io_backend, is_draft=is_draft
         )
-
-    # ------------------------------------------------------------------ storage (L3) pages
-    def _page_tensors(self, index: int) -> list[torch.Tensor]:
-        check_int("index", index)
-        if not 0 <= index < self.size:
-            raise ValueError(f"index must be a host slot in [0, {self.size}), got {index}")
-        return [t[index] for t in (self.temporal_buffer, *self.conv_buffer)]
-
-    def get_data_page(self, index: int, flat: bool = True) -> torch.Tensor:
-        """Host slot ``index`` as one ``uint8`` page (temporal bytes, then each conv's;
-        SGLang's order). Always a copy."""
-        return torch.cat(
-            [t.contiguous().view(torch.uint8).reshape(-1) for t in self._page_tensors(index)]
-        )
-
-    def get_dummy_flat_data_page(self) -> torch.Tensor:
-        """A zeroed page (``page_size * size_per_token`` bytes)."""
-        return torch.zeros(self.page_size * self.size_per_token, dtype=torch.uint8)
-
-    def set_from_flat_data_page(self, index: int, data_page: torch.Tensor) -> None:
-        """Write a page of :meth:`get_data_page` into host slot ``index`` (checked first: a
-        wrong size raises ``ValueError`` and writes nothing)."""
-        tensors = self._page_tensors(index)
-        check_tensor("data_page", data_page)
-        flat = data_page.contiguous().view(torch.uint8).reshape(-1)
-        want = self.page_size * self.size_per_token
-        if flat.numel() != want:
-            raise ValueError(f"data_page must have {want} bytes, got {flat.numel()}")
-        start = 0
-        for t in tensors:
-            n = t.numel() * t.element_size()
-            part = flat[start : start + n].clone()
-            start += n
-            t.copy_(part.view(t.dtype).reshape(t.shape))
-
-    def get_page_buffer_meta(
-        self, indices: torch.Tensor | Sequence[int]
-    ) -> tuple[list[int], list[int]]:
-        """``(ptrs, sizes)`` for zero-copy storage IO: per slot, temporal then conv ``0..n``
-        (temporal dropped when empty), SGLang's order."""
-        if isinstance(indices, torch.Tensor):
-            slots = check_index("indices", indices).tolist()
-        elif isinstance(indices, Sequence) and not isinstance(indices, (str, bytes)):
-            slots = [check_int(f"indices[{i}]", x) for i, x in enumerate(indices)]
-        else:
-            raise TypeError(f"indices must be a tensor or a sequence of ints, got {type(indices)}")
-        for s in slots:
-            if not 0 <= s < self.size:
-                raise ValueError(f"indices must be host slots in [0, {self.size}), got {s}")
-        if slots and not self._slots.is_allocated(torch.tensor(slots, dtype=torch.int64)):
-            raise ValueError("indices must be allocated host slots")
-        return self._page_ranges(slots)
-
-    def _page_ranges(self, slots: list[int]) -> tuple[list[int], list[int]]:
-        ptrs: list[int] = []
-        sizes: list[int] = []
-        parts = [(self.temporal_buffer, self.temporal_state_elem_size, self.temporal_dtype)] + [
-            (b, n, d)
-            for b, n, d in zip(self.conv_buffer, self.conv_state_elem_sizes, self._conv_dtypes)
-        ]
-        for s in slots:
-            for buf, elems, dtype in parts:
-                if elems == 0:
-                    continue
-                stride = self.num_mamba_layers * elems * dtype.itemsize
-                ptrs.append(buf.data_ptr() + s * stride)
-                sizes.append(self.page_size * stride)
-        return ptrs, sizes
-
-    def get_page_buffer_element_size(self, split_factor: int = 1) -> int | None:
-        """Bytes of the first zero-copy range of a slot in :meth:`get_page_buffer_meta`
-        (SGLang's storage element size: the temporal state over every layer, or the first conv
-        state's when the model has no temporal state). ``split_factor != 1`` asks for
-        split-heads ranges, which state pages do not have: ``NotImplementedError`` (SGLang's
-        ``MambaPoolHost`` lacks the method it would call)."""
-        check_int("split_factor", split_factor, minimum=1)
-        if split_factor != 1:
-            raise NotImplementedError("MambaPoolHost has no split-heads page ranges")
-        _, sizes = self._page_ranges([0])
-        return int(sizes[0]) if sizes else None
-
-    def is_stride_page_aligned(self, page_size_bytes: int = 4096) -> bool:
-        """Whether every zero-copy range starts at a multiple of ``page_size_bytes``."""
-        check_int("page_size_bytes", page_size_bytes, minimum=1)
-        for buf, elems, dtype in [
-            (self.temporal_buffer, self.temporal_state_elem_size, self.temporal_dtype),
-            *zip(self.conv_buffer, self.conv_state_elem_sizes, self._conv_dtypes),
-        ]:
-            stride = self.num_mamba_layers * elems * dtype.itemsize
-            if buf.data_ptr() % page_size_bytes or stride % page_size_bytes:
-                return False
-        return True
 
     def close(self) -> None:
         """Release the host memory (idempotent)."""
