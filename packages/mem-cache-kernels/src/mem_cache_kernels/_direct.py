@@ -15,11 +15,12 @@ the page's first index decides).
 
 ``backend`` is accepted for a uniform signature and validated, but every backend runs the same
 host-driven copies. Each public op checks its arguments once, then runs its trusted body, which
-checks nothing: ``direct_transfer_rows`` the torch executor's all-layer row copy (a host pool calls
-that through ``dispatch.pick(..., "torch")``), the page-first-direct ops
-:func:`load_layer_pages` / :func:`backup_all_layer_pages`. Those two use only ``_layout`` and
-the torch executor, so they can take a row of ``dispatch.TABLE`` (not yet: a host pool still
-reaches them through the public ops).
+checks nothing and lives in the torch executor (:mod:`mem_cache_kernels._torch.rows`):
+``direct_transfer_rows`` runs the all-layer row copy (a host pool calls that through
+``dispatch.pick(..., "torch")``), the page-first-direct ops run ``load_layer_pages`` /
+``backup_all_layer_pages``. A ``page_first_direct`` host pool still calls the public ops (so its
+indices are checked twice): ``dispatch.TABLE`` holds only ops with a torch and a Triton
+implementation, and these have one.
 """
 
 from __future__ import annotations
