@@ -31,13 +31,15 @@ from collections.abc import Sequence
 import torch
 
 from mem_cache_kernels import _layout as lay
-from mem_cache_kernels._layout import RowJob, run_starts
+from mem_cache_kernels._layout import RowJob, as_byte_rows, find_runs, run_starts
 
 __all__ = [
     "Runs",
+    "backup_all_layer_pages",
     "copy_all_layer_kv_cache",
     "copy_rows",
     "drop_negative",
+    "load_layer_pages",
     "plan_runs",
     "run_jobs",
 ]
@@ -219,3 +221,101 @@ def copy_all_layer_kv_cache(
     """For every buffer: rows ``tgt_loc`` get the old contents of rows ``src_loc`` (every read
     happens before any write)."""
     run_jobs(lay.copy_jobs(buffers), src_loc, tgt_loc)
+
+
+# ----------------------------------------------------------------------------- direct IO
+# The page-first-direct bodies (host-driven page copies): trusted, checked by their public op
+# (mem_cache_kernels._direct) or by the host pool that picks them from dispatch.TABLE.
+def _page_runs(
+    host_idx: torch.Tensor, dev_idx: torch.Tensor, page_size: int
+) -> list[tuple[int, int, int]]:
+    """Runs ``(host_page, device_slot, n_pages)`` of consecutive pages on both sides."""
+    hp = host_idx.view(-1, page_size)[:, 0]
+    dp = dev_idx.view(-1, page_size)[:, 0]
+    live = (hp >= 0) & (dp >= 0)
+    minus = torch.full_like(hp, -1)
+    return find_runs(
+        torch.where(live, hp // page_size, minus), torch.where(live, dp, minus), dst_step=page_size
+    )
+
+
+def _page_ids(
+    host_idx: torch.Tensor, dev_idx: torch.Tensor, page_size: int
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(host page, device page) per page (-1: skipped), or None if a device page is unaligned."""
+    hp = host_idx.view(-1, page_size)[:, 0]
+    dp = dev_idx.view(-1, page_size)[:, 0]
+    live = (hp >= 0) & (dp >= 0)
+    if bool((dp[live] % page_size != 0).any()):
+        return None
+    minus = torch.full_like(hp, -1)
+    return torch.where(live, hp // page_size, minus), torch.where(live, dp // page_size, minus)
+
+
+def _device_pages(name: str, t: torch.Tensor, page_size: int) -> torch.Tensor | None:
+    """uint8 ``[rows // ps, ps * row_bytes]`` page view of a device layer (None if rows are not
+    densely packed, so pages are not contiguous)."""
+    rows = as_byte_rows(name, t)
+    n = rows.shape[0] // page_size * page_size
+    if n == 0 or (rows.shape[0] > 1 and rows.stride(0) != rows.shape[1]):
+        return None
+    return rows[:n].view(n // page_size, page_size * rows.shape[1])
+
+
+def _page_jobs(
+    pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], page_size: int, *, to_host: bool
+) -> list[RowJob] | None:
+    """Page-granular row jobs for (host layer view ``[pages, ps, *row]``, device layer) pairs."""
+    jobs: list[RowJob] = []
+    for i, (host_layer, dev) in enumerate(pairs):
+        pages = _device_pages(f"device buffer {i}", dev, page_size)
+        if pages is None:
+            return None
+        h = as_byte_rows(f"host buffer {i}", host_layer)
+        jobs.append((pages, h) if to_host else (h, pages))
+    return jobs
+
+
+def load_layer_pages(  # noqa: PLR0917
+    host: Sequence[torch.Tensor],
+    device: Sequence[torch.Tensor],
+    host_indices: torch.Tensor,
+    device_indices: torch.Tensor,
+    layer_id: int,
+    page_size: int,
+) -> None:
+    """The trusted body of :func:`direct_load_layer_from_page_first_direct`: its arguments
+    checked (``backend`` dropped), indices int64 on the CPU. Checks nothing."""
+    ps = page_size
+    ids = _page_ids(host_indices, device_indices, ps)
+    jobs = _page_jobs([(a[:, layer_id], b) for a, b in zip(host, device)], ps, to_host=False)
+    if ids is not None and jobs is not None:  # pages as rows: runs coalesced, else gathered
+        run_jobs(jobs, ids[0], ids[1])
+        return
+    for h0, d0, n in _page_runs(host_indices, device_indices, ps):
+        for a, b in zip(host, device):
+            dst = b[d0 : d0 + n * ps].view(n, ps, *b.shape[1:])
+            dst.copy_(a[h0 : h0 + n, layer_id], non_blocking=True)
+
+
+def backup_all_layer_pages(
+    device: Sequence[Sequence[torch.Tensor]],
+    host: Sequence[torch.Tensor],
+    device_indices: torch.Tensor,
+    host_indices: torch.Tensor,
+    page_size: int,
+) -> None:
+    """The trusted body of :func:`direct_backup_all_layers_to_page_first_direct`: its
+    arguments checked (``backend`` dropped), indices int64 on the CPU. Checks nothing."""
+    ps = page_size
+    ids = _page_ids(host_indices, device_indices, ps)
+    pairs = [(a[:, i], b) for layers, a in zip(device, host) for i, b in enumerate(layers)]
+    jobs = _page_jobs(pairs, ps, to_host=True)
+    if ids is not None and jobs is not None:  # pages as rows: runs coalesced, else gathered
+        run_jobs(jobs, ids[1], ids[0])
+        return
+    for h0, d0, n in _page_runs(host_indices, device_indices, ps):
+        for layers, a in zip(device, host):
+            for i, b in enumerate(layers):
+                src = b[d0 : d0 + n * ps].view(n, ps, *b.shape[1:])
+                a[h0 : h0 + n, i].copy_(src, non_blocking=True)
