@@ -177,6 +177,25 @@ def test_catalogue_and_table_agree() -> None:
         assert dispatch.pick(name, "torch", torch.zeros(1)) is torch_fn
 
 
+def test_single_implementation_ops_pick_their_body_on_every_backend() -> None:
+    """``dispatch.SINGLE``: public ops with one implementation (catalogued with no backends),
+    whose trusted body ``pick`` returns for every backend, and which the public op runs."""
+    by_name = {op.name: op for op in OPS}
+    assert set(dispatch.SINGLE) == {
+        "direct_load_layer_from_page_first_direct",
+        "direct_backup_all_layers_to_page_first_direct",
+    }
+    for name, body in dispatch.SINGLE.items():
+        assert by_name[name].backends == () and name not in dispatch.TABLE, name
+        assert body.__module__ == "mem_cache_kernels._torch.rows", name
+        for backend in ("auto", "torch", "triton"):
+            assert dispatch.pick(name, backend, torch.zeros(1)) is body, (name, backend)
+        public = getattr(mk, name)
+        assert body.__name__ in public.__code__.co_names, name  # the op's own trusted body
+    with pytest.raises(ValueError, match="op must name a kernel op"):
+        dispatch.pick("direct_transfer_rows", "torch")  # its body is TABLE's torch column
+
+
 @pytest.mark.triton
 @pytest.mark.usefixtures("triton_interpret")
 def test_every_triton_row_loads() -> None:

@@ -3,9 +3,8 @@ trusted body. Counted at run time (a profile hook on the second call, as ``tools
 the only module of this package a transfer enters is the public method's own (plus the layer
 counter a load signals), the only checks module is ``mem_cache_kernels.checks``, and the
 kernels' validating public ops are never entered: not on the ``kernel`` IO path, nor on the
-``direct`` one of a ``layer_first`` pool (the torch executor's row copies, through ``pick``). A
-``page_first_direct`` pool still runs the public ``direct_*`` ops, which check again: their
-page-granular bodies have no row in ``mem_cache_kernels.dispatch.TABLE`` yet."""
+``direct`` one (the torch executor's row copies for ``layer_first``, the page-granular bodies of
+``mem_cache_kernels.dispatch.SINGLE`` for ``page_first_direct``, both through ``pick``)."""
 
 from __future__ import annotations
 
@@ -79,14 +78,13 @@ def test_mha_transfers_enter_only_base(layout: str, io_backend: str) -> None:
     dev = MHATokenToKVPool(64, 4, torch.bfloat16, 2, 8, 2, "cpu")
     host = MHATokenToKVPoolHost(dev, 2.0, 0, 4, layout, pin_memory=False, io_backend=io_backend)
     h, d = torch.arange(0, 16), torch.arange(16, 32)
-    trusted = layout != "page_first_direct"  # see the module doc
     for call in (
         lambda: host.backup_from_device_all_layer(dev, h, d, io_backend),
         lambda: host.backup_from_device_all_layer_physical(dev, h, d, io_backend),
         lambda: host.load_to_device_per_layer(dev, h, d, 1, io_backend),
         lambda: host.load_to_device_per_layer_physical(dev, h, d, 1, io_backend),
     ):
-        _check(_chain(call), _BASE, trusted=trusted)
+        _check(_chain(call), _BASE, trusted=True)
 
 
 def test_mla_transfers_enter_only_base() -> None:

@@ -16,11 +16,9 @@ the page's first index decides).
 ``backend`` is accepted for a uniform signature and validated, but every backend runs the same
 host-driven copies. Each public op checks its arguments once, then runs its trusted body, which
 checks nothing and lives in the torch executor (:mod:`mem_cache_kernels._torch.rows`):
-``direct_transfer_rows`` runs the all-layer row copy (a host pool calls that through
-``dispatch.pick(..., "torch")``), the page-first-direct ops run ``load_layer_pages`` /
-``backup_all_layer_pages``. A ``page_first_direct`` host pool still calls the public ops (so its
-indices are checked twice): ``dispatch.TABLE`` holds only ops with a torch and a Triton
-implementation, and these have one.
+``direct_transfer_rows`` runs the all-layer row copy (``dispatch.TABLE``'s torch column), the
+page-first-direct ops run ``load_layer_pages`` / ``backup_all_layer_pages``
+(``dispatch.SINGLE``). A host pool that checked its own arguments picks the bodies directly.
 """
 
 from __future__ import annotations

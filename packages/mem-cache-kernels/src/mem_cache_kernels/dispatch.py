@@ -5,7 +5,9 @@ load_triton_fn)``. ``torch_fn`` is the torch implementation itself (a function o
 :mod:`mem_cache_kernels._torch`, imported with this module: torch only); ``load_triton_fn`` is a
 small function that imports the op family's module of :mod:`mem_cache_kernels._triton` on first
 use and returns its implementation (importing :mod:`mem_cache_kernels` never imports triton; this
-is the only module that imports the Triton subpackage, and only inside those functions).
+is the only module that imports the Triton subpackage, and only inside those functions). The
+host-driven page-first-direct copies have one implementation, the same on every backend:
+:data:`SINGLE` maps their public op's name to its trusted body.
 
 :func:`pick` is the trusted entry. A public op of :mod:`mem_cache_kernels` (``store_kv``,
 ``alloc_extend``, ...) checks its arguments, then runs ``pick(op, backend, *tensors)(*args)``; a
@@ -57,6 +59,7 @@ from mem_cache_kernels.checks import check_choice
 
 __all__ = [
     "BACKEND_ENV_VAR",
+    "SINGLE",
     "TABLE",
     "Backend",
     "ResolvedBackend",
@@ -244,16 +247,26 @@ TABLE: dict[str, tuple[Impl, Callable[[], Impl]]] = {
 }
 """``op name -> (torch implementation, loader of the Triton implementation)``."""
 
+SINGLE: dict[str, Impl] = {
+    "direct_load_layer_from_page_first_direct": t_rows.load_layer_pages,
+    "direct_backup_all_layers_to_page_first_direct": t_rows.backup_all_layer_pages,
+}
+"""``public op name -> its trusted body``, for the ops with one implementation that every
+backend runs (host-driven copies): :func:`pick` returns the body whatever the backend. The body
+takes the public op's arguments without ``backend``, indices int64 on the CPU."""
+
 
 def pick(op: str, backend: str, *tensors: torch.Tensor) -> Callable[..., Any]:
     """The implementation of kernel op ``op`` for ``resolve_backend(backend, *tensors)``
     (trusted arguments, see the module doc).
 
     ``TypeError`` for a non-str ``op``, ``ValueError`` for a name without a row in
-    :data:`TABLE`; the errors of :func:`resolve_backend`."""
+    :data:`TABLE` or :data:`SINGLE`; the errors of :func:`resolve_backend`."""
     try:
         torch_fn, load_triton_fn = TABLE[op]
     except (KeyError, TypeError):
+        if isinstance(op, str) and op in SINGLE:  # one body for every backend
+            return SINGLE[op]
         if not isinstance(op, str):
             raise TypeError(
                 f"op must be a str naming a kernel op, got {type(op).__name__}"

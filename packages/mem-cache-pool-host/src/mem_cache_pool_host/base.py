@@ -29,10 +29,9 @@ Contract of the members here:
   is the kernels' trusted body (``mem_cache_kernels.dispatch.pick``), whose arguments come source
   first (device then host for a backup, host then device for a load). ``"kernel"`` IO gets its
   indices on the device pool's device, ``"direct"`` on the CPU: host-driven copies, the torch
-  executor's (``pick(op, "torch")``) for ``layer_first``; ``page_first_direct`` still calls the
-  public ``mem_cache_kernels.direct_*`` ops, which check their arguments again (their
-  page-granular bodies have no row in ``dispatch.TABLE``). A failing load aborts the counter's
-  batch in flight so readers never deadlock.
+  executor's (``pick(op, "torch")``) for ``layer_first``, the page-granular bodies of the public
+  ``direct_*`` ops (``dispatch.SINGLE``) for ``page_first_direct``. A failing load aborts the
+  counter's batch in flight so readers never deadlock.
 * Thread safety: alloc/free/clear/available_size/close hold ``self.lock`` (an RLock); transfers do
   not (IO threads move disjoint slots concurrently).
 """
@@ -46,10 +45,6 @@ from typing import Any, ClassVar
 
 import torch
 
-from mem_cache_kernels import (
-    direct_backup_all_layers_to_page_first_direct,
-    direct_load_layer_from_page_first_direct,
-)
 from mem_cache_kernels.checks import (
     check_bool,
     check_choice,
@@ -72,6 +67,11 @@ _CPU = torch.device("cpu")
 # the kernel backend of each IO backend: "direct" is host-driven, the torch executor's copies (the
 # body mem_cache_kernels.direct_transfer_rows runs after its checks); "kernel" picks by device
 _KERNEL: dict[IOBackend, str] = {"kernel": "auto", "direct": "torch"}
+
+
+def _int64(idx: torch.Tensor) -> torch.Tensor:
+    """A validated CPU index tensor as int64 (the direct bodies' index dtype)."""
+    return idx if idx.dtype is torch.int64 else idx.to(torch.int64)
 
 
 def _prepare_transfer_indices(
@@ -350,10 +350,11 @@ class HostKVCache(StoragePages, SGLangViews, HostBuffers):
                 else tuple(role[layer_id] for role in desc.buffers)
             )
             host = self.buffers
-            if self.layout == "page_first_direct":
-                direct_load_layer_from_page_first_direct(
-                    host, device_layer, host_idx, device_idx, layer_id, self.page_size
-                )
+            if self.layout == "page_first_direct":  # indices on the CPU (direct IO)
+                pick("direct_load_layer_from_page_first_direct", "torch")(
+                    host, device_layer, _int64(host_idx), _int64(device_idx), layer_id,
+                    self.page_size,
+                )  # fmt: skip
             elif self.layout == "layer_first":
                 pick("transfer_rows", _KERNEL[backend], host[0], device_layer[0])(
                     self._host_layers[layer_id], device_layer, host_idx, device_idx
@@ -387,9 +388,9 @@ class HostKVCache(StoragePages, SGLangViews, HostBuffers):
         backend = self._io_backend(io_backend, desc)
         host_idx, device_idx = self._checked_indices(desc, backend, host_indices, device_indices)
         device = desc.buffers
-        if self.layout == "page_first_direct":
-            direct_backup_all_layers_to_page_first_direct(
-                device, self.buffers, device_idx, host_idx, self.page_size
+        if self.layout == "page_first_direct":  # indices on the CPU (direct IO)
+            pick("direct_backup_all_layers_to_page_first_direct", "torch")(
+                device, self.buffers, _int64(device_idx), _int64(host_idx), self.page_size
             )
             return
         host = self._layer_views if self.layout == "layer_first" else self.buffers
