@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mem_cache_storage._sum64 import sum64, sum64_many
-from mem_cache_storage.backend import PageBatch, PageFormat, view
+from mem_cache_storage.backend import PageBatch, PageFormat, page_views
 
 __all__ = ["INDEX_NAME", "SEGMENT_SUFFIX", "Location", "SegmentStore"]
 
@@ -207,7 +207,7 @@ class SegmentStore:
                         head = _REC.pack(_REC_MAGIC, _REC_VERSION, len(kb), fmt.format_id,
                                          fmt.nbytes, s) + kb
                         bufs.append(head)
-                        bufs += [view(ptr, n) for ptr, n in page]
+                        bufs += page_views(page)
                         rec = len(head) + fmt.nbytes
                         entries.append(_entry(seg.name, off, rec, key))
                         off += rec
@@ -341,7 +341,7 @@ class SegmentStore:
             n = 0
             for k in keys:
                 loc = self._map.get(k)
-                if loc is None or not self._live({loc.segment}):
+                if loc is None or not (loc.segment in self._fds or self._live({loc.segment})):
                     break
                 n += 1
         return n
@@ -351,6 +351,15 @@ class SegmentStore:
         """Read and verify each page; ``False``: absent or rejected (counted)."""
         with self._rlock:  # held through the reads: no fd is closed under them
             self.refresh()
+            if len(keys) == 1:  # one page (a batch of 1): one lookup, one preadv
+                loc = self._map.get(keys[0])
+                if loc is None or not (loc.segment in self._fds or self._live({loc.segment})):
+                    return [False]
+                page = tuple(zip(pages.ptrs, pages.sizes))  # the batch's one page
+                ok = self._read_one(self._fds[loc.segment][0], keys[0], loc, page, fmt)
+                if ok and self.touch_on_hit:
+                    self._touch({loc.segment})
+                return [ok]
             plist = list(pages)
             locs = [self._map.get(k) for k in keys]
             live = self._live({loc.segment for loc in locs if loc is not None})
@@ -373,7 +382,7 @@ class SegmentStore:
                     head = bytearray(_REC.size + len(keys[j].encode()))
                     heads.append(head)
                     bufs.append(head)
-                    bufs += [view(ptr, nb) for ptr, nb in plist[j]]
+                    bufs += page_views(plist[j])
                     end += nxt.nbytes
                     j += 1
                 fd = self._fds[loc.segment][0]
@@ -400,7 +409,7 @@ class SegmentStore:
 
     def _read_one(self, fd: int, key: str, loc: Location, page: Any, fmt: PageFormat) -> bool:
         head = bytearray(_REC.size + len(key.encode()))
-        bufs: list[Any] = [head, *(view(ptr, nb) for ptr, nb in page)]
+        bufs: list[Any] = [head, *page_views(page)]
         try:
             got = os.preadv(fd, bufs, loc.offset)
         except OSError:
