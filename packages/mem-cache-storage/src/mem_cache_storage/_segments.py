@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mem_cache_storage._sum64 import sum64, sum64_many
-from mem_cache_storage.backend import PageBatch, PageFormat, page_views
+from mem_cache_storage.backend import PageBatch, PageFormat, PageRanges, page_views
 
 __all__ = ["INDEX_NAME", "SEGMENT_SUFFIX", "Location", "SegmentStore"]
 
@@ -347,19 +347,24 @@ class SegmentStore:
         return n
 
     # ------------------------------------------------------------------- reads
+    def get_one(self, key: str, page: PageRanges, fmt: PageFormat) -> bool:
+        """:meth:`get` of one page: one lookup, one ``preadv``, one checksum."""
+        with self._rlock:  # held through the read: no fd is closed under it
+            self.refresh()
+            loc = self._map.get(key)
+            if loc is None or not (loc.segment in self._fds or self._live({loc.segment})):
+                return False
+            ok = self._read_one(self._fds[loc.segment][0], key, loc, page, fmt)
+            if ok and self.touch_on_hit:
+                self._touch({loc.segment})
+        return ok
+
     def get(self, keys: list[str], pages: PageBatch, fmt: PageFormat) -> list[bool]:
         """Read and verify each page; ``False``: absent or rejected (counted)."""
+        if len(keys) == 1:
+            return [self.get_one(keys[0], pages[0], fmt)]
         with self._rlock:  # held through the reads: no fd is closed under them
             self.refresh()
-            if len(keys) == 1:  # one page (a batch of 1): one lookup, one preadv
-                loc = self._map.get(keys[0])
-                if loc is None or not (loc.segment in self._fds or self._live({loc.segment})):
-                    return [False]
-                page = tuple(zip(pages.ptrs, pages.sizes))  # the batch's one page
-                ok = self._read_one(self._fds[loc.segment][0], keys[0], loc, page, fmt)
-                if ok and self.touch_on_hit:
-                    self._touch({loc.segment})
-                return [ok]
             plist = list(pages)
             locs = [self._map.get(k) for k in keys]
             live = self._live({loc.segment for loc in locs if loc is not None})

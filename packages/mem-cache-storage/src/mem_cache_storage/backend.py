@@ -263,7 +263,11 @@ def host_page_ranges(
         pages = None if trusted else _few_whole_pages(host_indices, page_size, pool)
         if pages is None:  # trusted, many slots, or not whole pages: the pool's (exact) checks
             pages = pool.page_ids(host_indices, trusted=trusted)
-        ptrs = [base + p * stride for p in pages for base, stride, _ in table]
+        if len(pages) == 1:
+            p = pages[0]
+            ptrs = [base + p * stride for base, stride, _ in table]
+        else:
+            ptrs = [base + p * stride for p in pages for base, stride, _ in table]
         first = [n for _, _, n in table]
         return (PageBatch(ptrs, first * len(pages), len(table)),
                 _page_format(f"native:{layout}", dtype, tuple(first)))
@@ -295,8 +299,15 @@ def _few_whole_pages(host_indices: torch.Tensor, page_size: int, pool: Any) -> l
     if host_indices.numel() > _FEW_SLOTS or not host_indices.is_cpu:
         return None
     slots: list[int] = host_indices.tolist()
-    starts = slots[::page_size]
     size = int(pool.size)
+    if len(slots) == page_size:  # one page
+        s = slots[0]
+        if s >= 0 and not s % page_size and s + page_size <= size and slots == list(
+            range(s, s + page_size)
+        ):
+            return [s // page_size]
+        return None
+    starts = slots[::page_size]
     for k, s in enumerate(starts):
         if s < 0 or s % page_size or s + page_size > size:
             return None
@@ -708,13 +719,23 @@ class PageStorageBackend(PoolPagesMixin, HiCacheStorage):
             return [False] * n
 
     def _get(self, skeys: list[str], pages: PageBatch, fmt: PageFormat) -> list[bool]:
-        ok = self._call("get", self._get_pages, len(skeys), skeys, pages, fmt)
+        n = len(skeys)
+        try:  # :meth:`_call`, inline (the page read path)
+            ok = bools(n, self._get_pages(skeys, pages, fmt)) if n else []
+        except Exception as exc:
+            _swallowed(exc, type(self).__name__, "get", self._count_error)
+            ok = [False] * n
         hits = sum(ok)
         self.stats._add_get(hits, len(ok) - hits, hits * fmt.nbytes)
         return ok
 
     def _put(self, skeys: list[str], pages: PageBatch, fmt: PageFormat) -> list[bool]:
-        ok = self._call("set", self._put_pages, len(skeys), skeys, pages, fmt)
+        n = len(skeys)
+        try:  # :meth:`_call`, inline (the page write path)
+            ok = bools(n, self._put_pages(skeys, pages, fmt)) if n else []
+        except Exception as exc:
+            _swallowed(exc, type(self).__name__, "set", self._count_error)
+            ok = [False] * n
         good = sum(ok)
         self.stats._add_set(good, len(ok) - good, good * fmt.nbytes)
         return ok
