@@ -40,30 +40,33 @@ from __future__ import annotations
 
 import contextlib
 import os
-import struct
 import threading
 import time
 import uuid
 import zlib
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
+from mem_cache_storage._segment_format import (
+    _BODY,
+    _ENT,
+    _ENT_MAGIC,
+    _IOV_MAX,
+    _REC,
+    _REC_MAGIC,
+    _REC_VERSION,
+    INDEX_NAME,
+    SEGMENT_PREFIX,
+    SEGMENT_SUFFIX,
+    Location,
+    _entry,
+    _pwritev_all,
+)
 from mem_cache_storage._sum64 import sum64, sum64_many
 from mem_cache_storage.backend import PageBatch, PageFormat, PageRanges, page_views
 
 __all__ = ["INDEX_NAME", "SEGMENT_SUFFIX", "Location", "SegmentStore"]
 
-SEGMENT_SUFFIX = ".kvp"
-SEGMENT_PREFIX = "seg-"
-INDEX_NAME = "index.kvi"
-_REC = struct.Struct("<4sHHQQQ")
-_REC_MAGIC = b"MCSR"
-_REC_VERSION = 2
-_ENT = struct.Struct("<4sHI")
-_ENT_MAGIC = b"MCSI"
-_BODY = struct.Struct("<QQB")
-_IOV_MAX = max(16, min(1024, os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024))
 _TOUCH_S = 1.0
 _LOW_WATER = 0.9
 _FD_CACHE = 64
@@ -74,48 +77,6 @@ _RESTAT_S = 0.05
 #: pages are still in the last-level cache when their checksums run (after a read, before a
 #: write): 1, 4, 8 MiB and unbounded measured, 8 MiB best or even here
 _RUN_BYTES = 8 << 20
-
-
-@dataclass(frozen=True, slots=True)
-class Location:
-    """Where a page's record lies: segment file name, record offset and bytes."""
-
-    segment: str
-    offset: int
-    nbytes: int
-
-
-def _entry(segment: str, offset: int, nbytes: int, key: str) -> bytes:
-    """One index entry (an empty ``key``: a tombstone for ``segment``)."""
-    sname = segment.encode()
-    body = _BODY.pack(offset, nbytes, len(sname)) + sname + key.encode()
-    return _ENT.pack(_ENT_MAGIC, len(body), zlib.crc32(body)) + body
-
-
-def _rest(bufs: Sequence[Any], done: int) -> list[Any]:
-    """The buffers of ``bufs`` past its first ``done`` bytes."""
-    out: list[Any] = []
-    for b in bufs:
-        n = len(b)
-        if done >= n:
-            done -= n
-            continue
-        out.append(memoryview(b)[done:] if done else b)
-        done = 0
-    return out
-
-
-def _pwritev_all(fd: int, bufs: list[Any], offset: int) -> None:
-    for i in range(0, len(bufs), _IOV_MAX):
-        chunk = bufs[i : i + _IOV_MAX]
-        want = sum(len(b) for b in chunk)
-        done = os.pwritev(fd, chunk, offset)
-        while done < want:  # a short write: the rest
-            step = os.pwritev(fd, _rest(chunk, done), offset + done)
-            if step <= 0:
-                raise OSError(f"short write to a segment ({done} of {want} bytes)")
-            done += step
-        offset += want
 
 
 class _Segment:
