@@ -1,6 +1,22 @@
-"""The segment layout's on-disk format (see :mod:`mem_cache_storage._segments`): file names, the
-record header, the index log entry, where a record lies (:class:`Location`), and the vectored
-write every segment write goes through (split at ``IOV_MAX`` buffers, short writes finished)."""
+"""The segment layout's on-disk format (the store is :mod:`mem_cache_storage._segments`), and the
+vectored write every segment write goes through (split at ``IOV_MAX`` buffers, short writes
+finished). A directory holds:
+
+* **segments** ``seg-{pid}-{random}-{n}.kvp``: append-only files, each written by one backend
+  instance of one process (never shared by writers), rotated at ``segment_bytes``. A record::
+
+      magic "MCSR" | version u16 | key length u16 | format id u64 | payload bytes u64
+      | sum64 u64 | storage key (UTF-8) | payload (the page's ranges, in order)
+
+* **the index log** ``index.kvi``: one append-only file shared by every writer (``O_APPEND``);
+  after a batch's records are written, one ``write`` appends one entry per page::
+
+      magic "MCSI" | body bytes u16 | CRC-32 of the body u32
+      | body: record offset u64 | record bytes u64 | segment name length u8 | segment name | key
+      (an empty key: a tombstone, the segment was deleted)
+
+:class:`Location` is where a record lies; :func:`_entry` builds one index entry.
+"""
 
 from __future__ import annotations
 

@@ -1,19 +1,8 @@
 """Segment files: the file backend's layout for its own key scheme (many pages per file).
 
-A directory holds:
-
-* **segments** ``seg-{pid}-{random}-{n}.kvp``: append-only files, each written by one backend
-  instance of one process (never shared by writers), rotated at ``segment_bytes``. A record::
-
-      magic "MCSR" | version u16 | key length u16 | format id u64 | payload bytes u64
-      | sum64 u64 | storage key (UTF-8) | payload (the page's ranges, in order)
-
-* **the index log** ``index.kvi``: one append-only file shared by every writer (``O_APPEND``);
-  after a batch's records are written, one ``write`` appends one entry per page::
-
-      magic "MCSI" | body bytes u16 | CRC-32 of the body u32
-      | body: record offset u64 | record bytes u64 | segment name length u8 | segment name | key
-      (an empty key: a tombstone, the segment was deleted)
+A directory holds *segments* (append-only files of page records, each written by one backend
+instance) and one shared *index log* that publishes them; their format is in
+:mod:`mem_cache_storage._segment_format`.
 
 Publishing a page is appending its index entry after its record: a reader that sees the entry
 sees the whole record. A writer killed mid-batch leaves records without entries (never seen) or a
