@@ -70,7 +70,7 @@ import threading
 import zlib
 from abc import abstractmethod
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from functools import lru_cache, partial
@@ -354,6 +354,14 @@ def check_keys(keys: object, name: str = "keys") -> list[str]:
         if not (isinstance(k, str) and match(k)):  # the message is built only on failure
             _check_key(k, f"{name}[{i}]")
     return out
+
+
+def _key_list(keys: Iterable[str]) -> list[str]:
+    """``keys`` as a list (``TypeError`` for a single ``str`` or a non-iterable; the keys
+    themselves are the backend's to judge: a key it rejects is a miss / failed write)."""
+    if isinstance(keys, (str, bytes)) or not isinstance(keys, Iterable):
+        raise TypeError(f"keys must be a list of str, got {type(keys).__name__}")
+    return list(keys)
 
 
 def _all_keys(keys: list[Any]) -> bool:
