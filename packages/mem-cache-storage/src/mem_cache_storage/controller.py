@@ -51,6 +51,7 @@ import torch
 
 from mem_cache_kernels.checks import check_choice, check_int, check_optional_int
 from mem_cache_storage import _multi_pool as mp
+from mem_cache_storage._controller_calls import ExtraCalls, _v1_is_stub
 from mem_cache_storage._controller_stats import (
     COUNTER_NAMES,
     POOL_COUNTERS,
@@ -87,17 +88,6 @@ _HOST_POOL_NEEDS = ("page_size", "size", "get_size_per_token")
 # set_from_flat_data_page, which every host pool (ours and SGLang's) has
 
 
-def _v1_is_stub(storage: Any) -> bool:
-    """Whether ``storage``'s ``batch_get_v1`` / ``batch_set_v1`` are SGLang's base stubs
-    (they return ``None``): the class defining them is SGLang's ``HiCacheStorage``."""
-    for name in ("batch_get_v1", "batch_set_v1"):
-        owner = next((c for c in type(storage).__mro__ if name in c.__dict__), None)
-        if owner is None or (owner.__name__ == "HiCacheStorage"
-                             and owner.__module__.startswith("sglang.")):
-            return True
-    return False
-
-
 _EMPTY = torch.empty(0, dtype=torch.int64)
 
 
@@ -109,11 +99,6 @@ def _clamped(n: int, result: object) -> int:
 def _bools_or_stub(n: int, result: object) -> list[bool] | None:
     """A v1 answer as ``n`` bools; ``None`` stays ``None`` (SGLang's base stub: no v1 path)."""
     return None if result is None and n else bools(n, result)
-
-
-def _same(result: Any) -> list[bool]:
-    out: list[bool] = result
-    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,7 +219,7 @@ class PrefetchHandle:
         self._controller._cancel(self, "cancelled")
 
 
-class StorageController(ControllerWrites):
+class StorageController(ControllerWrites, ExtraCalls):
     """Prefetch and write-back between a host pool and a storage backend (see the module)."""
 
     # the write path (ControllerWrites) sees these as its protocols
@@ -371,66 +356,6 @@ class StorageController(ControllerWrites):
             self.generic_io = True
             return self._call_generic(name == "batch_set_v1", keys, slots)
         return result
-
-    def _call_generic(self, write: bool, keys: list[str], slots: torch.Tensor) -> list[bool]:
-        """The copying path (SGLang's ``_generic_page_get`` / ``_generic_page_set``): flat pages
-        through the host pool and the backend's ``batch_get`` / ``batch_set``. ``batch_set``
-        answers one bool for the batch; ``batch_get`` a tensor or ``None`` per key, and the
-        leading run of tensors is copied into the host pages."""
-        return guarded(partial(self._generic_io, write, keys, slots), _same, [False] * len(keys),
-                       owner="storage", what="batch_set" if write else "batch_get",
-                       count_error=self._count_error)
-
-    def _generic_io(self, write: bool, keys: list[str], slots: torch.Tensor) -> list[bool]:
-        pool, ps, n = self.host_pool, self.page_size, len(keys)
-        firsts = [int(i) for i in slots[::ps].tolist()]
-        if write:
-            data = [pool.get_data_page(i, flat=True) for i in firsts]
-            return [self.storage.batch_set(keys, data) is True] * n
-        dummies = [pool.get_dummy_flat_data_page() for _ in firsts]
-        got = self.storage.batch_get(keys, dummies)
-        if not isinstance(got, list) or len(got) != n:
-            raise ValueError(f"batch_get returned {type(got).__name__} for {n} pages")
-        out = [False] * n
-        for j, (first, page) in enumerate(zip(firsts, got)):
-            if not isinstance(page, torch.Tensor):
-                break
-            pool.set_from_flat_data_page(first, page)
-            out[j] = True
-        return out
-
-    # --------------------------------------------------------------- v2 calls
-    def _exists_v2(self, keys: list[str]) -> Any:
-        """``batch_exists_v2`` over ``keys`` with every extra pool (``None`` when it failed)."""
-        def check(result: Any) -> Any:
-            mp.restorable(result, len(keys))
-            return result
-        return guarded(partial(self.storage.batch_exists_v2, keys,
-                               mp.query(self.extra_pools, keys)), check, None,
-                       owner="storage", what="batch_exists_v2", count_error=self._count_error)
-
-    def _io_v2(self, write: bool, pools: Sequence[ExtraPool], keys: list[str],
-               indices: Mapping[str, torch.Tensor]) -> dict[str, int]:
-        """One ``batch_set_v2`` / ``batch_get_v2`` of ``pools``' pages of ``keys`` (their slots
-        ``indices``): per pool, the leading pages that succeeded (0 for every pool when the
-        call failed)."""
-        if not pools or not keys:
-            return {p.name: len(keys) for p in pools}
-        n = len(keys)
-
-        def answer(result: object) -> dict[str, int]:
-            return {p.name: mp.leading(n, result, p.name) for p in pools}
-
-        moves = mp.transfers(pools, keys, indices)
-        if self._trusted_io_v2 is not None:  # ours: the controller checked the transfers
-            call = partial(self._trusted_io_v2, write, moves)
-        else:
-            call = partial(self.storage.batch_set_v2 if write else self.storage.batch_get_v2,
-                           moves)
-        return guarded(call, answer,
-                       {p.name: 0 for p in pools}, owner="storage",
-                       what="batch_set_v2" if write else "batch_get_v2",
-                       count_error=self._count_error)
 
     def lookup(self, keys: Sequence[str]) -> int:
         """How many leading ``keys`` storage holds (``batch_exists`` in batches; a failing
