@@ -73,12 +73,13 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from functools import lru_cache, partial
+from functools import partial
 from typing import Any, TypeVar, overload
 
 import torch
 
 from mem_cache_kernels.checks import check_index, check_int
+from mem_cache_storage._page_format import PageFormat, PageRanges, _page_format, tensor_page_ranges
 from mem_cache_storage.base import HiCacheStorage
 from mem_cache_storage.config import HiCacheStorageConfig, HiCacheStorageExtraInfo
 from mem_cache_storage.pools import PoolPagesMixin
@@ -137,35 +138,6 @@ def page_views(page: PageRanges) -> list[memoryview]:
 
 
 # ---------------------------------------------------------------------- pages
-PageRanges = tuple[tuple[int, int], ...]
-"""One page: ``((ptr, nbytes), ...)`` host memory ranges, in page order."""
-
-
-@dataclass(frozen=True, slots=True)
-class PageFormat:
-    """How a page's bytes are laid out: ``kind`` (``"flat"`` or ``"native:<layout>"``), element
-    ``dtype`` and the byte size of each range."""
-
-    kind: str
-    dtype: str
-    sizes: tuple[int, ...]
-    #: bytes of one page (the sum of ``sizes``)
-    nbytes: int = field(init=False, repr=False, compare=False)
-    #: a 64-bit id of (kind, dtype, sizes), stored with every page
-    format_id: int = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        text = f"{self.kind}|{self.dtype}|{','.join(map(str, self.sizes))}"
-        object.__setattr__(self, "nbytes", sum(self.sizes))
-        object.__setattr__(self, "format_id",
-                           int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little"))
-
-    @property
-    def tag(self) -> str:
-        """``format_id`` as 16 hex characters."""
-        return f"{self.format_id:016x}"
-
-
 class PageBatch(Sequence[PageRanges]):
     """Pages as the host pool lists them: ``ptrs[i]``, ``sizes[i]`` of every range, ``per``
     consecutive ranges per page (SGLang's ``get_page_buffer_meta`` lists, not copied). Indexing
@@ -213,26 +185,6 @@ class PageBatch(Sequence[PageRanges]):
         per, ptrs, sizes = self.per, self.ptrs, self.sizes
         for lo in range(0, len(ptrs) if per else 0, per or 1):
             yield tuple(zip(ptrs[lo : lo + per], sizes[lo : lo + per]))
-
-
-def tensor_page_ranges(
-    tensor: Any, name: str = "target_location", pool: Any | None = None
-) -> tuple[PageRanges, PageFormat]:
-    """The single range of a contiguous CPU tensor, format ``flat`` (``flat:<tag>`` with the
-    registered host ``pool``'s ``page_format.tag``, when it has one)."""
-    if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
-    if tensor.device.type != "cpu":
-        raise ValueError(f"{name} must be a CPU tensor, got device {tensor.device}")
-    if not tensor.is_contiguous():
-        raise ValueError(f"{name} must be contiguous")
-    nbytes = tensor.numel() * tensor.element_size()
-    if nbytes == 0:
-        raise ValueError(f"{name} must not be empty")
-    page_format = getattr(pool, "page_format", None)
-    tag = getattr(page_format, "tag", None)
-    kind = "flat" if tag is None else f"flat:{tag}"
-    return ((tensor.data_ptr(), nbytes),), PageFormat(kind, str(tensor.dtype), (nbytes,))
 
 
 def host_page_ranges(
@@ -318,12 +270,6 @@ def _few_whole_pages(host_indices: torch.Tensor, page_size: int, pool: Any) -> l
     if len(starts) > 1 and len(set(starts)) != len(starts):
         return None
     return [s // page_size for s in starts]
-
-
-@lru_cache(maxsize=256)
-def _page_format(kind: str, dtype: str, sizes: tuple[int, ...]) -> PageFormat:
-    """One :class:`PageFormat` per distinct format (its id is a SHA-256: computed once)."""
-    return PageFormat(kind, dtype, sizes)
 
 
 # ----------------------------------------------------------------------- keys
