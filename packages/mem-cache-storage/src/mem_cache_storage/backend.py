@@ -1,5 +1,10 @@
 """Storage backends over byte-range pages: everything a zero-copy read or write of this package
-runs through, in one module.
+runs through, in one module (a page's format, which such a call only looks up, is
+:mod:`mem_cache_storage._page_format`'s). One module on purpose: the controller's prefetch runs
+through the controller, this module and three of the host pool's, and a public call reaches its
+bytes through at most five of our modules (issue 29, ``tools/module_chain.py``), so what that
+path runs (page lists, storage keys, counters, the guard, the backend bases and the in-process
+pointer backend) stays here.
 
 * **Pages.** A page is host memory ranges in page order (:data:`PageRanges`) plus a
   :class:`PageFormat` saying how those bytes are laid out; a batch of pages is a

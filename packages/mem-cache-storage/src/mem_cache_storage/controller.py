@@ -1,11 +1,11 @@
 """``StorageController``: the storage half of a HiCache controller (prefetch and write-back).
 
-* **Write** (:meth:`StorageController.write`, or :meth:`~StorageController.write_async` on a
-  backup thread): host pages -> storage, skipping the leading keys the backend already has
-  (``batch_exists``), in batches of ``batch_pages`` through the zero-copy ``batch_set_v1``.
-  The hooks :meth:`on_host_evict` (``write_policy="write_back"``) and :meth:`on_host_insert`
-  (``"write_through"``) call it at the point the policy names. With an MLA model only the
-  storage writer writes (TP rank 0; every rank holds the same KV).
+* **Write** (:meth:`StorageController.write`, or :meth:`~StorageController.write_async` on a backup
+  thread; :mod:`mem_cache_storage._controller_write`): host pages -> storage, skipping the leading
+  keys the backend already has (``batch_exists``), in batches of ``batch_pages`` through the
+  zero-copy ``batch_set_v1``. The hooks :meth:`on_host_evict` (``write_policy="write_back"``) and
+  :meth:`on_host_insert` (``"write_through"``) call it at the point the policy names. With an MLA
+  model only the storage writer writes (TP rank 0; every rank holds the same KV).
 * **Prefetch** (:meth:`StorageController.prefetch`): on a background thread, ``batch_exists``
   finds how many leading pages storage has, that many host pages are reserved (at most the free
   part of ``prefetch_budget_pages`` and what the host pool can give), and the pages are read with
@@ -14,7 +14,11 @@
 * **Backends without v1** (SGLang's own ``HiCacheFile`` leaves ``batch_get_v1`` /
   ``batch_set_v1`` as its base class's stubs, which return ``None``): pages go through the
   generic ``batch_get`` / ``batch_set`` with the host pool's flat pages, as SGLang's controller
-  does (:attr:`StorageController.generic_io`; chosen at construction, or on a ``None`` answer).
+  does (:attr:`StorageController.generic_io`; chosen at construction, or on a ``None`` answer;
+  that path and the extra pools' v2 calls are :mod:`mem_cache_storage._controller_calls`).
+
+The prefetch path (this module) runs through this module and :mod:`mem_cache_storage.backend`
+only, on our side (at most five of our modules per public call, three of them the host pool's).
 
 Ownership: the pages of a finished prefetch belong to the controller until
 :meth:`PrefetchHandle.wait` returns them (they then belong to the caller, who frees them with
