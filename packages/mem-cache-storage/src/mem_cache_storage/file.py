@@ -22,15 +22,16 @@ publish protocol and the costs are in :mod:`mem_cache_storage._segments`. Guaran
 Files of the one-file-per-page layout of earlier development versions (``{key}.kvp`` with a
 ``MCSP`` header) are not read (misses); ``clear()`` removes them.
 
-**Key scheme ``sglang``** (``key_scheme="sglang"``): pages are stored exactly as SGLang 0.5.23's
-file backend stores them, ``{storage_dir}/{hash}_{model}[_{tp_rank}_{tp_size}]...bin`` holding
-the raw flat page (no header), so an SGLang instance and this backend read each other's pages in
-one directory. Verification: the file size must equal the page size; a side-car
-``{name}.mcs`` (magic, version, byte count, ``sum64``; SGLang ignores files not ending ``.bin``),
-written *before* the page by this backend, is checked when present, so a page this backend wrote
-that was corrupted later is a miss. A page SGLang wrote has no side-car: only its size is checked
-(SGLang stores no checksum). Pages are written to a temporary file and renamed (SGLang's readers
-need whole pages); the side-car is written in place (a torn side-car is a miss).
+**Key scheme ``sglang``** (``key_scheme="sglang"``; :mod:`mem_cache_storage._file_sglang`): pages
+are stored exactly as SGLang 0.5.23's file backend stores them,
+``{storage_dir}/{hash}_{model}[_{tp_rank}_{tp_size}]...bin`` holding the raw flat page (no header),
+so an SGLang instance and this backend read each other's pages in one directory. Verification: the
+file size must equal the page size; a side-car ``{name}.mcs`` (magic, version, byte count,
+``sum64``; SGLang ignores files not ending ``.bin``), written *before* the page by this backend, is
+checked when present, so a page this backend wrote that was corrupted later is a miss. A page SGLang
+wrote has no side-car: only its size is checked (SGLang stores no checksum). Pages are written to a
+temporary file and renamed (SGLang's readers need whole pages); the side-car is written in place (a
+torn side-car is a miss).
 
 Options (``extra_config``, the SGLang ``kwargs`` dict or keywords): ``storage_dir`` (also
 ``file_path`` and SGLang's ``file_storage_path``; default ``$MEM_CACHE_STORAGE_DIR`` or
