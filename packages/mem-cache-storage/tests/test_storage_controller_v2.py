@@ -231,8 +231,8 @@ def test_trusted_entry_checks_host_indices_once(rig: _Rig, monkeypatch: pytest.M
     """The controller's I/O goes through the backend's trusted entry: ``check_index`` runs at
     the controller's public entry, not again in the backend (the SGLang-named ``batch_set_v1``
     keeps its own check for outside callers)."""
+    import mem_cache_storage._controller_write as controller_mod  # the write path
     import mem_cache_storage.backend as backend_mod
-    import mem_cache_storage.controller as controller_mod
 
     calls: list[str] = []
     real = backend_mod.check_index

@@ -299,3 +299,49 @@ def test_copying_path_pages_of_another_host_layout_are_misses(tmp_path: Path) ->
     finally:
         for pool in (first, layered, again):
             pool.close()
+
+
+def test_one_page_read_path_checks_guards_and_counts_as_the_batch_path(
+    tmp_path: Path, host: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``batch_get_v1`` of one key (the short path) and of several give the same answers and
+    counters: a hit, a miss, a corrupted page (rejected), a failing read (an error, a miss),
+    and wrong host slots raise as they do for a batch."""
+    st = HiCacheFile(CFG, host, storage_dir=str(tmp_path))
+    keys = _keys(2)
+    src, dst = host.alloc(2 * PS), host.alloc(2 * PS)
+    assert st.batch_set_v1(keys[:1], src[:PS]) == [True]
+    assert st.batch_get_v1(keys[:1], dst[:PS]) == [True]
+    assert torch.equal(pages_of(host, src)[0], pages_of(host, dst)[0])
+    assert st.batch_get_v1(keys[1:], dst[PS:]) == [False]  # absent
+    stats = st.get_stats()
+    assert (stats.get_hits, stats.get_misses, stats.rejected, stats.errors) == (1, 1, 0, 0)
+    assert stats.get_bytes == stats.set_bytes > 0  # one page read, one written
+    extent = st.page_extent(keys[0])
+    assert extent is not None
+    path, offset, nbytes = extent
+    with open(path, "r+b") as f:  # one flipped byte in the middle of the payload
+        f.seek(offset + nbytes // 2)
+        byte = f.read(1)
+        f.seek(offset + nbytes // 2)
+        f.write(bytes([byte[0] ^ 0x10]))
+    assert st.batch_get_v1(keys[:1], dst[:PS]) == [False]
+    assert st.get_stats().rejected == 1
+    not_a_tensor: Any = [0, 1, 2, 3]
+    with pytest.raises(TypeError):
+        st.batch_get_v1(keys[:1], not_a_tensor)
+    with pytest.raises(ValueError):
+        st.batch_get_v1(keys[:1], dst[1 : PS + 1])  # not a whole page
+    with pytest.raises(ValueError):
+        st.batch_get_v1(["not a key!"], dst[:PS])
+    segments = st._segments
+    assert segments is not None
+
+    def boom(*_: object) -> bool:
+        raise OSError("disk gone")
+
+    monkeypatch.setattr(segments, "get_one", boom)
+    assert st.batch_get_v1(keys[:1], dst[:PS]) == [False]
+    stats = st.get_stats()
+    assert (stats.errors, stats.get_misses) == (1, 3)
+    st.close()

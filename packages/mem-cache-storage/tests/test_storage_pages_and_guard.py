@@ -50,6 +50,57 @@ def test_page_batch_is_the_pools_buffer_meta_page_by_page(layout: str) -> None:
         host.close()
 
 
+def test_few_slots_are_accepted_exactly_as_the_pool_accepts_them() -> None:
+    """``host_page_ranges`` checks a few slots itself (one ``tolist``) and hands the rest to the
+    pool's ``page_ids``: both accept the same index tensors (same ranges) and reject the same
+    ones (the pool's error)."""
+    host = make_host()
+    try:
+        size = host.size
+
+        def run(f: Any) -> object:
+            try:
+                return f()
+            except (TypeError, ValueError) as exc:
+                return type(exc)
+
+        cases = [
+            torch.arange(0, PS), torch.arange(PS, 3 * PS), torch.arange(size - PS, size),
+            torch.arange(0, PS, dtype=torch.int32),
+            torch.cat([torch.arange(2 * PS, 3 * PS), torch.arange(0, PS)]),  # any page order
+            torch.arange(1, PS + 1),  # not page aligned
+            torch.arange(PS - 1, -1, -1),  # a page's slots descending
+            torch.cat([torch.arange(0, PS), torch.arange(0, PS)]),  # a page twice
+            torch.arange(size, size + PS),  # past the pool
+            torch.arange(-PS, 0),  # negative
+            torch.tensor([0, 1, 3, 2] if PS == 4 else list(range(PS))[::-1]),
+        ]
+        for idx in cases:
+            n = idx.numel() // PS
+            got = run(lambda idx=idx, n=n: host_page_ranges(host, idx, n)[0].ptrs)
+            meta = run(lambda idx=idx: host.get_page_buffer_meta(idx)[0])
+            assert got == meta, idx.tolist()
+        accepted = [c for c in cases if not isinstance(run(lambda c=c: host.page_ids(c)), type)]
+        assert len(accepted) == 5  # the first five; every other case is refused by both
+    finally:
+        host.close()
+
+
+def test_cached_views_and_sums_follow_the_memory() -> None:
+    """A range's view and checksum array are cached by (address, bytes): they read the memory
+    as it is at each call, and a new buffer at the same address is read as itself."""
+    from mem_cache_storage._sum64 import sum64, sum64_bytes
+    from mem_cache_storage.backend import page_views
+
+    data = bytearray(range(256)) * 4
+    ptr = PageBatch.of([((torch.frombuffer(data, dtype=torch.uint8).data_ptr(), 1024),)])[0]
+    first = page_views(ptr)[0]
+    assert bytes(first) == bytes(data) and sum64(ptr) == sum64_bytes(bytes(data))
+    data[5] ^= 0xFF
+    assert page_views(ptr)[0] is first and bytes(page_views(ptr)[0]) == bytes(data)
+    assert sum64(ptr) == sum64_bytes(bytes(data))
+
+
 def test_an_empty_page_batch() -> None:
     empty = PageBatch([], [], 0)
     assert len(empty) == 0 and list(empty) == [] and empty[:] == []

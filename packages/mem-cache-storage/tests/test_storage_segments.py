@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from mem_cache_storage import HiCacheFile, HiCacheStorageConfig, page_hashes
-from mem_cache_storage._segments import _BODY, _ENT, _ENT_MAGIC, INDEX_NAME
+from mem_cache_storage._segment_format import _BODY, _ENT, _ENT_MAGIC, INDEX_NAME
 from mem_cache_storage._sum64 import sum64, sum64_bytes, sum64_many, use_numpy
 
 from .conftest import PS, make_host, pages_of

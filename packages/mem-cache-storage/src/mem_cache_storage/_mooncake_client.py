@@ -28,6 +28,7 @@ MOONCAKE_DIST = "mooncake-transfer-engine-non-cuda"
 MOONCAKE_VERSION = "0.3.13.post1"
 DEFAULT_MASTER = "127.0.0.1:50051"
 RPC_FAIL = -900  # Mooncake ErrorCode::RPC_FAIL: the master is unreachable
+_CHUNK = 128  # pages per store call (SGLang's STORAGE_BATCH_SIZE)
 
 
 class MooncakeUnavailableError(RuntimeError):

@@ -1,19 +1,8 @@
 """Segment files: the file backend's layout for its own key scheme (many pages per file).
 
-A directory holds:
-
-* **segments** ``seg-{pid}-{random}-{n}.kvp``: append-only files, each written by one backend
-  instance of one process (never shared by writers), rotated at ``segment_bytes``. A record::
-
-      magic "MCSR" | version u16 | key length u16 | format id u64 | payload bytes u64
-      | sum64 u64 | storage key (UTF-8) | payload (the page's ranges, in order)
-
-* **the index log** ``index.kvi``: one append-only file shared by every writer (``O_APPEND``);
-  after a batch's records are written, one ``write`` appends one entry per page::
-
-      magic "MCSI" | body bytes u16 | CRC-32 of the body u32
-      | body: record offset u64 | record bytes u64 | segment name length u8 | segment name | key
-      (an empty key: a tombstone, the segment was deleted)
+A directory holds *segments* (append-only files of page records, each written by one backend
+instance) and one shared *index log* that publishes them; their format is in
+:mod:`mem_cache_storage._segment_format`.
 
 Publishing a page is appending its index entry after its record: a reader that sees the entry
 sees the whole record. A writer killed mid-batch leaves records without entries (never seen) or a
@@ -40,30 +29,33 @@ from __future__ import annotations
 
 import contextlib
 import os
-import struct
 import threading
 import time
 import uuid
 import zlib
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
+from mem_cache_storage._segment_format import (
+    _BODY,
+    _ENT,
+    _ENT_MAGIC,
+    _IOV_MAX,
+    _REC,
+    _REC_MAGIC,
+    _REC_VERSION,
+    INDEX_NAME,
+    SEGMENT_PREFIX,
+    SEGMENT_SUFFIX,
+    Location,
+    _entry,
+    _pwritev_all,
+)
 from mem_cache_storage._sum64 import sum64, sum64_many
-from mem_cache_storage.backend import PageBatch, PageFormat, view
+from mem_cache_storage.backend import PageBatch, PageFormat, PageRanges, page_views
 
 __all__ = ["INDEX_NAME", "SEGMENT_SUFFIX", "Location", "SegmentStore"]
 
-SEGMENT_SUFFIX = ".kvp"
-SEGMENT_PREFIX = "seg-"
-INDEX_NAME = "index.kvi"
-_REC = struct.Struct("<4sHHQQQ")
-_REC_MAGIC = b"MCSR"
-_REC_VERSION = 2
-_ENT = struct.Struct("<4sHI")
-_ENT_MAGIC = b"MCSI"
-_BODY = struct.Struct("<QQB")
-_IOV_MAX = max(16, min(1024, os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024))
 _TOUCH_S = 1.0
 _LOW_WATER = 0.9
 _FD_CACHE = 64
@@ -74,48 +66,6 @@ _RESTAT_S = 0.05
 #: pages are still in the last-level cache when their checksums run (after a read, before a
 #: write): 1, 4, 8 MiB and unbounded measured, 8 MiB best or even here
 _RUN_BYTES = 8 << 20
-
-
-@dataclass(frozen=True, slots=True)
-class Location:
-    """Where a page's record lies: segment file name, record offset and bytes."""
-
-    segment: str
-    offset: int
-    nbytes: int
-
-
-def _entry(segment: str, offset: int, nbytes: int, key: str) -> bytes:
-    """One index entry (an empty ``key``: a tombstone for ``segment``)."""
-    sname = segment.encode()
-    body = _BODY.pack(offset, nbytes, len(sname)) + sname + key.encode()
-    return _ENT.pack(_ENT_MAGIC, len(body), zlib.crc32(body)) + body
-
-
-def _rest(bufs: Sequence[Any], done: int) -> list[Any]:
-    """The buffers of ``bufs`` past its first ``done`` bytes."""
-    out: list[Any] = []
-    for b in bufs:
-        n = len(b)
-        if done >= n:
-            done -= n
-            continue
-        out.append(memoryview(b)[done:] if done else b)
-        done = 0
-    return out
-
-
-def _pwritev_all(fd: int, bufs: list[Any], offset: int) -> None:
-    for i in range(0, len(bufs), _IOV_MAX):
-        chunk = bufs[i : i + _IOV_MAX]
-        want = sum(len(b) for b in chunk)
-        done = os.pwritev(fd, chunk, offset)
-        while done < want:  # a short write: the rest
-            step = os.pwritev(fd, _rest(chunk, done), offset + done)
-            if step <= 0:
-                raise OSError(f"short write to a segment ({done} of {want} bytes)")
-            done += step
-        offset += want
 
 
 class _Segment:
@@ -207,7 +157,7 @@ class SegmentStore:
                         head = _REC.pack(_REC_MAGIC, _REC_VERSION, len(kb), fmt.format_id,
                                          fmt.nbytes, s) + kb
                         bufs.append(head)
-                        bufs += [view(ptr, n) for ptr, n in page]
+                        bufs += page_views(page)
                         rec = len(head) + fmt.nbytes
                         entries.append(_entry(seg.name, off, rec, key))
                         off += rec
@@ -341,14 +291,38 @@ class SegmentStore:
             n = 0
             for k in keys:
                 loc = self._map.get(k)
-                if loc is None or not self._live({loc.segment}):
+                if loc is None or not (loc.segment in self._fds or self._live({loc.segment})):
                     break
                 n += 1
         return n
 
     # ------------------------------------------------------------------- reads
+    def get_one(self, key: str, page: PageRanges, fmt: PageFormat) -> bool:
+        """:meth:`get` of one page: one lookup, one ``preadv``, one checksum."""
+        head = bytearray(_REC.size + len(key.encode()))
+        bufs: list[Any] = [head, *page_views(page)]
+        with self._rlock:  # held through the read: no fd is closed under it
+            self.refresh()
+            loc = self._map.get(key)
+            if loc is None or not (loc.segment in self._fds or self._live({loc.segment})):
+                return False
+            try:
+                got = os.preadv(self._fds[loc.segment][0], bufs, loc.offset)
+            except OSError:
+                self._count(errors=1)
+                return False
+            if got != loc.nbytes:
+                self._count(rejected=1)
+                return False
+            ok = self._verify(key, head, loc, page, fmt)
+            if ok and self.touch_on_hit:
+                self._touch({loc.segment})
+        return ok
+
     def get(self, keys: list[str], pages: PageBatch, fmt: PageFormat) -> list[bool]:
         """Read and verify each page; ``False``: absent or rejected (counted)."""
+        if len(keys) == 1:
+            return [self.get_one(keys[0], pages[0], fmt)]
         with self._rlock:  # held through the reads: no fd is closed under them
             self.refresh()
             plist = list(pages)
@@ -373,7 +347,7 @@ class SegmentStore:
                     head = bytearray(_REC.size + len(keys[j].encode()))
                     heads.append(head)
                     bufs.append(head)
-                    bufs += [view(ptr, nb) for ptr, nb in plist[j]]
+                    bufs += page_views(plist[j])
                     end += nxt.nbytes
                     j += 1
                 fd = self._fds[loc.segment][0]
@@ -400,7 +374,7 @@ class SegmentStore:
 
     def _read_one(self, fd: int, key: str, loc: Location, page: Any, fmt: PageFormat) -> bool:
         head = bytearray(_REC.size + len(key.encode()))
-        bufs: list[Any] = [head, *(view(ptr, nb) for ptr, nb in page)]
+        bufs: list[Any] = [head, *page_views(page)]
         try:
             got = os.preadv(fd, bufs, loc.offset)
         except OSError:

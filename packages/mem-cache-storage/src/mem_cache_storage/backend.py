@@ -1,5 +1,10 @@
 """Storage backends over byte-range pages: everything a zero-copy read or write of this package
-runs through, in one module.
+runs through, in one module (a page's format, which such a call only looks up, is
+:mod:`mem_cache_storage._page_format`'s). One module on purpose: the controller's prefetch runs
+through the controller, this module and three of the host pool's, and a public call reaches its
+bytes through at most five of our modules (issue 29, ``tools/module_chain.py``), so what that
+path runs (page lists, storage keys, counters, the guard, the backend bases and the in-process
+pointer backend) stays here.
 
 * **Pages.** A page is host memory ranges in page order (:data:`PageRanges`) plus a
   :class:`PageFormat` saying how those bytes are laid out; a batch of pages is a
@@ -70,15 +75,16 @@ import threading
 import zlib
 from abc import abstractmethod
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from functools import lru_cache, partial
+from functools import partial
 from typing import Any, TypeVar, overload
 
 import torch
 
 from mem_cache_kernels.checks import check_index, check_int
+from mem_cache_storage._page_format import PageFormat, PageRanges, _page_format, tensor_page_ranges
 from mem_cache_storage.base import HiCacheStorage
 from mem_cache_storage.config import HiCacheStorageConfig, HiCacheStorageExtraInfo
 from mem_cache_storage.pools import PoolPagesMixin
@@ -114,36 +120,29 @@ def view(ptr: int, nbytes: int) -> memoryview:
     return memoryview((ctypes.c_ubyte * nbytes).from_address(ptr)).cast("B")
 
 
+#: views of host ranges already seen, by ``(ptr, nbytes)``: a view is only an address and a
+#: length (it owns nothing), so one made for a range serves every later call that is handed the
+#: same range (callers use it only while that memory is theirs: under the pool's ``io_guard``)
+_VIEWS: dict[tuple[int, int], memoryview] = {}
+_VIEWS_MAX = 8192
+
+
+def page_views(page: PageRanges) -> list[memoryview]:
+    """:func:`view` of each range of ``page``, from a cache of the ranges seen before (a
+    ``ctypes`` view costs about 1 us: a page's two views were a tenth of a one-page read)."""
+    out: list[memoryview] = []
+    cache = _VIEWS
+    for rng in page:
+        v = cache.get(rng)
+        if v is None:
+            if len(cache) >= _VIEWS_MAX:
+                cache.clear()
+            v = cache[rng] = view(*rng)
+        out.append(v)
+    return out
+
+
 # ---------------------------------------------------------------------- pages
-PageRanges = tuple[tuple[int, int], ...]
-"""One page: ``((ptr, nbytes), ...)`` host memory ranges, in page order."""
-
-
-@dataclass(frozen=True, slots=True)
-class PageFormat:
-    """How a page's bytes are laid out: ``kind`` (``"flat"`` or ``"native:<layout>"``), element
-    ``dtype`` and the byte size of each range."""
-
-    kind: str
-    dtype: str
-    sizes: tuple[int, ...]
-    #: bytes of one page (the sum of ``sizes``)
-    nbytes: int = field(init=False, repr=False, compare=False)
-    #: a 64-bit id of (kind, dtype, sizes), stored with every page
-    format_id: int = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        text = f"{self.kind}|{self.dtype}|{','.join(map(str, self.sizes))}"
-        object.__setattr__(self, "nbytes", sum(self.sizes))
-        object.__setattr__(self, "format_id",
-                           int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little"))
-
-    @property
-    def tag(self) -> str:
-        """``format_id`` as 16 hex characters."""
-        return f"{self.format_id:016x}"
-
-
 class PageBatch(Sequence[PageRanges]):
     """Pages as the host pool lists them: ``ptrs[i]``, ``sizes[i]`` of every range, ``per``
     consecutive ranges per page (SGLang's ``get_page_buffer_meta`` lists, not copied). Indexing
@@ -193,26 +192,6 @@ class PageBatch(Sequence[PageRanges]):
             yield tuple(zip(ptrs[lo : lo + per], sizes[lo : lo + per]))
 
 
-def tensor_page_ranges(
-    tensor: Any, name: str = "target_location", pool: Any | None = None
-) -> tuple[PageRanges, PageFormat]:
-    """The single range of a contiguous CPU tensor, format ``flat`` (``flat:<tag>`` with the
-    registered host ``pool``'s ``page_format.tag``, when it has one)."""
-    if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
-    if tensor.device.type != "cpu":
-        raise ValueError(f"{name} must be a CPU tensor, got device {tensor.device}")
-    if not tensor.is_contiguous():
-        raise ValueError(f"{name} must be contiguous")
-    nbytes = tensor.numel() * tensor.element_size()
-    if nbytes == 0:
-        raise ValueError(f"{name} must not be empty")
-    page_format = getattr(pool, "page_format", None)
-    tag = getattr(page_format, "tag", None)
-    kind = "flat" if tag is None else f"flat:{tag}"
-    return ((tensor.data_ptr(), nbytes),), PageFormat(kind, str(tensor.dtype), (nbytes,))
-
-
 def host_page_ranges(
     pool: Any, host_indices: torch.Tensor, num_pages: int, *, trusted: bool = False
 ) -> tuple[PageBatch, PageFormat]:
@@ -238,8 +217,14 @@ def host_page_ranges(
     table_of = getattr(pool, "page_range_table", None)
     table = table_of() if callable(table_of) else None
     if table is not None:  # ours: the pool's trusted geometry, its page ids checked once
-        pages = pool.page_ids(host_indices, trusted=trusted)
-        ptrs = [base + p * stride for p in pages for base, stride, _ in table]
+        pages = None if trusted else _few_whole_pages(host_indices, page_size, pool)
+        if pages is None:  # trusted, many slots, or not whole pages: the pool's (exact) checks
+            pages = pool.page_ids(host_indices, trusted=trusted)
+        if len(pages) == 1:
+            p = pages[0]
+            ptrs = [base + p * stride for base, stride, _ in table]
+        else:
+            ptrs = [base + p * stride for p in pages for base, stride, _ in table]
         first = [n for _, _, n in table]
         return (PageBatch(ptrs, first * len(pages), len(table)),
                 _page_format(f"native:{layout}", dtype, tuple(first)))
@@ -257,10 +242,39 @@ def host_page_ranges(
     return PageBatch(list(ptrs), list(sizes), per), fmt
 
 
-@lru_cache(maxsize=256)
-def _page_format(kind: str, dtype: str, sizes: tuple[int, ...]) -> PageFormat:
-    """One :class:`PageFormat` per distinct format (its id is a SHA-256: computed once)."""
-    return PageFormat(kind, dtype, sizes)
+#: at most this many slots are checked by :func:`_few_whole_pages` (past about 512 the
+#: pool's tensor checks cost less)
+_FEW_SLOTS = 256
+
+
+def _few_whole_pages(host_indices: torch.Tensor, page_size: int, pool: Any) -> list[int] | None:
+    """The page ids of a few CPU ``host_indices`` (already a 1-D index tensor of ``num_pages *
+    page_size`` slots) when they are whole, distinct pages inside ``pool``: one ``tolist`` and
+    a few list compares, so a one-page call skips the pool's general checks (about 4 us at 16
+    slots, 6 at 64); ``None`` for anything else, which the pool's ``page_ids`` then checks (and
+    rejects with its precise error). Accepts only what ``page_ids`` accepts."""
+    if host_indices.numel() > _FEW_SLOTS or not host_indices.is_cpu:
+        return None
+    slots: list[int] = host_indices.tolist()
+    size = int(pool.size)
+    if len(slots) == page_size:  # one page
+        s = slots[0]
+        if s >= 0 and not s % page_size and s + page_size <= size and slots == list(
+            range(s, s + page_size)
+        ):
+            return [s // page_size]
+        return None
+    starts = slots[::page_size]
+    for k, s in enumerate(starts):
+        if s < 0 or s % page_size or s + page_size > size:
+            return None
+        if page_size > 1 and slots[k * page_size : (k + 1) * page_size] != list(
+            range(s, s + page_size)
+        ):
+            return None
+    if len(starts) > 1 and len(set(starts)) != len(starts):
+        return None
+    return [s // page_size for s in starts]
 
 
 # ----------------------------------------------------------------------- keys
@@ -291,6 +305,21 @@ def check_keys(keys: object, name: str = "keys") -> list[str]:
         if not (isinstance(k, str) and match(k)):  # the message is built only on failure
             _check_key(k, f"{name}[{i}]")
     return out
+
+
+def _key_list(keys: Iterable[str]) -> list[str]:
+    """``keys`` as a list (``TypeError`` for a single ``str`` or a non-iterable; the keys
+    themselves are the backend's to judge: a key it rejects is a miss / failed write)."""
+    if isinstance(keys, (str, bytes)) or not isinstance(keys, Iterable):
+        raise TypeError(f"keys must be a list of str, got {type(keys).__name__}")
+    return list(keys)
+
+
+def _all_keys(keys: list[Any]) -> bool:
+    """Whether every entry of the list ``keys`` is a valid caller key (the test of
+    :func:`check_keys` without its copy and messages: the storage key path of a list)."""
+    match = _KEY.fullmatch
+    return all(type(k) is str and match(k) is not None for k in keys)
 
 
 @dataclass(frozen=True, slots=True)
@@ -400,8 +429,10 @@ class KeySpace:
     def storage_keys(self, keys: Sequence[str]) -> list[str]:
         """The storage keys of caller ``keys`` (checked with :func:`check_keys`)."""
         p, s, t = self.prefix_for_clear, self.suffix, self.tp_suffix
+        if type(keys) is not list or not _all_keys(keys):  # anything else: the full checks
+            keys = check_keys(keys)
         # a Mamba state is TP-sharded even when the model's KV is replicated
-        return [f"{p}{k}{t if k.endswith('.mamba') else s}" for k in check_keys(keys)]
+        return [f"{p}{k}{t if k.endswith('.mamba') else s}" for k in keys]
 
 
 # ------------------------------------------------------------------ counters
@@ -436,6 +467,24 @@ class StorageStats:
             for name, delta in deltas.items():
                 setattr(self, name, getattr(self, name) + delta)
 
+    def _add_get(self, hits: int, misses: int, nbytes: int) -> None:
+        """``add(get_hits=..., get_misses=..., get_bytes=...)`` without the keyword loop."""
+        with self._lock:
+            self.get_hits += hits
+            self.get_misses += misses
+            self.get_bytes += nbytes
+
+    def _add_set(self, ok: int, failed: int, nbytes: int) -> None:
+        """``add(set_ok=..., set_failed=..., set_bytes=...)`` without the keyword loop."""
+        with self._lock:
+            self.set_ok += ok
+            self.set_failed += failed
+            self.set_bytes += nbytes
+
+    def _add_exists(self, queries: int) -> None:
+        with self._lock:
+            self.exists_queries += queries
+
     def snapshot(self) -> StorageStats:
         with self._lock:
             return StorageStats(
@@ -464,10 +513,16 @@ def guarded(call: Callable[[], object], answer: Callable[[Any], _T], default: _T
     try:
         return answer(call())
     except Exception as exc:
-        count_error()
-        _log.warning("%s: %s failed (%s: %s): treated as a miss", owner, what,
-                     type(exc).__name__, exc)
+        _swallowed(exc, owner, what, count_error)
         return default
+
+
+def _swallowed(exc: Exception, owner: str, what: str, count_error: Callable[[], object]) -> None:
+    """What :func:`guarded` does with a failure (also for :meth:`PageStorageBackend._call`, its
+    inline form on the page path): count it once, log one warning."""
+    count_error()
+    _log.warning("%s: %s failed (%s: %s): treated as a miss", owner, what,
+                 type(exc).__name__, exc)
 
 
 def bools(n: int, result: object) -> list[bool]:
@@ -611,22 +666,37 @@ class PageStorageBackend(PoolPagesMixin, HiCacheStorage):
 
     # ------------------------------------------------------------ guarded calls
     def _call(self, what: str, fn: Callable[..., object], n: int, *args: object) -> list[bool]:
-        """A hook call through :func:`guarded` (a failure counts in ``stats.errors``)."""
+        """A hook call guarded as :func:`guarded` guards, inline (no closures per call): a
+        failure or a malformed result is counted in ``stats.errors``, logged once, and every
+        page is a miss / failed set."""
         if n == 0:
             return []
-        return guarded(partial(fn, *args), partial(bools, n), [False] * n,
-                       owner=type(self).__name__, what=what, count_error=self._count_error)
+        try:
+            return bools(n, fn(*args))
+        except Exception as exc:
+            _swallowed(exc, type(self).__name__, what, self._count_error)
+            return [False] * n
 
     def _get(self, skeys: list[str], pages: PageBatch, fmt: PageFormat) -> list[bool]:
-        ok = self._call("get", self._get_pages, len(skeys), skeys, pages, fmt)
+        n = len(skeys)
+        try:  # :meth:`_call`, inline (the page read path)
+            ok = bools(n, self._get_pages(skeys, pages, fmt)) if n else []
+        except Exception as exc:
+            _swallowed(exc, type(self).__name__, "get", self._count_error)
+            ok = [False] * n
         hits = sum(ok)
-        self.stats.add(get_hits=hits, get_misses=len(ok) - hits, get_bytes=hits * fmt.nbytes)
+        self.stats._add_get(hits, len(ok) - hits, hits * fmt.nbytes)
         return ok
 
     def _put(self, skeys: list[str], pages: PageBatch, fmt: PageFormat) -> list[bool]:
-        ok = self._call("set", self._put_pages, len(skeys), skeys, pages, fmt)
+        n = len(skeys)
+        try:  # :meth:`_call`, inline (the page write path)
+            ok = bools(n, self._put_pages(skeys, pages, fmt)) if n else []
+        except Exception as exc:
+            _swallowed(exc, type(self).__name__, "set", self._count_error)
+            ok = [False] * n
         good = sum(ok)
-        self.stats.add(set_ok=good, set_failed=len(ok) - good, set_bytes=good * fmt.nbytes)
+        self.stats._add_set(good, len(ok) - good, good * fmt.nbytes)
         return ok
 
     def _exist(self, skeys: list[str]) -> list[bool]:
@@ -704,11 +774,17 @@ class PageStorageBackend(PoolPagesMixin, HiCacheStorage):
         self, keys: list[str], extra_info: HiCacheStorageExtraInfo | None = None
     ) -> int:
         skeys = self.keyspace.storage_keys(keys)
-        self.stats.add(exists_queries=len(skeys))
+        self.stats._add_exists(len(skeys))
         if not skeys:
             return 0
-        return guarded(partial(self._exist_prefix, skeys), partial(_prefix_of, len(skeys)), 0,
-                       owner=type(self).__name__, what="exists", count_error=self._count_error)
+        try:  # guarded as :func:`guarded` guards, inline
+            found = self._exist_prefix(skeys)
+            if type(found) is int and 0 <= found <= len(skeys):
+                return found
+            return _prefix_of(len(skeys), found)
+        except Exception as exc:
+            _swallowed(exc, type(self).__name__, "exists", self._count_error)
+            return 0
 
     def _exist_prefix(self, keys: list[str]) -> int:
         """How many leading storage keys hold a page (default: one ``_exist_pages`` call;

@@ -1,11 +1,11 @@
 """``StorageController``: the storage half of a HiCache controller (prefetch and write-back).
 
-* **Write** (:meth:`StorageController.write`, or :meth:`~StorageController.write_async` on a
-  backup thread): host pages -> storage, skipping the leading keys the backend already has
-  (``batch_exists``), in batches of ``batch_pages`` through the zero-copy ``batch_set_v1``.
-  The hooks :meth:`on_host_evict` (``write_policy="write_back"``) and :meth:`on_host_insert`
-  (``"write_through"``) call it at the point the policy names. With an MLA model only the
-  storage writer writes (TP rank 0; every rank holds the same KV).
+* **Write** (:meth:`StorageController.write`, or :meth:`~StorageController.write_async` on a backup
+  thread; :mod:`mem_cache_storage._controller_write`): host pages -> storage, skipping the leading
+  keys the backend already has (``batch_exists``), in batches of ``batch_pages`` through the
+  zero-copy ``batch_set_v1``. The hooks :meth:`on_host_evict` (``write_policy="write_back"``) and
+  :meth:`on_host_insert` (``"write_through"``) call it at the point the policy names. With an MLA
+  model only the storage writer writes (TP rank 0; every rank holds the same KV).
 * **Prefetch** (:meth:`StorageController.prefetch`): on a background thread, ``batch_exists``
   finds how many leading pages storage has, that many host pages are reserved (at most the free
   part of ``prefetch_budget_pages`` and what the host pool can give), and the pages are read with
@@ -14,7 +14,11 @@
 * **Backends without v1** (SGLang's own ``HiCacheFile`` leaves ``batch_get_v1`` /
   ``batch_set_v1`` as its base class's stubs, which return ``None``): pages go through the
   generic ``batch_get`` / ``batch_set`` with the host pool's flat pages, as SGLang's controller
-  does (:attr:`StorageController.generic_io`; chosen at construction, or on a ``None`` answer).
+  does (:attr:`StorageController.generic_io`; chosen at construction, or on a ``None`` answer;
+  that path and the extra pools' v2 calls are :mod:`mem_cache_storage._controller_calls`).
+
+The prefetch path (this module) runs through this module and :mod:`mem_cache_storage.backend`
+only, on our side (at most five of our modules per public call, three of them the host pool's).
 
 Ownership: the pages of a finished prefetch belong to the controller until
 :meth:`PrefetchHandle.wait` returns them (they then belong to the caller, who frees them with
@@ -41,16 +45,17 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Literal
 
 import torch
 
-from mem_cache_kernels.checks import check_choice, check_index, check_int, check_optional_int
+from mem_cache_kernels.checks import check_choice, check_int, check_optional_int
 from mem_cache_storage import _multi_pool as mp
+from mem_cache_storage._controller_calls import ExtraCalls, _v1_is_stub
 from mem_cache_storage._controller_stats import (
     COUNTER_NAMES,
     POOL_COUNTERS,
@@ -58,8 +63,9 @@ from mem_cache_storage._controller_stats import (
     LatencySummary,
     PoolStats,
 )
+from mem_cache_storage._controller_write import ControllerWrites, WritePolicy, WriteResult
 from mem_cache_storage._multi_pool import ExtraPool
-from mem_cache_storage.backend import bools, guarded
+from mem_cache_storage.backend import _key_list, bools, guarded
 from mem_cache_storage.config import STORAGE_BATCH_SIZE
 
 __all__ = [
@@ -79,31 +85,11 @@ __all__ = [
 _log = logging.getLogger(__name__)
 
 PrefetchStatus = Literal["done", "miss", "failed", "cancelled", "timeout"]
-WritePolicy = Literal["write_back", "write_through"]
 
 _STORAGE_NEEDS = ("batch_exists", "batch_get_v1", "batch_set_v1", "register_mem_pool_host")
 _HOST_POOL_NEEDS = ("page_size", "size", "get_size_per_token")
 # the copying path (a backend without v1) also needs get_data_page / get_dummy_flat_data_page /
 # set_from_flat_data_page, which every host pool (ours and SGLang's) has
-
-
-def _v1_is_stub(storage: Any) -> bool:
-    """Whether ``storage``'s ``batch_get_v1`` / ``batch_set_v1`` are SGLang's base stubs
-    (they return ``None``): the class defining them is SGLang's ``HiCacheStorage``."""
-    for name in ("batch_get_v1", "batch_set_v1"):
-        owner = next((c for c in type(storage).__mro__ if name in c.__dict__), None)
-        if owner is None or (owner.__name__ == "HiCacheStorage"
-                             and owner.__module__.startswith("sglang.")):
-            return True
-    return False
-
-
-def _key_list(keys: Iterable[str]) -> list[str]:
-    """``keys`` as a list (``TypeError`` for a single ``str`` or a non-iterable; the keys
-    themselves are the backend's to judge: a key it rejects is a miss / failed write)."""
-    if isinstance(keys, (str, bytes)) or not isinstance(keys, Iterable):
-        raise TypeError(f"keys must be a list of str, got {type(keys).__name__}")
-    return list(keys)
 
 
 _EMPTY = torch.empty(0, dtype=torch.int64)
@@ -117,11 +103,6 @@ def _clamped(n: int, result: object) -> int:
 def _bools_or_stub(n: int, result: object) -> list[bool] | None:
     """A v1 answer as ``n`` bools; ``None`` stays ``None`` (SGLang's base stub: no v1 path)."""
     return None if result is None and n else bools(n, result)
-
-
-def _same(result: Any) -> list[bool]:
-    out: list[bool] = result
-    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,17 +120,6 @@ class PrefetchResult:
     #: pages); the caller owns them with ``host_indices`` and frees them with that pool's
     #: ``free``
     extra_host_indices: Mapping[str, torch.Tensor] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class WriteResult:
-    """Pages ``written``, ``skipped`` (already stored) and ``failed`` by one write (token
-    pages: the KV pool's); ``extra_failed``: pages of extra pools that failed."""
-
-    written: int
-    skipped: int
-    failed: int
-    extra_failed: int = 0
 
 
 class LatencyRecorder:
@@ -253,8 +223,12 @@ class PrefetchHandle:
         self._controller._cancel(self, "cancelled")
 
 
-class StorageController:
+class StorageController(ControllerWrites, ExtraCalls):
     """Prefetch and write-back between a host pool and a storage backend (see the module)."""
+
+    # the write path (ControllerWrites) sees these as its protocols
+    _counters: _Counters
+    _write_latency: LatencyRecorder
 
     def __init__(
         self,
@@ -387,66 +361,6 @@ class StorageController:
             return self._call_generic(name == "batch_set_v1", keys, slots)
         return result
 
-    def _call_generic(self, write: bool, keys: list[str], slots: torch.Tensor) -> list[bool]:
-        """The copying path (SGLang's ``_generic_page_get`` / ``_generic_page_set``): flat pages
-        through the host pool and the backend's ``batch_get`` / ``batch_set``. ``batch_set``
-        answers one bool for the batch; ``batch_get`` a tensor or ``None`` per key, and the
-        leading run of tensors is copied into the host pages."""
-        return guarded(partial(self._generic_io, write, keys, slots), _same, [False] * len(keys),
-                       owner="storage", what="batch_set" if write else "batch_get",
-                       count_error=self._count_error)
-
-    def _generic_io(self, write: bool, keys: list[str], slots: torch.Tensor) -> list[bool]:
-        pool, ps, n = self.host_pool, self.page_size, len(keys)
-        firsts = [int(i) for i in slots[::ps].tolist()]
-        if write:
-            data = [pool.get_data_page(i, flat=True) for i in firsts]
-            return [self.storage.batch_set(keys, data) is True] * n
-        dummies = [pool.get_dummy_flat_data_page() for _ in firsts]
-        got = self.storage.batch_get(keys, dummies)
-        if not isinstance(got, list) or len(got) != n:
-            raise ValueError(f"batch_get returned {type(got).__name__} for {n} pages")
-        out = [False] * n
-        for j, (first, page) in enumerate(zip(firsts, got)):
-            if not isinstance(page, torch.Tensor):
-                break
-            pool.set_from_flat_data_page(first, page)
-            out[j] = True
-        return out
-
-    # --------------------------------------------------------------- v2 calls
-    def _exists_v2(self, keys: list[str]) -> Any:
-        """``batch_exists_v2`` over ``keys`` with every extra pool (``None`` when it failed)."""
-        def check(result: Any) -> Any:
-            mp.restorable(result, len(keys))
-            return result
-        return guarded(partial(self.storage.batch_exists_v2, keys,
-                               mp.query(self.extra_pools, keys)), check, None,
-                       owner="storage", what="batch_exists_v2", count_error=self._count_error)
-
-    def _io_v2(self, write: bool, pools: Sequence[ExtraPool], keys: list[str],
-               indices: Mapping[str, torch.Tensor]) -> dict[str, int]:
-        """One ``batch_set_v2`` / ``batch_get_v2`` of ``pools``' pages of ``keys`` (their slots
-        ``indices``): per pool, the leading pages that succeeded (0 for every pool when the
-        call failed)."""
-        if not pools or not keys:
-            return {p.name: len(keys) for p in pools}
-        n = len(keys)
-
-        def answer(result: object) -> dict[str, int]:
-            return {p.name: mp.leading(n, result, p.name) for p in pools}
-
-        moves = mp.transfers(pools, keys, indices)
-        if self._trusted_io_v2 is not None:  # ours: the controller checked the transfers
-            call = partial(self._trusted_io_v2, write, moves)
-        else:
-            call = partial(self.storage.batch_set_v2 if write else self.storage.batch_get_v2,
-                           moves)
-        return guarded(call, answer,
-                       {p.name: 0 for p in pools}, owner="storage",
-                       what="batch_set_v2" if write else "batch_get_v2",
-                       count_error=self._count_error)
-
     def lookup(self, keys: Sequence[str]) -> int:
         """How many leading ``keys`` storage holds (``batch_exists`` in batches; a failing
         backend counts as holding none). Lets a caller make host room before :meth:`prefetch`.
@@ -460,137 +374,6 @@ class StorageController:
         result = self._exists_v2(keys)
         pages = mp.restorable(result, len(keys)) if result is not None else []
         return pages[-1] if pages else 0
-
-    # ------------------------------------------------------------------ writes
-    def _check_write(self, keys: Iterable[str], host_indices: torch.Tensor,
-                     extra_indices: object) -> tuple[list[str], dict[str, torch.Tensor]]:
-        """Every write entry point's argument check (the one check of the write path: below
-        it, :meth:`_write` and the backend's trusted entry take the arguments as they are)."""
-        keys = _key_list(keys)
-        check_index("host_indices", host_indices)
-        if host_indices.numel() != len(keys) * self.page_size:
-            raise ValueError(
-                f"host_indices must hold len(keys) * page_size = {len(keys) * self.page_size} "
-                f"slots, got {host_indices.numel()}"
-            )
-        if not (self.extra_pools or extra_indices):  # the KV-only path stays in this module
-            return keys, {}
-        return keys, mp.check_extra_indices(self.extra_pools, extra_indices, len(keys))
-
-    def write(self, keys: Sequence[str], host_indices: torch.Tensor,
-              extra_indices: Mapping[str, torch.Tensor] | None = None) -> WriteResult:
-        """Store the pages at ``host_indices`` (``len(keys) * page_size`` host slots) under
-        ``keys``, skipping the leading keys already stored. Synchronous: the caller keeps the
-        host pages until it returns. With ``extra_pools``, ``extra_indices`` maps every extra
-        pool's name to its slots of these pages (``all_pages``: ``len(keys)`` pages;
-        ``trailing_pages``: the last ``min(trailing_pages, len(keys))`` pages)."""
-        keys, extra = self._check_write(keys, host_indices, extra_indices)
-        return self._write(keys, host_indices, extra)
-
-    def _write(self, keys: list[str], host_indices: torch.Tensor,
-               extra: Mapping[str, torch.Tensor]) -> WriteResult:
-        """:meth:`write` on checked arguments. Extra pools' parts go first (a trailing part,
-        then per batch the ``all_pages`` parts before the KV pages), so a KV page that storage
-        reports present never lacks a part written with it."""
-        kv_on = bool(keys) and self.writes_enabled
-        # Mamba states are TP-sharded even where the KV is replicated (SGLang's should_backup)
-        pools = [p for p in self.extra_pools if kv_on or p.name == "mamba"]
-        if not keys or not (kv_on or pools):
-            return WriteResult(0, len(keys), 0)
-        t0 = time.perf_counter()
-        n = len(keys)
-        trailing_done = False
-        if self.extra_pools:
-            result = self._exists_v2(keys)
-            present = mp.contiguous_present(result, self.extra_pools) if result else 0
-            trailing_done = result is not None and n in mp.restorable(result, n)
-        else:
-            present = self._exists_prefix(keys)
-        written = failed = extra_failed = 0
-        io_s = 0.0
-        t1 = time.perf_counter()
-        for p in pools:
-            if not p.trailing:
-                continue
-            k = mp.part_pages(p, n)
-            if trailing_done:
-                self._counters.add_pool(p.name, pages_skipped=k)
-                continue
-            good = self._io_v2(True, [p], keys[n - k:], extra)[p.name]
-            extra_failed += k - good
-            self._counters.add_pool(p.name, pages_written=good, pages_write_failed=k - good,
-                                    bytes_written=good * self._extra_bytes[p.name])
-        all_pages = [p for p in pools if not p.trailing]
-        for p in all_pages:
-            self._counters.add_pool(p.name, pages_skipped=present)
-        for lo in range(present, n, self.batch_pages):
-            batch = keys[lo : lo + self.batch_pages]
-            nb = len(batch)
-            if all_pages:
-                parts = {p.name: extra[p.name][lo * p.page_size : (lo + nb) * p.page_size]
-                         for p in all_pages}
-                got = self._io_v2(True, all_pages, batch, parts)
-                for p in all_pages:
-                    g = got[p.name]
-                    extra_failed += nb - g
-                    self._counters.add_pool(p.name, pages_written=g, pages_write_failed=nb - g,
-                                            bytes_written=g * self._extra_bytes[p.name])
-            if not kv_on:
-                continue
-            ok = self._call_v1("batch_set_v1", batch, self._slots_of(host_indices, lo, nb))
-            good = sum(ok)
-            written += good
-            failed += nb - good
-        io_s += time.perf_counter() - t1
-        self._counters.add(pages_written=written, pages_skipped=present,
-                           pages_write_failed=failed, bytes_written=written * self.page_bytes,
-                           write_seconds=io_s)
-        self._write_latency.record(time.perf_counter() - t0)
-        return WriteResult(written, present, failed, extra_failed)
-
-    def write_async(
-        self,
-        keys: Sequence[str],
-        host_indices: torch.Tensor,
-        on_done: Callable[[WriteResult], None] | None = None,
-        extra_indices: Mapping[str, torch.Tensor] | None = None,
-    ) -> Future[WriteResult]:
-        """:meth:`write` on the backup thread. The caller keeps the host pages until the write
-        ended: ``on_done(result)`` runs on the backup thread right after (e.g. to free them), and
-        the returned future completes after it. A failing write completes with
-        ``failed == len(keys)``; a raising ``on_done`` fails the future."""
-        if self._closed:
-            raise RuntimeError("StorageController is closed")
-        keys, extra = self._check_write(keys, host_indices, extra_indices)
-
-        def job() -> WriteResult:
-            try:
-                result = self._write(keys, host_indices, extra)
-            except Exception as exc:
-                _log.warning("storage write failed (%s): counted as failed pages", exc)
-                self._counters.add(pages_write_failed=len(keys))
-                result = WriteResult(0, 0, len(keys))
-            if on_done is not None:
-                on_done(result)
-            return result
-
-        return self._backup.submit(job)
-
-    def on_host_evict(self, keys: Sequence[str], host_indices: torch.Tensor,
-                      extra_indices: Mapping[str, torch.Tensor] | None = None) -> WriteResult:
-        """Host pages are about to be freed: write them under ``write_back``."""
-        keys, extra = self._check_write(keys, host_indices, extra_indices)
-        if self.write_policy != "write_back":
-            return WriteResult(0, 0, 0)
-        return self._write(keys, host_indices, extra)
-
-    def on_host_insert(self, keys: Sequence[str], host_indices: torch.Tensor,
-                       extra_indices: Mapping[str, torch.Tensor] | None = None) -> WriteResult:
-        """Pages just reached the host pool: write them under ``write_through``."""
-        keys, extra = self._check_write(keys, host_indices, extra_indices)
-        if self.write_policy != "write_through":
-            return WriteResult(0, 0, 0)
-        return self._write(keys, host_indices, extra)
 
     # ---------------------------------------------------------------- prefetch
     def prefetch(self, keys: Sequence[str]) -> PrefetchHandle:
