@@ -39,8 +39,7 @@ Contract of the members here:
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from typing import Any, ClassVar
 
 import torch
@@ -87,6 +86,33 @@ def _prepare_transfer_indices(
     return host_indices, device_indices
 
 
+class _IOGuard:
+    """The context manager :meth:`HostKVCache.io_guard` returns: counts an I/O user of the
+    pool's memory in, and out (the last one out releases memory a ``close`` left pending)."""
+
+    __slots__ = ("_pool",)
+
+    def __init__(self, pool: HostKVCache) -> None:
+        self._pool = pool
+
+    def __enter__(self) -> None:
+        pool = self._pool
+        with pool._io_cond:
+            if pool._closed:
+                raise RuntimeError(f"{type(pool).__name__} is closed")
+            pool._io_users += 1
+
+    def __exit__(self, *exc: object) -> None:
+        pool = self._pool
+        with pool._io_cond:
+            pool._io_users -= 1
+            release = pool._io_users == 0 and pool._release_pending
+            if release:
+                pool._release_pending = False
+        if release:
+            pool._release_memory()
+
+
 class HostKVCache(StoragePages, SGLangViews, HostBuffers):
     """Base of the host pools (see the module docstring): construction and memory in
     :class:`~mem_cache_pool_host._buffers.HostBuffers`, the storage page API and SGLang's
@@ -108,26 +134,13 @@ class HostKVCache(StoragePages, SGLangViews, HostBuffers):
         """Whether every host buffer is registered/pinned for device DMA."""
         return all(a.pinned for a in self._allocations)
 
-    @contextmanager
-    def io_guard(self) -> Iterator[None]:
+    def io_guard(self) -> AbstractContextManager[None]:
         """Keep the host memory mapped while raw pointers into it are used (storage backends
-        copying through :meth:`get_page_buffer_meta` ranges on another thread). Raises
+        copying through :meth:`get_page_buffer_meta` ranges on another thread). Entering raises
         ``RuntimeError`` when the pool is already closed; a :meth:`close` meanwhile defers the
-        release of the memory until the last guard exits."""
-        with self._io_cond:
-            if self._closed:
-                raise RuntimeError(f"{type(self).__name__} is closed")
-            self._io_users += 1
-        try:
-            yield
-        finally:
-            with self._io_cond:
-                self._io_users -= 1
-                release = self._io_users == 0 and self._release_pending
-                if release:
-                    self._release_pending = False
-            if release:
-                self._release_memory()
+        release of the memory until the last guard exits. A small object per call (the count is
+        the pool's), so a storage call pays two lock round trips and no generator."""
+        return _IOGuard(self)
 
     def __enter__(self) -> HostKVCache:
         return self
