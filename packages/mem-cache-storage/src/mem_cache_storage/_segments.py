@@ -299,22 +299,12 @@ class SegmentStore:
     # ------------------------------------------------------------------- reads
     def get_one(self, key: str, page: PageRanges, fmt: PageFormat) -> bool:
         """:meth:`get` of one page: one lookup, one ``preadv``, one checksum."""
-        head = bytearray(_REC.size + len(key.encode()))
-        bufs: list[Any] = [head, *page_views(page)]
         with self._rlock:  # held through the read: no fd is closed under it
             self.refresh()
             loc = self._map.get(key)
             if loc is None or not (loc.segment in self._fds or self._live({loc.segment})):
                 return False
-            try:
-                got = os.preadv(self._fds[loc.segment][0], bufs, loc.offset)
-            except OSError:
-                self._count(errors=1)
-                return False
-            if got != loc.nbytes:
-                self._count(rejected=1)
-                return False
-            ok = self._verify(key, head, loc, page, fmt)
+            ok = self._read_one(self._fds[loc.segment][0], key, loc, page, fmt)
             if ok and self.touch_on_hit:
                 self._touch({loc.segment})
         return ok
