@@ -10,10 +10,10 @@ with ``free_segments`` instead (positions stated: the sync-free API). Page size 
 for both (as SGLang's scheduler does). Every op is timed per call (``perf_counter_ns``), and both
 allocators must return identical slots (checked on every call).
 
-The baseline (``NaiveAllocator``, i.e. ``mem_cache_allocator._reference.ReferenceAllocator``) is a
-straightforward vectorised torch allocator with SGLang 0.5.23's data structures and semantics: one
-free-list tensor rebuilt with ``torch.cat`` on every free, ``torch.unique`` page dedup, free
-groups freed as one concatenated free at the end. The last table is the total allocator time
+The baseline (``NaiveAllocator``: ``ReferenceAllocator`` of the allocator tests'
+``_allocator_reference``) is a straightforward vectorised torch allocator with SGLang 0.5.23's
+data structures and semantics: one free-list tensor rebuilt with ``torch.cat`` on every free,
+``torch.unique`` page dedup, free groups freed as one concatenated free at the end. The last table is the total allocator time
 (ours / baseline), as a plain sum and as per-op medians x calls (robust to preemption spikes).
 
 Usage: ``python -m tools.bench.allocator [--quick] [--json PATH] [--page-sizes 1,16,64]
@@ -23,6 +23,7 @@ Usage: ``python -m tools.bench.allocator [--quick] [--json PATH] [--page-sizes 1
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import platform
@@ -31,21 +32,37 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from mem_cache_allocator._reference import (
-    ReferenceAllocator,
-    naive_alloc_decode,
-    naive_alloc_extend,
-)
+
+def _load_reference() -> Any:
+    """The allocator tests' SGLang-semantics reference (test support beside the tests, not
+    shipped: ``packages/mem-cache-allocator/tests/_allocator_reference.py``)."""
+    name = "_allocator_reference"
+    if name not in sys.modules:
+        path = Path(__file__).resolve().parents[2] / "packages/mem-cache-allocator/tests"
+        spec = importlib.util.spec_from_file_location(name, path / f"{name}.py")
+        if spec is None or spec.loader is None:
+            raise RuntimeError(f"cannot load {name} from {path}")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+_reference = _load_reference()
+ReferenceAllocator = _reference.ReferenceAllocator
+naive_alloc_decode = _reference.naive_alloc_decode
+naive_alloc_extend = _reference.naive_alloc_extend
 
 __all__ = ["NaiveAllocator", "TraceConfig", "main", "naive_alloc_decode", "naive_alloc_extend"]
 
 
 # ---------------------------------------------------------------------------- baseline
-# The SGLang-0.5.23-like reference (also used by the equivalence tests and the conformance kit).
+# The SGLang-0.5.23-like reference (the equivalence tests' model).
 NaiveAllocator = ReferenceAllocator
 
 

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 import torch
+from _allocator_reference import ReferenceAllocator, ReferenceSWAAllocator
 
 from mem_cache_allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
-from mem_cache_allocator._reference import ReferenceAllocator, ReferenceSWAAllocator
 from mem_cache_allocator.swa import SWATokenToKVPoolAllocator
 
 F16 = torch.float16

@@ -11,17 +11,15 @@ the model's (``tests/_hisparse_reference.py``).
 
 from __future__ import annotations
 
-import importlib.util
 import random
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+import _hisparse_reference as _ref
 import pytest
 import torch
+from _allocator_reference import ReferenceSWAAllocator
 
-from mem_cache_allocator._reference import ReferenceSWAAllocator
 from mem_cache_allocator.deepseek_v4_hisparse import DeepSeekV4HiSparseTokenToKVPoolAllocator
 from mem_cache_allocator.hisparse import HiSparseTokenToKVPoolAllocator
 from mem_cache_allocator.paged import PagedTokenToKVPoolAllocator
@@ -29,20 +27,6 @@ from mem_cache_allocator.swa import SWATokenToKVPoolAllocator
 from mem_cache_pool.deepseek_v4 import DeepSeekV4TokenToKVPool
 from mem_cache_pool.hisparse import HiSparseDSATokenToKVPool
 
-
-def _load_reference() -> Any:
-    """The test-support module next to this file (tests here are not a package)."""
-    name = "_hisparse_reference"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-_ref = _load_reference()
 RefPaged = _ref.RefPaged
 RefHiSparse = _ref.RefHiSparse
 RefDeepSeekV4HiSparse = _ref.RefDeepSeekV4HiSparse

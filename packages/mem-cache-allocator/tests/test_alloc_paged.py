@@ -6,6 +6,7 @@ import random
 
 import pytest
 import torch
+from _allocator_reference import ReferenceAllocator as NaiveAllocator
 
 from mem_cache_allocator import (
     BaseTokenToKVPoolAllocator,
@@ -13,7 +14,6 @@ from mem_cache_allocator import (
     TokenToKVPoolAllocator,
     page_allocator,
 )
-from mem_cache_allocator._reference import ReferenceAllocator as NaiveAllocator
 
 F16 = torch.float16
 

@@ -1,10 +1,11 @@
-"""Test support: small SGLang-0.5.23-semantics reference allocators (vectorised torch).
+"""Test support (beside the tests, not shipped in the package): small SGLang-0.5.23-semantics
+reference allocators (vectorised torch).
 
 Written from the behaviour described in SGLang's allocator (not from our implementation): one
 free-list tensor rebuilt with ``torch.cat`` per free, ``torch.unique`` page dedup, free groups
-applied as one free of the concatenated group. Used by the equivalence tests, the conformance
-kit's reference runs and ``tools/bench/allocator`` (the benchmark's baseline). Deliberately
-simple and slow; never used by the allocators themselves.
+applied as one free of the concatenated group. Used by the equivalence tests and
+``tools/bench/allocator`` (the benchmark's baseline). Deliberately simple and slow; never used by
+the allocators themselves.
 
 Semantics mirrored (SGLang 0.5.23):
 
