@@ -13,8 +13,9 @@ allocators must return identical slots (checked on every call).
 The baseline (``NaiveAllocator``: ``ReferenceAllocator`` of the allocator tests'
 ``_allocator_reference``) is a straightforward vectorised torch allocator with SGLang 0.5.23's
 data structures and semantics: one free-list tensor rebuilt with ``torch.cat`` on every free,
-``torch.unique`` page dedup, free groups freed as one concatenated free at the end. The last table is the total allocator time
-(ours / baseline), as a plain sum and as per-op medians x calls (robust to preemption spikes).
+``torch.unique`` page dedup, free groups freed as one concatenated free at the end. The last
+table is the total allocator time (ours / baseline), as a plain sum and as per-op medians x calls
+(robust to preemption spikes).
 
 Usage: ``python -m tools.bench.allocator [--quick] [--json PATH] [--page-sizes 1,16,64]
 [--free-api free|segments]``.
