@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from mem_cache_kernels.dispatch import BACKEND_ENV_VAR
+
 __all__ = [
     "Context",
     "Row",
@@ -31,7 +33,7 @@ __all__ = [
     "time_call",
 ]
 
-_BACKEND_ENV = "MEM_CACHE_KERNELS_BACKEND"
+_BACKEND_ENV = BACKEND_ENV_VAR  # the kernels' one name for the backend setting
 
 
 @dataclass(frozen=True, slots=True)
