@@ -267,3 +267,19 @@ def test_constants_pair_by_value_not_by_a_look_alike(tmp_path: Path) -> None:
     old_test, new_test = pairs[2]
     assert same_after_renames(old_test, new_test, renames) == (
         "_DSV4 -> _DEEPSEEK_V4", "test_dsv4_names_the_pool -> test_deepseek_v4_names_the_pool")
+
+
+def test_a_class_or_function_never_pairs_with_a_constant_alias(tmp_path: Path) -> None:
+    """Regression (this repository's move of ``mem_cache_allocator._reference`` into the
+    allocator's tests folder, which move-check does not read): the class and the functions that
+    left paired with the alias assignments of the same names in the benchmark that loads them
+    (``ReferenceAllocator = _reference.ReferenceAllocator``) and failed as "body changed"."""
+    a = _tree(tmp_path / "a", {"p/_ref.py": "class Ref:\n    x = 1\n\n\ndef naive(n):\n"
+                                            "    return n + 1\n", "p/bench.py": ""})
+    b = _tree(tmp_path / "b", {"p/_ref.py": "", "p/bench.py": "Ref = _mod.Ref\n"
+                                                              "naive = _mod.naive\n"})
+    top = SourceRoots(("",))
+    changed = ["p/_ref.py", "p/bench.py"]
+    assert find_moves(collect_definitions(a, changed, top),
+                      collect_definitions(b, changed, top)) == []
+

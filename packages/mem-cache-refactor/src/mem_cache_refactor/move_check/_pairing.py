@@ -219,7 +219,7 @@ def find_moves(
     candidates: list[tuple[bool, float, int, int]] = []
     for i, old in enumerate(left):
         for j, new in enumerate(appeared):
-            if old.name == new.name:
+            if old.name == new.name and _kinds_pair(old, new):
                 same = old.dump == new.dump
                 ratio = 1.0 if same else _similarity(old, new)
                 if same or old.kind != "constant" or ratio >= CONSTANT_MIN_SIMILARITY:
@@ -247,6 +247,14 @@ def find_moves(
 METHOD_MIN_SIMILARITY = 0.75
 
 _CALLABLE = ("function", "method")
+
+
+def _kinds_pair(old: Definition, new: Definition) -> bool:
+    """Whether two definitions of one name can be one definition moved: the same kind, or a
+    function and a method. A class or a function never pairs with a constant: ``X = mod.X``
+    where a class ``X`` was is an alias of a definition that moved out of view (e.g. into a
+    tests folder), not its new body."""
+    return old.kind == new.kind or (old.kind in _CALLABLE and new.kind in _CALLABLE)
 
 
 def _callable_pair(old: Definition, new: Definition) -> bool:
