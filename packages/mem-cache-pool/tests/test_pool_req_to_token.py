@@ -273,3 +273,21 @@ def test_free_of_a_request_resets_its_row_and_refuses_a_second_free() -> None:
     with pytest.raises(ValueError, match=rf"req row {row} is not allocated \(double free\)"):
         pool.free(req)
     assert pool.free_slots == before and req.kv.req_pool_idx == row
+
+
+def test_cached_views_follow_storage_swapped_in_place() -> None:
+    """The row views and the generation counts are rebuilt when a tensor keeps its identity but
+    gets other memory (``set_``): the writes land in the tensor's current storage."""
+    pool = ReqToTokenPool(3, 6, "cpu")
+    pool.write((1, slice(0, 2)), torch.tensor([4, 5]))  # row views in use
+    pool.req_to_token.set_(torch.zeros(4, 6, dtype=torch.int32))
+    pool.write((1, slice(0, 2)), torch.tensor([7, 8]))
+    assert pool.req_to_token[1, :3].tolist() == [7, 8, 0]
+    pool.alloc_rows(1)
+    pool.req_generation.set_(torch.full((4,), 5, dtype=torch.int64))
+    pool.alloc_rows(1)
+    assert pool.req_generation.tolist() == [5, 5, 6, 5]
+    pool.req_generation.resize_(2)  # shorter: the view follows its length
+    pool.req_generation.resize_(4)
+    pool.alloc_rows(1)
+    assert int(pool.req_generation[1]) == 6

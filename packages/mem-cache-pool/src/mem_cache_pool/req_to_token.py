@@ -146,8 +146,10 @@ class ReqToTokenPool:
         # Derived views, built here (a failed call must not be the one that builds them) and
         # rebuilt only if a caller replaces req_to_token or req_generation.
         self._rows_of: torch.Tensor | None = None
+        self._rows_ptr = 0
         self._row_views: tuple[torch.Tensor, ...] = self._cache_row_views()
         self._generation_of: torch.Tensor | None = None
+        self._generation_ptr = 0
         self._generation_view = memoryview(b"")
         self._generation_counts()
         self.clear()
@@ -297,17 +299,24 @@ class ReqToTokenPool:
 
     def _generation_counts(self) -> memoryview | None:
         """A view of ``req_generation``'s memory as Python ints (a CPU int64 tensor, cached
-        while it is the same tensor): bumping a few rows through it costs well under a
-        microsecond, where ``req_generation[rows] += 1`` costs two indexing ops. ``None`` when
-        ``req_generation`` was replaced by a tensor that is not CPU int64 contiguous."""
+        while it is the same tensor at the same address with the same length): bumping a few
+        rows through it costs well under a microsecond, where ``req_generation[rows] += 1``
+        costs two indexing ops. ``None`` when ``req_generation`` was replaced by a tensor that is
+        not CPU int64 contiguous."""
         gen = self.req_generation
-        if self._generation_of is not gen:
+        view = self._generation_view
+        if (
+            self._generation_of is not gen
+            or gen.data_ptr() != self._generation_ptr
+            or gen.numel() != len(view)
+        ):  # replaced, or its storage swapped or resized in place (set_, resize_)
             if gen.device.type != "cpu" or gen.dtype != torch.int64 or not gen.is_contiguous():
                 return None
             words = (ctypes.c_int64 * gen.numel()).from_address(gen.data_ptr())
-            self._generation_view = memoryview(words).cast("B").cast("q")
+            view = self._generation_view = memoryview(words).cast("B").cast("q")
             self._generation_of = gen  # keeps the tensor (and so the memory) alive
-        return self._generation_view
+            self._generation_ptr = gen.data_ptr()
+        return view
 
     # ---------------------------------------------------------------- release
     def free(self, req: int | Sequence[int] | AnyReq) -> None:
@@ -398,7 +407,11 @@ class ReqToTokenPool:
                 if -table.shape[0] <= first < table.shape[0]:
                     if values.dtype is torch.int64:
                         _check_fits_int32(values)
-                    rows = self._row_views if self._rows_of is table else self._cache_row_views()
+                    rows = (
+                        self._row_views
+                        if self._rows_of is table and table.data_ptr() == self._rows_ptr
+                        else self._cache_row_views()
+                    )
                     rows[first][second] = values
                     return
             elif (
@@ -436,9 +449,11 @@ class ReqToTokenPool:
             ) from None
 
     def _cache_row_views(self) -> tuple[torch.Tensor, ...]:
-        """One view per table row, cached while ``req_to_token`` is the same tensor."""
+        """One view per table row, cached while ``req_to_token`` is the same tensor at the same
+        address (the row check above compares the table's length)."""
         self._row_views = self.req_to_token.unbind(0)
         self._rows_of = self.req_to_token
+        self._rows_ptr = self.req_to_token.data_ptr()
         return self._row_views
 
     def clear(self) -> None:
