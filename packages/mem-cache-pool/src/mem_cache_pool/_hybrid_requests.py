@@ -11,7 +11,7 @@ import torch
 
 from mem_cache_kernels import checks
 from mem_cache_pool._mamba_slots import MambaSlotFreeList
-from mem_cache_pool.base import LayerReadyWaiter
+from mem_cache_pool.base import LayerReadyWaiter, check_layer_waiter
 from mem_cache_pool.mamba import MambaPool
 from mem_cache_pool.req_to_token import ReqToTokenPool
 
@@ -232,14 +232,7 @@ class HybridReqToTokenPool(ReqToTokenPool):
         self, layer_transfer_counter: LayerReadyWaiter | None
     ) -> None:
         """Install (``None``: remove) the per-layer readiness waiter of the host tier."""
-        if layer_transfer_counter is not None and not isinstance(
-            layer_transfer_counter, LayerReadyWaiter
-        ):
-            raise TypeError(
-                "layer_transfer_counter must implement wait_until(layer_index), got "
-                f"{type(layer_transfer_counter).__name__}"
-            )
-        self.layer_transfer_counter = layer_transfer_counter
+        self.layer_transfer_counter = check_layer_waiter(layer_transfer_counter)
 
     # ------------------------------------------------------------------ allocation
     def alloc(self, reqs: Sequence[Any]) -> list[int] | None:  # type: ignore[override]

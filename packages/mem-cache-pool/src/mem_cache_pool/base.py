@@ -81,6 +81,18 @@ class LayerReadyWaiter(Protocol):
     def wait_until(self, layer_index: int) -> None: ...
 
 
+def check_layer_waiter(value: object) -> LayerReadyWaiter | None:
+    """``value`` when it is ``None`` or implements :class:`LayerReadyWaiter`, else
+    ``TypeError`` naming ``layer_transfer_counter`` (the argument of every pool's
+    ``register_layer_transfer_counter``)."""
+    if value is not None and not isinstance(value, LayerReadyWaiter):
+        raise TypeError(
+            "layer_transfer_counter must implement wait_until(layer_index), "
+            f"got {type(value).__name__}"
+        )
+    return value
+
+
 @dataclass(frozen=True, slots=True)
 class KVWriteLoc:
     """Where one forward writes its new K/V rows (SGLang 0.5.23's ``KVWriteLoc``).
@@ -475,14 +487,7 @@ class KVCache(abc.ABC):
         self, layer_transfer_counter: LayerReadyWaiter | None
     ) -> None:
         """Install (or remove with ``None``) the per-layer readiness waiter."""
-        if layer_transfer_counter is not None and not isinstance(
-            layer_transfer_counter, LayerReadyWaiter
-        ):
-            raise TypeError(
-                "layer_transfer_counter must implement wait_until(layer_index), "
-                f"got {type(layer_transfer_counter).__name__}"
-            )
-        self.layer_transfer_counter = layer_transfer_counter
+        self.layer_transfer_counter = check_layer_waiter(layer_transfer_counter)
 
     # ---------------------------------------------------------------- bulk operations
     def _all_buffers(self) -> list[torch.Tensor]:
