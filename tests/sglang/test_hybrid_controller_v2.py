@@ -21,9 +21,11 @@ from typing import Any
 import pytest
 import torch
 
-from mem_cache_pool import Mamba2CacheParams, Mamba2StateShape, MambaPool, MHATokenToKVPool
+from mem_cache_pool import MHATokenToKVPool
 from mem_cache_pool_host import MambaPoolHost, MHATokenToKVPoolHost
 from mem_cache_storage import ExtraPool, HiCacheFile, HiCacheStorageConfig, StorageController
+
+from ._storage_support import mamba_pools, random_bytes, sgl_load
 
 PS, LAYERS = 16, 2
 
@@ -41,15 +43,6 @@ def _mods(sglang_load: Callable[..., list[types.ModuleType]]) -> types.SimpleNam
     return ns
 
 
-def _mamba() -> tuple[MambaPool, MambaPoolHost]:
-    shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=8, n_groups=1,
-                                    num_heads=2, head_dim=4, state_size=4, conv_kernel=4)
-    dev = MambaPool(size=8, spec_state_size=0,
-                    cache_params=Mamba2CacheParams(shape=shape, layers=[0, 1]),
-                    mamba_layer_ids=[0, 1], device="cpu")
-    return dev, MambaPoolHost(dev, 2.0, 0, device_capacity=8, pin_memory=False)
-
-
 def _states(host: MambaPoolHost, slot: int) -> list[torch.Tensor]:
     return [b[slot].view(torch.uint8).clone() for b in [host.temporal_buffer, *host.conv_buffer]]
 
@@ -57,13 +50,6 @@ def _states(host: MambaPoolHost, slot: int) -> list[torch.Tensor]:
 def _kv_pages(host: Any, slots: torch.Tensor) -> list[torch.Tensor]:
     return [host.get_data_page(int(i), flat=True).view(torch.uint8).clone()
             for i in slots[::PS].tolist()]
-
-
-def _randomize(bufs: list[torch.Tensor], seed: int) -> None:
-    g = torch.Generator().manual_seed(seed)
-    for b in bufs:
-        raw = b.view(torch.uint8)
-        raw.copy_(torch.randint(0, 256, raw.shape, dtype=torch.uint8, generator=g))
 
 
 def _extra(kind: str, root: str) -> dict[str, Any]:
@@ -76,28 +62,6 @@ def _extra(kind: str, root: str) -> dict[str, Any]:
     if kind == "file":
         cfg["file_storage_path"] = root
     return cfg
-
-
-def _prefetch(ns: types.SimpleNamespace, ctl: Any, host: Any, rid: str, tokens: list[int], *,
-              transfer: Any) -> tuple[int, int, torch.Tensor]:
-    """SGLang's prefetch: its hit query, host slots for the hit (as the scheduler allocates
-    them), its IO thread's transfer. Returns (hit tokens, loaded tokens, host slots)."""
-    handle = ns.base_prefix_cache.CacheRequestHandle(rid, 0)
-    ctl.prefetch(handle, tokens, extra_pools=[transfer])
-    op = ctl.prefetch_hit_queue.get(timeout=30)
-    hit = int(op.storage_hit_count)
-    slots = host.alloc(hit) if hit else torch.empty(0, dtype=torch.int64)
-    if not hit:
-        return 0, 0, slots
-    op.host_indices = slots
-    ctl.prefetch_buffer.put(op)
-    done = 0
-    while True:
-        ack = ctl.ack_prefetch_queue.get(timeout=30)
-        if ack.completed_tokens is not None:
-            done = max(done, int(ack.completed_tokens))
-        if ack.completed_req:
-            return hit, done, slots
 
 
 @pytest.mark.parametrize("kind", ["file", "memory"])
@@ -114,7 +78,7 @@ def test_sglang_hybrid_controller_moves_states_through_our_v2(
         device_capacity_tokens=256, start_layer=0, end_layer=LAYERS)
     alloc = ns.allocator.PagedTokenToKVPoolAllocator(256, PS, torch.bfloat16, "cpu", kv,
                                                      need_sort=True)
-    mdev, mhost = _mamba()
+    mdev, mhost = mamba_pools()
     entry = ns.pool_host.PoolEntry
     group = ns.pool_host.HostPoolGroup([
         entry(hs.PoolName.KV, host, kv, lambda layer: layer, is_primary_index_anchor=True),
@@ -134,8 +98,8 @@ def test_sglang_hybrid_controller_moves_states_through_our_v2(
             tokens = list(range(1000, 1000 + n * PS))
             hashes = ns.utils.get_storage_hash_str(tokens, None, page_size=PS)
             src, state = host.alloc(n * PS), mhost.alloc(1)
-            _randomize([host.kv_buffer], seed=1)
-            _randomize([mhost.temporal_buffer, *mhost.conv_buffer], seed=2)
+            random_bytes([host.kv_buffer], seed=1)
+            random_bytes([mhost.temporal_buffer, *mhost.conv_buffer], seed=2)
             want_kv, want_state = _kv_pages(host, src), _states(mhost, int(state[0]))
             pt, trailing = hs.PoolTransfer, hs.PoolHitPolicy.TRAILING_PAGES
             ctl.write_storage(src, tokens, hash_value=hashes, extra_pools=[
@@ -146,9 +110,10 @@ def test_sglang_hybrid_controller_moves_states_through_our_v2(
             assert op.pool_storage_result.extra_pool_hit_pages == {"mamba": 1}
             # a longer request: SGLang's query finds the 3-page prefix with its state
             dst_state = mhost.alloc(1)
-            hit, loaded, dst = _prefetch(ns, ctl, host, "r1", tokens + [7] * PS, transfer=pt(
+            handle = ns.base_prefix_cache.CacheRequestHandle("r1", 0)
+            hit, loaded, dst = sgl_load(ctl, host, handle, tokens + [7] * PS, extra_pools=[pt(
                 hs.PoolName.MAMBA, host_indices=dst_state, keys=[hashes[-1]],
-                hit_policy=trailing))
+                hit_policy=trailing)])
             assert (hit, loaded) == (n * PS, n * PS)
             assert all(torch.equal(a, b) for a, b in zip(_kv_pages(host, dst), want_kv))
             assert all(torch.equal(a, b)
@@ -159,7 +124,7 @@ def test_sglang_hybrid_controller_moves_states_through_our_v2(
                 our_dev = MHATokenToKVPool(256, PS, torch.bfloat16, 2, 8, LAYERS, "cpu")
                 our_kv = MHATokenToKVPoolHost(our_dev, 2.0, 0, PS, "page_first",
                                               pin_memory=False)
-                _, our_states = _mamba()
+                _, our_states = mamba_pools()
                 ours = StorageController(
                     HiCacheFile(HiCacheStorageConfig(model_name="m"),
                                 {"storage_dir": root, "key_scheme": "sglang"}),
@@ -177,9 +142,10 @@ def test_sglang_hybrid_controller_moves_states_through_our_v2(
                 assert ours.reserved_pages == 0
                 # storage loses the state: SGLang's hit query finds nothing restorable
                 Path(root, f"{hashes[-1]}.mamba_m_0_1.bin").unlink()
-                miss = _prefetch(ns, ctl, host, "r2", tokens, transfer=pt(
+                handle = ns.base_prefix_cache.CacheRequestHandle("r2", 0)
+                miss = sgl_load(ctl, host, handle, tokens, extra_pools=[pt(
                     hs.PoolName.MAMBA, host_indices=mhost.alloc(1), keys=[hashes[-1]],
-                    hit_policy=trailing))
+                    hit_policy=trailing)])
                 assert miss[:2] == (0, 0)
         finally:
             ctl.detach_storage_backend()

@@ -19,8 +19,6 @@ from typing import Any
 
 import torch
 
-from mem_cache_pool import Mamba2CacheParams, Mamba2StateShape, MambaPool, MHATokenToKVPool
-from mem_cache_pool_host import MambaPoolHost, MHATokenToKVPoolHost
 from mem_cache_storage import (
     ExtraPool,
     HiCacheFile,
@@ -30,31 +28,9 @@ from mem_cache_storage import (
     page_hashes,
 )
 
+from ._storage_support import mamba_pools, mha_host
+
 PS = 4
-
-
-def _kv(seed: int) -> MHATokenToKVPoolHost:
-    dev = MHATokenToKVPool(64, PS, torch.bfloat16, 2, 8, 2, "cpu")
-    host = MHATokenToKVPoolHost(dev, 2.0, 0, PS, "page_first", pin_memory=False)
-    gen = torch.Generator().manual_seed(seed)
-    for buf in host.buffers:
-        raw = buf.view(torch.uint8)
-        raw.copy_(torch.randint(0, 256, raw.shape, dtype=torch.uint8, generator=gen))
-    return host
-
-
-def _mamba(seed: int) -> MambaPoolHost:
-    shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=8, n_groups=1,
-                                    num_heads=2, head_dim=4, state_size=4, conv_kernel=4)
-    dev = MambaPool(size=8, spec_state_size=0,
-                    cache_params=Mamba2CacheParams(shape=shape, layers=[0, 1]),
-                    mamba_layer_ids=[0, 1], device="cpu")
-    host = MambaPoolHost(dev, 2.0, 0, device_capacity=8, pin_memory=False)
-    gen = torch.Generator().manual_seed(seed)
-    for buf in [host.temporal_buffer, *host.conv_buffer]:
-        raw = buf.view(torch.uint8)
-        raw.copy_(torch.randint(0, 256, raw.shape, dtype=torch.uint8, generator=gen))
-    return host
 
 
 def _pages(pool: Any, slots: torch.Tensor) -> list[torch.Tensor]:
@@ -74,7 +50,7 @@ def test_our_v2_controller_over_sglang_hicachefile(
         config = HiCacheStorageConfig(model_name="m", extra_config={
             "backend_name": "sglang_file", "module_path": "sglang.srt.mem_cache.hicache_storage",
             "class_name": "HiCacheFile", "file_storage_path": root})
-        kv, idx, mamba = _kv(1), _kv(2), _mamba(3)
+        kv, idx, mamba = mha_host(1), mha_host(2), mamba_pools(3)[1]
         backend = create_backend("dynamic", config, kv)
         assert type(backend) is hs.HiCacheFile
         ctl = StorageController(backend, kv, extra_pools=[
@@ -112,7 +88,7 @@ def test_our_v2_controller_over_sglang_hicachefile(
             # our file backend (SGLang's key scheme) reads what SGLang's backend stored
             ours = HiCacheFile(HiCacheStorageConfig(model_name="m"),
                                {"storage_dir": root, "key_scheme": "sglang"})
-            kv2, idx2, mamba2 = _kv(4), _kv(5), _mamba(6)
+            kv2, idx2, mamba2 = mha_host(4), mha_host(5), mamba_pools(6)[1]
             ctl2 = StorageController(ours, kv2, extra_pools=[
                 ExtraPool("indexer", idx2, "all_pages"),
                 ExtraPool("mamba", mamba2, "trailing_pages")])

@@ -13,21 +13,12 @@ from collections.abc import Callable
 
 import torch
 
-from mem_cache_pool import MHATokenToKVPool
 from mem_cache_pool_host import MHATokenToKVPoolHost
 from mem_cache_storage import HiCacheStorageConfig, StorageController, create_backend, page_hashes
 
+from ._storage_support import mha_host
+
 PS = 4
-
-
-def _host(layout: str = "page_first") -> MHATokenToKVPoolHost:
-    dev = MHATokenToKVPool(64, PS, torch.bfloat16, 2, 8, 2, "cpu")
-    host = MHATokenToKVPoolHost(dev, 2.0, 0, PS, layout, pin_memory=False)
-    gen = torch.Generator().manual_seed(11)
-    for buf in host.buffers:
-        raw = buf.view(torch.uint8)
-        raw.copy_(torch.randint(0, 256, raw.shape, dtype=torch.uint8, generator=gen))
-    return host
 
 
 def _pages(host: MHATokenToKVPoolHost, slots: torch.Tensor) -> list[torch.Tensor]:
@@ -42,7 +33,7 @@ def test_our_controller_over_sglang_hicachefile(
         config = HiCacheStorageConfig(model_name="m", extra_config={
             "backend_name": "sglang_file", "module_path": "sglang.srt.mem_cache.hicache_storage",
             "class_name": "HiCacheFile", "file_storage_path": root})
-        host = _host()
+        host = mha_host(11)
         backend = create_backend("dynamic", config, host)
         assert type(backend) is hs.HiCacheFile
         ctl = StorageController(backend, host)

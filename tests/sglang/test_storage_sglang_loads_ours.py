@@ -21,6 +21,8 @@ from typing import Any
 import pytest
 import torch
 
+from ._storage_support import sgl_load
+
 PS = 16
 LAYERS = 2
 
@@ -79,26 +81,6 @@ def sgl_write(ctl: Any, slots: torch.Tensor, tokens: list[int], hashes: list[str
     ctl.write_storage(slots, tokens, hash_value=hashes)
     op = ctl.ack_backup_queue.get(timeout=30)
     return int(op.completed_tokens)
-
-
-def sgl_load(ctl: Any, host: Any, rid: str, tokens: list[int]) -> tuple[int, int, torch.Tensor]:
-    """SGLang's prefetch: its hit query, then (as the scheduler does) host slots for the hit
-    and the IO thread's transfer. Returns (hit tokens, loaded tokens, host slots)."""
-    ctl.prefetch(rid, tokens)
-    op = ctl.prefetch_hit_queue.get(timeout=30)
-    hit = int(op.storage_hit_count)
-    slots = host.alloc(hit) if hit else torch.empty(0, dtype=torch.int64)
-    if not hit:
-        return 0, 0, slots
-    op.host_indices = slots
-    ctl.prefetch_buffer.put(op)
-    done = 0
-    while True:
-        ack = ctl.ack_prefetch_queue.get(timeout=30)
-        if ack.completed_tokens is not None:
-            done = max(done, int(ack.completed_tokens))
-        if ack.completed_req:
-            return hit, done, slots
 
 
 def extra(kind: str, root: str, scheme: str, v1: bool) -> dict[str, Any]:

@@ -22,12 +22,12 @@ from mem_cache_pool import MHATokenToKVPool, MLATokenToKVPool
 from mem_cache_pool_host import MHATokenToKVPoolHost, MLATokenToKVPoolHost
 from mem_cache_storage import HiCacheFile, HiCacheStorageConfig, StorageController, page_hashes
 
+from ._storage_support import sgl_load
 from .test_storage_sglang_loads_ours import (
     LAYERS,
     PS,
     _mods,
     fill,
-    sgl_load,
     sgl_write,
     sglang_stack,
 )

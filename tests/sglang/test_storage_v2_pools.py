@@ -13,21 +13,12 @@ from pathlib import Path
 
 import torch
 
-from mem_cache_pool import MHATokenToKVPool
 from mem_cache_pool_host import MHATokenToKVPoolHost
 from mem_cache_storage import HiCacheFile, HiCacheStorageConfig, page_hashes
 
+from ._storage_support import mha_host
+
 PS = 4
-
-
-def _pool(seed: int) -> MHATokenToKVPoolHost:
-    dev = MHATokenToKVPool(64, PS, torch.bfloat16, 2, 8, 2, "cpu")
-    host = MHATokenToKVPoolHost(dev, 2.0, 0, PS, "page_first", pin_memory=False)
-    gen = torch.Generator().manual_seed(seed)
-    for buf in host.buffers:
-        raw = buf.view(torch.uint8)
-        raw.copy_(torch.randint(0, 256, raw.shape, dtype=torch.uint8, generator=gen))
-    return host
 
 
 def _flat(host: MHATokenToKVPoolHost, slots: torch.Tensor) -> list[torch.Tensor]:
@@ -40,7 +31,7 @@ def test_v2_pools_against_sglang_file_backend(
     (hs,) = sglang_load("sglang.srt.mem_cache.hicache_storage")
     PT, POL = hs.PoolTransfer, hs.PoolHitPolicy
     with tempfile.TemporaryDirectory() as root:
-        kv, swa = _pool(1), _pool(2)
+        kv, swa = mha_host(1), mha_host(2)
         ours = HiCacheFile(HiCacheStorageConfig(model_name="m"),
                            {"storage_dir": root, "key_scheme": "sglang"})
         ours.register_mem_pool_host(kv)
@@ -50,7 +41,7 @@ def test_v2_pools_against_sglang_file_backend(
             tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
             is_mla_model=False, enable_storage_metrics=False, is_page_first_layout=True,
             model_name="m", extra_config={"file_storage_path": root}))
-        kv2, swa2 = _pool(3), _pool(4)
+        kv2, swa2 = mha_host(3), mha_host(4)
         theirs.register_mem_pool_host(kv2)
         theirs.register_mem_host_pool_v2(kv2, hs.PoolName.KV)
         theirs.register_mem_host_pool_v2(swa2, hs.PoolName.SWA)
