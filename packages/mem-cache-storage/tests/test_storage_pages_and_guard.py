@@ -51,9 +51,9 @@ def test_page_batch_is_the_pools_buffer_meta_page_by_page(layout: str) -> None:
 
 
 def test_few_slots_are_accepted_exactly_as_the_pool_accepts_them() -> None:
-    """``host_page_ranges`` checks a few slots itself (one ``tolist``) and hands the rest to the
-    pool's ``page_ids``: both accept the same index tensors (same ranges) and reject the same
-    ones (the pool's error)."""
+    """``host_page_ranges`` takes the pages of the pool's ``page_ids`` (a few slots: one
+    ``tolist``; more: tensor checks): it accepts the index tensors ``get_page_buffer_meta``
+    accepts (same ranges) and rejects the same ones (the pool's error)."""
     host = make_host()
     try:
         size = host.size

@@ -22,7 +22,7 @@ import threading
 
 import torch
 
-from mem_cache_kernels.checks import check_index, check_index_values, check_int
+from mem_cache_kernels.checks import INDEX_DTYPES, check_index, check_index_values, check_int
 
 __all__ = ["HostSlotAllocator"]
 
@@ -150,13 +150,18 @@ class HostSlotAllocator:
         """Check the kind, shape and length of ``indices``; for a few CPU slots that are whole,
         distinct pages in range, also their page ids (else ``None``: the tensor checks of
         :meth:`_tensor_pages` decide, and raise the precise error)."""
-        check_index("indices", indices)
+        if not (  # inline on a 1-D CPU index tensor (a storage call's); else the full check
+            type(indices) is torch.Tensor
+            and indices.is_cpu
+            and indices.dtype in INDEX_DTYPES
+            and indices.dim() == 1
+        ):
+            check_index("indices", indices)
         ps = self.page_size
-        if indices.numel() % ps:
-            raise ValueError(
-                f"indices length must be a multiple of page_size={ps}, got {indices.numel()}"
-            )
-        if 0 < indices.numel() <= _SMALL and indices.device.type == "cpu":
+        n = indices.numel()
+        if n % ps:
+            raise ValueError(f"indices length must be a multiple of page_size={ps}, got {n}")
+        if 0 < n <= _SMALL and indices.is_cpu:
             return self._small_pages(indices.tolist())
         return None
 
@@ -184,15 +189,18 @@ class HostSlotAllocator:
         pages in range, else ``None``: a storage call of one page costs one ``tolist`` here
         instead of about ten small torch ops (same accepted set as the tensor checks)."""
         ps, size = self.page_size, self.size
-        starts = slots[::ps]
-        if any(s < 0 or s % ps or s + ps > size for s in starts):
+        if len(slots) == ps:  # one page (a storage call's usual batch)
+            s = slots[0]
+            if s >= 0 and not s % ps and s + ps <= size and slots == list(range(s, s + ps)):
+                return [s // ps]
             return None
-        if ps == 1:
-            whole = True
-        else:
-            offsets = range(ps)
-            whole = slots == [s + j for s in starts for j in offsets]
-        if not whole or len(set(starts)) != len(starts):
+        starts = slots[::ps]
+        for k, s in enumerate(starts):
+            if s < 0 or s % ps or s + ps > size:
+                return None
+            if ps > 1 and slots[k * ps : (k + 1) * ps] != list(range(s, s + ps)):
+                return None
+        if len(set(starts)) != len(starts):
             return None
         return [s // ps for s in starts]
 

@@ -217,9 +217,7 @@ def host_page_ranges(
     table_of = getattr(pool, "page_range_table", None)
     table = table_of() if callable(table_of) else None
     if table is not None:  # ours: the pool's trusted geometry, its page ids checked once
-        pages = None if trusted else _few_whole_pages(host_indices, page_size, pool)
-        if pages is None:  # trusted, many slots, or not whole pages: the pool's (exact) checks
-            pages = pool.page_ids(host_indices, trusted=trusted)
+        pages = pool.page_ids(host_indices, trusted=trusted)  # checked there (few: one tolist)
         if len(pages) == 1:
             p = pages[0]
             ptrs = [base + p * stride for base, stride, _ in table]
@@ -240,41 +238,6 @@ def host_page_ranges(
         raise RuntimeError("get_page_buffer_meta returned pages of different sizes")
     fmt = _page_format(f"native:{layout}", dtype, tuple(int(s) for s in first))
     return PageBatch(list(ptrs), list(sizes), per), fmt
-
-
-#: at most this many slots are checked by :func:`_few_whole_pages` (past about 512 the
-#: pool's tensor checks cost less)
-_FEW_SLOTS = 256
-
-
-def _few_whole_pages(host_indices: torch.Tensor, page_size: int, pool: Any) -> list[int] | None:
-    """The page ids of a few CPU ``host_indices`` (already a 1-D index tensor of ``num_pages *
-    page_size`` slots) when they are whole, distinct pages inside ``pool``: one ``tolist`` and
-    a few list compares, so a one-page call skips the pool's general checks (about 4 us at 16
-    slots, 6 at 64); ``None`` for anything else, which the pool's ``page_ids`` then checks (and
-    rejects with its precise error). Accepts only what ``page_ids`` accepts."""
-    if host_indices.numel() > _FEW_SLOTS or not host_indices.is_cpu:
-        return None
-    slots: list[int] = host_indices.tolist()
-    size = int(pool.size)
-    if len(slots) == page_size:  # one page
-        s = slots[0]
-        if s >= 0 and not s % page_size and s + page_size <= size and slots == list(
-            range(s, s + page_size)
-        ):
-            return [s // page_size]
-        return None
-    starts = slots[::page_size]
-    for k, s in enumerate(starts):
-        if s < 0 or s % page_size or s + page_size > size:
-            return None
-        if page_size > 1 and slots[k * page_size : (k + 1) * page_size] != list(
-            range(s, s + page_size)
-        ):
-            return None
-    if len(starts) > 1 and len(set(starts)) != len(starts):
-        return None
-    return [s // page_size for s in starts]
 
 
 # ----------------------------------------------------------------------- keys
