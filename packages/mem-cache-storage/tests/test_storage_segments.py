@@ -42,12 +42,11 @@ def _entry(segment: str, offset: int, nbytes: int, skey: str) -> bytes:
 
 def _record(st: HiCacheFile, key: str) -> tuple[str, int, int]:
     """(segment name, record offset, record bytes) of ``key``."""
-    skey = st.storage_key(key)
-    extent = st.page_extent(key)
-    assert extent is not None
-    path, payload, nbytes = extent
-    head = payload - (len(skey) + 32)  # the record header is 32 bytes, then the key
-    return path.name, head, payload + nbytes - head
+    segments = st._segments
+    assert segments is not None
+    (loc,) = segments.locations([st.storage_key(key)])
+    assert loc is not None
+    return loc.segment, loc.offset, loc.nbytes
 
 
 def test_round_trip_one_segment_one_log(tmp_path: Path, host: Any) -> None:

@@ -1,12 +1,17 @@
-"""The segment layout's on-disk format (the store is :mod:`mem_cache_storage._segments`), and the
+"""The segment layout's on-disk format (the store is :mod:`mem_cache_storage._segments`), the
 vectored write every segment write goes through (split at ``IOV_MAX`` buffers, short writes
-finished). A directory holds:
+finished) and the block reservation ahead of it (:func:`reserve`). A directory holds:
 
 * **segments** ``seg-{pid}-{random}-{n}.kvp``: append-only files, each written by one backend
   instance of one process (never shared by writers), rotated at ``segment_bytes``. A record::
 
       magic "MCSR" | version u16 | key length u16 | format id u64 | payload bytes u64
-      | sum64 u64 | storage key (UTF-8) | payload (the page's ranges, in order)
+      | sum64 u64 | storage key (UTF-8) | zero padding | payload (the page's ranges, in order)
+
+  The padding puts the payload at a file offset that is a multiple of 64 (:func:`head_bytes`):
+  a host page lies at such an address, and the kernel's copy between the page cache and an
+  address of the other alignment runs at about three quarters of the speed (version 2 records
+  had no padding; a reader of version 3 takes them as misses).
 
 * **the index log** ``index.kvi``: one append-only file shared by every writer (``O_APPEND``);
   after a batch's records are written, one ``write`` appends one entry per page::
@@ -20,8 +25,10 @@ finished). A directory holds:
 
 from __future__ import annotations
 
+import ctypes
 import os
 import struct
+import sys
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,7 +38,10 @@ __all__ = [
     "INDEX_NAME",
     "SEGMENT_PREFIX",
     "SEGMENT_SUFFIX",
+    "RESERVE_BYTES",
     "Location",
+    "head_bytes",
+    "reserve",
 ]
 
 SEGMENT_SUFFIX = ".kvp"
@@ -39,10 +49,15 @@ SEGMENT_PREFIX = "seg-"
 INDEX_NAME = "index.kvi"
 _REC = struct.Struct("<4sHHQQQ")
 _REC_MAGIC = b"MCSR"
-_REC_VERSION = 2
+_REC_VERSION = 3
+#: payloads start at a file offset that is a multiple of this
+_PAYLOAD_ALIGN = 64
 _ENT = struct.Struct("<4sHI")
 _ENT_MAGIC = b"MCSI"
 _BODY = struct.Struct("<QQB")
+#: a writer reserves a segment's blocks this far ahead of its end (:func:`reserve`)
+RESERVE_BYTES = 32 << 20
+_FALLOC_FL_KEEP_SIZE = 1
 _IOV_MAX = max(16, min(1024, os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024))
 
 
@@ -53,6 +68,13 @@ class Location:
     segment: str
     offset: int
     nbytes: int
+
+
+def head_bytes(offset: int, key_bytes: int) -> int:
+    """Bytes of the record at file ``offset`` before its payload: the fixed head, the key of
+    ``key_bytes`` bytes and the zero padding up to the next multiple of 64."""
+    n = _REC.size + key_bytes
+    return n + (-(offset + n) % _PAYLOAD_ALIGN)
 
 
 def _entry(segment: str, offset: int, nbytes: int, key: str) -> bytes:
@@ -86,3 +108,35 @@ def _pwritev_all(fd: int, bufs: list[Any], offset: int) -> None:
                 raise OSError(f"short write to a segment ({done} of {want} bytes)")
             done += step
         offset += want
+
+
+_fallocate: Any = None  # libc's fallocate once looked up; False where there is none
+
+
+def _libc_fallocate() -> Any:
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).fallocate
+    except (OSError, AttributeError):
+        return False
+    fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def reserve(fd: int, offset: int, nbytes: int) -> bool:
+    """Reserve the blocks of ``fd`` at ``[offset, offset + nbytes)`` without changing its size
+    (Linux ``fallocate`` with ``FALLOC_FL_KEEP_SIZE``); ``False`` where the platform or the file
+    system has no such call, or the disk is full (the write then allocates as it goes).
+
+    Why: an appending write pays the file system's block allocation page by page; into reserved
+    blocks it costs about two thirds (ext4 here: 86 -> 55 us per 512 KiB, 25 -> 16 us per
+    128 KiB). Blocks reserved past the end stay allocated until the file is truncated to its
+    size (the writer does at rotation and close) or deleted."""
+    global _fallocate
+    if _fallocate is None:
+        _fallocate = _libc_fallocate()
+    if not _fallocate or nbytes <= 0:
+        return False
+    return bool(_fallocate(fd, _FALLOC_FL_KEEP_SIZE, offset, nbytes) == 0)

@@ -45,11 +45,14 @@ from mem_cache_storage._segment_format import (
     _REC_MAGIC,
     _REC_VERSION,
     INDEX_NAME,
+    RESERVE_BYTES,
     SEGMENT_PREFIX,
     SEGMENT_SUFFIX,
     Location,
     _entry,
     _pwritev_all,
+    head_bytes,
+    reserve,
 )
 from mem_cache_storage._sum64 import sum64, sum64_many
 from mem_cache_storage.backend import PageBatch, PageFormat, PageRanges, page_views
@@ -66,13 +69,22 @@ _RESTAT_S = 0.05
 #: pages are still in the last-level cache when their checksums run (after a read, before a
 #: write): 1, 4, 8 MiB and unbounded measured, 8 MiB best or even here
 _RUN_BYTES = 8 << 20
+_NO_RESERVE = 1 << 62
 
 
 class _Segment:
-    __slots__ = ("fd", "name", "size")
+    __slots__ = ("fd", "name", "reserved", "size")
 
     def __init__(self, fd: int, name: str) -> None:
         self.fd, self.name, self.size = fd, name, 0
+        self.reserved = 0  # blocks reserved up to here (:func:`reserve`); _NO_RESERVE: none
+
+    def close(self) -> None:
+        """Close, first giving back the blocks reserved past the end (truncating to the size)."""
+        if self.size < self.reserved < _NO_RESERVE:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self.fd, self.size)
+        os.close(self.fd)
 
 
 class SegmentStore:
@@ -108,7 +120,7 @@ class SegmentStore:
         if seg is not None and seg.size < self.segment_bytes and os.fstat(seg.fd).st_nlink:
             return seg
         if seg is not None:
-            os.close(seg.fd)
+            seg.close()
             self._seg = None
         self._serial += 1
         name = f"{self._token}-{self._serial}{SEGMENT_SUFFIX}"
@@ -147,6 +159,10 @@ class SegmentStore:
             bufs: list[Any] = []
             entries: list[bytes] = []
             start = off = flushed = seg.size
+            need = len(keys) * fmt.nbytes
+            if off + need > seg.reserved:  # blocks ahead, up to the segment's end
+                n = max(need, min(RESERVE_BYTES, self.segment_bytes - off))
+                seg.reserved = off + n if reserve(seg.fd, off, n) else _NO_RESERVE
             step = max(1, _RUN_BYTES // max(1, fmt.nbytes))
             try:
                 for c in range(0, len(keys), step):  # chunks: summed, then written, in cache
@@ -154,8 +170,9 @@ class SegmentStore:
                     sums = sum64_many(chunk) if self.verify else [0] * len(chunk)
                     for key, page, s in zip(keys[c : c + step], chunk, sums):
                         kb = key.encode()
+                        pad = head_bytes(off, len(kb)) - _REC.size - len(kb)
                         head = _REC.pack(_REC_MAGIC, _REC_VERSION, len(kb), fmt.format_id,
-                                         fmt.nbytes, s) + kb
+                                         fmt.nbytes, s) + kb + bytes(pad)
                         bufs.append(head)
                         bufs += page_views(page)
                         rec = len(head) + fmt.nbytes
@@ -278,9 +295,9 @@ class SegmentStore:
         return [loc if loc is not None and loc.segment in live else None for loc in locs]
 
     @staticmethod
-    def record_head_bytes(key: str) -> int:
-        """Bytes of a record before its payload."""
-        return _REC.size + len(key.encode())
+    def record_head_bytes(key: str, offset: int) -> int:
+        """Bytes of the record of ``key`` at file ``offset`` before its payload."""
+        return head_bytes(offset, len(key.encode()))
 
     def exists(self, keys: list[str]) -> list[bool]:
         return [loc is not None for loc in self.locations(keys)]
@@ -334,7 +351,7 @@ class SegmentStore:
                             or len(bufs) + 1 + len(plist[j]) > _IOV_MAX
                             or end - loc.offset >= _RUN_BYTES):
                         break
-                    head = bytearray(_REC.size + len(keys[j].encode()))
+                    head = bytearray(head_bytes(end, len(keys[j].encode())))
                     heads.append(head)
                     bufs.append(head)
                     bufs += page_views(plist[j])
@@ -363,7 +380,7 @@ class SegmentStore:
         return out
 
     def _read_one(self, fd: int, key: str, loc: Location, page: Any, fmt: PageFormat) -> bool:
-        head = bytearray(_REC.size + len(key.encode()))
+        head = bytearray(head_bytes(loc.offset, len(key.encode())))
         bufs: list[Any] = [head, *page_views(page)]
         try:
             got = os.preadv(fd, bufs, loc.offset)
@@ -380,8 +397,9 @@ class SegmentStore:
         """Check a record read into ``head`` and ``page`` (``got``: the page's ``sum64``
         when the caller computed it)."""
         magic, version, klen, fid, nbytes, s = _REC.unpack_from(head)
-        ok = (magic == _REC_MAGIC and version == _REC_VERSION and klen == len(head) - _REC.size
-              and head[_REC.size :] == key.encode() and fid == fmt.format_id
+        kb = key.encode()
+        ok = (magic == _REC_MAGIC and version == _REC_VERSION and klen == len(kb)
+              and head[_REC.size : _REC.size + klen] == kb and fid == fmt.format_id
               and nbytes == fmt.nbytes and loc.nbytes == len(head) + nbytes)
         if ok and self.verify and s != (sum64(page) if got is None else got):
             ok = False
@@ -472,7 +490,7 @@ class SegmentStore:
     def close(self) -> None:
         with self._wlock, self._rlock:
             if self._seg is not None:
-                os.close(self._seg.fd)
+                self._seg.close()
                 self._seg = None
             if self._wlog is not None:
                 os.close(self._wlog[0])

@@ -190,7 +190,7 @@ class HiCacheFile(SGLangFiles, PageStorageBackend):
         loc = self._segments.locations([skey])[0]
         if loc is None:
             return None
-        head = self._segments.record_head_bytes(skey)
+        head = self._segments.record_head_bytes(skey, loc.offset)
         return self.storage_dir / loc.segment, loc.offset + head, loc.nbytes - head
 
     def page_path(self, key: str) -> Path:

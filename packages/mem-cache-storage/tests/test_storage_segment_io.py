@@ -1,0 +1,136 @@
+"""How segment records are laid out and written: each payload starts at a file offset that is a
+multiple of 64 (whatever the key's length and the record's place), a writer reserves blocks
+ahead of its segment's end without changing the file's size and gives them back at rotation and
+at close, and where no reservation can be made (another platform, a file system without it) the
+writes append as before."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import mem_cache_storage._segment_format as segment_format
+from mem_cache_storage import HiCacheFile, HiCacheStorageConfig
+from mem_cache_storage._segment_format import RESERVE_BYTES, SEGMENT_SUFFIX, head_bytes, reserve
+
+from .conftest import PS, make_host, pages_of
+
+CFG = HiCacheStorageConfig(model_name="m", extra_config={"model_fingerprint": "w1"})
+#: caller keys of every length modulo 64, so the padding takes every value
+KEYS = ["k" * n for n in range(1, 66)]
+
+
+@pytest.fixture
+def host() -> Iterator[Any]:
+    pool = make_host(size=512)  # 256 host pages: three sets of KEYS
+    yield pool
+    pool.close()
+
+
+def _segments(root: Path) -> list[Path]:
+    return sorted(root.glob(f"*{SEGMENT_SUFFIX}"))
+
+
+def _allocated(path: Path) -> int:
+    return os.stat(path).st_blocks * 512
+
+
+def _reserve_works(root: Path) -> bool:
+    """Whether this file system reserves blocks (what the store's writes see)."""
+    probe = root / "probe"
+    fd = os.open(probe, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        return reserve(fd, 0, 1 << 20) and os.fstat(fd).st_size == 0
+    finally:
+        os.close(fd)
+        probe.unlink()
+
+
+def test_head_bytes_puts_every_payload_at_a_multiple_of_64() -> None:
+    for offset in (0, 1, 63, 64, 1000, (1 << 33) + 5):
+        for key_bytes in range(0, 130):
+            n = head_bytes(offset, key_bytes)
+            assert (offset + n) % 64 == 0
+            assert 32 + key_bytes <= n < 32 + key_bytes + 64
+
+
+def test_payloads_lie_at_64_byte_offsets_and_round_trip(tmp_path: Path, host: Any) -> None:
+    st = HiCacheFile(CFG, host, storage_dir=str(tmp_path))
+    src, dst = host.alloc(len(KEYS) * PS), host.alloc(len(KEYS) * PS)
+    assert src is not None and dst is not None
+    # batches of several records, then one-page calls
+    for lo, hi in [(i, i + 9) for i in range(0, 36, 9)] + [(i, i + 1) for i in range(36, 65)]:
+        part = src[lo * PS : hi * PS]
+        assert st.batch_set_v1(KEYS[lo:hi], part) == [True] * (hi - lo)
+    for key in KEYS:
+        extent = st.page_extent(key)
+        assert extent is not None and extent[1] % 64 == 0, (key, extent)
+    assert st.batch_get_v1(KEYS, dst) == [True] * len(KEYS)
+    assert all(torch.equal(a, b) for a, b in zip(pages_of(host, src), pages_of(host, dst)))
+    st.close()
+    # another instance (its own reads, from the log) finds every page, bit-exact
+    other = HiCacheFile(CFG, host, storage_dir=str(tmp_path))
+    again = host.alloc(len(KEYS) * PS)
+    assert again is not None
+    assert other.batch_get_v1(KEYS, again) == [True] * len(KEYS)
+    assert all(torch.equal(a, b) for a, b in zip(pages_of(host, src), pages_of(host, again)))
+
+
+def test_blocks_are_reserved_ahead_and_given_back(tmp_path: Path, host: Any) -> None:
+    works = _reserve_works(tmp_path)
+    st = HiCacheFile(CFG, host, storage_dir=str(tmp_path))
+    src = host.alloc(2 * PS)
+    assert src is not None
+    assert st.batch_set_v1(KEYS[:2], src) == [True, True]
+    (seg,) = _segments(tmp_path)
+    size = os.stat(seg).st_size
+    extent = st.page_extent(KEYS[1])
+    assert extent is not None and size == extent[1] + extent[2]  # the size: what was written
+    if works:  # the reservation holds blocks past the end
+        assert _allocated(seg) >= RESERVE_BYTES
+    else:
+        assert _allocated(seg) < size + (1 << 20)
+    st.close()
+    assert os.stat(seg).st_size == size
+    assert _allocated(seg) < size + (1 << 20)  # given back at close
+
+
+def test_a_rotated_segment_gives_its_reserved_blocks_back(tmp_path: Path, host: Any) -> None:
+    st = HiCacheFile(CFG, host, storage_dir=str(tmp_path), segment_bytes=4096)
+    src, dst = host.alloc(12 * PS), host.alloc(12 * PS)
+    assert src is not None and dst is not None
+    for i in range(12):
+        assert st.batch_set_v1(KEYS[i : i + 1], src[i * PS : (i + 1) * PS]) == [True]
+    segs = _segments(tmp_path)
+    assert len(segs) >= 2
+    for seg in segs:  # the reservation stops at the segment's end: nothing beyond is held
+        assert _allocated(seg) < 4096 + (1 << 20), seg
+    assert st.batch_get_v1(KEYS[:12], dst) == [True] * 12
+    assert all(torch.equal(a, b) for a, b in zip(pages_of(host, src), pages_of(host, dst)))
+
+
+def test_without_a_reservation_the_writes_append(
+    tmp_path: Path, host: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[tuple[int, int, int, int]] = []
+
+    def refused(fd: int, mode: int, offset: int, nbytes: int) -> int:
+        calls.append((fd, mode, offset, nbytes))
+        return -1  # what libc returns for EOPNOTSUPP / ENOSPC
+
+    monkeypatch.setattr(segment_format, "_fallocate", refused)
+    st = HiCacheFile(CFG, host, storage_dir=str(tmp_path))
+    src, dst = host.alloc(4 * PS), host.alloc(4 * PS)
+    assert src is not None and dst is not None
+    assert st.batch_set_v1(KEYS[:2], src[: 2 * PS]) == [True, True]
+    assert st.batch_set_v1(KEYS[2:4], src[2 * PS :]) == [True, True]
+    assert len(calls) == 1 and calls[0][1] == 1  # FALLOC_FL_KEEP_SIZE, tried once per segment
+    assert st.batch_get_v1(KEYS[:4], dst) == [True] * 4
+    assert all(torch.equal(a, b) for a, b in zip(pages_of(host, src), pages_of(host, dst)))
+    monkeypatch.setattr(segment_format, "_fallocate", False)  # no such call on this platform
+    assert not reserve(0, 0, 4096)
