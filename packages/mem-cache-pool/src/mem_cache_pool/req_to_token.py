@@ -396,22 +396,20 @@ class ReqToTokenPool:
         pay one ``aminmax`` (the int32 range check).
         """
         table = self.req_to_token
-        if type(indices) is tuple and len(indices) == 2 and type(values) is torch.Tensor:
+        if type(indices) is tuple and type(values) is torch.Tensor and len(indices) == 2:
             first, second = indices
-            if (
-                type(first) is int
-                and type(second) is slice
-                and values.dtype in _SLOT_VALUES
-                and not values.is_meta
-            ):  # the prefill form: (row, columns)
-                if -table.shape[0] <= first < table.shape[0]:
-                    if values.dtype is torch.int64:
+            if type(first) is int and type(second) is slice:  # the prefill form: (row, columns)
+                dtype = values.dtype
+                cached = self._rows_of is table and table.data_ptr() == self._rows_ptr
+                n = len(self._row_views) if cached else table.shape[0]
+                if (
+                    (dtype is torch.int32 or dtype is torch.int64)
+                    and -n <= first < n
+                    and not values.is_meta
+                ):
+                    if dtype is torch.int64:
                         _check_fits_int32(values)
-                    rows = (
-                        self._row_views
-                        if self._rows_of is table and table.data_ptr() == self._rows_ptr
-                        else self._cache_row_views()
-                    )
+                    rows = self._row_views if cached else self._cache_row_views()
                     rows[first][second] = values
                     return
             elif (
