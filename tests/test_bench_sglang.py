@@ -93,6 +93,40 @@ def test_step_driver_runs_over_sglang_on_both_sides(monkeypatch: pytest.MonkeyPa
     assert rows[0].extra["steps"] > 1
 
 
+def test_step_method_breakdown_adds_up_to_the_inner_time(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``python -m tools.bench.sglang_step``: each method's calls per step and time per call on
+    both sides (ours and SGLang's classes under SGLang's own step code); per method, time per
+    step is calls per step x time per call, and the methods of the allocator and the req pool
+    that SGLang's step reaches all appear."""
+    out = tmp_path / "methods.json"
+    assert bench_sglang_step.main(["--quick", "--rounds", "1", "--page-sizes", "16",
+                                   "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    names = {r["method"] for r in rows}
+    for needed in ("allocator.alloc_extend", "allocator.alloc_decode",
+                   "req_to_token_pool.write", "req_to_token_pool.alloc"):
+        assert needed in names, names
+    for r in rows:
+        assert r["page_size"] == 16 and r["calls_per_step"] > 0
+        assert r["ours_us"] > 0 and r["sglang_us"] > 0
+        assert math.isclose(r["ours_us_per_step"], r["ours_us"] * r["calls_per_step"])
+    assert "req_to_token_pool.write" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", [["--rounds", "0"], ["--page-sizes", "x"],
+                                  ["--page-sizes", "0"]])
+def test_step_method_breakdown_rejects_bad_flags(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        bench_sglang_step.main(argv)
+    assert exc.value.code == 2
+    flag = argv[0]
+    assert flag in capsys.readouterr().err
+
+
 def test_missing_members_names_each_member() -> None:
     missing = bench_sglang_step.missing_members(object(), object())
     assert "our object lacks member evict_to_free_tokens" in missing

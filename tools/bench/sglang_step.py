@@ -40,7 +40,9 @@ import torch
 
 from tools.sglang_ref.radix_loop import RadixLoop, Req, build_side, load_modules
 
-__all__ = ["REACHED", "StepConfig", "missing_members", "step_rows"]
+__all__ = [
+    "REACHED", "MethodRow", "StepConfig", "main", "method_rows", "missing_members", "step_rows",
+]
 
 # Members SGLang's step path (allocation.py, common.py, radix_cache.py) reaches on what the
 # scheduler hands in, per object.
@@ -114,17 +116,21 @@ class _Side:
         self.ns = 0
         self.tokens = 0
         self.inner = [0]  # ns spent inside the allocator's and the req pool's own methods
+        self.methods: dict[str, list[int]] = {}  # "allocator.free" -> [ns, calls]
         depth = [0]
         for obj, what in ((allocator, "allocator"), (req_pool, "req_to_token_pool")):
             for name in REACHED[what]:
                 if name not in _NOT_TIMED and callable(getattr(obj, name, None)):
-                    _time_method(obj, name, self.inner, depth)
+                    _time_method(obj, name, self.inner, depth,
+                                 self.methods.setdefault(f"{what}.{name}", [0, 0]))
 
 
-def _time_method(obj: Any, name: str, total: list[int], depth: list[int]) -> None:
-    """Shadow ``obj.name`` with a wrapper adding its wall time to ``total[0]`` (outermost
-    calls only: a method calling another timed one is counted once). Both sides get the same
-    wrappers, so their cost (well under a microsecond a call) is in both sides' step time."""
+def _time_method(obj: Any, name: str, total: list[int], depth: list[int],
+                 own: list[int]) -> None:
+    """Shadow ``obj.name`` with a wrapper adding its wall time to ``total[0]`` and to
+    ``own[0]`` (its calls to ``own[1]``), outermost calls only: a method calling another timed
+    one is counted once, as itself. Both sides get the same wrappers, so their cost (well under
+    a microsecond a call) is in both sides' step time."""
     bound = getattr(obj, name)
 
     def timed(*args: Any, **kwargs: Any) -> Any:
@@ -135,7 +141,10 @@ def _time_method(obj: Any, name: str, total: list[int], depth: list[int]) -> Non
         try:
             return bound(*args, **kwargs)
         finally:
-            total[0] += time.perf_counter_ns() - t0
+            ns = time.perf_counter_ns() - t0
+            total[0] += ns
+            own[0] += ns
+            own[1] += 1
             depth[0] = 0
 
     setattr(obj, name, timed)
@@ -263,3 +272,92 @@ def step_rows(*, quick: bool, rounds: int, page_sizes: Sequence[int],
                              goal=goal, note="the classes' own methods only (SGLang's radix "
                              "cache and allocation glue, the same code on both sides, excluded)"))
     return rows
+
+
+@dataclass(frozen=True, slots=True)
+class MethodRow:
+    """One method's share of the step on both sides (medians over the rounds)."""
+
+    page_size: int
+    method: str
+    calls_per_step: float
+    ours_us: float  # per call
+    sglang_us: float
+    ours_us_per_step: float
+    sglang_us_per_step: float
+
+    @property
+    def ratio(self) -> float:
+        return self.ours_us / self.sglang_us if self.sglang_us else math.inf
+
+
+def method_rows(*, quick: bool, rounds: int, page_sizes: Sequence[int]) -> list[MethodRow]:
+    """Where the step's microseconds go, per method of the allocator and the req pool: the same
+    runs as :func:`step_rows` (both sides, alternating), each method's calls per step and its
+    wall time per call on each side (medians over ``rounds``)."""
+    cfg = StepConfig(num_requests=24, running=8, capacity=1 << 13) if quick else StepConfig()
+    sgl = load_modules()
+    out: list[MethodRow] = []
+    for ps in page_sizes:
+        per: dict[str, tuple[list[float], list[float], list[float]]] = {}
+        for r in range(rounds):
+            ours, theirs, steps = _run(sgl, ps, cfg, swap=bool(r % 2))
+            for name, (ns, calls) in ours.methods.items():
+                s_ns, s_calls = theirs.methods.get(name, [0, 0])
+                if calls == 0 and s_calls == 0:
+                    continue
+                o_us, s_us, cps = per.setdefault(name, ([], [], []))
+                o_us.append(ns / 1e3 / max(1, calls))
+                s_us.append(s_ns / 1e3 / max(1, s_calls))
+                cps.append(calls / steps)
+        for name, (o_us, s_us, cps) in sorted(per.items()):
+            o, s, c = statistics.median(o_us), statistics.median(s_us), statistics.median(cps)
+            out.append(MethodRow(ps, name, c, o, s, o * c, s * c))
+    return out
+
+
+def _method_table(rows: Sequence[MethodRow]) -> str:
+    head = (f"{'ps':>3}  {'method':<40} {'calls/step':>10} {'ours us':>8} {'sglang us':>9} "
+            f"{'ours/sgl':>8} {'ours us/step':>12} {'sgl us/step':>11}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(f"{r.page_size:>3}  {r.method:<40} {r.calls_per_step:>10.2f} "
+                     f"{r.ours_us:>8.2f} {r.sglang_us:>9.2f} {r.ratio:>7.2f}x "
+                     f"{r.ours_us_per_step:>12.1f} {r.sglang_us_per_step:>11.1f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m tools.bench.sglang_step``: the per-method breakdown of the step rows."""
+    import argparse
+    import json
+    from dataclasses import asdict
+
+    parser = argparse.ArgumentParser(prog="python -m tools.bench.sglang_step",
+                                     description=main.__doc__)
+    parser.add_argument("--quick", action="store_true", help="tiny trace (smoke test)")
+    parser.add_argument("--rounds", type=int, default=3, help="runs per page size (default 3)")
+    parser.add_argument("--page-sizes", default="1,16,64")
+    parser.add_argument("--json", metavar="PATH", help="write the rows as JSON")
+    args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error(f"--rounds must be >= 1, got {args.rounds}")
+    try:
+        page_sizes = [int(p) for p in args.page_sizes.split(",") if p.strip()]
+    except ValueError:
+        parser.error(f"--page-sizes must be comma-separated ints, got {args.page_sizes!r}")
+    if not page_sizes or min(page_sizes) < 1:
+        parser.error(f"--page-sizes must be ints >= 1, got {args.page_sizes!r}")
+    torch.set_num_threads(1)
+    rows = method_rows(quick=args.quick, rounds=args.rounds, page_sizes=page_sizes)
+    print("where the step's memory-layer microseconds go, per method (ours / SGLang 0.5.23, "
+          f"medians of {args.rounds} alternating runs; outermost calls only)")
+    print(_method_table(rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps([asdict(r) | {"ratio": r.ratio} for r in rows],
+                                              indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
