@@ -57,6 +57,10 @@ def test_quick_run_writes_rows_json_and_plot(tmp_path: Path) -> None:
     assert step, "the radix-cache step section left no row"
     for r in step:  # measured, or an explicit reason (ours lacks members until they merge)
         assert r["ratio"] is not None or r["note"].startswith("not comparable yet: "), r
+    methods = data["step_methods"]  # the step's per-method breakdown, from the same runs
+    assert {m["page_size"] for m in methods} == {1, 16}
+    assert {"req_to_token_pool.write", "allocator.alloc_extend"} <= {m["method"] for m in methods}
+    assert all(m["calls_per_step"] > 0 and m["ours_us"] > 0 for m in methods)
     storage = [r for r in rows if r["section"] == "storage"]
     assert storage and all(
         r["ratio"] is not None or bench_sglang.STORAGE_HOOK in r["note"] for r in storage
@@ -93,13 +97,11 @@ def test_step_driver_runs_over_sglang_on_both_sides(monkeypatch: pytest.MonkeyPa
     assert rows[0].extra["steps"] > 1
 
 
-def test_step_method_breakdown_adds_up_to_the_inner_time(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """``python -m tools.bench.sglang_step``: each method's calls per step and time per call on
-    both sides (ours and SGLang's classes under SGLang's own step code); per method, time per
-    step is calls per step x time per call, and the methods of the allocator and the req pool
-    that SGLang's step reaches all appear."""
+def test_step_method_breakdown(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``python -m tools.bench.sglang_step``: the step rows, then each method's calls per step
+    and time per call on both sides (ours and SGLang's classes under SGLang's own step code);
+    per method, time per step is calls per step x time per call, and the main methods of the
+    allocator and the req pool that SGLang's step reaches appear."""
     out = tmp_path / "methods.json"
     assert bench_sglang_step.main(["--quick", "--rounds", "1", "--page-sizes", "16",
                                    "--json", str(out)]) == 0
@@ -112,7 +114,8 @@ def test_step_method_breakdown_adds_up_to_the_inner_time(
         assert r["page_size"] == 16 and r["calls_per_step"] > 0
         assert r["ours_us"] > 0 and r["sglang_us"] > 0
         assert math.isclose(r["ours_us_per_step"], r["ours_us"] * r["calls_per_step"])
-    assert "req_to_token_pool.write" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "req_to_token_pool.write" in printed and "ps=16 memory layer per step" in printed
 
 
 @pytest.mark.parametrize("argv", [["--rounds", "0"], ["--page-sizes", "x"],

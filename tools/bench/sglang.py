@@ -15,7 +15,9 @@ allocator trace alternates on every call), and reports medians:
   equal (``torch.equal``) before timing.
 * ``step``: one scheduler step of SGLang's own ``RadixCache`` and its ``alloc_for_extend`` /
   ``alloc_for_decode`` / ``release_kv_cache`` (:mod:`tools.bench.sglang_step`) over SGLang's
-  classes and over ours; a side that lacks a member SGLang's scheduler reaches says so.
+  classes and over ours; a side that lacks a member SGLang's scheduler reaches says so. A table
+  after the rows says where that time goes: per method of the allocator and the req pool, its
+  calls per step and microseconds per call on each side (``step_methods`` in the JSON).
 * ``storage``: the file backends, from ``tools.bench.storage.sglang_file_rows`` when that module
   exposes it (see :data:`STORAGE_HOOK`).
 
@@ -305,11 +307,14 @@ def storage_rows(quick: bool, rounds: int) -> list[Row]:
             for d in hook(quick=quick, rounds=rounds)]
 
 
-def step_rows(quick: bool, rounds: int, page_sizes: Sequence[int]) -> list[Row]:
+def step_rows(quick: bool, rounds: int, page_sizes: Sequence[int],
+              methods: list[Any] | None = None) -> list[Row]:
+    """The step rows; ``methods`` gets their per-method breakdown
+    (:class:`tools.bench.sglang_step.MethodRow`)."""
     from tools.bench.sglang_step import step_rows as rows
 
     out: list[Row] = rows(quick=quick, rounds=rounds, page_sizes=page_sizes, make_row=make_row,
-                skipped_row=skipped_row, goal=GOALS["step"])
+                skipped_row=skipped_row, goal=GOALS["step"], methods=methods)
     return out
 
 
@@ -448,8 +453,9 @@ def main(argv: list[str] | None = None) -> int:
         rows += allocator_rows(sgl_alloc, cfg, page_sizes, rounds)
     if "pool" in sections:
         rows += pool_rows(sgl_mp, rounds, calls, args.quick)
+    methods: list[Any] = []
     if "step" in sections:
-        rows += step_rows(args.quick, rounds, page_sizes)
+        rows += step_rows(args.quick, rounds, page_sizes, methods)
     if "storage" in sections:
         rows += storage_rows(args.quick, rounds)
     seconds = time.perf_counter() - t0
@@ -464,6 +470,12 @@ def main(argv: list[str] | None = None) -> int:
         for r in goals:
             print(f"  {r.section}/{r.name}: {r.ratio:.2f}x (rounds {r.ratio_min:.2f}.."
                   f"{r.ratio_max:.2f}) vs <= {r.goal:g}: {r.verdict}")
+    if methods:
+        from tools.bench.sglang_step import method_table
+
+        print("\nstep: where the memory-layer microseconds go, per method of the allocator and "
+              "the req pool (outermost calls; medians over the rounds)")
+        print(method_table(methods))
     noisy = [r for r in rows if "noise" in r.verdict]
     print(f"\nnoise: {len(noisy)} of {len(rows)} rows have a repeat spread > "
           f"{NOISE_SPREAD:.0%} (ratios of those rows are not a verdict)")
@@ -472,7 +484,8 @@ def main(argv: list[str] | None = None) -> int:
         data = {"machine": machine, "rounds": rounds, "noise_spread": NOISE_SPREAD,
                 "config": {"trace": asdict(cfg), "calls_per_round": calls,
                            "page_sizes": page_sizes, "sections": sections, "quick": args.quick},
-                "seconds": seconds, "rows": [_json_row(r) for r in rows]}
+                "seconds": seconds, "rows": [_json_row(r) for r in rows],
+                "step_methods": [m.as_json() for m in methods]}
         path.write_text(json.dumps(data, indent=2, allow_nan=False))
         if not args.no_plot:
             png = plot_rows(rows, path.with_suffix(".png"))

@@ -22,6 +22,11 @@ classes the two sides differ in; SGLang's radix cache and glue are the same code
 
 A side whose classes lack a member SGLang's path reaches gets a row that says which one
 (:func:`missing_members`), instead of failing.
+
+Where the time goes: the same runs give, per method of the allocator and the req pool, its calls
+per step and wall time per call on each side (:class:`MethodRow`; outermost calls only). Run
+alone: ``python -m tools.bench.sglang_step [--quick] [--rounds N] [--page-sizes 1,16,64]
+[--json PATH]`` prints the step rows and that table.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ import time
 import traceback
 import types
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +46,7 @@ import torch
 from tools.sglang_ref.radix_loop import RadixLoop, Req, build_side, load_modules
 
 __all__ = [
-    "REACHED", "MethodRow", "StepConfig", "main", "method_rows", "missing_members", "step_rows",
+    "REACHED", "MethodRow", "StepConfig", "main", "method_table", "missing_members", "step_rows",
 ]
 
 # Members SGLang's step path (allocation.py, common.py, radix_cache.py) reaches on what the
@@ -234,8 +239,9 @@ def _run_alone(sgl: types.SimpleNamespace, ps: int, cfg: StepConfig) -> float:
 
 def step_rows(*, quick: bool, rounds: int, page_sizes: Sequence[int],
               make_row: Callable[..., Any], skipped_row: Callable[..., Any],
-              goal: float) -> list[Any]:
-    """Rows of :mod:`tools.bench.sglang` (its ``make_row`` / ``skipped_row`` passed in)."""
+              goal: float, methods: list[MethodRow] | None = None) -> list[Any]:
+    """Rows of :mod:`tools.bench.sglang` (its ``make_row`` / ``skipped_row`` passed in);
+    ``methods``: gets the per-method breakdown of the same runs (:class:`MethodRow`)."""
     cfg = StepConfig(num_requests=24, running=8, capacity=1 << 13) if quick else StepConfig()
     sgl = load_modules()
     rows = []
@@ -251,6 +257,7 @@ def step_rows(*, quick: bool, rounds: int, page_sizes: Sequence[int],
         per_step: tuple[list[float], list[float]] = ([], [])
         per_tok: tuple[list[float], list[float]] = ([], [])
         inner: tuple[list[float], list[float]] = ([], [])
+        per_method: dict[str, tuple[list[float], list[float], list[float]]] = {}
         steps = 0
         try:
             for r in range(rounds):
@@ -259,6 +266,7 @@ def step_rows(*, quick: bool, rounds: int, page_sizes: Sequence[int],
                     per_step[i].append(side.ns / 1e3 / steps)
                     per_tok[i].append(side.ns / 1e3 / max(1, side.tokens))
                     inner[i].append(side.inner[0] / 1e3 / steps)
+                _add_methods(per_method, ours, theirs, steps)
         except Exception as exc:  # reported in the row; the run goes on
             where = traceback.extract_tb(exc.__traceback__)[-1]
             reason = (f"not comparable yet: {type(exc).__name__}: {exc} (at "
@@ -271,6 +279,8 @@ def step_rows(*, quick: bool, rounds: int, page_sizes: Sequence[int],
         rows.append(make_row("step", f"ps={ps} inside allocator + req pool, per step", *inner,
                              goal=goal, note="the classes' own methods only (SGLang's radix "
                              "cache and allocation glue, the same code on both sides, excluded)"))
+        if methods is not None:
+            methods += _method_summary(ps, per_method)
     return rows
 
 
@@ -290,33 +300,38 @@ class MethodRow:
     def ratio(self) -> float:
         return self.ours_us / self.sglang_us if self.sglang_us else math.inf
 
+    def as_json(self) -> dict[str, Any]:
+        """The fields and the ratio as strict JSON (a ratio that cannot be taken: ``null``)."""
+        ratio = self.ratio
+        return asdict(self) | {"ratio": ratio if math.isfinite(ratio) else None}
 
-def method_rows(*, quick: bool, rounds: int, page_sizes: Sequence[int]) -> list[MethodRow]:
-    """Where the step's microseconds go, per method of the allocator and the req pool: the same
-    runs as :func:`step_rows` (both sides, alternating), each method's calls per step and its
-    wall time per call on each side (medians over ``rounds``)."""
-    cfg = StepConfig(num_requests=24, running=8, capacity=1 << 13) if quick else StepConfig()
-    sgl = load_modules()
-    out: list[MethodRow] = []
-    for ps in page_sizes:
-        per: dict[str, tuple[list[float], list[float], list[float]]] = {}
-        for r in range(rounds):
-            ours, theirs, steps = _run(sgl, ps, cfg, swap=bool(r % 2))
-            for name, (ns, calls) in ours.methods.items():
-                s_ns, s_calls = theirs.methods.get(name, [0, 0])
-                if calls == 0 and s_calls == 0:
-                    continue
-                o_us, s_us, cps = per.setdefault(name, ([], [], []))
-                o_us.append(ns / 1e3 / max(1, calls))
-                s_us.append(s_ns / 1e3 / max(1, s_calls))
-                cps.append(calls / steps)
-        for name, (o_us, s_us, cps) in sorted(per.items()):
-            o, s, c = statistics.median(o_us), statistics.median(s_us), statistics.median(cps)
-            out.append(MethodRow(ps, name, c, o, s, o * c, s * c))
+
+def _add_methods(per: dict[str, tuple[list[float], list[float], list[float]]],
+                 ours: _Side, theirs: _Side, steps: int) -> None:
+    """One run's per-method figures into ``per``: name -> (ours us/call, SGLang us/call,
+    calls/step) lists."""
+    for name, (ns, calls) in ours.methods.items():
+        s_ns, s_calls = theirs.methods.get(name, [0, 0])
+        if calls == 0 and s_calls == 0:
+            continue
+        o_us, s_us, cps = per.setdefault(name, ([], [], []))
+        o_us.append(ns / 1e3 / max(1, calls))
+        s_us.append(s_ns / 1e3 / max(1, s_calls))
+        cps.append(calls / steps)
+
+
+def _method_summary(
+    ps: int, per: dict[str, tuple[list[float], list[float], list[float]]]
+) -> list[MethodRow]:
+    out = []
+    for name, (o_us, s_us, cps) in sorted(per.items()):
+        o, s, c = statistics.median(o_us), statistics.median(s_us), statistics.median(cps)
+        out.append(MethodRow(ps, name, c, o, s, o * c, s * c))
     return out
 
 
-def _method_table(rows: Sequence[MethodRow]) -> str:
+def method_table(rows: Sequence[MethodRow]) -> str:
+    """The per-method breakdown as a text table."""
     head = (f"{'ps':>3}  {'method':<40} {'calls/step':>10} {'ours us':>8} {'sglang us':>9} "
             f"{'ours/sgl':>8} {'ours us/step':>12} {'sgl us/step':>11}")
     lines = [head, "-" * len(head)]
@@ -328,17 +343,19 @@ def _method_table(rows: Sequence[MethodRow]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m tools.bench.sglang_step``: the per-method breakdown of the step rows."""
+    """``python -m tools.bench.sglang_step``: the step rows and where their time goes, per method
+    (the step section of ``python -m tools.bench.sglang`` prints the same breakdown)."""
     import argparse
     import json
-    from dataclasses import asdict
+
+    from tools.bench.sglang import GOALS, make_row, print_rows, skipped_row
 
     parser = argparse.ArgumentParser(prog="python -m tools.bench.sglang_step",
                                      description=main.__doc__)
     parser.add_argument("--quick", action="store_true", help="tiny trace (smoke test)")
     parser.add_argument("--rounds", type=int, default=3, help="runs per page size (default 3)")
     parser.add_argument("--page-sizes", default="1,16,64")
-    parser.add_argument("--json", metavar="PATH", help="write the rows as JSON")
+    parser.add_argument("--json", metavar="PATH", help="write the per-method rows as JSON")
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error(f"--rounds must be >= 1, got {args.rounds}")
@@ -349,13 +366,16 @@ def main(argv: list[str] | None = None) -> int:
     if not page_sizes or min(page_sizes) < 1:
         parser.error(f"--page-sizes must be ints >= 1, got {args.page_sizes!r}")
     torch.set_num_threads(1)
-    rows = method_rows(quick=args.quick, rounds=args.rounds, page_sizes=page_sizes)
-    print("where the step's memory-layer microseconds go, per method (ours / SGLang 0.5.23, "
+    methods: list[MethodRow] = []
+    rows = step_rows(quick=args.quick, rounds=args.rounds, page_sizes=page_sizes,
+                     make_row=make_row, skipped_row=skipped_row, goal=GOALS["step"],
+                     methods=methods)
+    print_rows(rows)
+    print(f"\nwhere the step's memory-layer microseconds go, per method (ours / SGLang 0.5.23, "
           f"medians of {args.rounds} alternating runs; outermost calls only)")
-    print(_method_table(rows))
+    print(method_table(methods))
     if args.json:
-        Path(args.json).write_text(json.dumps([asdict(r) | {"ratio": r.ratio} for r in rows],
-                                              indent=2))
+        Path(args.json).write_text(json.dumps([r.as_json() for r in methods], indent=2))
     return 0
 
 
