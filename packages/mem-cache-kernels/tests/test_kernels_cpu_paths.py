@@ -68,3 +68,40 @@ def test_same_buffer_runs_use_gather_first() -> None:
     tgt = torch.arange(512, 1536)  # overlaps the source rows
     mk.copy_all_layer_kv_cache([buf], tgt, src, backend="torch")
     assert torch.equal(buf[512:1536], orig[0:1024])
+
+
+@pytest.mark.parametrize("gap", [0, 2, 4])
+@pytest.mark.parametrize("offset", [0, 1, 2, 4, 6, 8])
+@pytest.mark.parametrize("row_bytes", [2, 6, 8, 12, 16, 24])
+@pytest.mark.parametrize("rows", [1, 3])
+def test_wide_view_is_the_widest_element_dividing_the_geometry(
+    offset: int, row_bytes: int, rows: int, gap: int
+) -> None:
+    """``_wide`` reinterprets a uint8 ``[rows, B]`` view (any row stride) with the widest
+    integer element dividing its row bytes, storage offset and row stride (torch checks the
+    stride of a single row too), and views the same bytes."""
+    stride = row_bytes + gap  # contiguous rows, or a gap after each
+    flat = torch.randint(0, 256, (offset + stride * rows + 16,), dtype=torch.uint8)
+    view = flat[offset:].as_strided((rows, row_bytes), (stride, 1))
+    wide = rows_mod._wide(view)
+    width = next(
+        (w for w in (8, 4, 2)
+         if row_bytes % w == 0 and offset % w == 0 and stride % w == 0),
+        1,
+    )
+    assert wide.element_size() == width
+    assert torch.equal(wide.view(torch.uint8) if width > 1 else wide, view)
+
+
+@pytest.mark.parametrize("dst", [[3, 1, 2], [], [0, 5], [4, -1, 2], [-3]])
+def test_drop_negative_of_a_store_index(dst: list[int]) -> None:
+    """A store (no source index): an index without negatives comes back as it is; with
+    negatives, the pairs left are the positions and entries that are not negative."""
+    idx = torch.tensor(dst, dtype=torch.int64)
+    src, out = rows_mod.drop_negative(None, idx)
+    if all(d >= 0 for d in dst):
+        assert src is None and out is idx
+    else:
+        keep = [i for i, d in enumerate(dst) if d >= 0]
+        assert src is not None and out is not None
+        assert src.tolist() == keep and out.tolist() == [dst[i] for i in keep]

@@ -64,7 +64,10 @@ def _rows_contiguous(t: torch.Tensor) -> bool:
 
 def byte_rows(name: str, t: torch.Tensor, *, copy_ok: bool = False) -> torch.Tensor:
     """uint8 ``[rows, row_bytes]`` view of ``t``; ``copy_ok``: copy non-contiguous rows."""
-    if copy_ok and not t.is_contiguous() and not _rows_contiguous(t):
+    if t.is_contiguous():
+        if t.dim() >= 1 and t.numel():  # the common case (as_byte_rows' first branch)
+            return t.view(torch.uint8).view(t.shape[0], -1)
+    elif copy_ok and not _rows_contiguous(t):
         t = t.contiguous()
     return as_byte_rows(name, t)
 
@@ -74,8 +77,8 @@ def cast_for_storage(
 ) -> torch.Tensor:
     """Cast ``x`` to the logical ``dtype`` (default ``storage``), then view as ``storage``."""
     logical = storage if dtype is None else dtype
-    y = x.to(logical)
-    return y if logical == storage else y.view(storage)
+    y = x if x.dtype is logical else x.to(logical)  # a no-op .to still costs about 1 us
+    return y if logical is storage else y.view(storage)
 
 
 def as_logical(t: torch.Tensor, storage: torch.dtype, dtype: torch.dtype | None) -> torch.Tensor:
@@ -199,7 +202,7 @@ def as_byte_rows(name: str, t: torch.Tensor) -> torch.Tensor:
     stride itself may be anything, e.g. a page-first host buffer sliced at one layer).
     """
     if t.is_contiguous() and t.dim() >= 1 and t.numel():  # the common case: one reshape
-        return t.view(t.shape[0], -1).view(torch.uint8)
+        return t.view(torch.uint8).view(t.shape[0], -1)
     if t.dim() < 1:
         raise ValueError(f"{name} must have a leading row dimension, got a 0-d tensor")
     if t.dim() == 1:

@@ -49,16 +49,15 @@ _CHUNK_BYTES = 256 << 10  # gather/scatter temporary (L2-sized)
 _ONE_SHOT_BYTES = 1 << 20  # below this, one gather + one scatter
 
 
+_WIDTHS = ((torch.int64, 8), (torch.int32, 4), (torch.int16, 2))
+
+
 def _wide(t: torch.Tensor) -> torch.Tensor:
     """Reinterpret a uint8 ``[rows, B]`` view with the widest integer element that divides it."""
     row_bytes = t.shape[1]
-    for dtype in (torch.int64, torch.int32, torch.int16):
-        w = dtype.itemsize
-        if (
-            row_bytes % w == 0
-            and (t.stride(0) % w == 0 or t.shape[0] <= 1)
-            and t.storage_offset() % w == 0
-        ):
+    stride, offset = t.stride(0), t.storage_offset()
+    for dtype, w in _WIDTHS:  # torch's view checks the row stride even for a single row
+        if not (row_bytes % w or offset % w or stride % w):
             return t.view(dtype)
     return t
 
@@ -70,6 +69,13 @@ def drop_negative(
 
     Returns the inputs unchanged when no index is negative (the common case).
     """
+    if (  # a store: one index, on the CPU (one reduction)
+        src_idx is None
+        and dst_idx is not None
+        and dst_idx.is_cpu
+        and (not dst_idx.numel() or int(dst_idx.min()) >= 0)
+    ):
+        return src_idx, dst_idx
     given = [idx for idx in (src_idx, dst_idx) if idx is not None]
     if not given:
         return src_idx, dst_idx
