@@ -13,7 +13,6 @@ the public method to the bytes.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import threading
@@ -21,6 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
+
+from tools.cli import OneLineParser
 
 ROOT = Path(__file__).resolve().parent.parent
 _SRC_MARK = "/src/mem_cache_"
@@ -132,7 +133,7 @@ def measure() -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="tools/dev chain", description=__doc__.split("\n")[0])
+    parser = OneLineParser(prog="tools/dev chain", description=__doc__.split("\n")[0])
     parser.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     args = parser.parse_args(argv)
     rows = measure()

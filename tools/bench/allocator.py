@@ -23,7 +23,6 @@ Usage: ``python -m tools.bench.allocator [--quick] [--json PATH] [--page-sizes 1
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import math
@@ -37,6 +36,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from tools.cli import OneLineParser
 
 
 def _load_reference() -> Any:
@@ -384,7 +385,7 @@ def _print_table(results: list[dict[str, Any]]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = OneLineParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny trace (smoke test)")
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
     parser.add_argument("--page-sizes", default="1,16,64")

@@ -9,7 +9,6 @@ On a CPU-only machine "device" buffers are CPU tensors, so the numbers are host 
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import time
@@ -20,6 +19,7 @@ import torch
 
 from mem_cache_pool import MHATokenToKVPool
 from mem_cache_pool_host import MHATokenToKVPoolHost
+from tools.cli import OneLineParser
 
 __all__ = ["BenchRow", "main"]
 
@@ -188,7 +188,7 @@ def _table(rows: list[BenchRow]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.bench.host",
+    parser = OneLineParser(prog="python -m tools.bench.host",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON")

@@ -20,7 +20,6 @@ tensors (the torch reference path); with ``--device cuda`` host buffers are pinn
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import statistics
@@ -32,6 +31,7 @@ from typing import cast
 import torch
 
 import mem_cache_kernels as mk
+from tools.cli import OneLineParser
 
 __all__ = ["AllocRow", "TransferRow", "main"]
 
@@ -342,7 +342,7 @@ def _print(transfers: list[TransferRow], allocs: list[AllocRow], title: str) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.bench.kernels",
+    parser = OneLineParser(prog="python -m tools.bench.kernels",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON")

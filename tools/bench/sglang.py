@@ -35,7 +35,6 @@ when the wheel is not already on disk, instead of fetching it.
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import json
 import math
@@ -55,6 +54,7 @@ from typing import Any
 import torch
 
 from tools.bench.allocator import TraceConfig, run_trace
+from tools.cli import OneLineParser
 
 __all__ = [
     "GOALS",
@@ -405,7 +405,7 @@ SECTIONS = ("allocator", "pool", "step", "storage")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.bench.sglang",
+    parser = OneLineParser(prog="python -m tools.bench.sglang",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
     parser.add_argument("--json", metavar="PATH", help="write the rows as JSON (plot beside it)")

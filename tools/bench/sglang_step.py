@@ -345,12 +345,12 @@ def method_table(rows: Sequence[MethodRow]) -> str:
 def main(argv: list[str] | None = None) -> int:
     """``python -m tools.bench.sglang_step``: the step rows and where their time goes, per method
     (the step section of ``python -m tools.bench.sglang`` prints the same breakdown)."""
-    import argparse
     import json
 
     from tools.bench.sglang import GOALS, make_row, print_rows, skipped_row
+    from tools.cli import OneLineParser
 
-    parser = argparse.ArgumentParser(prog="python -m tools.bench.sglang_step",
+    parser = OneLineParser(prog="python -m tools.bench.sglang_step",
                                      description=main.__doc__)
     parser.add_argument("--quick", action="store_true", help="tiny trace (smoke test)")
     parser.add_argument("--rounds", type=int, default=3, help="runs per page size (default 3)")

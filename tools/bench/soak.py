@@ -26,7 +26,6 @@ CI runs ``--ops 10000`` (tests/test_soak.py).
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import random
@@ -37,6 +36,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
+
+from tools.cli import OneLineParser
 
 __all__ = ["CLASSES", "SoakResult", "main", "soak"]
 
@@ -568,7 +569,7 @@ def _table(results: list[SoakResult]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="python -m tools.bench.soak", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--ops", type=int, default=1_000_000, help="operations per class")

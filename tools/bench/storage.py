@@ -40,7 +40,6 @@ Usage: ``python -m tools.bench.storage [--quick] [--json PATH] [--repeat N] [--r
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import logging
@@ -60,6 +59,7 @@ from mem_cache_pool import MHATokenToKVPool
 from mem_cache_pool_host import MHATokenToKVPoolHost
 from mem_cache_storage import HiCacheStorageConfig, create_backend, page_hashes
 from mem_cache_storage.controller import StorageController
+from tools.cli import OneLineParser
 from tools.simulate.logs import quiet_third_party_logs
 
 __all__ = ["FILE_GOAL", "Row", "main", "sglang_file_rows", "side_by_side"]
@@ -441,7 +441,7 @@ def _table(rows: list[Row], prefetch: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.bench.storage",
+    parser = OneLineParser(prog="python -m tools.bench.storage",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON")

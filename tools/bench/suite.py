@@ -15,7 +15,6 @@ status: 0 when every selected tool returned 0.
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import json
 import time
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from tools.bench.plots import plot_results
+from tools.cli import OneLineParser
 from tools.simulate.logs import filtered_stderr, quiet_third_party_logs
 
 __all__ = ["BENCHMARKS", "Benchmark", "main", "plot_results"]
@@ -111,7 +111,7 @@ def _run_all(selected: list[Benchmark], out: Path, quick: bool,
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="python -m tools.bench", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--quick", action="store_true", help="tiny sizes, passed to every tool")

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tools.cli import OneLineParser
+
 __all__ = ["SECTIONS", "Section", "main"]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,7 +49,7 @@ SECTIONS: tuple[Section, ...] = (
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="gpu-check",
         description="Every GPU figure of the kernels and host pools in one run (see the module "
         "docstring of tools.gpu_check).",

@@ -299,9 +299,10 @@ def _print(doc: dict[str, Any]) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The multi-instance options (the rest of the command line goes to the simulator)."""
-    from tools.simulate.options import _Formatter, _Parser
+    from tools.cli import OneLineParser
+    from tools.simulate.options import _Formatter
 
-    ap = _Parser(prog="tools/dev run --storage mooncake --instances N",
+    ap = OneLineParser(prog="tools/dev run --storage mooncake --instances N",
                  formatter_class=_Formatter,
                  description=(__doc__ or "").splitlines()[0] + " Any other option is a "
                  "simulator option (`tools/dev run --help`) and applies to every instance.")

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
+from tools.cli import OneLineParser
+
 __all__ = ["LocalMooncakeStore", "StoreStartError", "find_master_binary", "free_port"]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -255,7 +257,7 @@ def _holder(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.mooncake.store")
+    ap = OneLineParser(prog="python -m tools.mooncake.store")
     sub = ap.add_subparsers(dest="cmd", required=True)
     h = sub.add_parser("holder", help="contribute a segment until SIGTERM")
     h.add_argument("--master", required=True)

@@ -21,13 +21,13 @@ writes it; exits 1 when a member is missing or incompatible, 2 on bad flags.
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import json
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from tools.cli import OneLineParser
 from tools.sglang_ref._surface import Member, SourceTree, our_surface
 from tools.sglang_ref._wheel import VERSION, WheelUnavailable, ensure_wheel
 from tools.sglang_ref.gaps import GAPS
@@ -211,7 +211,7 @@ def render(reports: list[ClassReport]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="tools/dev parity", description=__doc__.split("\n")[0])
+    parser = OneLineParser(prog="tools/dev parity", description=__doc__.split("\n")[0])
     parser.add_argument("--json", metavar="FILE", help="also write the per-class report as JSON")
     parser.add_argument("--class", dest="only", metavar="NAME", action="append",
                         help="report only these of our classes (repeatable)")

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import fields
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
+from tools.cli import OneLineParser
 from tools.simulate.config import (
     DTYPES,
     HOST_LAYOUTS,
@@ -59,14 +59,6 @@ STORAGE_IGNORES: dict[str, tuple[str, ...]] = {
 
 class UsageError(ValueError):
     """A user input the run cannot take (printed as one ``error:`` line, exit status 2)."""
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse with a one-line error (no usage dump) that points at ``--help``."""
-
-    def error(self, message: str) -> NoReturn:
-        print(f"{self.prog}: error: {message} (see `{self.prog} --help`)", file=sys.stderr)
-        raise SystemExit(2)
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter):
@@ -210,7 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``tools/dev run`` parser (defaults = the embedded default run, ``SimConfig()``)."""
     d = SimConfig()
     config_fields = {f.name for f in fields(SimConfig)}
-    p = _Parser(
+    p = OneLineParser(
         prog=PROG, formatter_class=_Formatter, epilog=_EPILOG, usage="%(prog)s [OPTIONS]",
         description="Serving-workload simulator: one continuous-batching engine loop (no model\n"
         "weights) driving the mem-cache packages through hierarchical caching, device pool\n"

@@ -19,7 +19,6 @@ API change. Exit status of ``check``: 0 equal, 1 differs/missing (run ``api-snap
 
 from __future__ import annotations
 
-import argparse
 import difflib
 import enum
 import importlib
@@ -37,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mem_cache_refactor._cli import OneLineParser
 from mem_cache_refactor.modpath import SourceRoots
 
 if sys.version_info >= (3, 11):
@@ -248,7 +248,7 @@ def render(snapshot: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="api-snapshot",
         description="Check or update the committed public-API snapshots of the packages.",
     )

@@ -17,12 +17,12 @@ release.
 
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+from mem_cache_refactor._cli import OneLineParser
 from mem_cache_refactor.api_snapshot import _repo_top, discover_packages
 
 __all__ = ["find_base", "main"]
@@ -54,7 +54,7 @@ def find_base(root: Path, explicit: str | None = None) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="griffe-check",
         description="griffe check (API breakage) of every package against the merge base.",
     )

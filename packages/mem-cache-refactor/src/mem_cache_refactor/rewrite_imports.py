@@ -46,7 +46,6 @@ to re-sort the import blocks.
 
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 from collections.abc import Iterable, Sequence
@@ -54,6 +53,7 @@ from pathlib import Path
 
 import libcst as cst
 
+from mem_cache_refactor._cli import OneLineParser
 from mem_cache_refactor._import_style import DEFAULT_LINE_LENGTH, line_length_for
 from mem_cache_refactor._rename_uses import rename_definition, rename_locals
 from mem_cache_refactor._rewrite_pass import ImportRewrite, ImportScan
@@ -269,7 +269,7 @@ def _refused_rename(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="rewrite-imports",
         description="Rewrite imports of OLD (module or module.Name) to NEW across files.",
     )

@@ -40,13 +40,13 @@ named).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
 
+from mem_cache_refactor._cli import OneLineParser
 from mem_cache_refactor.modpath import SourceRoots
 from mem_cache_refactor.move_check._contracts import check_contracts
 from mem_cache_refactor.move_check._defs import (
@@ -334,7 +334,7 @@ def _rel_to(path: Path, root: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="move-check",
         description="Check the classes/functions moved between two git refs.",
     )

@@ -1,0 +1,20 @@
+"""The argument parser of this package's commands (``move-check``, ``rewrite-imports``,
+``api-snapshot``, the griffe check): argparse whose error is one line (``PROG: error: MESSAGE
+(see `PROG --help`)``) and exit status 2, with no usage dump. The repository's own tools have
+the same parser (``tools.cli``); this package depends on nothing, so it carries its own."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import NoReturn
+
+__all__ = ["OneLineParser"]
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with a one-line error (no usage dump) that points at ``--help``."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: error: {message} (see `{self.prog} --help`)", file=sys.stderr)
+        raise SystemExit(2)
