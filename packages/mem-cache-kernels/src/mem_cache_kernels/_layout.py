@@ -64,10 +64,7 @@ def _rows_contiguous(t: torch.Tensor) -> bool:
 
 def byte_rows(name: str, t: torch.Tensor, *, copy_ok: bool = False) -> torch.Tensor:
     """uint8 ``[rows, row_bytes]`` view of ``t``; ``copy_ok``: copy non-contiguous rows."""
-    if t.is_contiguous():
-        if t.dim() >= 1 and t.numel():  # the common case (as_byte_rows' first branch)
-            return t.view(torch.uint8).view(t.shape[0], -1)
-    elif copy_ok and not _rows_contiguous(t):
+    if copy_ok and not t.is_contiguous() and not _rows_contiguous(t):
         t = t.contiguous()
     return as_byte_rows(name, t)
 

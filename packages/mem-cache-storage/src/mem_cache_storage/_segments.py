@@ -344,15 +344,16 @@ class SegmentStore:
                     continue
                 j, end = i, loc.offset
                 bufs: list[Any] = []
-                heads: list[bytearray] = []
+                heads: list[tuple[bytes, bytearray]] = []  # (storage key, head buffer)
                 while j < n:
                     nxt = locs[j]
                     if (nxt is None or nxt.segment != loc.segment or nxt.offset != end
                             or len(bufs) + 1 + len(plist[j]) > _IOV_MAX
                             or end - loc.offset >= _RUN_BYTES):
                         break
-                    head = bytearray(head_bytes(end, len(keys[j].encode())))
-                    heads.append(head)
+                    kb = keys[j].encode()
+                    head = bytearray(head_bytes(end, len(kb)))
+                    heads.append((kb, head))
                     bufs.append(head)
                     bufs += page_views(plist[j])
                     end += nxt.nbytes
@@ -370,7 +371,7 @@ class SegmentStore:
                     rec = locs[k]
                     assert rec is not None  # in the run: found above
                     if got == end - loc.offset:
-                        out[k] = self._verify(keys[k], heads[k - i], rec, plist[k], fmt,
+                        out[k] = self._verify(*heads[k - i], rec, plist[k], fmt,
                                               got=sums[k - i])
                     elif got >= 0:  # short: the file was cut; page by page
                         out[k] = self._read_one(fd, keys[k], rec, plist[k], fmt)
@@ -380,7 +381,8 @@ class SegmentStore:
         return out
 
     def _read_one(self, fd: int, key: str, loc: Location, page: Any, fmt: PageFormat) -> bool:
-        head = bytearray(head_bytes(loc.offset, len(key.encode())))
+        kb = key.encode()
+        head = bytearray(head_bytes(loc.offset, len(kb)))
         bufs: list[Any] = [head, *page_views(page)]
         try:
             got = os.preadv(fd, bufs, loc.offset)
@@ -390,14 +392,13 @@ class SegmentStore:
         if got != loc.nbytes:
             self._count(rejected=1)
             return False
-        return self._verify(key, head, loc, page, fmt)
+        return self._verify(kb, head, loc, page, fmt)
 
-    def _verify(self, key: str, head: bytearray, loc: Location, page: Any,
+    def _verify(self, kb: bytes, head: bytearray, loc: Location, page: Any,
                 fmt: PageFormat, *, got: int | None = None) -> bool:
-        """Check a record read into ``head`` and ``page`` (``got``: the page's ``sum64``
-        when the caller computed it)."""
+        """Check a record of storage key ``kb`` (UTF-8) read into ``head`` and ``page``
+        (``got``: the page's ``sum64`` when the caller computed it)."""
         magic, version, klen, fid, nbytes, s = _REC.unpack_from(head)
-        kb = key.encode()
         ok = (magic == _REC_MAGIC and version == _REC_VERSION and klen == len(kb)
               and head[_REC.size : _REC.size + klen] == kb and fid == fmt.format_id
               and nbytes == fmt.nbytes and loc.nbytes == len(head) + nbytes)

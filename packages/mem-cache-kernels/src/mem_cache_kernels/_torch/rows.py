@@ -69,19 +69,11 @@ def drop_negative(
 
     Returns the inputs unchanged when no index is negative (the common case).
     """
-    if (  # a store: one index, on the CPU (one reduction)
-        src_idx is None
-        and dst_idx is not None
-        and dst_idx.is_cpu
-        and (not dst_idx.numel() or int(dst_idx.min()) >= 0)
-    ):
-        return src_idx, dst_idx
     given = [idx for idx in (src_idx, dst_idx) if idx is not None]
-    if not given:
-        return src_idx, dst_idx
-    if all(idx.is_cpu for idx in given) and (  # one reduction per index, no mask (common case)
-        given[0].numel() == 0 or all(int(idx.min()) >= 0 for idx in given)
-    ):
+    for idx in given:  # CPU indices: one reduction each, no mask (the common case)
+        if not idx.is_cpu or (idx.numel() and int(idx.min()) < 0):
+            break
+    else:  # none given, or none negative
         return src_idx, dst_idx
     keep = given[0] >= 0
     if len(given) == 2:
