@@ -11,6 +11,7 @@ import mem_cache_kernels
 from mem_cache_allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator, page_allocator
 from mem_cache_allocator.page_allocator import ChunkedFreeList
 from mem_cache_kernels import dispatch
+from mem_cache_kernels.checks import SMALL_BATCH
 
 CPU = torch.device("cpu")
 
@@ -138,7 +139,7 @@ def test_host_decode_equals_the_kernel(ps: int, dtype: torch.dtype) -> None:
 def test_host_decode_small_equals_the_kernel(ps: int) -> None:
     """The list twin of a small CPU decode batch returns the kernel's slots."""
     g = torch.Generator().manual_seed(ps + 1)
-    for bs in (1, 2, 7, 33, page_allocator.HOST_LIST_BATCH):
+    for bs in (1, 2, 7, 33, SMALL_BATCH):
         seq = torch.randint(1, 8 * ps, (bs,), generator=g)
         last = torch.randint(1, 1000, (bs,), generator=g) * ps + (seq - 2) % ps
         n = int(((seq & (ps - 1)) == 1).sum())
@@ -155,7 +156,7 @@ def test_host_decode_small_equals_the_kernel(ps: int) -> None:
 def test_cpu_decode_batch_size_picks_the_twin_with_the_same_result(
     bs: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A CPU batch of at most HOST_LIST_BATCH requests is planned on lists, a larger one in
+    """A CPU batch of at most SMALL_BATCH requests is planned on lists, a larger one in
     numpy; both hand out what the kernel would, and leave the same free list."""
     ps = 4
     calls: list[str] = []
@@ -179,7 +180,7 @@ def test_cpu_decode_batch_size_picks_the_twin_with_the_same_result(
     state = a.backup_state()
     calls.clear()
     got = a.alloc_decode(seq, seq.to(torch.int32), last)
-    assert calls == ["host_decode_small" if bs <= page_allocator.HOST_LIST_BATCH
+    assert calls == ["host_decode_small" if bs <= SMALL_BATCH
                      else "host_decode"]
     n = int(((seq & (ps - 1)) == 1).sum())
     a.restore_state(state)

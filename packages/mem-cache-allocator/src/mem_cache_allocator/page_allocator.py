@@ -81,11 +81,13 @@ from mem_cache_allocator._page_inputs import (
 from mem_cache_allocator._scheduler_members import _SLOTS, SchedulerMembers
 from mem_cache_kernels.checks import (
     INDEX_DTYPES,
+    SMALL_BATCH,
     check_index,
     check_int,
     check_same_device,
     debug_enabled,
     describe,
+    host_bounds,
 )
 from mem_cache_kernels.pages import decode_counts, decode_page_starts
 
@@ -129,18 +131,13 @@ def host_decode(last_loc: torch.Tensor, need: Any, pages: torch.Tensor, shift: i
     return torch.from_numpy(out)
 
 
-# A CPU decode batch of at most this many requests is planned on Python lists
-# (:func:`host_decode_small`): a handful of list operations cost less than the dozen numpy
-# calls of the plan above, each of which pays a dispatch that a scheduler step finds cold
-# (measured in ``tools.bench.sglang_step``: 54 -> 30 us per call at page size 16, batch 32).
-# Larger batches keep the numpy plan, whose cost does not grow with the batch.
-HOST_LIST_BATCH = 64
-
-
 def host_decode_small(
     lens: list[int], last_loc: torch.Tensor, pages: torch.Tensor, page_size: int, shift: int
 ) -> torch.Tensor:
-    """:func:`host_decode` for a small batch, on lists: ``lens`` the host lengths (each
+    """:func:`host_decode` for a batch of at most ``SMALL_BATCH`` requests, on lists (the
+    dozen numpy calls of :func:`decode_page_starts` and :func:`host_decode` each pay a dispatch
+    that a scheduler step finds cold: 54 us a call at page size 16, batch 32, in
+    ``tools.bench.sglang_step``, against 27-34 us on lists): ``lens`` the host lengths (each
     ``>= 1``, counting the new token), ``pages`` the free-list prefix of as many pages as
     ``lens`` has page starts (``len & (ps - 1) == 1``). Same slots as the kernel, a new int64
     CPU tensor."""
@@ -411,14 +408,14 @@ class PageAllocatorCore(SchedulerMembers):
         :mod:`mem_cache_kernels.pages`; ``last_loc`` of a GPU batch only in debug mode), then
         runs the trusted kernel body, or on CPU tensors under the torch backend its numpy twin
         :func:`host_decode` (its list twin :func:`host_decode_small` for a batch of at most
-        ``HOST_LIST_BATCH`` requests).
+        ``SMALL_BATCH`` requests).
         """
         bs = check_decode_structure(seq_lens, seq_lens_cpu, last_loc)
         ps = self.page_size
         if ps > 1:
             self._check_operand_devices(_DECODE_DEV, (seq_lens, last_loc))
             if (
-                0 < bs <= HOST_LIST_BATCH
+                0 < bs <= SMALL_BATCH
                 and self._decode_on_host
                 and last_loc.is_cpu
                 and seq_lens.is_cpu
@@ -671,8 +668,7 @@ class PageAllocatorCore(SchedulerMembers):
 
     def _check_cpu_range(self, name: str, t: torch.Tensor, *, page_ids: bool) -> None:
         """Host-side checks on CPU inputs (no device sync): padding page 0 and out-of-range."""
-        lo_t, hi_t = torch.aminmax(t)
-        lo, hi = int(lo_t), int(hi_t)
+        lo, hi = host_bounds(t)
         unit = 1 if page_ids else self.page_size
         limit = (self.num_pages + 1) * unit
         if lo < 0 or hi >= limit:
