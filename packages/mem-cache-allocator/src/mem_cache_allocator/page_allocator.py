@@ -57,6 +57,7 @@ memory outside debug mode.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -148,7 +149,7 @@ def host_decode_small(
         loc = [next(it) << shift if n & mask == 1 else x + 1 for x, n in zip(loc, lens)]
     else:
         loc = [x + 1 for x in loc]
-    return torch.tensor(loc, dtype=torch.int64)
+    return torch.frombuffer(array("q", loc), dtype=torch.int64)  # 1.5 us; torch.tensor: 5
 
 
 # ====================================================================== the allocator
