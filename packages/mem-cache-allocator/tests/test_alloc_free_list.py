@@ -11,6 +11,7 @@ import mem_cache_kernels
 from mem_cache_allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator, page_allocator
 from mem_cache_allocator.page_allocator import ChunkedFreeList
 from mem_cache_kernels import dispatch
+from mem_cache_kernels.checks import SMALL_BATCH
 
 CPU = torch.device("cpu")
 
@@ -134,6 +135,63 @@ def test_host_decode_equals_the_kernel(ps: int, dtype: torch.dtype) -> None:
         assert got.dtype == torch.int64 and torch.equal(got, want), (bs, ps)
 
 
+@pytest.mark.parametrize("ps", [2, 16, 64])
+def test_host_decode_small_equals_the_kernel(ps: int) -> None:
+    """The list twin of a small CPU decode batch returns the kernel's slots."""
+    g = torch.Generator().manual_seed(ps + 1)
+    for bs in (1, 2, 7, 33, SMALL_BATCH):
+        seq = torch.randint(1, 8 * ps, (bs,), generator=g)
+        last = torch.randint(1, 1000, (bs,), generator=g) * ps + (seq - 2) % ps
+        n = int(((seq & (ps - 1)) == 1).sum())
+        pages = torch.randperm(5000, generator=g)[:n] + 1
+        want = torch.empty(bs, dtype=torch.int64)
+        mem_cache_kernels.alloc_decode(seq, last, pages, want, ps, backend="torch")
+        got = page_allocator.host_decode_small(
+            seq.tolist(), last, pages, ps, ps.bit_length() - 1
+        )
+        assert got.dtype == torch.int64 and torch.equal(got, want), (bs, ps)
+
+
+@pytest.mark.parametrize("bs", [1, 40, 64, 65, 300])
+def test_cpu_decode_batch_size_picks_the_twin_with_the_same_result(
+    bs: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A CPU batch of at most SMALL_BATCH requests is planned on lists, a larger one in
+    numpy; both hand out what the kernel would, and leave the same free list."""
+    ps = 4
+    calls: list[str] = []
+    for twin in ("host_decode", "host_decode_small"):
+
+        def spy(*args: object, _real: object = getattr(page_allocator, twin),
+                _name: str = twin) -> torch.Tensor:
+            calls.append(_name)
+            return _real(*args)  # type: ignore[operator, no-any-return]
+
+        monkeypatch.setattr(page_allocator, twin, spy)
+    a = PagedTokenToKVPoolAllocator(ps * 2048, ps, torch.float16, "cpu", None)
+    first = a.alloc(ps)  # binds the decode body
+    assert first is not None
+    assert a.alloc_decode(_ids(ps + 1), _ids(ps + 1), _ids(int(first[-1]))) is not None
+    g = torch.Generator().manual_seed(bs)
+    seq = torch.randint(1, 8 * ps, (bs,), generator=g)
+    taken = a.alloc(ps * bs)
+    assert taken is not None
+    last = taken.view(bs, ps)[:, 0] + (seq - 2) % ps  # each request's own page
+    state = a.backup_state()
+    calls.clear()
+    got = a.alloc_decode(seq, seq.to(torch.int32), last)
+    assert calls == ["host_decode_small" if bs <= SMALL_BATCH
+                     else "host_decode"]
+    n = int(((seq & (ps - 1)) == 1).sum())
+    a.restore_state(state)
+    pages = a._free.head(n)
+    want = torch.empty(bs, dtype=torch.int64)
+    mem_cache_kernels.alloc_decode(seq, last, pages, want, ps, backend="torch")
+    assert got is not None and torch.equal(got, want)
+    assert a.alloc_decode(seq, seq, last) is not None
+    assert a.available_size() == (2048 - 1 - 1 - bs - n) * ps
+
+
 def test_cpu_decode_runs_on_the_host_unless_another_kernel_is_picked(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -142,13 +200,14 @@ def test_cpu_decode_runs_on_the_host_unless_another_kernel_is_picked(
     picked on the allocator's first kernel allocation and kept."""
     host_calls: list[int] = []
     kernel_calls: list[int] = []
-    real_host, real_pick = page_allocator.host_decode, dispatch.pick
+    real_pick = dispatch.pick
+    for twin in ("host_decode", "host_decode_small"):  # numpy, and lists for small batches
 
-    def host(*args: object) -> torch.Tensor:
-        host_calls.append(1)
-        return real_host(*args)  # type: ignore[arg-type]
+        def host(*args: object, _real: object = getattr(page_allocator, twin)) -> torch.Tensor:
+            host_calls.append(1)
+            return _real(*args)  # type: ignore[operator, no-any-return]
 
-    monkeypatch.setattr(page_allocator, "host_decode", host)
+        monkeypatch.setattr(page_allocator, twin, host)
     a = PagedTokenToKVPoolAllocator(64 * 4, 4, torch.float16, "cpu", None)
     x = a.alloc(8)
     assert x is not None

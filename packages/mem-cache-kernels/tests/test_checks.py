@@ -139,3 +139,20 @@ def test_decode_counts_every_path_agrees_with_the_formula(
     with pytest.raises(ValueError, match=rf"^lens must be >= 1 .* requests \[{bs - 2}\] "):
         page_math.decode_counts(seq, ps, name="lens")
     assert page_math.decode_counts(seq[:0], ps) == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int32, torch.int64])
+@pytest.mark.parametrize("n", [1, 2, 31, 32, 33, 100])
+def test_host_bounds_equals_aminmax(dtype: torch.dtype, n: int) -> None:
+    """Both readings (lists up to 32 entries, one reduction above) give aminmax's ints, for
+    contiguous, strided and 2-D tensors."""
+    g = torch.Generator().manual_seed(n)
+    lo, hi = (0, 255) if dtype == torch.uint8 else (-128, 128)
+    t = torch.randint(lo, hi, (2 * n,), generator=g).to(dtype)
+    if dtype == torch.int64:
+        t[0] = -(2**40)
+        t[-1] = 2**40
+    for view in (t[:n], t[::2], t.view(2, n)):
+        want = tuple(int(x) for x in torch.aminmax(view))
+        got = c.host_bounds(view)
+        assert got == want and all(type(x) is int for x in got), (n, dtype)

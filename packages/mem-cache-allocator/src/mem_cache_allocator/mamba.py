@@ -25,6 +25,7 @@ from mem_cache_kernels.checks import (
     check_int,
     debug_enabled,
     describe,
+    host_bounds,
 )
 
 __all__ = ["MambaSlotAllocator", "MambaSlotAllocatorState"]
@@ -140,8 +141,8 @@ class MambaSlotAllocator:
         if free_index.numel() == 0:
             return
         if self._live is None and free_index.is_cpu:  # host-side range check: no device sync
-            lo, hi = torch.aminmax(free_index)
-            if int(lo) <= 0 or int(hi) > self.size:
+            lo, hi = host_bounds(free_index)
+            if lo <= 0 or hi > self.size:
                 bad = free_index[(free_index <= 0) | (free_index > self.size)]
                 raise ValueError(
                     f"free_index has invalid slots {describe(bad)} (valid: [1, {self.size}])"

@@ -56,6 +56,7 @@ __all__ = [
     "check_tensor_of",
     "debug_enabled",
     "describe",
+    "host_bounds",
     "host_values",
     "is_power_of_two",
     "same_device",
@@ -268,6 +269,24 @@ def check_index(
     return value
 
 
+_LIST_BOUNDS = 32
+
+
+def host_bounds(t: torch.Tensor) -> tuple[int, int]:
+    """``(min, max)`` of a non-empty integer tensor, as ints (a device tensor synchronises once).
+
+    A 1-D CPU tensor of at most 32 entries is read with ``tolist`` and Python's ``min`` / ``max``:
+    1.6 against 2.1 us for 32 entries in a tight loop, and about half of a reduction's cost inside
+    a scheduler step, which finds the reduction's code cold (``tools.bench.sglang_step``); any
+    other tensor takes one ``aminmax``.
+    """
+    if t.is_cpu and t.dim() == 1 and t.shape[0] <= _LIST_BOUNDS:
+        values: list[int] = t.tolist()
+        return min(values), max(values)
+    lo, hi = torch.aminmax(t)
+    return int(lo), int(hi)
+
+
 def check_index_values(
     name: str, t: torch.Tensor, *, limit: int, minimum: int = 0, full: bool = False
 ) -> None:
@@ -277,8 +296,7 @@ def check_index_values(
     synchronisation); otherwise the range is the caller's guarantee.
     """
     if (full or t.is_cpu) and t.numel() > 0 and not t.is_meta:
-        lo_t, hi_t = torch.aminmax(t)  # one reduction
-        lo, hi = int(lo_t), int(hi_t)
+        lo, hi = host_bounds(t)
         if lo < minimum or hi >= limit:
             raise ValueError(
                 f"{name} values must lie in [{minimum}, {limit}), got min {lo}, max {hi}"
@@ -314,8 +332,7 @@ def check_fits_dtype(name: str, values: torch.Tensor | None, dtype: torch.dtype,
     if values is None or not values.numel() or values.dtype.itemsize <= dtype.itemsize:
         return
     info = torch.iinfo(dtype)
-    lo_t, hi_t = torch.aminmax(values)  # one reduction
-    lo, hi = int(lo_t), int(hi_t)
+    lo, hi = host_bounds(values)
     if lo < info.min or hi > info.max:
         bad = hi if hi > info.max else lo
         raise ValueError(

@@ -81,7 +81,7 @@ def _check_device_index_bounds(table: torch.Tensor, indices: _Index) -> None:
     for dim, part in enumerate(parts):
         if isinstance(part, torch.Tensor) and part.dtype != torch.bool and part.numel():
             size = table.shape[dim]
-            lo, hi = (int(x) for x in torch.aminmax(part))
+            lo, hi = checks.host_bounds(part)
             if lo < -size or hi >= size:
                 raise IndexError(
                     f"index {hi if hi >= size else lo} is out of bounds for dimension {dim} "

@@ -344,8 +344,7 @@ class MHATokenToKVPool(KVCache):
         rows = self.size + self.page_size
         padded = True  # may loc_info hold the padding slot? (not known on a GPU: assume so)
         if n and slots.is_cpu:  # values free to read: one pass gives both answers
-            lo_t, hi_t = torch.aminmax(slots)
-            lo, hi = int(lo_t), int(hi_t)
+            lo, hi = checks.host_bounds(slots)
             if lo < 0 or hi >= rows:
                 checks.check_index_values("loc_info", slots, limit=rows)  # raises
             padded = lo == PADDING_SLOT

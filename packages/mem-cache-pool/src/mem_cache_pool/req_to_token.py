@@ -87,8 +87,8 @@ def _check_fits_int32(values: torch.Tensor) -> None:
     ``aminmax``), where its values are free to read (on the CPU) or in debug mode."""
     host = values if values.is_cpu else checks.host_values(values)
     if host is not None and host.numel():
-        lo, hi = torch.aminmax(host)
-        if int(lo) < _INT32_MIN or int(hi) > _INT32_MAX:
+        lo, hi = checks.host_bounds(host)
+        if lo < _INT32_MIN or hi > _INT32_MAX:
             checks.check_fits_dtype("values", host, torch.int32, "int32")
 
 
