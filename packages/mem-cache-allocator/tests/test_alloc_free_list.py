@@ -267,3 +267,47 @@ def test_alloc_unique_sorted_matches_torch_unique_on_long_inputs() -> None:
     for n, hi in ((10, 5), (2048, 100), (2049, 100), (5000, 400), (9000, 1 << 20), (7000, 3)):
         x = torch.randint(0, hi, (n,), generator=g)
         assert torch.equal(unique_sorted(x), torch.unique(x)), (n, hi)
+
+
+@pytest.mark.parametrize("limit", [1, 7, 64, 5000])
+def test_host_sorted_ids_equals_torch_sort(limit: int) -> None:
+    """The bitmap sort returns torch.sort's values for distinct ids in [0, limit], and None
+    (the caller sorts) for a repeated id or one outside the range."""
+    g = torch.Generator().manual_seed(limit)
+    for n in sorted({1, limit // 2 + 1, limit + 1}):
+        ids = torch.randperm(limit + 1, generator=g)[:n]
+        got = page_allocator.host_sorted_ids(ids, limit)
+        assert got is not None and got.dtype == torch.int64
+        assert torch.equal(got, torch.sort(ids).values)
+    assert page_allocator.host_sorted_ids(torch.tensor([1, 0, 1]), limit) is None
+    assert page_allocator.host_sorted_ids(torch.tensor([0, -1]), limit) is None
+    assert page_allocator.host_sorted_ids(torch.tensor([0, limit + 1]), limit) is None
+
+
+@pytest.mark.parametrize("ps", [1, 16])
+def test_need_sort_merge_by_bitmap_keeps_sglang_order_and_duplicates(ps: int) -> None:
+    """A need_sort merge leaves the free list sorted whichever way it sorts; a slot freed twice
+    (which the count check cannot see while other slots are out) stays twice, as SGLang's
+    torch.sort keeps it."""
+    def make() -> TokenToKVPoolAllocator | PagedTokenToKVPoolAllocator:
+        if ps == 1:
+            return TokenToKVPoolAllocator(256, torch.float16, "cpu", None, need_sort=True)
+        return PagedTokenToKVPoolAllocator(256 * ps, ps, torch.float16, "cpu", None, True)
+
+    a = make()
+    x = a.alloc(200 * ps)
+    assert x is not None
+    order = torch.randperm(200, generator=torch.Generator().manual_seed(ps))
+    for i in range(0, 200, 10):  # freed in a scrambled order, 20 calls
+        a.free(x.view(200, ps)[order[i : i + 10]].reshape(-1))
+    a.merge_and_sort_free()
+    got = a._free.to_tensor()
+    assert torch.equal(got, torch.arange(1, 257)) and len(a._free) == 256
+    b = make()
+    y = b.alloc(200 * ps)
+    assert y is not None
+    b.free(y[:ps])
+    b.free(y[:ps])  # a double free within capacity
+    b.merge_and_sort_free()
+    want = torch.sort(torch.cat([torch.arange(201, 257), torch.tensor([1, 1])])).values
+    assert torch.equal(b._free.to_tensor(), want)

