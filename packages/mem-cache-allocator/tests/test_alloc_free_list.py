@@ -9,6 +9,7 @@ import torch
 
 import mem_cache_kernels
 from mem_cache_allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator, page_allocator
+from mem_cache_allocator import _free_list as free_list_module
 from mem_cache_allocator.page_allocator import ChunkedFreeList
 from mem_cache_kernels import dispatch
 from mem_cache_kernels.checks import SMALL_BATCH
@@ -20,8 +21,14 @@ def _ids(*values: int) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.int64)
 
 
-def test_free_list_matches_a_python_deque_model() -> None:
-    """Random pushes (front/back), takes, snapshots and restores against a list model."""
+@pytest.mark.parametrize("merge_ahead", [1024, 2, 0])
+def test_free_list_matches_a_python_deque_model(
+    merge_ahead: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Random pushes (front/back), takes, snapshots and restores against a list model; with a
+    small MERGE_AHEAD most takes that span chunks split the last one (the arena's back chunk
+    included, which later pushes still widen)."""
+    monkeypatch.setattr(free_list_module, "MERGE_AHEAD", merge_ahead)
     rng = random.Random(7)
     fl = ChunkedFreeList(CPU, [_ids(*range(1, 40))], arena_size=64)  # small arena: switches
     model = list(range(1, 40))
@@ -79,6 +86,22 @@ def test_token_allocator_takes_are_slices_after_frees() -> None:
         assert w is not None
         a.free(w)
     assert torch.equal(z, held)
+
+
+def test_a_take_spanning_into_a_long_chunk_copies_only_what_it_needs() -> None:
+    """A take that runs past the front chunk into a long one joins only the ids it needs (plus
+    nothing of the long chunk's rest), and the rest stays the arena's back chunk: later frees
+    still widen it rather than adding chunks."""
+    fl = ChunkedFreeList(CPU, [_ids(1, 2, 3)], arena_size=1 << 14)
+    for i in range(3000):  # one long back chunk in the arena
+        fl.push_back(_ids(100 + i))
+    assert fl.num_chunks == 2
+    out = fl.take(5)
+    assert out.tolist() == [1, 2, 3, 100, 101]
+    assert fl.num_chunks == 1 and fl._chunks[0].shape[0] == 2998  # a view, not a copy
+    fl.push_back(_ids(7))  # widens the back chunk
+    assert fl.num_chunks == 1 and len(fl) == 2999
+    assert fl.to_tensor()[-2:].tolist() == [3099, 7]
 
 
 @pytest.mark.parametrize("ps", [16, 64])

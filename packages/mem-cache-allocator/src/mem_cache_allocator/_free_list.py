@@ -132,7 +132,8 @@ class ChunkedFreeList:
     def head(self, n: int) -> torch.Tensor:
         """The first ``n`` page ids as one contiguous tensor, without removing them.
 
-        Coalesces the chunks it touches into one front chunk (same logical content). Requires
+        Coalesces the chunks it touches into one front chunk (same logical content; of a long
+        chunk only the ids the take needs, so a take copies O(n + MERGE_AHEAD) ids). Requires
         ``0 <= n <= len(self)``; the caller checks (a ``RuntimeError`` here is an internal bug).
         """
         if n < 0 or n > self._len:
@@ -149,6 +150,16 @@ class ChunkedFreeList:
         got = parts[0].shape[0]
         while got < n:
             chunk = chunks.popleft()
+            need = n - got
+            if chunk.shape[0] - need > MERGE_AHEAD:
+                # a long chunk (the arena's back chunk after many frees): join only the ids the
+                # take needs and keep the rest as a view, instead of copying the whole chunk
+                if not chunks and self._tail >= 0:
+                    self._tail += need  # the rest still ends at the arena position
+                chunks.appendleft(chunk[need:])
+                parts.append(chunk[:need])
+                got = n
+                break
             parts.append(chunk)
             got += chunk.shape[0]
         # merge ahead: following small chunks (freed runs) join the same cat, so the next takes
