@@ -266,3 +266,31 @@ def test_alloc_free_unaligned_is_a_deprecated_alias_of_free() -> None:
         a.free_unaligned(freed)
     b.free(torch.cat([slots_b[5:7], slots_b[:1]]))
     assert _state(a) == _state(b)
+
+
+@pytest.mark.parametrize("ps", [2, 4, 16])
+def test_free_segment_host_pages_equal_the_tensor_path(ps: int) -> None:
+    """A small CPU segment's page ids on lists equal the tensor path's for every start offset
+    and length; a page outside [1, num_pages] gives None (the tensor path raises naming it),
+    and a segment over SMALL_BATCH pages takes the tensor path."""
+    from mem_cache_kernels.checks import SMALL_BATCH
+
+    a = PagedTokenToKVPoolAllocator(128 * ps, ps, F16, "cpu", None)
+    row = a.alloc(100 * ps)
+    assert row is not None
+    for start in range(2 * ps + 1):
+        for n in (1, ps - 1, ps, ps + 1, 3 * ps + 2):
+            idx = row[start : start + n]
+            got = a._segment_pages_host(idx, start)
+            want = a._segment_pages(idx, start)
+            assert got is not None and got.dtype == torch.int64, (start, n)
+            assert torch.equal(got, want), (start, n)
+    assert a._segment_pages_host(t(0, 1), 0) is None  # the padding page
+    assert a._segment_pages_host(t(129 * ps), 0) is None  # past the last page
+    assert SMALL_BATCH < 100 and a._segment_pages_host(row[: (SMALL_BATCH + 1) * ps], 0) is None
+    before = _state(a)
+    with pytest.raises(ValueError, match="free_segment: free of the padding page 0"):
+        a.free_segment(t(1), start_pos=1)
+    with pytest.raises(ValueError, match="free_segment has out-of-range page ids"):
+        a.free_segments([(t(129 * ps), 0)])
+    assert _state(a) == before

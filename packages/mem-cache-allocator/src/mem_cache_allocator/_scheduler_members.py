@@ -18,6 +18,7 @@ the module an ``alloc_extend`` / ``free`` runs through holds only what those cal
 from __future__ import annotations
 
 import warnings
+from array import array
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -27,7 +28,7 @@ from mem_cache_allocator._debug import DebugTracker
 from mem_cache_allocator._free_list import ChunkedFreeList
 from mem_cache_allocator._scheduler_hooks import check_config
 from mem_cache_allocator.base import BaseTokenToKVPoolAllocator
-from mem_cache_kernels.checks import check_int
+from mem_cache_kernels.checks import SMALL_BATCH, check_int
 from mem_cache_kernels.pages import trim_segments
 
 __all__ = ["SchedulerMembers"]
@@ -175,8 +176,9 @@ class SchedulerMembers(BaseTokenToKVPoolAllocator):
         idx = self._index_input("free_index", free_index, page_ids=False, check_range=False)
         if idx is None:
             return
-        pages = self._segment_pages(idx, start_pos)
-        self._release_page_list([pages], free_index, [(idx, pages)])
+        host = self._segment_pages_host(idx, start_pos)
+        pages = self._segment_pages(idx, start_pos) if host is None else host
+        self._release_page_list([pages], free_index, [(idx, pages)], ranged=host is not None)
 
     def free_segments(self, segments: Iterable[tuple[torch.Tensor, int]]) -> None:
         """Free ascending ``(free_index, start_pos)`` segments of one request's kv row.
@@ -187,13 +189,17 @@ class SchedulerMembers(BaseTokenToKVPoolAllocator):
         """
         parts: list[torch.Tensor] = []
         checked: list[tuple[torch.Tensor, torch.Tensor]] = []
+        ranged = True  # every part's pages range-checked on the host already
         if self._debug is not None and isinstance(segments, list | tuple):
             segments = list(segments)  # the debug check sees the untrimmed slots
         for free_index, start_pos in trim_segments(segments, self.page_size):
             idx = self._index_input("segments", free_index, page_ids=False, check_range=False)
             if idx is None:
                 continue
-            pages = self._segment_pages(idx, start_pos)
+            pages = self._segment_pages_host(idx, start_pos)
+            if pages is None:
+                pages = self._segment_pages(idx, start_pos)
+                ranged = False
             parts.append(pages)
             checked.append((idx, pages))
         if parts:
@@ -204,7 +210,7 @@ class SchedulerMembers(BaseTokenToKVPoolAllocator):
                     i = self._free_input("segments", seg[0])
                     if i is not None:
                         whole.append(i)
-            self._release_page_list(parts, None, checked, whole)
+            self._release_page_list(parts, None, checked, whole, ranged=ranged)
 
     def _release_page_list(
         self,
@@ -212,14 +218,18 @@ class SchedulerMembers(BaseTokenToKVPoolAllocator):
         caller: torch.Tensor | None,
         checked: list[tuple[torch.Tensor, torch.Tensor]],
         whole: list[torch.Tensor] | None = None,
+        *,
+        ranged: bool = False,
     ) -> None:
+        """Release the pages ``parts`` of a ``free_segment(s)`` call (``ranged``: their range
+        was checked on the host already, by :meth:`_segment_pages_host`)."""
         pages = torch.cat(parts) if len(parts) > 1 else parts[0]
         if pages is caller:
             pages = pages.clone()
         if self._free_group is not None:
             self._free_group.append((pages, _PAGES))
             return
-        if pages.device.type == "cpu":
+        if not ranged and pages.device.type == "cpu":
             self._check_cpu_range("free_segment", pages, page_ids=True)
         if self._debug is not None:
             for idx, p in checked:
@@ -230,6 +240,30 @@ class SchedulerMembers(BaseTokenToKVPoolAllocator):
             )
         self._check_count(pages.shape[0])
         self.commit_free(pages)
+
+    def _segment_pages_host(self, idx: torch.Tensor, start_pos: int) -> torch.Tensor | None:
+        """:meth:`_segment_pages` of a CPU segment of at most ``SMALL_BATCH`` pages (page size
+        > 1), on a list: one ``tolist`` of the pages' first slots, the shift and the range check
+        on ints, one int64 tensor built from them. ``None`` for other segments, and for a page
+        outside ``[1, num_pages]`` (the tensor path's check raises naming it). Inside a
+        scheduler step this costs about half the two tensor ops and the reduction it replaces,
+        whose code the step finds cold (``tools.bench.sglang_step``)."""
+        ps = self.page_size
+        n = idx.shape[0]
+        if ps == 1 or not idx.is_cpu or n > SMALL_BATCH * ps:
+            return None
+        first_boundary = (ps - (start_pos & (ps - 1))) & (ps - 1)  # 0: starts on a boundary
+        if first_boundary:
+            firsts: list[int] = idx[:1].tolist()
+            if first_boundary < n:
+                firsts += idx[first_boundary::ps].tolist()
+        else:
+            firsts = idx[::ps].tolist()
+        shift = self._page_shift
+        pages = [s >> shift for s in firsts]
+        if min(pages) < 1 or max(pages) > self.num_pages:
+            return None
+        return torch.frombuffer(array("q", pages), dtype=torch.int64)
 
     def _segment_pages(self, idx: torch.Tensor, start_pos: int) -> torch.Tensor:
         """Page ids of the segment ``idx`` of positions from ``start_pos`` (position order)."""
