@@ -52,7 +52,7 @@ except ImportError:  # pragma: no cover - numpy ships with every torch wheel we 
 __all__ = ["LIST_SLOTS", "SMALL", "SMALL_DECODE", "alloc_decode", "alloc_extend"]
 
 SMALL = 8  # CPU extend batches with at most this many requests take the per-request path
-LIST_SLOTS = 2048  # ... and write at most this many output slots from a Python int64 array
+LIST_SLOTS = 512  # ... and write at most this many output slots from a Python int64 array
 SMALL_DECODE = 4  # CPU decode batches with at most this many requests take the Python-int path
 
 _OFFSETS: dict[tuple[int, torch.device], torch.Tensor] = {}
@@ -183,8 +183,9 @@ def _extend_small_list(
     pages, a ``range`` per page or phase-1 fill), then one copy into ``out`` (CPU). Inside a
     scheduler step the numpy writes below cost 50-60 us a call at page sizes 16 and 64 (each
     numpy call finds its code cold: the page expansion alone 28 us); this costs 30-40 us for the
-    step's extends (a few hundred to about 1,400 slots). Up to :data:`LIST_SLOTS` slots: the
-    Python cost grows with the slots, the numpy cost does not."""
+    step's extends (median 156 slots, 90th percentile 458). Up to :data:`LIST_SLOTS` slots only:
+    the Python cost grows with the slots and the numpy cost does not, so in a tight loop over
+    the allocator trace's prefill chunks (median 808 slots) the numpy writes are faster."""
     shift = page_size.bit_length() - 1
     pages: list[int] = (free_pages if free_pages.shape[0] == k else free_pages[:k]).tolist()
     slots = array("q")
