@@ -16,15 +16,21 @@ from mem_cache_kernels._torch import alloc as ref_alloc
 
 I64 = torch.int64
 EMPTY = torch.empty(0, dtype=I64)
-# (extend threshold, decode threshold): force the per-request paths, then the vectorised ones
-PATHS = [pytest.param((10**9, 10**9), id="small"), pytest.param((-1, -1), id="vectorised")]
+# (extend threshold, decode threshold, list slots): force the per-request paths (extend
+# output from a Python array, then through numpy), then the vectorised ones
+PATHS = [
+    pytest.param((10**9, 10**9, 10**9), id="small"),
+    pytest.param((10**9, 10**9, -1), id="small-numpy"),
+    pytest.param((-1, -1, 10**9), id="vectorised"),
+]
 
 
 @pytest.fixture(params=PATHS)
 def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    small, small_decode = request.param
+    small, small_decode, list_slots = request.param
     monkeypatch.setattr(ref_alloc, "SMALL", small)
     monkeypatch.setattr(ref_alloc, "SMALL_DECODE", small_decode)
+    monkeypatch.setattr(ref_alloc, "LIST_SLOTS", list_slots)
     return str(request.node.callspec.id)
 
 

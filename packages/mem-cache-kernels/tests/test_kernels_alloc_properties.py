@@ -76,13 +76,15 @@ def test_list_and_vectorised_paths_agree(
     args = [torch.tensor(x, dtype=idx) for x in (pre, seq, last)]
     n = sum(s - p for p, s in zip(pre, seq))
     outs = []
-    for small in (10**9, -1):  # force the list path, then the vectorised path
+    # the per-request path writing from a Python array, then through numpy, then vectorised
+    for small, list_slots in ((10**9, 10**9), (10**9, -1), (-1, 10**9)):
         out = torch.full((n,), -5, dtype=torch.int64)
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(ref_alloc, "SMALL", small)
+            mp.setattr(ref_alloc, "LIST_SLOTS", list_slots)
             ref_alloc.alloc_extend(*args, free, out, ps)
         outs.append(out)
-    assert torch.equal(outs[0], outs[1])
+    assert torch.equal(outs[0], outs[2]) and torch.equal(outs[1], outs[2])
     seq_d = [s + 1 for s in seq]
     dec = []
     for small in (10**9, -1):
