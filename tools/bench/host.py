@@ -189,7 +189,7 @@ def _table(rows: list[BenchRow]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(prog="python -m tools.bench.host",
-                                     description=__doc__.splitlines()[0])
+                           description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
     default_device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -343,7 +343,7 @@ def _print(transfers: list[TransferRow], allocs: list[AllocRow], title: str) -> 
 
 def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(prog="python -m tools.bench.kernels",
-                                     description=__doc__.splitlines()[0])
+                           description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
     default_device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -406,7 +406,7 @@ SECTIONS = ("allocator", "pool", "step", "storage")
 
 def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(prog="python -m tools.bench.sglang",
-                                     description=__doc__.split("\n")[0])
+                           description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
     parser.add_argument("--json", metavar="PATH", help="write the rows as JSON (plot beside it)")
     parser.add_argument("--rounds", type=int, default=None, help="repeats per row (default 5; "

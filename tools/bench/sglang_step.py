@@ -351,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     from tools.cli import OneLineParser
 
     parser = OneLineParser(prog="python -m tools.bench.sglang_step",
-                                     description=main.__doc__)
+                           description=main.__doc__)
     parser.add_argument("--quick", action="store_true", help="tiny trace (smoke test)")
     parser.add_argument("--rounds", type=int, default=3, help="runs per page size (default 3)")
     parser.add_argument("--page-sizes", default="1,16,64")

@@ -442,7 +442,7 @@ def _table(rows: list[Row], prefetch: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(prog="python -m tools.bench.storage",
-                                     description=__doc__.splitlines()[0])
+                           description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
     parser.add_argument("--repeat", type=int, default=None, help="best of N (default 5)")

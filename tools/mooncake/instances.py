@@ -303,9 +303,9 @@ def build_parser() -> argparse.ArgumentParser:
     from tools.simulate.options import _Formatter
 
     ap = OneLineParser(prog="tools/dev run --storage mooncake --instances N",
-                 formatter_class=_Formatter,
-                 description=(__doc__ or "").splitlines()[0] + " Any other option is a "
-                 "simulator option (`tools/dev run --help`) and applies to every instance.")
+                       formatter_class=_Formatter,
+                       description=(__doc__ or "").splitlines()[0] + " Any other option is a "
+                       "simulator option (`tools/dev run --help`) and applies to every instance.")
     ap.add_argument("--storage", choices=["mooncake"], default="mooncake",
                     help="the multi-instance mode needs the Mooncake Store")
     ap.add_argument("--instances", type=int, default=4, metavar="N",

@@ -169,9 +169,8 @@ def test_host_decode_small_equals_the_kernel(ps: int) -> None:
         pages = torch.randperm(5000, generator=g)[:n] + 1
         want = torch.empty(bs, dtype=torch.int64)
         mem_cache_kernels.alloc_decode(seq, last, pages, want, ps, backend="torch")
-        got = page_allocator.host_decode_small(
-            seq.tolist(), last, pages, ps, ps.bit_length() - 1
-        )
+        need = [q & (ps - 1) == 1 for q in seq.tolist()]
+        got = page_allocator.host_decode_small(last, need, pages, ps.bit_length() - 1)
         assert got.dtype == torch.int64 and torch.equal(got, want), (bs, ps)
 
 

@@ -133,20 +133,18 @@ def host_decode(last_loc: torch.Tensor, need: Any, pages: torch.Tensor, shift: i
 
 
 def host_decode_small(
-    lens: list[int], last_loc: torch.Tensor, pages: torch.Tensor, page_size: int, shift: int
+    last_loc: torch.Tensor, need: list[bool], pages: torch.Tensor, shift: int
 ) -> torch.Tensor:
     """:func:`host_decode` for a batch of at most ``SMALL_BATCH`` requests, on lists (the
     dozen numpy calls of :func:`decode_page_starts` and :func:`host_decode` each pay a dispatch
     that a scheduler step finds cold: 54 us a call at page size 16, batch 32, in
-    ``tools.bench.sglang_step``, against 27-34 us on lists): ``lens`` the host lengths (each
-    ``>= 1``, counting the new token), ``pages`` the free-list prefix of as many pages as
-    ``lens`` has page starts (``len & (ps - 1) == 1``). Same slots as the kernel, a new int64
-    CPU tensor."""
-    mask = page_size - 1
+    ``tools.bench.sglang_step``, against 27-34 us on lists): ``need`` the requests whose new
+    token starts a page (``len & (ps - 1) == 1``), ``pages`` the free-list prefix of as many
+    pages. Same slots as the kernel, a new int64 CPU tensor."""
     loc = last_loc.tolist()
     if pages.shape[0]:
         it = iter(pages.tolist())
-        loc = [next(it) << shift if n & mask == 1 else x + 1 for x, n in zip(loc, lens)]
+        loc = [next(it) << shift if n else x + 1 for x, n in zip(loc, need)]
     else:
         loc = [x + 1 for x in loc]
     return torch.frombuffer(array("q", loc), dtype=torch.int64)  # 1.5 us; torch.tensor: 5
@@ -491,13 +489,14 @@ class PageAllocatorCore(SchedulerMembers):
         the plan and the slots on lists (:func:`host_decode_small`), then the same
         reservation, debug check and hand-out as the numpy path."""
         mask = self.page_size - 1
-        pages = sum(1 for n in lens if n & mask == 1)
+        need = [n & mask == 1 for n in lens]
+        pages = need.count(True)
         if not self._reserve(pages, len(lens)):
             return None
         if self._debug is not None:
             _debug.check_decode_inputs(self.page_size, seq_lens, seq_lens_cpu, last_loc)
         head = self._free.head(pages)
-        out = host_decode_small(lens, last_loc, head, self.page_size, self._page_shift)
+        out = host_decode_small(last_loc, need, head, self._page_shift)
         return self._hand_out(head, out, pages)
 
     # the steps alloc_extend and alloc_decode share (between them: the debug-mode input check
