@@ -221,3 +221,86 @@ def test_controller_stats_is_the_one_declaration_and_sums() -> None:
                 s.pages_written = 0  # type: ignore[misc]
     finally:
         host.close()
+
+
+def test_one_page_memo_equals_host_page_ranges_and_refuses_the_same_slots(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``OnePage`` (the file backend's one-page get) gives ``host_page_ranges``' ranges and
+    format for every page and every layout, also once it starts over (``MAX_PAGES``), and
+    raises the same error kind for every slot tensor the pool refuses."""
+    from mem_cache_storage import _one_page
+
+    monkeypatch.setattr(_one_page, "MAX_PAGES", 3)
+    for layout in ("layer_first", "page_first", "page_first_direct"):
+        host = make_host(layout)
+        memo = _one_page.OnePage()
+        try:
+            size = host.size
+            for rnd in range(2):  # the second round reads remembered pages
+                for first in range(0, size, PS):
+                    idx = torch.arange(first, first + PS, dtype=torch.int32 if rnd else None)
+                    batch, fmt = host_page_ranges(host, idx, 1)
+                    assert memo(host, idx) == (batch[0], fmt), (layout, first)
+            state = memo._state
+            assert state is not None and len(state[3]) <= 3
+            bad: list[Any] = [
+                torch.arange(1, PS + 1), torch.arange(PS - 1, -1, -1),
+                torch.arange(size, size + PS), torch.arange(-PS, 0), torch.arange(0, 2 * PS),
+                torch.arange(0, PS).view(1, PS), torch.arange(0, PS, dtype=torch.float32),
+                [0] * PS, torch.arange(0, PS - 1),
+            ]
+            for idx in bad:
+                with pytest.raises((TypeError, ValueError)) as ours:
+                    memo(host, idx)
+                with pytest.raises((TypeError, ValueError)) as general:
+                    host_page_ranges(host, idx, 1)
+                assert ours.type is general.type, (layout, idx)
+        finally:
+            host.close()
+
+
+def test_one_page_memo_follows_the_pool_and_its_geometry() -> None:
+    """The memo is the pool's while the pool's range table is the same tuple: another pool,
+    or the same pool with a new table, is looked up afresh, so no read lands in memory the
+    memo remembered for an earlier geometry."""
+    from mem_cache_storage._one_page import OnePage
+
+    a, b = make_host(), make_host()
+    memo = OnePage()
+    try:
+        idx = torch.arange(PS, 2 * PS)
+        assert memo(a, idx) == (host_page_ranges(a, idx, 1)[0][0], host_page_ranges(a, idx, 1)[1])
+        assert memo(b, idx)[0] == host_page_ranges(b, idx, 1)[0][0] != memo(a, idx)[0]
+        before = memo(a, idx)[0]
+        a._range_table_cache = tuple((base + 4096, s, n) for base, s, n in a.page_range_table())
+        moved = memo(a, idx)[0]
+        assert moved != before and moved == host_page_ranges(a, idx, 1)[0][0]
+        a._range_table_cache = None
+        assert memo(a, idx)[0] == before
+    finally:
+        a.close()
+        b.close()
+
+
+def test_one_page_get_reads_into_the_pool_registered_last(tmp_path: Any) -> None:
+    """The file backend's one-page get after ``register_mem_pool_host`` of another pool reads
+    into that pool's memory (the memo starts over), bit-exact."""
+    from mem_cache_storage import HiCacheFile
+
+    a, b = make_host(), make_host()
+    try:
+        st = HiCacheFile(CFG, a, storage_dir=str(tmp_path))
+        keys = page_hashes(list(range(PS)), PS)
+        src = a.alloc(PS)
+        assert st.batch_set_v1(keys, src) == [True]
+        dst = torch.arange(3 * PS, 4 * PS)
+        assert st.batch_get_v1(keys, dst) == [True]
+        st.register_mem_pool_host(b)
+        assert not torch.equal(pages_of(b, dst)[0], pages_of(a, src)[0])
+        assert st.batch_get_v1(keys, dst) == [True]
+        assert torch.equal(pages_of(b, dst)[0], pages_of(a, src)[0])
+        st.close()
+    finally:
+        a.close()
+        b.close()

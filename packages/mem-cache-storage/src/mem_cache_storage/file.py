@@ -55,6 +55,7 @@ from typing import Any
 import torch
 
 from mem_cache_storage._file_sglang import SGLangFiles
+from mem_cache_storage._one_page import OnePage
 from mem_cache_storage._segments import INDEX_NAME, SEGMENT_SUFFIX, SegmentStore
 from mem_cache_storage.backend import (
     KeySpace,
@@ -63,7 +64,6 @@ from mem_cache_storage.backend import (
     PageStorageBackend,
     _io_guard,
     _swallowed,
-    host_page_ranges,
 )
 from mem_cache_storage.config import HiCacheStorageExtraInfo
 
@@ -129,6 +129,7 @@ class HiCacheFile(SGLangFiles, PageStorageBackend):
         self._tmp = f"{self._dir}{_TMP_PREFIX}{os.getpid():x}-{uuid.uuid4().hex[:12]}-"
         self._serial = itertools.count()
         self._segments: SegmentStore | None = None
+        self._one_page = OnePage()
         if not self.sglang_layout:
             self._segments = SegmentStore(self._dir, segment_bytes=segment_bytes,
                                           fsync=self.fsync, verify=self.verify_checksum,
@@ -249,17 +250,18 @@ class HiCacheFile(SGLangFiles, PageStorageBackend):
     ) -> list[bool]:
         """SGLang's zero-copy read (see :class:`~mem_cache_storage.backend.PageStorageBackend`);
         one page in our key scheme takes a path with fewer layers (the same checks, guard,
-        verification and counters): at 128 KiB a page's read and checksum are about 9 us and
-        the layers were most of the rest."""
+        verification and counters): at 128 KiB a page's read and checksum are about 7 us and
+        the layers were most of the rest. The page's host ranges are remembered per page
+        (:class:`~mem_cache_storage._one_page.OnePage`; the slots are checked every call)."""
         segments = self._segments
         if segments is None or type(keys) is not list or len(keys) != 1:
             return super().batch_get_v1(keys, host_indices, extra_info)
         skey = self.keyspace.storage_keys(keys)[0]
         pool = self.mem_pool_host
         with _io_guard(pool):
-            pages, fmt = host_page_ranges(pool, host_indices, 1)
+            page, fmt = self._one_page(pool, host_indices)
             try:
-                ok = segments.get_one(skey, tuple(zip(pages.ptrs, pages.sizes)), fmt)
+                ok = segments.get_one(skey, page, fmt)
             except Exception as exc:  # as ``_get`` guards every hook call
                 _swallowed(exc, type(self).__name__, "get", self._count_error)
                 ok = False
