@@ -249,6 +249,8 @@ def test_one_page_memo_equals_host_page_ranges_and_refuses_the_same_slots(
                 torch.arange(size, size + PS), torch.arange(-PS, 0), torch.arange(0, 2 * PS),
                 torch.arange(0, PS).view(1, PS), torch.arange(0, PS, dtype=torch.float32),
                 [0] * PS, torch.arange(0, PS - 1),
+                torch.tensor([0, *range(PS - 1, 0, -1)]),  # the first slot aligned, the rest not
+                torch.tensor([PS, PS + 1, *[PS] * (PS - 2)]),
             ]
             for idx in bad:
                 with pytest.raises((TypeError, ValueError)) as ours:
