@@ -255,7 +255,7 @@ class HostBuffers:
         self._warned_kernel_fixup = False
         self._closed = False
         # raw-pointer users (storage IO on other threads): close() defers the release to the last
-        self._io_cond = threading.Condition(threading.Lock())
+        self._io_lock = threading.Lock()
         self._io_users = 0
         self._release_pending = False
 
@@ -337,7 +337,7 @@ class HostBuffers:
         with self.lock:
             if self._closed:
                 return
-            with self._io_cond:
+            with self._io_lock:
                 self._closed = True
                 if self._io_users:
                     self._release_pending = True

@@ -97,14 +97,14 @@ class _IOGuard:
 
     def __enter__(self) -> None:
         pool = self._pool
-        with pool._io_cond:
+        with pool._io_lock:
             if pool._closed:
                 raise RuntimeError(f"{type(pool).__name__} is closed")
             pool._io_users += 1
 
     def __exit__(self, *exc: object) -> None:
         pool = self._pool
-        with pool._io_cond:
+        with pool._io_lock:
             pool._io_users -= 1
             release = pool._io_users == 0 and pool._release_pending
             if release:

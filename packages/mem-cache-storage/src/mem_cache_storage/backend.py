@@ -392,6 +392,10 @@ class KeySpace:
     def storage_keys(self, keys: Sequence[str]) -> list[str]:
         """The storage keys of caller ``keys`` (checked with :func:`check_keys`)."""
         p, s, t = self.prefix_for_clear, self.suffix, self.tp_suffix
+        if type(keys) is list and len(keys) == 1:  # a one-page call: no generator, no loop
+            k = keys[0]
+            if type(k) is str and _KEY.fullmatch(k) is not None:
+                return [f"{p}{k}{t if k.endswith('.mamba') else s}"]
         if type(keys) is not list or not _all_keys(keys):  # anything else: the full checks
             keys = check_keys(keys)
         # a Mamba state is TP-sharded even when the model's KV is replicated
