@@ -52,7 +52,8 @@ def test_quick_run_writes_rows_json_and_plot(tmp_path: Path) -> None:
             assert math.isfinite(total["ratio"]) and total["ours_us"] > 0
             assert ("allocator", f"ps={ps} sort={sort} free p50") in by
     pool = [r for r in rows if r["section"] == "pool"]
-    assert len(pool) == 8 and all(math.isfinite(r["ratio"]) for r in pool)
+    assert len(pool) == 9 and all(math.isfinite(r["ratio"]) for r in pool)
+    assert {r["name"] for r in pool} >= {"set_kv_buffer decode bs=1", "set_kv_buffer decode bs=64"}
     step = [r for r in rows if r["section"] == "step"]
     assert step, "the radix-cache step section left no row"
     for r in step:  # measured, or an explicit reason (ours lacks members until they merge)

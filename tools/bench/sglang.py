@@ -9,7 +9,8 @@ allocator trace alternates on every call), and reports medians:
   imported) over SGLang's ``TokenToKVPoolAllocator`` / ``PagedTokenToKVPoolAllocator`` and ours,
   page sizes 1, 16, 64, ``need_sort`` on and off; per op (p50 per call) and the total allocator
   time of the trace. Both sides must return identical slots on every call.
-* ``pool``: ``MHATokenToKVPool.set_kv_buffer`` (decode- and prefill-shaped), ``get_kv_buffer``,
+* ``pool``: ``MHATokenToKVPool.set_kv_buffer`` (decode-shaped, 1 and 64 tokens, and prefill-shaped),
+  ``get_kv_buffer``,
   ``move_kv_cache`` and ``ReqToTokenPool.write`` on SGLang's CPU torch paths (SGLang's pool with
   ``use_native_move_kv_cache`` on: its non-native move is a Triton kernel). Results are checked
   equal (``torch.equal``) before timing.
@@ -241,7 +242,10 @@ def pool_rows(sgl_mp: types.ModuleType, rounds: int, calls: int, quick: bool) ->
                 if not torch.equal(a, b):
                     raise RuntimeError(f"pools disagree after {what} (layer {lid})")
 
-    for shape, n in (("decode bs=64", 64), ("prefill 1024 tokens", 1024 if not quick else 256)):
+    # decode bs=1: the per-call cost of one layer's write, with no bytes to hide it
+    shapes = (("decode bs=1", 1), ("decode bs=64", 64),
+              ("prefill 1024 tokens", 1024 if not quick else 256))
+    for shape, n in shapes:
         loc = torch.randperm(size, generator=g)[:n] + 1
         k = torch.randn(n, heads, dim, generator=g).to(dt)
         v = torch.randn(n, heads, dim, generator=g).to(dt)
