@@ -29,7 +29,7 @@ __all__ = ["OnePage"]
 _Table = tuple[tuple[int, int, int], ...]
 
 
-#: pages remembered per pool before the memo starts over (a page's entry is its ranges)
+#: pages remembered per pool before the memo starts over (an entry: a page's ranges and slots)
 MAX_PAGES = 8192
 
 
