@@ -105,3 +105,40 @@ def test_drop_negative_of_a_store_index(dst: list[int]) -> None:
         keep = [i for i, d in enumerate(dst) if d >= 0]
         assert src is not None and out is not None
         assert src.tolist() == keep and out.tolist() == [dst[i] for i in keep]
+
+
+@pytest.mark.parametrize("n", [1, 2, 31, 32, 33, 200])
+@pytest.mark.parametrize("negative_at", [None, 0, -1])
+def test_drop_negative_on_both_sides_of_the_list_cut(n: int, negative_at: int | None) -> None:
+    """A store index short enough for the list scan (``_LIST_MIN``) and a longer one, 1-D and
+    2-D views: a negative anywhere is found, and an index without one comes back as it is."""
+    base = torch.arange(1, n + 1, dtype=torch.int64) * 3
+    if negative_at is not None:
+        base[negative_at] = -1
+    for idx in (base, base.view(1, -1) if n > 1 else base, base[::1]):
+        flat = idx.reshape(-1).tolist()
+        src, out = rows_mod.drop_negative(None, idx)
+        if negative_at is None:
+            assert src is None and out is idx
+        else:
+            assert out is not None and out.tolist() == [d for d in flat if d >= 0]
+
+
+def test_as_byte_rows_takes_byte_rows_as_they_are() -> None:
+    """A uint8 ``[rows, bytes]`` tensor with contiguous rows is its own byte-row view (a pool's
+    cached view of its buffer); other uint8 tensors are viewed as every other dtype is, and
+    every result addresses the same bytes as the general path's."""
+    from mem_cache_kernels._layout import as_byte_rows
+
+    buf = torch.arange(6 * 8 * 4, dtype=torch.int32).view(6, 8, 4)
+    general = as_byte_rows("t", buf)
+    rows = buf.view(torch.uint8).view(6, -1)
+    assert as_byte_rows("t", rows) is rows
+    assert torch.equal(general, rows) and general.data_ptr() == rows.data_ptr()
+    cube = buf.view(torch.uint8)  # uint8 [6, 8, 16]: one reshape
+    got = as_byte_rows("t", cube)
+    assert got.shape == (6, 128) and torch.equal(got, general)
+    strided = torch.zeros(6, 256, dtype=torch.uint8)[:, :128]  # row stride 256, rows contiguous
+    assert as_byte_rows("t", strided) is strided
+    with pytest.raises(ValueError, match="C-contiguous rows"):
+        as_byte_rows("t", torch.zeros(6, 8, dtype=torch.uint8).t())

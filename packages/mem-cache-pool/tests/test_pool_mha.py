@@ -264,3 +264,27 @@ def test_cpu_copy_takes_sglang_0_5_23_keywords() -> None:
     copy = pool.get_cpu_copy(torch.tensor([1, 2]), mamba_indices=None, req_pool_index=3)
     pool.load_cpu_copy(copy, torch.tensor([5, 6]), torch.tensor([0]), req_pool_index=3)
     assert torch.equal(pool.k_buffer[0][[5, 6]], torch.ones(2, 2, 8))
+
+
+def test_set_kv_buffer_follows_a_replaced_layer_buffer() -> None:
+    """The pool keeps each layer's byte-row views between writes; a buffer replaced in
+    ``k_buffer`` or ``v_buffer`` (SGLang's post-capture assignment does this), or given other
+    memory in place (``set_``), is written from the next write on, the old one left alone."""
+    pool = _pool(torch.bfloat16)
+    k = (torch.randn(2, 2, 8) + 3).to(torch.bfloat16)
+    loc = torch.tensor([1, 6])
+    pool.set_kv_buffer(1, loc, k, -k)
+    for step, role in enumerate(("k", "v", "k-set_", "v-set_")):
+        buffers = pool.k_buffer if role.startswith("k") else pool.v_buffer
+        old = buffers[1]
+        before = old[[1, 6]].clone()
+        if role.endswith("set_"):
+            old.set_(torch.zeros_like(old))  # same tensor object, new memory
+        else:
+            buffers[1] = torch.zeros_like(old)
+        scale = step + 2
+        pool.set_kv_buffer(1, loc, scale * k, -scale * k)
+        assert torch.equal(_bits(pool.k_buffer[1][[1, 6]]), _bits(scale * k)), role
+        assert torch.equal(_bits(pool.v_buffer[1][[1, 6]]), _bits(-scale * k)), role
+        if not role.endswith("set_"):
+            assert torch.equal(_bits(old[[1, 6]]), _bits(before)), role  # no stale view

@@ -198,8 +198,11 @@ def as_byte_rows(name: str, t: torch.Tensor) -> torch.Tensor:
     No data is copied. Raises ``ValueError`` when a row is not contiguous in memory (the row
     stride itself may be anything, e.g. a page-first host buffer sliced at one layer).
     """
+    if t.dtype is torch.uint8 and t.dim() == 2 and t.stride(1) == 1 and t.numel():
+        return t  # already byte rows (a pool's cached view of its buffer): no view to build
     if t.is_contiguous() and t.dim() >= 1 and t.numel():  # the common case: one reshape
-        return t.view(torch.uint8).view(t.shape[0], -1)
+        u = t if t.dtype is torch.uint8 else t.view(torch.uint8)
+        return u.view(t.shape[0], -1)
     if t.dim() < 1:
         raise ValueError(f"{name} must have a leading row dimension, got a 0-d tensor")
     if t.dim() == 1:

@@ -138,6 +138,8 @@ class MHATokenToKVPool(KVCache):
         )
         self.v_head_dim = checks.check_int("v_head_dim", v_dim, minimum=1)
         self.k_buffer, self.v_buffer = self._create_buffers()
+        #: per layer index: the uint8 byte-row views of its k and v buffers (see _store_rows)
+        self._byte_rows: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         desc = self.get_buffer_desc()
         # SGLang names: pointer tables (uint64, on the device) and row strides in bytes
         self.data_ptrs = desc.data_ptrs
@@ -375,8 +377,34 @@ class MHATokenToKVPool(KVCache):
             # The padding rule, decided here once: slot 0 becomes -1, a row the trusted store
             # skips (SGLang's CUDA store_cache leaves slot 0 alone).
             loc = slots.masked_fill(slots == PADDING_SLOT, -1) if padded else slots
-            store = pick("store_kv", "auto", k_cache, v_cache, loc, k, v)
-            store(k_cache, v_cache, loc, k, v, self.dtype)
+            k_rows, v_rows = self._store_rows(index, k_cache, v_cache)
+            store = pick("store_kv", "auto", k_rows, v_rows, loc, k, v)
+            store(k_rows, v_rows, loc, k, v, self.dtype)
+
+    def _store_rows(
+        self, index: int, k_cache: torch.Tensor, v_cache: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer ``index``'s buffers as uint8 byte rows ``[rows, row_bytes]``, the form the store
+        kernel's jobs move (they take such a view as it is). Kept per layer while the layer's
+        buffers keep their addresses: a write builds no view of the buffers (four tensor views,
+        about 4 us of a one-token write); a buffer replaced in ``k_buffer`` / ``v_buffer`` or
+        given other memory is viewed afresh. Buffers that are not contiguous are handed over as
+        they are (the jobs view them)."""
+        got = self._byte_rows.get(index)
+        if (
+            got is not None
+            and got[0].data_ptr() == k_cache.data_ptr()
+            and got[1].data_ptr() == v_cache.data_ptr()
+        ):
+            return got
+        if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+            return k_cache, v_cache
+        rows = (
+            k_cache.view(torch.uint8).view(k_cache.shape[0], -1),
+            v_cache.view(torch.uint8).view(v_cache.shape[0], -1),
+        )
+        self._byte_rows[index] = rows
+        return rows
 
     def set_kv_buffer_prefix_valid(  # noqa: PLR0917 (SGLang-compatible signature)
         self,
