@@ -301,3 +301,38 @@ def test_one_page_get_reads_into_the_pool_registered_last(tmp_path: Any) -> None
     finally:
         a.close()
         b.close()
+
+
+def test_one_page_set_takes_the_memo_and_refuses_what_the_pool_refuses(tmp_path: Any) -> None:
+    """The file backend's one-page ``batch_set_v1`` (our scheme) writes through the memo: a
+    round trip is bit-exact and counted once; slots the pool refuses raise the pool's error
+    kind, as a two-page call of the same slots does, and nothing is written or counted."""
+    from mem_cache_storage import HiCacheFile
+
+    host = make_host()
+    try:
+        st = HiCacheFile(CFG, host, storage_dir=str(tmp_path))
+        keys = page_hashes(list(range(3 * PS)), PS)
+        src = host.alloc(3 * PS)
+        for i in range(3):
+            assert st.batch_set_v1(keys[i : i + 1], src[i * PS : (i + 1) * PS]) == [True]
+        stats = st.get_stats()
+        assert (stats.set_ok, stats.set_failed) == (3, 0)
+        assert stats.set_bytes == 3 * host.page_numel * host.buffers[0].element_size()
+        dst = host.alloc(3 * PS)
+        assert st.batch_get_v1(keys, dst) == [True] * 3
+        assert all(torch.equal(a, b) for a, b in zip(pages_of(host, src), pages_of(host, dst)))
+        fresh = page_hashes(list(range(100, 100 + PS)), PS)
+        bad: list[Any] = [torch.arange(1, PS + 1), torch.arange(host.size, host.size + PS),
+                          torch.arange(0, PS, dtype=torch.float32), [0] * PS]
+        for idx in bad:
+            with pytest.raises((TypeError, ValueError)) as one:
+                st.batch_set_v1(fresh, idx)
+            two = torch.cat([idx, idx]) if isinstance(idx, torch.Tensor) else idx * 2
+            with pytest.raises((TypeError, ValueError)) as general:
+                st.batch_set_v1(fresh + page_hashes(list(range(200, 200 + PS)), PS), two)
+            assert one.type is general.type, idx
+        assert st.batch_exists(fresh) == 0 and st.get_stats().set_ok == 3
+        st.close()
+    finally:
+        host.close()

@@ -212,6 +212,21 @@ class HiCacheFile(SGLangFiles, PageStorageBackend):
             return self._usage
 
     # ---------------------------------------------------------------- writes
+    def batch_set_v1(
+        self, keys: list[str], host_indices: torch.Tensor,
+        extra_info: HiCacheStorageExtraInfo | None = None,
+    ) -> list[bool]:
+        """SGLang's zero-copy write (see :class:`~mem_cache_storage.backend.PageStorageBackend`);
+        one page in our key scheme takes its host ranges from the memo, as
+        :meth:`batch_get_v1` does (the same checks, guard, write path and counters)."""
+        if self._segments is None or type(keys) is not list or len(keys) != 1:
+            return super().batch_set_v1(keys, host_indices, extra_info)
+        skeys = self.keyspace.storage_keys(keys)
+        pool = self.mem_pool_host
+        with _io_guard(pool):
+            page, fmt = self._one_page(pool, host_indices)
+            return self._put(skeys, PageBatch.of((page,)), fmt)
+
     def _put_pages(self, keys: list[str], pages: PageBatch, fmt: PageFormat) -> list[bool]:
         if self._segments is not None:
             try:
