@@ -243,7 +243,7 @@ def test_one_page_memo_equals_host_page_ranges_and_refuses_the_same_slots(
                     batch, fmt = host_page_ranges(host, idx, 1)
                     assert memo(host, idx) == (batch[0], fmt), (layout, first)
             state = memo._state
-            assert state is not None and len(state[5]) <= 3
+            assert state is not None and len(state[4]) <= 3
             bad: list[Any] = [
                 torch.arange(1, PS + 1), torch.arange(PS - 1, -1, -1),
                 torch.arange(size, size + PS), torch.arange(-PS, 0), torch.arange(0, 2 * PS),

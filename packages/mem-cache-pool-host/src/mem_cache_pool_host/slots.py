@@ -140,11 +140,29 @@ class HostSlotAllocator:
             firsts = indices.tolist()[::ps] if indices.numel() <= _SMALL else (
                 indices[::ps].tolist())
             return [s // ps for s in firsts]
+        if (  # one page of CPU slots (a storage call's usual batch): no further call
+            type(indices) is torch.Tensor
+            and indices.is_cpu
+            and indices.dtype in INDEX_DTYPES
+            and indices.dim() == 1
+            and indices.shape[0] == ps
+        ):
+            page = self._one_page(indices.tolist())
+            if page is not None:
+                return [page]
         small = self._check_shape_and_small_pages(indices)
         if small is not None:
             return small
         out: list[int] = self._tensor_pages(indices).tolist()
         return out
+
+    def _one_page(self, slots: list[int]) -> int | None:
+        """The page id of ``page_size`` slots when they are one whole page in range (its slots
+        consecutive and ascending), else ``None``."""
+        ps, s = self.page_size, slots[0]
+        if s >= 0 and not s % ps and s + ps <= self.size and slots == list(range(s, s + ps)):
+            return s // ps
+        return None
 
     def _check_shape_and_small_pages(self, indices: torch.Tensor) -> list[int] | None:
         """Check the kind, shape and length of ``indices``; for a few CPU slots that are whole,
@@ -190,10 +208,8 @@ class HostSlotAllocator:
         instead of about ten small torch ops (same accepted set as the tensor checks)."""
         ps, size = self.page_size, self.size
         if len(slots) == ps:  # one page (a storage call's usual batch)
-            s = slots[0]
-            if s >= 0 and not s % ps and s + ps <= size and slots == list(range(s, s + ps)):
-                return [s // ps]
-            return None
+            page = self._one_page(slots)
+            return None if page is None else [page]
         starts = slots[::ps]
         for k, s in enumerate(starts):
             if s < 0 or s % ps or s + ps > size:

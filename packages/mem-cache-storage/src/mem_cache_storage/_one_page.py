@@ -4,13 +4,12 @@ A one-page ``batch_get_v1`` is the controller's common call, and at 128 KiB a pa
 checksum cost about 7 us: :func:`~mem_cache_storage.backend.host_page_ranges` (the pool's slot
 check, three attribute reads, the format's lookup, a
 :class:`~mem_cache_storage.backend.PageBatch`) was a fifth of the call. :class:`OnePage` keeps,
-for the last of our host pools it saw, the pool's page format and, by page id, the page's ranges
-and slots: a pool's range table is fixed while it is open (its buffers never move) and the
-caller holds the pool's ``io_guard``, which refuses a closed pool. Every call checks its slots as
-the pool's ``page_ids`` does for one page (a 1-D int32/int64 CPU tensor of one whole page in
-range, consecutive ascending) with one ``tolist`` and one list comparison. SGLang's pools (no
-range table), any other slots and any other pool take
-:func:`~mem_cache_storage.backend.host_page_ranges`, which raises the pool's precise error.
+for the last of our host pools it saw, the pool's page format and, by page id, the page's
+ranges: a pool's range table is fixed while it is open (its buffers never move) and the caller
+holds the pool's ``io_guard``, which refuses a closed pool. Every call has its slots
+checked by the pool's own ``page_ids`` (one ``tolist`` for a page), which raises the pool's
+precise error. SGLang's pools (no range table), slots of another length and any other pool take
+:func:`~mem_cache_storage.backend.host_page_ranges`.
 """
 
 from __future__ import annotations
@@ -27,25 +26,23 @@ __all__ = ["OnePage"]
 
 #: a host pool's ``page_range_table()``: ``(base, stride, nbytes)`` per range of a page
 _Table = tuple[tuple[int, int, int], ...]
+#: (pool, its range table, page size, page format, ranges by page id)
+_State = tuple[Any, _Table, int, PageFormat, dict[int, PageRanges]]
 
 
-#: pages remembered per pool before the memo starts over (an entry: a page's ranges and slots)
+#: pages remembered per pool before the memo starts over (an entry: a page's ranges)
 MAX_PAGES = 8192
 
 
 class OnePage:
     """``host_page_ranges(pool, host_indices, 1)`` as ``(page ranges, format)``, remembered
     (see the module docstring). Safe under concurrent calls: its state is one tuple, replaced
-    whole (pool, range table, page size, slot count, format, and by page id the page's ranges
-    and slots)."""
+    whole (pool, range table, page size, format, and by page id the page's ranges)."""
 
     __slots__ = ("_state",)
 
     def __init__(self) -> None:
-        self._state: (
-            tuple[Any, _Table, int, int, PageFormat, dict[int, tuple[PageRanges, list[int]]]]
-            | None
-        ) = None
+        self._state: _State | None = None
 
     def __call__(self, pool: Any, host_indices: torch.Tensor) -> tuple[PageRanges, PageFormat]:
         """Call under the pool's ``io_guard`` (the ranges are the pool's memory)."""
@@ -54,27 +51,26 @@ class OnePage:
             st is not None
             and pool is st[0]
             and type(host_indices) is torch.Tensor
-            and host_indices.dtype in INDEX_DTYPES
+            and host_indices.dtype in INDEX_DTYPES  # any other kind: host_page_ranges names it
             and host_indices.dim() == 1
-            and host_indices.is_cpu
             and host_indices.numel() == st[2]
         ):
-            slots = host_indices.tolist()
-            first, ps = slots[0], st[2]
-            if first >= 0 and not first % ps and first + ps <= st[3]:
-                page = first // ps
-                pages = st[5]
-                entry = pages.get(page)
-                if entry is None:
-                    if len(pages) >= MAX_PAGES:
-                        pages.clear()
-                    ranges = tuple(
-                        (base + page * stride, nbytes) for base, stride, nbytes in st[1]
-                    )
-                    entry = pages[page] = (ranges, list(range(first, first + ps)))
-                if slots == entry[1]:  # consecutive ascending
-                    return entry[0], st[4]
+            (page,) = pool.page_ids(host_indices)  # the pool's checks of the slots
+            ranges = st[4].get(page)
+            if ranges is None:
+                ranges = self._remember(page, st)
+            return ranges, st[3]
         return self._miss(pool, host_indices)
+
+    @staticmethod
+    def _remember(page: int, st: _State) -> PageRanges:
+        pages = st[4]
+        if len(pages) >= MAX_PAGES:
+            pages.clear()
+        ranges = pages[page] = tuple(
+            (base + page * stride, nbytes) for base, stride, nbytes in st[1]
+        )
+        return ranges
 
     def _miss(self, pool: Any, host_indices: torch.Tensor) -> tuple[PageRanges, PageFormat]:
         """The general path; it starts remembering ``pool`` when the pool has a range table."""
@@ -82,5 +78,5 @@ class OnePage:
         table_of = getattr(pool, "page_range_table", None)
         table = table_of() if callable(table_of) else None
         if table is not None:
-            self._state = (pool, table, int(pool.page_size), int(pool.size), fmt, {})
+            self._state = (pool, table, int(pool.page_size), fmt, {})
         return batch[0], fmt

@@ -32,6 +32,7 @@ import torch
 
 from mem_cache_kernels import _layout as lay
 from mem_cache_kernels._layout import RowJob, as_byte_rows, find_runs, run_starts
+from mem_cache_kernels.checks import host_bounds
 
 __all__ = [
     "Runs",
@@ -47,9 +48,6 @@ __all__ = [
 _RUN_BYTES = 32 << 10  # a slice copy_ costs several microseconds: worth it from ~32 KiB per run
 _CHUNK_BYTES = 256 << 10  # gather/scatter temporary (L2-sized)
 _ONE_SHOT_BYTES = 1 << 20  # below this, one gather + one scatter
-#: a 1-D CPU index of at most this many entries is scanned for negatives on a list (``tolist``
-#: and ``min``: 0.6 against 2.0 us for one entry, even at 32)
-_LIST_MIN = 32
 
 
 _WIDTHS = ((torch.int64, 8), (torch.int32, 4), (torch.int16, 2))
@@ -73,11 +71,8 @@ def drop_negative(
     Returns the inputs unchanged when no index is negative (the common case).
     """
     given = [idx for idx in (src_idx, dst_idx) if idx is not None]
-    for idx in given:  # CPU indices: one reduction each (a short one: tolist), no mask
-        if not idx.is_cpu:
-            break
-        n = idx.numel()
-        if n and (min(idx.tolist()) if n <= _LIST_MIN and idx.dim() == 1 else int(idx.min())) < 0:
+    for idx in given:  # CPU indices: their bounds (a short one: one tolist), no mask
+        if not idx.is_cpu or (idx.numel() and host_bounds(idx)[0] < 0):
             break
     else:  # none given, or none negative
         return src_idx, dst_idx
