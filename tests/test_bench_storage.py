@@ -12,6 +12,8 @@ import json
 import math
 from pathlib import Path
 
+import pytest
+
 from tools.bench import sglang as bench_sglang
 from tools.bench import storage as bench_storage
 
@@ -43,3 +45,38 @@ def test_hook_feeds_the_sglang_bench() -> None:
                                   goal=r["goal"]) for r in rows]
     assert all(math.isfinite(m.ratio) and m.ratio > 0 for m in made)
     assert bench_sglang.storage_rows(True, 1)[0].section == "storage"
+
+
+def test_recycler_writes_and_frees_the_bytes_asked(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The recycler writes exactly ``n`` bytes (its buffer again and again past its size) to
+    one scratch file and removes it; the side-by-side run calls it before each series of
+    timed sets and gets, and ``--no-recycle`` not at all."""
+    import os
+
+    from tools.bench.recycle import Recycler
+
+    written: list[int] = []
+    real = os.pwrite
+
+    def count(fd: int, data: memoryview, offset: int) -> int:
+        assert offset == sum(written)
+        written.append(real(fd, data, offset))
+        return written[-1]
+
+    rec = Recycler(tmp_path, 1000)
+    monkeypatch.setattr(os, "pwrite", count)
+    rec(2500)
+    assert written == [1000, 1000, 500] and list(tmp_path.iterdir()) == []
+    monkeypatch.undo()
+
+    calls: list[int] = []
+    monkeypatch.setattr(Recycler, "__call__", lambda self, n: calls.append(n))
+    for flags, expect in (([], True), (["--no-recycle"], False)):
+        calls.clear()
+        out = tmp_path / "s.json"
+        assert bench_storage.main(["--quick", "--only-sglang", "--rounds", "1", "--json",
+                                   str(out), "--dir", str(tmp_path), *flags]) == 0
+        # per page size, batch and side: one series of sets and one of gets
+        assert len(calls) == (2 * 3 * 3 * 2 if expect else 0)
+        assert json.loads(out.read_text())["memory_recycled"] is expect

@@ -27,7 +27,12 @@ whose writer has its segment and the index log open (``--set-into-empty`` emptie
 directory before each repeat instead, so each timed call also creates the files a first write
 creates: our segment and index log, SGLang's page file); the
 ratio column is ours / SGLang's pages per second, the median of ``--rounds`` alternating rounds
-(the order of the sides flips every round; each round takes the best of ``--repeat``).
+(the order of the sides flips every round; each round takes the best of ``--repeat``). Before
+each series of timed sets and of timed gets, memory for all of them is written to a scratch file
+and freed (:mod:`tools.bench.recycle`), for both sides alike: on a virtual machine whose host
+takes back free memory (this one), new memory costs about 10 us per 4 KiB page at first touch,
+and a row moving 64 MiB per call would time that instead of the backends (``--no-recycle``
+times the memory as the machine leaves it).
 :func:`sglang_file_rows` gives the same rows to ``python -m tools.bench.sglang`` (``--against
 sglang``), whose ``storage`` section they are.
 
@@ -35,7 +40,8 @@ Every backend (every Mooncake client) is closed before the local Mooncake store 
 client's own log lines are off unless ``--verbose``.
 
 Usage: ``python -m tools.bench.storage [--quick] [--json PATH] [--repeat N] [--rounds N]
-[--dir DIR] [--no-mooncake] [--no-sglang] [--only-sglang] [--set-into-empty] [--verbose]``.
+[--dir DIR] [--no-mooncake] [--no-sglang] [--only-sglang] [--set-into-empty] [--no-recycle]
+[--verbose]``.
 """
 
 from __future__ import annotations
@@ -59,6 +65,7 @@ from mem_cache_pool import MHATokenToKVPool
 from mem_cache_pool_host import MHATokenToKVPoolHost
 from mem_cache_storage import HiCacheStorageConfig, create_backend, page_hashes
 from mem_cache_storage.controller import StorageController
+from tools.bench.recycle import Recycler
 from tools.cli import OneLineParser
 from tools.simulate.logs import quiet_third_party_logs
 
@@ -237,13 +244,19 @@ def _timed(fn: Callable[[], Any], prepare: Callable[[], Any], repeat: int,
 
 
 def _measure(label: str, b: Any, host: Any, *, ps: int, s_idx: torch.Tensor,
-             d_idx: torch.Tensor, repeat: int, calls: list[int], empty_set: bool = False
-             ) -> tuple[float, float, float]:
+             d_idx: torch.Tensor, repeat: int, calls: list[int], empty_set: bool = False,
+             recycle: Recycler | None = None) -> tuple[float, float, float]:
     """Seconds of one ``set`` / ``get`` / ``exists`` of ``len(s_idx) // ps`` pages through
     backend ``b`` (SGLang's driven as its controller drives it, see the module docstring).
     Each timed ``set`` writes fresh keys into the directory as the earlier repeats left it
-    (steady state), or into an emptied one with ``empty_set``."""
+    (steady state), or into an emptied one with ``empty_set``. ``recycle``: before the set and
+    the get calls, memory for all of them is used and freed (:mod:`tools.bench.recycle`)."""
     batch = s_idx.numel() // ps
+    moved = 2 * batch * ps * host.get_size_per_token()  # at most, in one call of either side
+
+    def recycled(calls: int) -> None:
+        if recycle is not None:
+            recycle(calls * moved)
     firsts = [int(i) for i in s_idx[::ps].tolist()]
     d_firsts = [int(i) for i in d_idx[::ps].tolist()]
     keys = page_hashes(list(range(batch * ps)), ps)
@@ -283,10 +296,12 @@ def _measure(label: str, b: Any, host: Any, *, ps: int, s_idx: torch.Tensor,
     # state (its segment and the index log open and written), not the first writes after the
     # clear (one call for a large batch, whose cost is its bytes)
     warm = 1 if empty_set else max(1, -(-_WARM_PAGES // batch))
+    recycled(warm + repeat)
     sec_set = _timed(put, new_keys, repeat, warm=warm)
     b.clear()
     fresh[0] = keys
     put()
+    recycled(1 + repeat)
     sec_get = _best(get, repeat)
     for i, j in zip(firsts, d_firsts):
         if not torch.equal(host.get_data_page(j).view(torch.int16),
@@ -298,8 +313,8 @@ def _measure(label: str, b: Any, host: Any, *, ps: int, s_idx: torch.Tensor,
 SIDES = ("sglang", "ours", "ours-sgl")  # ours-sgl: our backend in the ``sglang`` key scheme
 
 
-def side_by_side(cfg: Config, root: Path, rounds: int = 1, *, empty_set: bool = False
-                 ) -> list[dict[str, Any]]:
+def side_by_side(cfg: Config, root: Path, rounds: int = 1, *, empty_set: bool = False,
+                 recycle: bool = True) -> list[dict[str, Any]]:
     """SGLang's ``HiCacheFile`` and ours on the same pages (see the module docstring):
     ``rounds`` alternating rounds (round ``r`` runs the sides in turn, reversed on odd rounds),
     each row with its per-round seconds (best of ``cfg.repeat`` per round) and their median."""
@@ -313,6 +328,7 @@ def side_by_side(cfg: Config, root: Path, rounds: int = 1, *, empty_set: bool = 
     for ps in cfg.page_sizes:
         host = _host(cfg, ps, 2 * max_batch)
         sizes[ps] = ps * host.get_size_per_token()
+        recycler = Recycler(root, 2 * max_batch * sizes[ps]) if recycle else None
         src = host.alloc(max_batch * ps)
         dst = host.alloc(max_batch * ps)
         assert src is not None and dst is not None
@@ -333,7 +349,8 @@ def side_by_side(cfg: Config, root: Path, rounds: int = 1, *, empty_set: bool = 
                     for label in order:
                         got = _measure(label, sides[label], host, ps=ps,
                                        s_idx=src[: batch * ps], d_idx=dst[: batch * ps],
-                                       repeat=cfg.repeat, calls=calls, empty_set=empty_set)
+                                       repeat=cfg.repeat, calls=calls, empty_set=empty_set,
+                                       recycle=recycler)
                         for op, sec in zip(("set", "get", "exists"), got):
                             samples.setdefault((label, op, ps, batch), []).append(sec)
         finally:
@@ -457,6 +474,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="side-by-side rounds, alternating order (default 3; quick 1)")
     parser.add_argument("--set-into-empty", action="store_true",
                         help="side by side: empty the directory before each timed set")
+    parser.add_argument("--no-recycle", action="store_true",
+                        help="side by side: no scratch write before each timed set and get "
+                             "(time them in memory as the machine leaves it)")
     parser.add_argument("--verbose", action="store_true",
                         help="show third-party logs (the Mooncake client's glog lines)")
     parser.add_argument("--threads", type=int, default=1,
@@ -483,7 +503,8 @@ def main(argv: list[str] | None = None) -> int:
             options = {**store.client_options(), "verbose": args.verbose} if store else None
             rows, prefetch = run(cfg, root, options)  # closes every client it opened
         if not args.no_sglang:
-            side = side_by_side(cfg, root, rounds, empty_set=args.set_into_empty)
+            side = side_by_side(cfg, root, rounds, empty_set=args.set_into_empty,
+                                recycle=not args.no_recycle)
     finally:
         if store is not None:  # after the clients: a store stopped under them logs errors
             store.stop()
@@ -500,6 +521,8 @@ def main(argv: list[str] | None = None) -> int:
               "SGLang 0.5.23 HiCacheFile vs ours (verified reads); ratio = ours / SGLang pages "
               f"per second, median of the per-round ratios (min..max); set into {into}")
         print(_side_table(side))
+        print("memory: " + ("as the machine leaves it (--no-recycle)" if args.no_recycle else
+                             "recently freed before the timed sets and gets (tools.bench.recycle)"))
     if args.json:
         payload = {
             "benchmark": "bench_storage", "config": asdict(cfg), "torch": torch.__version__,
@@ -507,6 +530,7 @@ def main(argv: list[str] | None = None) -> int:
             "rows": [asdict(r) | {"ratio": r.ratio} for r in rows],
             "prefetch": prefetch,
             "side_by_side": side,
+            "memory_recycled": bool(side) and not args.no_recycle,
         }
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(payload, f, indent=2)

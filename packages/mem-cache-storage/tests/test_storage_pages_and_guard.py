@@ -336,3 +336,89 @@ def test_one_page_set_takes_the_memo_and_refuses_what_the_pool_refuses(tmp_path:
         st.close()
     finally:
         host.close()
+
+
+def test_one_page_put_writes_the_record_a_batch_put_writes(tmp_path: Any) -> None:
+    """``SegmentStore.put_one`` (a one-page set's write) and ``put`` of a batch write the same
+    bytes: two pages put one at a time in one directory and as one batch in another leave
+    byte-identical segments and index entries at the same offsets."""
+    from mem_cache_storage import HiCacheFile
+
+    host = make_host()
+    try:
+        one = HiCacheFile(CFG, host, storage_dir=str(tmp_path / "one"))
+        two = HiCacheFile(CFG, host, storage_dir=str(tmp_path / "two"))
+        keys = page_hashes(list(range(2 * PS)), PS)
+        skeys = [one.storage_key(k) for k in keys]
+        src = host.alloc(2 * PS)
+        batch, fmt = host_page_ranges(host, src, 2)
+        assert one._segments is not None and two._segments is not None
+        sizes = [one._segments.put_one(k, page, fmt) for k, page in zip(skeys, batch)]
+        assert two._segments.put(skeys, batch, fmt) == sum(sizes)
+        (a,), (b,) = (list((tmp_path / d).glob("seg-*.kvp")) for d in ("one", "two"))
+        assert a.read_bytes() == b.read_bytes()
+        locs = [s.locations(skeys) for s in (one._segments, two._segments)]
+        assert [(x.offset, x.nbytes) for x in locs[0] if x] == [
+            (x.offset, x.nbytes) for x in locs[1] if x] == [(0, sizes[0]), (sizes[0], sizes[1])]
+        dst = host.alloc(2 * PS)
+        assert one.batch_get_v1(keys, dst) == [True, True]
+        assert all(torch.equal(x, y) for x, y in zip(pages_of(host, src), pages_of(host, dst)))
+        one.close()
+        two.close()
+    finally:
+        host.close()
+
+
+def test_one_page_set_that_fails_is_counted_once_and_publishes_nothing(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A one-page set whose write fails: ``[False]``, one failed page and one error counted,
+    nothing published; an OS error is counted quietly, anything else is also logged once.
+    The failed write's bytes are not reused: the next page is written after them."""
+    import mem_cache_storage._segments as segments_module
+    from mem_cache_storage import HiCacheFile
+
+    host = make_host()
+    try:
+        st = HiCacheFile(CFG, host, storage_dir=str(tmp_path))
+        segments = st._segments
+        assert segments is not None
+        keys = page_hashes(list(range(4 * PS)), PS)
+        src, dst = host.alloc(PS), host.alloc(PS)
+        assert st.batch_set_v1(keys[:1], src) == [True]
+        assert segments._seg is not None
+        end = segments._seg.size
+
+        def disk_full(*_: object) -> None:
+            raise OSError("disk full")
+
+        monkeypatch.setattr(segments_module, "_pwritev_all", disk_full)
+        with caplog.at_level(logging.WARNING, logger="mem_cache_storage"):
+            assert st.batch_set_v1(keys[1:2], src) == [False]
+        stats = st.get_stats()
+        assert (stats.set_ok, stats.set_failed, stats.errors) == (1, 1, 1)
+        assert not caplog.records
+        assert st.batch_exists(keys[1:2]) == 0
+        assert segments._seg.size == 2 * end  # the failed record's bytes: skipped
+        monkeypatch.undo()
+
+        def broken(*_: object) -> int:
+            raise RuntimeError("bug")
+
+        monkeypatch.setattr(segments, "put_one", broken)
+        with caplog.at_level(logging.WARNING, logger="mem_cache_storage"):
+            assert st.batch_set_v1(keys[2:3], src) == [False]
+        assert [r.getMessage().count("bug") for r in caplog.records] == [1]
+        stats = st.get_stats()
+        assert (stats.set_ok, stats.set_failed, stats.errors) == (1, 2, 2)
+        monkeypatch.undo()
+
+        assert st.batch_set_v1(keys[3:4], src) == [True]
+        (after,) = segments.locations([st.storage_key(keys[3])])
+        assert after is not None and after.offset == 2 * end
+        assert st.batch_get_v1(keys[3:4], dst) == [True]
+        assert torch.equal(pages_of(host, src)[0], pages_of(host, dst)[0])
+        assert st.get_stats().set_bytes == 2 * host.page_numel * host.buffers[0].element_size()
+        st.close()
+    finally:
+        host.close()

@@ -151,28 +151,38 @@ class SegmentStore:
         if self.fsync:
             os.fsync(fd)
 
+    def _reserve(self, seg: _Segment, need: int) -> None:
+        """Reserve blocks for ``need`` more bytes, and ahead up to the segment's end."""
+        off = seg.size
+        if off + need > seg.reserved:
+            n = max(need, min(RESERVE_BYTES, self.segment_bytes - off))
+            seg.reserved = off + n if reserve(seg.fd, off, n) else _NO_RESERVE
+
+    @staticmethod
+    def _head(key: bytes, offset: int, fmt: PageFormat, s: int) -> bytes:
+        """The head of the record of storage key ``key`` (UTF-8) at file ``offset``."""
+        pad = head_bytes(offset, len(key)) - _REC.size - len(key)
+        return (_REC.pack(_REC_MAGIC, _REC_VERSION, len(key), fmt.format_id, fmt.nbytes, s)
+                + key + bytes(pad))
+
     def put(self, keys: list[str], pages: PageBatch, fmt: PageFormat) -> int:
         """Append ``pages`` under ``keys`` and publish them; the bytes written (``OSError``
         when the batch could not be written: none of it is published)."""
+        if len(keys) == 1:
+            return self.put_one(keys[0], pages[0], fmt)
         with self._wlock:
             seg = self._writable()
             bufs: list[Any] = []
             entries: list[bytes] = []
             start = off = flushed = seg.size
-            need = len(keys) * fmt.nbytes
-            if off + need > seg.reserved:  # blocks ahead, up to the segment's end
-                n = max(need, min(RESERVE_BYTES, self.segment_bytes - off))
-                seg.reserved = off + n if reserve(seg.fd, off, n) else _NO_RESERVE
+            self._reserve(seg, len(keys) * fmt.nbytes)
             step = max(1, _RUN_BYTES // max(1, fmt.nbytes))
             try:
                 for c in range(0, len(keys), step):  # chunks: summed, then written, in cache
                     chunk = pages[c : c + step]
                     sums = sum64_many(chunk) if self.verify else [0] * len(chunk)
                     for key, page, s in zip(keys[c : c + step], chunk, sums):
-                        kb = key.encode()
-                        pad = head_bytes(off, len(kb)) - _REC.size - len(kb)
-                        head = _REC.pack(_REC_MAGIC, _REC_VERSION, len(kb), fmt.format_id,
-                                         fmt.nbytes, s) + kb + bytes(pad)
+                        head = self._head(key.encode(), off, fmt, s)
                         bufs.append(head)
                         bufs += page_views(page)
                         rec = len(head) + fmt.nbytes
@@ -186,6 +196,23 @@ class SegmentStore:
                 seg.size = off  # a failed batch leaves unindexed bytes: never reused
             self._append_log(b"".join(entries))
             return off - start
+
+    def put_one(self, key: str, page: PageRanges, fmt: PageFormat) -> int:
+        """:meth:`put` of one page: one checksum, one ``pwritev``, one log append."""
+        with self._wlock:
+            seg = self._writable()
+            off = seg.size
+            self._reserve(seg, fmt.nbytes)
+            head = self._head(key.encode(), off, fmt, sum64(page) if self.verify else 0)
+            rec = len(head) + fmt.nbytes
+            try:
+                _pwritev_all(seg.fd, [head, *page_views(page)], off)
+                if self.fsync:
+                    os.fdatasync(seg.fd)
+            finally:
+                seg.size = off + rec  # a failed write leaves unindexed bytes: never reused
+            self._append_log(_entry(seg.name, off, rec, key))
+            return rec
 
     # ------------------------------------------------------------------- index
     def _reset(self) -> None:

@@ -219,26 +219,40 @@ class HiCacheFile(SGLangFiles, PageStorageBackend):
         """SGLang's zero-copy write (see :class:`~mem_cache_storage.backend.PageStorageBackend`);
         one page in our key scheme takes its host ranges from the memo, as
         :meth:`batch_get_v1` does (the same checks, guard, write path and counters)."""
-        if self._segments is None or type(keys) is not list or len(keys) != 1:
+        segments = self._segments
+        if segments is None or type(keys) is not list or len(keys) != 1:
             return super().batch_set_v1(keys, host_indices, extra_info)
-        skeys = self.keyspace.storage_keys(keys)
+        skey = self.keyspace.storage_keys(keys)[0]
         pool = self.mem_pool_host
         with _io_guard(pool):
             page, fmt = self._one_page(pool, host_indices)
-            return self._put(skeys, PageBatch.of((page,)), fmt)
+            try:  # as ``_put`` and ``_put_pages`` guard the batch write
+                ok = self._grown(segments.put_one(skey, page, fmt))
+            except OSError:
+                self.stats.add(errors=1)
+                ok = False
+            except Exception as exc:
+                _swallowed(exc, type(self).__name__, "set", self._count_error)
+                ok = False
+        self.stats._add_set(int(ok), int(not ok), fmt.nbytes if ok else 0)
+        return [ok]
+
+    def _grown(self, size: int) -> bool:
+        """Count ``size`` more stored bytes, evicting past the capacity; ``True``."""
+        with self._lock:
+            self._usage += size
+            grown = 0 < self.capacity_bytes < self._usage
+        if grown:
+            self._evict()
+        return True
 
     def _put_pages(self, keys: list[str], pages: PageBatch, fmt: PageFormat) -> list[bool]:
         if self._segments is not None:
             try:
-                size = self._segments.put(keys, pages, fmt)
+                self._grown(self._segments.put(keys, pages, fmt))
             except OSError:
                 self.stats.add(errors=1)
                 return [False] * len(keys)
-            with self._lock:
-                self._usage += size
-                grown = 0 < self.capacity_bytes < self._usage
-            if grown:
-                self._evict()
             return [True] * len(keys)
         out: list[bool] = []
         grown = False
