@@ -184,23 +184,30 @@ class HostSlotAllocator:
         return None
 
     def _tensor_pages(self, indices: torch.Tensor) -> torch.Tensor:
-        """The value checks of :meth:`pages_of` as tensor ops (kind and shape already checked)."""
-        ps = self.page_size
+        """The value checks of :meth:`pages_of` (kind and shape already checked): the pages'
+        first slots as ints (aligned, in range, distinct) and one tensor compare of every slot
+        with its page's first slot plus its offset; the range check of every value runs only
+        when those fail, for its precise error. Three computing tensor ops (``tolist``, an
+        add, ``equal``) where there were nine: inside a 32-page storage read, where each op
+        finds its code cold, the slots' check took 7 of the read's 60 us per 512 KiB page."""
+        ps, size = self.page_size, self.size
         idx = indices.to("cpu", torch.int64)
         if idx.numel() == 0:
             return idx
-        check_index_values("indices", idx, limit=self.size)
         rows = idx.view(-1, ps)
-        starts = rows[:, 0]
-        if bool((starts % ps).any()) or not torch.equal(rows, starts[:, None] + self._offsets):
+        starts: list[int] = rows[:, 0].tolist()
+        if not (
+            all(s >= 0 and not s % ps and s + ps <= size for s in starts)
+            and (ps == 1 or torch.equal(rows, rows[:, :1] + self._offsets))
+        ):
+            check_index_values("indices", idx, limit=size)  # a value out of range: its error
             raise ValueError(
                 f"indices must be whole pages: runs of page_size={ps} consecutive ascending "
                 "slots starting at a multiple of page_size"
             )
-        pages = starts // ps
-        if torch.unique(pages).numel() != pages.numel():
+        if len(set(starts)) != len(starts):
             raise ValueError("indices name the same page more than once")
-        return pages
+        return torch.tensor([s // ps for s in starts], dtype=torch.int64)
 
     def _small_pages(self, slots: list[int]) -> list[int] | None:
         """The page ids of ``slots`` (a few pages, as Python ints) when they are whole, distinct
