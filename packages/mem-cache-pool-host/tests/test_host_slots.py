@@ -123,19 +123,23 @@ TestHostSlotMachine.settings = settings(max_examples=30, stateful_step_count=20,
 
 # ------------------------------------------------ pages_of: the few-pages path = the tensor path
 def _pages_both_ways(a: HostSlotAllocator, idx: torch.Tensor) -> tuple[object, object]:
-    """``pages_of`` through the Python-int path (few slots) and through the tensor checks:
-    a list of page ids, or the error's type and message."""
+    """``pages_of`` through the Python-int path (few slots), and through the tensor checks,
+    both of a few pages (their first slots as ints) and of many (all tensor ops), which must
+    agree: a list of page ids, or the error's type and message."""
     import mem_cache_pool_host.slots as slots_mod
 
     out: list[object] = []
-    for small in (slots_mod._SMALL, 0):
-        saved, slots_mod._SMALL = slots_mod._SMALL, small
+    for small, few in ((slots_mod._SMALL, slots_mod._FEW_PAGES), (0, slots_mod._FEW_PAGES),
+                       (0, 0)):
+        saved = slots_mod._SMALL, slots_mod._FEW_PAGES
+        slots_mod._SMALL, slots_mod._FEW_PAGES = small, few
         try:
             out.append(a.pages_of(idx).tolist())
         except ValueError as e:
             out.append((type(e), str(e)))
         finally:
-            slots_mod._SMALL = saved
+            slots_mod._SMALL, slots_mod._FEW_PAGES = saved
+    assert out[1] == out[2], ("few pages", out[1], "tensor ops", out[2])
     return out[0], out[1]
 
 
