@@ -310,6 +310,8 @@ def _measure(label: str, b: Any, host: Any, *, ps: int, s_idx: torch.Tensor,
     return sec_set, sec_get, _best(exists, repeat)
 
 
+#: bytes the recycler writes per ``pwrite`` (again and again up to what a series needs)
+_RECYCLE_BUFFER = 8 << 20
 SIDES = ("sglang", "ours", "ours-sgl")  # ours-sgl: our backend in the ``sglang`` key scheme
 
 
@@ -325,10 +327,10 @@ def side_by_side(cfg: Config, root: Path, rounds: int = 1, *, empty_set: bool = 
     samples: dict[tuple[str, str, int, int], list[float]] = {}
     sizes: dict[int, int] = {}
     max_batch = max(cfg.batches)
+    recycler = Recycler(root, _RECYCLE_BUFFER) if recycle else None
     for ps in cfg.page_sizes:
         host = _host(cfg, ps, 2 * max_batch)
         sizes[ps] = ps * host.get_size_per_token()
-        recycler = Recycler(root, 2 * max_batch * sizes[ps]) if recycle else None
         src = host.alloc(max_batch * ps)
         dst = host.alloc(max_batch * ps)
         assert src is not None and dst is not None

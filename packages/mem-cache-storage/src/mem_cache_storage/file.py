@@ -61,6 +61,7 @@ from mem_cache_storage.backend import (
     KeySpace,
     PageBatch,
     PageFormat,
+    PageRanges,
     PageStorageBackend,
     _io_guard,
     _swallowed,
@@ -226,33 +227,41 @@ class HiCacheFile(SGLangFiles, PageStorageBackend):
         pool = self.mem_pool_host
         with _io_guard(pool):
             page, fmt = self._one_page(pool, host_indices)
-            try:  # as ``_put`` and ``_put_pages`` guard the batch write
-                ok = self._grown(segments.put_one(skey, page, fmt))
-            except OSError:
-                self.stats.add(errors=1)
-                ok = False
+            try:  # as ``_put`` guards ``_put_pages``
+                ok = self._put_one(segments, skey, page, fmt)
             except Exception as exc:
                 _swallowed(exc, type(self).__name__, "set", self._count_error)
                 ok = False
         self.stats._add_set(int(ok), int(not ok), fmt.nbytes if ok else 0)
         return [ok]
 
-    def _grown(self, size: int) -> bool:
-        """Count ``size`` more stored bytes, evicting past the capacity; ``True``."""
+    def _put_one(self, segments: SegmentStore, skey: str, page: PageRanges,
+                 fmt: PageFormat) -> bool:
+        """:meth:`_put_pages` of one page in our scheme."""
+        try:
+            size = segments.put_one(skey, page, fmt)
+        except OSError:
+            self.stats.add(errors=1)
+            return False
+        self._grown(size)
+        return True
+
+    def _grown(self, size: int) -> None:
+        """Count ``size`` more stored bytes, evicting past the capacity."""
         with self._lock:
             self._usage += size
             grown = 0 < self.capacity_bytes < self._usage
         if grown:
             self._evict()
-        return True
 
     def _put_pages(self, keys: list[str], pages: PageBatch, fmt: PageFormat) -> list[bool]:
         if self._segments is not None:
             try:
-                self._grown(self._segments.put(keys, pages, fmt))
+                size = self._segments.put(keys, pages, fmt)
             except OSError:
                 self.stats.add(errors=1)
                 return [False] * len(keys)
+            self._grown(size)
             return [True] * len(keys)
         out: list[bool] = []
         grown = False
