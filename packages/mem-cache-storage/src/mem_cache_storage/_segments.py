@@ -18,8 +18,7 @@ records (at most 8 MiB or ``IOV_MAX`` buffers; a read run is one page of 256 KiB
 segment files stay open (an ``open`` on first use). ``clear`` and compaction, which unlink or
 replace the log, then append the retirement entry to the log they took away: a reader holding
 it sees it grow, reads that entry and starts over from the published log (its map reset), at
-its next call. A log removed by other means is
-noticed within 50 ms (the path's ``stat``).
+its next call. A log removed by other means is noticed within 50 ms (the path's ``stat``).
 
 Capacity evicts whole segments, least recently used first (a hit refreshes its segment's mtime,
 at most once a second): the evicting instance appends a *tombstone* per segment (an entry with

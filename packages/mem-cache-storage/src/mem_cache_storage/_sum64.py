@@ -80,6 +80,7 @@ _PAGES_MAX = 8192
 
 
 def _page_arrays(key: tuple[tuple[int, int], ...]) -> tuple[tuple[Any, ...], int] | None:
+    """The ``_PAGES`` entry of page ``key``, added; ``None`` for a page it does not keep."""
     if any(n & 7 or not n for _, n in key):
         return None
     if len(_PAGES) >= _PAGES_MAX:
