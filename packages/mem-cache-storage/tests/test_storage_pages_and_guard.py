@@ -262,6 +262,62 @@ def test_one_page_memo_equals_host_page_ranges_and_refuses_the_same_slots(
             host.close()
 
 
+def test_one_page_memo_reads_only_tensors_whose_memory_is_their_values(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A remembered page is found by the bytes of the slot tensor's memory: a plain tensor of
+    its slots (a fresh one, a view at an offset, int32) finds it without the pool's check,
+    and a tensor whose memory holds a remembered page's slots but whose values differ (a
+    strided view, the negative bit) or which has no memory (a zero tensor) is judged by its
+    values, as ``host_page_ranges`` judges it."""
+    from mem_cache_storage import _one_page
+
+    host = make_host()
+    memo = _one_page.OnePage()
+    calls = [0]
+    checked = host.page_ids
+
+    def page_ids(indices: torch.Tensor, **kw: Any) -> list[int]:
+        calls[0] += 1
+        return checked(indices, **kw)
+
+    def string_at(ptr: int, size: int) -> bytes:
+        assert ptr, "read the memory of a tensor without memory"
+        return _one_page.ctypes.string_at(ptr, size)
+
+    monkeypatch.setattr(host, "page_ids", page_ids)
+    monkeypatch.setattr(_one_page, "_string_at", string_at)
+    try:
+        for dtype in (torch.int64, torch.int32):
+            for page in range(3):  # the first call of all takes the general path
+                memo(host, torch.arange(page * PS, (page + 1) * PS, dtype=dtype))
+        found = [torch.arange(PS, 2 * PS), torch.arange(0, 3 * PS)[PS : 2 * PS],
+                 torch.arange(2 * PS, 3 * PS, dtype=torch.int32)]
+        for idx in found:
+            batch, fmt = host_page_ranges(host, idx.clone(), 1)
+            before = calls[0]
+            assert memo(host, idx) == (batch[0], fmt) and calls[0] == before, idx
+        judged: list[torch.Tensor] = [
+            torch.arange(PS, 3 * PS)[::2],  # memory: page 1's slots, values PS, PS + 2, ...
+            torch._neg_view(torch.arange(PS, 2 * PS)),  # memory: page 1, values negative
+            torch._neg_view(-torch.arange(PS, 2 * PS)),  # values: page 1
+            torch._efficientzerotensor(PS, dtype=torch.int64),  # no memory
+        ]
+        for idx in judged:
+            try:
+                batch, fmt = host_page_ranges(host, idx, 1)
+            except Exception as exc:  # the same kind must come back
+                before = calls[0]
+                with pytest.raises(type(exc)):
+                    memo(host, idx)
+            else:
+                before = calls[0]
+                assert memo(host, idx) == (batch[0], fmt), idx
+            assert calls[0] == before + 1, idx  # the pool judged it
+    finally:
+        host.close()
+
+
 def test_one_page_memo_follows_the_pool() -> None:
     """The memo holds the last pool it saw: another pool is looked up afresh (its own ranges),
     and so is the first pool again, so no read lands in another pool's memory."""

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from mem_cache_storage import HiCacheFile, HiCacheStorageConfig, page_hashes
-from mem_cache_storage._segment_format import _BODY, _ENT, _ENT_MAGIC, INDEX_NAME
+from mem_cache_storage._segment_format import _BODY, _ENT, _ENT_MAGIC, INDEX_NAME, RETIRED
 from mem_cache_storage._sum64 import sum64, sum64_bytes, sum64_many, use_numpy
 
 from .conftest import PS, make_host, pages_of
@@ -242,6 +242,44 @@ def test_many_ranges_per_page_and_long_batches(tmp_path: Path) -> None:
         host.close()
 
 
+def test_large_pages_are_read_one_per_preadv(tmp_path: Path, host: Any,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch of pages smaller than ``_PAGE_RUN_BYTES`` is read as one run (one ``preadv``);
+    pages at least that big are read one per ``preadv``, each summed right after its read;
+    both round-trip bit-exact, and a corrupted page is a miss alone in either."""
+    from mem_cache_storage import _segments
+
+    st = HiCacheFile(CFG, host, storage_dir=str(tmp_path))
+    n = 6
+    keys = _keys(n)
+    src, dst = host.alloc(n * PS), host.alloc(n * PS)
+    assert st.batch_set_v1(keys, src) == [True] * n
+    page_bytes = st.get_stats().set_bytes // n
+    reads = [0]
+    preadv = os.preadv
+
+    def counted(*args: Any) -> int:
+        reads[0] += 1
+        return preadv(*args)
+
+    monkeypatch.setattr(_segments.os, "preadv", counted)
+    for threshold, calls in ((page_bytes + 1, 1), (page_bytes, n)):
+        monkeypatch.setattr(_segments, "_PAGE_RUN_BYTES", threshold)
+        reads[0] = 0
+        dst_pages = host.alloc(n * PS)
+        assert st.batch_get_v1(keys, dst_pages) == [True] * n and _same(host, src, dst_pages)
+        assert reads[0] == calls, threshold
+    seg, off, rec = _record(st, keys[2])
+    with open(tmp_path / seg, "r+b") as f:
+        f.seek(off + rec - 1)
+        last = f.read(1)
+        f.seek(off + rec - 1)
+        f.write(bytes([last[0] ^ 0x01]))
+    for threshold in (page_bytes + 1, page_bytes):
+        monkeypatch.setattr(_segments, "_PAGE_RUN_BYTES", threshold)
+        assert st.batch_get_v1(keys, dst) == [k != 2 for k in range(n)], threshold
+
+
 def test_threads_share_one_instance(tmp_path: Path, host: Any) -> None:
     st = HiCacheFile(CFG, host, storage_dir=str(tmp_path))
     src = host.alloc(8 * PS)
@@ -359,3 +397,47 @@ def test_tombstones_tell_readers_with_open_segments(tmp_path: Path, host: Any) -
     assert gone == keys[: len(gone)] and 0 < len(gone) < 5, gone
     assert [a.exists(k) for k in keys] == [k not in gone for k in keys]
     assert a.batch_get_v1(gone[:1], dst) == [False]
+
+
+def test_a_retired_log_tells_the_readers_holding_it(tmp_path: Path, host: Any,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another instance's ``clear`` and log compaction reach a reader that holds the old log
+    open at its next call, through the retirement entry appended to that log (readers check
+    the open log's size; the look-up of the log's path, every 50 ms, is switched off here)."""
+    from mem_cache_storage import _segments
+
+    monkeypatch.setattr(_segments, "_RESTAT_S", 1e9)
+    compactions = [0]
+    compact = _segments.SegmentStore._compact
+
+    def counted(self: Any) -> None:
+        compactions[0] += 1
+        compact(self)
+
+    monkeypatch.setattr(_segments.SegmentStore, "_compact", counted)
+    a = HiCacheFile(CFG, host, storage_dir=str(tmp_path), segment_bytes=1)
+    b = HiCacheFile(CFG, host, storage_dir=str(tmp_path), segment_bytes=1)
+    keys = _keys(3)
+    src, dst = host.alloc(3 * PS), host.alloc(3 * PS)
+    assert b.batch_set_v1(keys, src) == [True] * 3
+    assert a.batch_get_v1(keys, dst) == [True] * 3  # a holds the log and b's segment open
+    b.clear()
+    assert a.batch_exists(keys) == 0 and a.batch_get_v1(keys, dst) == [False] * 3
+    assert b.batch_set_v1(keys, src) == [True] * 3  # a new log: a follows it
+    assert a.batch_get_v1(keys, dst) == [True] * 3 and _same(host, src, dst)
+    b.clear()
+    record = 0
+    c = None
+    for salt in range(40):  # c evicts and compacts (replaces the log) again and again
+        key = _keys(1, salt)
+        if c is None:
+            assert b.batch_set_v1(key, src[:PS]) == [True]
+            record = next(tmp_path.glob("seg-*.kvp")).stat().st_size
+            c = HiCacheFile(CFG, host, storage_dir=str(tmp_path), capacity_bytes=4 * record,
+                            segment_bytes=1)
+            continue
+        assert c.batch_set_v1(key, src[:PS]) == [True]
+        assert a.batch_exists(key) == c.batch_exists(key) == 1, salt  # a sees the newest page
+        assert a.batch_get_v1(key, dst[:PS]) == [True], salt
+    assert c is not None and c.get_stats().evicted >= 30 and compactions[0] >= 5
+    assert RETIRED not in (tmp_path / INDEX_NAME).read_bytes()  # only in logs taken away

@@ -1,19 +1,30 @@
 """The host ranges of a one-page storage call, remembered per page.
 
-A one-page ``batch_get_v1`` is the controller's common call, and at 128 KiB a page's read and
-checksum cost about 7 us: :func:`~mem_cache_storage.backend.host_page_ranges` (the pool's slot
-check, three attribute reads, the format's lookup, a
-:class:`~mem_cache_storage.backend.PageBatch`) was a fifth of the call. :class:`OnePage` keeps,
-for the last of our host pools it saw, the pool's page format and, by page id, the page's
-ranges: a pool's range table is fixed while it is open (its buffers never move) and the caller
-holds the pool's ``io_guard``, which refuses a closed pool. Every call has its slots
-checked by the pool's own ``page_ids`` (one ``tolist`` for a page), which raises the pool's
-precise error. SGLang's pools (no range table), slots of another length and any other pool take
-:func:`~mem_cache_storage.backend.host_page_ranges`.
+A one-page ``batch_get_v1`` is the controller's common call, and a 512 KiB page's read and
+checksum take about 25 us here: :func:`~mem_cache_storage.backend.host_page_ranges` (the pool's
+slot check, three attribute reads, the format's lookup, a
+:class:`~mem_cache_storage.backend.PageBatch`) was a fifth of the call, and the pool's slot
+check alone (a ``tolist`` of the slots and a compare with the page's) still 3-4 us once the
+read had evicted the interpreter's working set from the CPU caches.
+
+:class:`OnePage` keeps, for the last of our host pools it saw, the pool's page format and the
+ranges of every page it was asked for, keyed by the page's slots as the index tensor holds them
+in memory (the *canonical bytes*: ``page_size`` consecutive int64, or int32, values from the
+page's first slot, native byte order). A call reads the tensor's bytes (one copy, no tensor
+op) and looks them up: a hit means the tensor holds exactly the slots of a page the pool's own
+:meth:`page_ids` accepted before, and the pool's page geometry is fixed while it is open (its
+buffers never move; the caller holds the pool's ``io_guard``, which refuses a closed pool). Only
+a tensor whose memory *is* its values is read that way: a plain 1-D CPU tensor, strided and
+contiguous, without the negative bit, with storage. Any other tensor, a miss, SGLang's pools
+(no range table) and any other pool take the pool's checks (``page_ids``, which raises its
+precise error) or :func:`~mem_cache_storage.backend.host_page_ranges`; an entry is added only
+after ``page_ids`` accepted the slots, under the canonical bytes of the page it returned.
 """
 
 from __future__ import annotations
 
+import ctypes
+from array import array
 from typing import Any
 
 import torch
@@ -26,18 +37,22 @@ __all__ = ["OnePage"]
 
 #: a host pool's ``page_range_table()``: ``(base, stride, nbytes)`` per range of a page
 _Table = tuple[tuple[int, int, int], ...]
-#: (pool, its range table, page size, page format, ranges by page id)
-_State = tuple[Any, _Table, int, PageFormat, dict[int, PageRanges]]
+#: (pool, its range table, page size, page format, ranges by the canonical bytes of the slots)
+_State = tuple[Any, _Table, int, PageFormat, dict[bytes, PageRanges]]
 
-
-#: pages remembered per pool before the memo starts over (an entry: a page's ranges)
+#: pages remembered per pool before the memo starts over (an entry: a page's slots as bytes,
+#: at most 8 * page_size, and its ranges)
 MAX_PAGES = 8192
+#: the ``array`` type code of each index dtype (its native machine type)
+_TYPECODES = {torch.int64: "q", torch.int32: "i"}
+_STRIDED = torch.strided
+_string_at = ctypes.string_at
 
 
 class OnePage:
     """``host_page_ranges(pool, host_indices, 1)`` as ``(page ranges, format)``, remembered
     (see the module docstring). Safe under concurrent calls: its state is one tuple, replaced
-    whole (pool, range table, page size, format, and by page id the page's ranges)."""
+    whole (pool, range table, page size, format, and by slots the page's ranges)."""
 
     __slots__ = ("_state",)
 
@@ -47,29 +62,35 @@ class OnePage:
     def __call__(self, pool: Any, host_indices: torch.Tensor) -> tuple[PageRanges, PageFormat]:
         """Call under the pool's ``io_guard`` (the ranges are the pool's memory)."""
         st = self._state
+        h = host_indices
         if (
             st is not None
             and pool is st[0]
-            and type(host_indices) is torch.Tensor
-            and host_indices.dtype in INDEX_DTYPES  # any other kind: host_page_ranges names it
-            and host_indices.dim() == 1
-            and host_indices.numel() == st[2]
+            and type(h) is torch.Tensor
+            and h.dtype in INDEX_DTYPES  # any other kind: host_page_ranges names it
+            and h.is_cpu
+            and h.layout is _STRIDED
+            and h.dim() == 1
+            and h.numel() == st[2]
         ):
-            (page,) = pool.page_ids(host_indices)  # the pool's checks of the slots
-            ranges = st[4].get(page)
-            if ranges is None:
-                ranges = self._remember(page, st)
-            return ranges, st[3]
+            ptr = h.data_ptr()  # 0: no storage (a zero tensor)
+            if ptr and h.is_contiguous() and not h.is_neg():
+                ranges = st[4].get(_string_at(ptr, st[2] * h.element_size()))
+                if ranges is not None:
+                    return ranges, st[3]
+            (page,) = pool.page_ids(h)  # the pool's checks of the slots
+            return self._remember(page, h.dtype, st), st[3]
         return self._miss(pool, host_indices)
 
     @staticmethod
-    def _remember(page: int, st: _State) -> PageRanges:
-        pages = st[4]
+    def _remember(page: int, dtype: torch.dtype, st: _State) -> PageRanges:
+        """The ranges of ``page`` (accepted by the pool), remembered under its canonical
+        bytes as ``dtype`` slots."""
+        pages, ps = st[4], st[2]
         if len(pages) >= MAX_PAGES:
             pages.clear()
-        ranges = pages[page] = tuple(
-            (base + page * stride, nbytes) for base, stride, nbytes in st[1]
-        )
+        ranges = tuple((base + page * stride, nbytes) for base, stride, nbytes in st[1])
+        pages[array(_TYPECODES[dtype], range(page * ps, page * ps + ps)).tobytes()] = ranges
         return ranges
 
     def _miss(self, pool: Any, host_indices: torch.Tensor) -> tuple[PageRanges, PageFormat]:

@@ -18,7 +18,10 @@ finished) and the block reservation ahead of it (:func:`reserve`). A directory h
 
       magic "MCSI" | body bytes u16 | CRC-32 of the body u32
       | body: record offset u64 | record bytes u64 | segment name length u8 | segment name | key
-      (an empty key: a tombstone, the segment was deleted)
+      (an empty key: a tombstone, the segment was deleted; an empty segment name and key:
+      the *retirement entry*, appended to a log after ``clear`` unlinked it or compaction
+      replaced it, so a reader holding it open starts over from the published log; a reader
+      of an earlier version takes it for the tombstone of a segment named "", which is none)
 
 :class:`Location` is where a record lies; :func:`_entry` builds one index entry.
 """
@@ -39,6 +42,7 @@ __all__ = [
     "SEGMENT_PREFIX",
     "SEGMENT_SUFFIX",
     "RESERVE_BYTES",
+    "RETIRED",
     "Location",
     "head_bytes",
     "reserve",
@@ -82,6 +86,10 @@ def _entry(segment: str, offset: int, nbytes: int, key: str) -> bytes:
     sname = segment.encode()
     body = _BODY.pack(offset, nbytes, len(sname)) + sname + key.encode()
     return _ENT.pack(_ENT_MAGIC, len(body), zlib.crc32(body)) + body
+
+
+#: the retirement entry (see the module docstring)
+RETIRED = _entry("", 0, 0, "")
 
 
 def _rest(bufs: Sequence[Any], done: int) -> list[Any]:

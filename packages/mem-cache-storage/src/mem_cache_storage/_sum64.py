@@ -69,30 +69,41 @@ def use_numpy(on: bool) -> bool:
     return numpy_on
 
 
-#: numpy word views of host ranges already summed, by ``(ptr, nbytes)`` (an address and a
-#: length, owning nothing, as :func:`~mem_cache_storage.backend.page_views`' cache): a page's
-#: sum is one reduction per range, without building a view and an array each time
-_ARRAYS: dict[tuple[int, int], Any] = {}
-_ARRAYS_MAX = 8192
+#: by page (its ranges as a tuple: an address and a length each, owning nothing, as
+#: :func:`~mem_cache_storage.backend.page_views`' cache): numpy word views of its ranges, last
+#: range first, and its byte count mixed (a page with a range that is empty or not whole
+#: words is not kept: the general path sums it). A page's sum is then one reduction per range,
+#: without building a view and an array each time; the last range first, because a read that
+#: just filled the page left its end in the CPU's caches (0.4 us of a 512 KiB page's 8 us)
+_PAGES: dict[tuple[tuple[int, int], ...], tuple[tuple[Any, ...], int]] = {}
+_PAGES_MAX = 8192
+
+
+def _page_arrays(key: tuple[tuple[int, int], ...]) -> tuple[tuple[Any, ...], int] | None:
+    """The ``_PAGES`` entry of page ``key``, added; ``None`` for a page it does not keep."""
+    if any(n & 7 or not n for _, n in key):
+        return None
+    if len(_PAGES) >= _PAGES_MAX:
+        _PAGES.clear()
+    arrays = tuple(_np.frombuffer(view(*rng), dtype=_np.uint64) for rng in reversed(key))
+    hit = _PAGES[key] = (arrays, sum(n for _, n in key) * _LEN_MIX)
+    return hit
 
 
 def _sum_numpy(page: PageRanges) -> int | None:
     """The word sum and byte count of ``page`` mixed, through cached arrays (numpy's
     reductions); ``None`` for a range that is empty or not whole words (the general path)."""
-    total = nbytes = 0
-    cache, reduce = _ARRAYS, _np.add.reduce
-    for rng in page:
-        n = rng[1]
-        if n & 7 or not n:
+    key = page if type(page) is tuple else tuple(page)
+    hit = _PAGES.get(key)
+    if hit is None:
+        hit = _page_arrays(key)
+        if hit is None:
             return None
-        arr = cache.get(rng)
-        if arr is None:
-            if len(cache) >= _ARRAYS_MAX:
-                cache.clear()
-            arr = cache[rng] = _np.frombuffer(view(*rng), dtype=_np.uint64)
+    arrays, total = hit
+    reduce = _np.add.reduce
+    for arr in arrays:
         total += int(reduce(arr))
-        nbytes += n
-    return (total + nbytes * _LEN_MIX) & _MASK
+    return total & _MASK
 
 
 def sum64(page: PageRanges) -> int:
