@@ -49,9 +49,9 @@ def test_hook_feeds_the_sglang_bench() -> None:
 
 def test_recycler_writes_and_frees_the_bytes_asked(tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """The recycler writes exactly ``n`` bytes (its buffer again and again past its size) to
-    one scratch file and removes it; the side-by-side run calls it before each series of
-    timed sets and gets, and ``--no-recycle`` not at all."""
+    """The recycler flushes dirty pages, then writes exactly ``n`` bytes (its buffer again and
+    again past its size) to one scratch file and removes it; the side-by-side run calls it
+    before each series of timed sets and gets, and ``--no-recycle`` not at all."""
     import os
 
     from tools.bench.recycle import Recycler
@@ -66,8 +66,9 @@ def test_recycler_writes_and_frees_the_bytes_asked(tmp_path: Path,
 
     rec = Recycler(tmp_path, 1000)
     monkeypatch.setattr(os, "pwrite", count)
+    monkeypatch.setattr(os, "sync", lambda: written.clear() or written.append(0))
     rec(2500)
-    assert written == [1000, 1000, 500] and list(tmp_path.iterdir()) == []
+    assert written == [0, 1000, 1000, 500] and list(tmp_path.iterdir()) == []
     monkeypatch.undo()
 
     calls: list[int] = []

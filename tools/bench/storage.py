@@ -28,8 +28,9 @@ directory before each repeat instead, so each timed call also creates the files 
 creates: our segment and index log, SGLang's page file); the
 ratio column is ours / SGLang's pages per second, the median of ``--rounds`` alternating rounds
 (the order of the sides flips every round; each round takes the best of ``--repeat``). Before
-each series of timed sets and of timed gets, memory for all of them is written to a scratch file
-and freed (:mod:`tools.bench.recycle`), for both sides alike: on a virtual machine whose host
+each series of timed sets and of timed gets, dirty pages are flushed (no side is timed while the
+kernel writes back the other's pages) and memory for all of the calls is written to a scratch
+file and freed (:mod:`tools.bench.recycle`), for both sides alike: on a virtual machine whose host
 takes back free memory (this one), new memory costs about 10 us per 4 KiB page at first touch,
 and a row moving 64 MiB per call would time that instead of the backends (``--no-recycle``
 times the memory as the machine leaves it).

@@ -1,5 +1,5 @@
-"""How segment records are laid out and written: each payload starts at a file offset that is a
-multiple of 64 (whatever the key's length and the record's place), a writer reserves blocks
+"""How segment records are laid out and written: a record is its payload alone, the pages of one
+size back to back (whatever the keys' lengths), a writer reserves blocks
 ahead of its segment's end without changing the file's size and gives them back at rotation and
 at close, and where no reservation can be made (another platform, a file system without it) the
 writes append as before."""
@@ -16,12 +16,12 @@ import torch
 
 import mem_cache_storage._segment_format as segment_format
 from mem_cache_storage import HiCacheFile, HiCacheStorageConfig
-from mem_cache_storage._segment_format import RESERVE_BYTES, SEGMENT_SUFFIX, head_bytes, reserve
+from mem_cache_storage._segment_format import RESERVE_BYTES, SEGMENT_SUFFIX, reserve
 
 from .conftest import PS, make_host, pages_of
 
 CFG = HiCacheStorageConfig(model_name="m", extra_config={"model_fingerprint": "w1"})
-#: caller keys of every length modulo 64, so the padding takes every value
+#: caller keys of 65 lengths (a record's place does not depend on its key)
 KEYS = ["k" * n for n in range(1, 66)]
 
 
@@ -51,15 +51,10 @@ def _reserve_works(root: Path) -> bool:
         probe.unlink()
 
 
-def test_head_bytes_puts_every_payload_at_a_multiple_of_64() -> None:
-    for offset in (0, 1, 63, 64, 1000, (1 << 33) + 5):
-        for key_bytes in range(0, 130):
-            n = head_bytes(offset, key_bytes)
-            assert (offset + n) % 64 == 0
-            assert 32 + key_bytes <= n < 32 + key_bytes + 64
-
-
-def test_payloads_lie_at_64_byte_offsets_and_round_trip(tmp_path: Path, host: Any) -> None:
+def test_payloads_lie_back_to_back_and_round_trip(tmp_path: Path, host: Any) -> None:
+    """A record is its payload alone: the pages of one size lie back to back in write order,
+    page ``n`` at ``n * page bytes`` (so a page of ``2**k`` bytes starts at a multiple of
+    ``2**k``), whatever the length of the keys, in batches and in one-page calls."""
     st = HiCacheFile(CFG, host, storage_dir=str(tmp_path))
     src, dst = host.alloc(len(KEYS) * PS), host.alloc(len(KEYS) * PS)
     assert src is not None and dst is not None
@@ -67,9 +62,11 @@ def test_payloads_lie_at_64_byte_offsets_and_round_trip(tmp_path: Path, host: An
     for lo, hi in [(i, i + 9) for i in range(0, 36, 9)] + [(i, i + 1) for i in range(36, 65)]:
         part = src[lo * PS : hi * PS]
         assert st.batch_set_v1(KEYS[lo:hi], part) == [True] * (hi - lo)
-    for key in KEYS:
-        extent = st.page_extent(key)
-        assert extent is not None and extent[1] % 64 == 0, (key, extent)
+    page_bytes = st.get_stats().set_bytes // len(KEYS)
+    (seg,) = _segments(tmp_path)
+    for n, key in enumerate(KEYS):
+        assert st.page_extent(key) == (seg, n * page_bytes, page_bytes), key
+    assert os.stat(seg).st_size == len(KEYS) * page_bytes
     assert st.batch_get_v1(KEYS, dst) == [True] * len(KEYS)
     assert all(torch.equal(a, b) for a, b in zip(pages_of(host, src), pages_of(host, dst)))
     st.close()

@@ -19,7 +19,14 @@ import pytest
 import torch
 
 from mem_cache_storage import HiCacheFile, HiCacheStorageConfig, page_hashes
-from mem_cache_storage._segment_format import _BODY, _ENT, _ENT_MAGIC, INDEX_NAME, RETIRED
+from mem_cache_storage._segment_format import (
+    _BODY,
+    _ENT,
+    _ENT_MAGIC,
+    INDEX_NAME,
+    RETIRED,
+    Location,
+)
 from mem_cache_storage._sum64 import sum64, sum64_bytes, sum64_many, use_numpy
 
 from .conftest import PS, make_host, pages_of
@@ -35,17 +42,24 @@ def _same(host: Any, a: torch.Tensor, b: torch.Tensor) -> bool:
     return all(torch.equal(x, y) for x, y in zip(pages_of(host, a), pages_of(host, b)))
 
 
-def _entry(segment: str, offset: int, nbytes: int, skey: str) -> bytes:
-    body = _BODY.pack(offset, nbytes, len(segment)) + segment.encode() + skey.encode()
+def _entry(segment: str, offset: int, nbytes: int, skey: str, *, fid: int = 0,
+           s: int = 0) -> bytes:
+    """An index entry, built here from the format's description (not the store's code)."""
+    body = _BODY.pack(offset, nbytes, fid, s, len(segment)) + segment.encode() + skey.encode()
     return _ENT.pack(_ENT_MAGIC, len(body), zlib.crc32(body)) + body
 
 
-def _record(st: HiCacheFile, key: str) -> tuple[str, int, int]:
-    """(segment name, record offset, record bytes) of ``key``."""
+def _location(st: HiCacheFile, key: str) -> Location:
     segments = st._segments
     assert segments is not None
     (loc,) = segments.locations([st.storage_key(key)])
     assert loc is not None
+    return loc
+
+
+def _record(st: HiCacheFile, key: str) -> tuple[str, int, int]:
+    """(segment name, record offset, record bytes) of ``key``."""
+    loc = _location(st, key)
     return loc.segment, loc.offset, loc.nbytes
 
 
@@ -139,10 +153,11 @@ def test_a_pending_entry_is_seen_once_complete(tmp_path: Path, host: Any) -> Non
     # a record of keys[1]'s bytes at the end of a segment of our own, then its entry in 2 parts
     writer = HiCacheFile(CFG, host, storage_dir=str(tmp_path / "w"))
     assert writer.batch_set_v1(keys[1:], src[PS:]) == [True]
-    wseg, woff, wrec = _record(writer, keys[1])
-    data = (tmp_path / "w" / wseg).read_bytes()[woff : woff + wrec]
-    (tmp_path / wseg).write_bytes(data)
-    entry = _entry(wseg, 0, wrec, st.storage_key(keys[1]))
+    wloc = _location(writer, keys[1])
+    data = (tmp_path / "w" / wloc.segment).read_bytes()[wloc.offset : wloc.offset + wloc.nbytes]
+    (tmp_path / wloc.segment).write_bytes(data)
+    entry = _entry(wloc.segment, 0, wloc.nbytes, st.storage_key(keys[1]),
+                   fid=wloc.format_id, s=wloc.sum64)
     log = tmp_path / INDEX_NAME
     with open(log, "ab") as f:
         f.write(entry[:9])
@@ -155,29 +170,40 @@ def test_a_pending_entry_is_seen_once_complete(tmp_path: Path, host: Any) -> Non
 
 
 def test_foreign_truncated_and_corrupted_records_are_misses(tmp_path: Path, host: Any) -> None:
+    """A record is checked against its entry: an entry that points at another page's record (a
+    misplaced entry, with its own page's checksum), one that names another format (its record
+    right after a good one: the run stops there), a flipped payload byte and a cut segment are
+    misses (``rejected``), never wrong bytes, and the other pages of the batch still hit."""
     st = HiCacheFile(CFG, host, storage_dir=str(tmp_path))
-    keys = _keys(4)
-    src, dst = host.alloc(4 * PS), host.alloc(4 * PS)
-    assert st.batch_set_v1(keys, src) == [True] * 4
-    # an entry naming key 3 but pointing at key 0's record: the record's key differs
-    seg, off, rec = _record(st, keys[0])
+    keys = _keys(6)
+    src, dst = host.alloc(6 * PS), host.alloc(6 * PS)
+    assert st.batch_set_v1(keys, src) == [True] * 6
+    locs = [_location(st, k) for k in keys]
+    # an entry naming key 3, with key 3's checksum, pointing at key 0's record
     with open(tmp_path / INDEX_NAME, "ab") as f:
-        f.write(_entry(seg, off, rec, st.storage_key(keys[3])))
-    assert st.batch_get_v1(keys[3:], dst[3 * PS :]) == [False]
+        f.write(_entry(locs[0].segment, locs[0].offset, locs[0].nbytes, st.storage_key(keys[3]),
+                       fid=locs[3].format_id, s=locs[3].sum64))
+    assert st.batch_get_v1(keys[3:4], dst[3 * PS : 4 * PS]) == [False]
     assert st.get_stats().rejected == 1
-    # a flipped byte in key 1's header (its format id): a miss, the others still hit
-    _, off1, _ = _record(st, keys[1])
-    path = tmp_path / seg
-    raw = bytearray(path.read_bytes())
-    raw[off1 + 8] ^= 1
-    path.write_bytes(bytes(raw))
+    # an entry naming key 1 (its place, bytes and checksum right) in another format: not read
+    with open(tmp_path / INDEX_NAME, "ab") as f:
+        f.write(_entry(locs[1].segment, locs[1].offset, locs[1].nbytes, st.storage_key(keys[1]),
+                       fid=locs[1].format_id ^ 1, s=locs[1].sum64))
     assert st.batch_get_v1(keys[:3], dst[: 3 * PS]) == [True, False, True]
-    # the segment cut inside key 2's payload: key 0 hits (one preadv comes back short, then
-    # page by page), key 2 is a miss
-    _, off2, rec2 = _record(st, keys[2])
-    os.truncate(path, off2 + rec2 - 3)
+    assert st.get_stats().rejected == 2
+    # a flipped byte in key 2's payload: a miss, the others still hit
+    path = tmp_path / locs[0].segment
+    raw = bytearray(path.read_bytes())
+    raw[locs[2].offset + 8] ^= 1
+    path.write_bytes(bytes(raw))
     assert st.batch_get_v1(keys[:3], dst[: 3 * PS]) == [True, False, False]
+    assert st.get_stats().rejected == 4
+    # the segment cut inside key 5's payload: keys 4 and 5 are one run, whose preadv comes back
+    # short; then page by page: key 4 hits, key 5 is a miss
+    os.truncate(path, locs[5].offset + locs[5].nbytes - 3)
+    assert st.batch_get_v1(keys[4:], dst[4 * PS :]) == [True, False]
     assert _same(host, src[:PS], dst[:PS])
+    assert _same(host, src[4 * PS : 5 * PS], dst[4 * PS : 5 * PS])
 
 
 def test_another_instance_clears_and_evicts(tmp_path: Path, host: Any) -> None:
@@ -441,3 +467,28 @@ def test_a_retired_log_tells_the_readers_holding_it(tmp_path: Path, host: Any,
         assert a.batch_get_v1(key, dst[:PS]) == [True], salt
     assert c is not None and c.get_stats().evicted >= 30 and compactions[0] >= 5
     assert RETIRED not in (tmp_path / INDEX_NAME).read_bytes()  # only in logs taken away
+
+
+def test_version_3_entries_are_skipped_whole(tmp_path: Path, host: Any) -> None:
+    """A log that still holds entries of version 3 (magic ``MCSI``, a head before each record,
+    no checksum in the entry): a reader skips them whole (their pages are misses, its place in
+    the log moves past them) and finds the pages written after them."""
+    from mem_cache_storage._segment_format import _OLD_BODY, _OLD_ENT_MAGIC
+
+    keys = _keys(3)
+    st = HiCacheFile(CFG, host, storage_dir=str(tmp_path))
+    old = []
+    for k in keys[:2]:  # what a version 3 writer appended for two pages
+        body = _OLD_BODY.pack(0, 4096, 11) + b"seg-old.kvp" + st.storage_key(k).encode()
+        old.append(_ENT.pack(_OLD_ENT_MAGIC, len(body), zlib.crc32(body)) + body)
+    log = tmp_path / INDEX_NAME
+    log.write_bytes(b"".join(old))
+    reader = HiCacheFile(CFG, host, storage_dir=str(tmp_path))
+    segments = reader._segments
+    assert segments is not None
+    assert reader.batch_exists(keys) == 0 and segments._log_pos == log.stat().st_size
+    src, dst = host.alloc(PS), host.alloc(PS)
+    assert st.batch_set_v1(keys[2:], src) == [True]
+    assert [reader.exists(k) for k in keys] == [False, False, True]
+    assert reader.batch_get_v1(keys[2:], dst) == [True] and _same(host, src, dst)
+    assert segments._log_pos == log.stat().st_size

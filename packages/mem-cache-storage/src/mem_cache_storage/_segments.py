@@ -8,8 +8,8 @@ Publishing a page is appending its index entry after its record: a reader that s
 sees the whole record. A writer killed mid-batch leaves records without entries (never seen) or a
 torn entry; readers skip an entry whose CRC fails when a valid entry follows it (a torn append)
 and wait at one that ends the log (an append still being copied). Every read checks the record
-against the entry and the key, format, byte count and ``sum64`` of the payload: a torn, truncated
-or corrupted record is a miss, never wrong bytes.
+against its entry: the format and byte count before the read, the payload's ``sum64`` after it;
+a torn, truncated, misplaced or corrupted record is a miss, never wrong bytes.
 
 Readers keep a map (storage key -> segment, offset, bytes) and parse only the log's new bytes; a
 call costs one ``lseek`` of the open log for its size (a ``pread`` when it grew; a ``stat`` of its
@@ -44,9 +44,7 @@ from mem_cache_storage._segment_format import (
     _ENT,
     _ENT_MAGIC,
     _IOV_MAX,
-    _REC,
-    _REC_MAGIC,
-    _REC_VERSION,
+    _OLD_ENT_MAGIC,
     INDEX_NAME,
     RESERVE_BYTES,
     RETIRED,
@@ -55,7 +53,6 @@ from mem_cache_storage._segment_format import (
     Location,
     _entry,
     _pwritev_all,
-    head_bytes,
     reserve,
 )
 from mem_cache_storage._sum64 import sum64, sum64_many
@@ -95,6 +92,12 @@ class _Segment:
             with contextlib.suppress(OSError):
                 os.ftruncate(self.fd, self.size)
         os.close(self.fd)
+
+
+def _next_entry(data: bytes, start: int) -> int:
+    """Where the next entry of either version may start in ``data`` from ``start``; -1: none."""
+    found = [i for i in (data.find(_ENT_MAGIC, start), data.find(_OLD_ENT_MAGIC, start)) if i >= 0]
+    return min(found) if found else -1
 
 
 class SegmentStore:
@@ -168,36 +171,27 @@ class SegmentStore:
             n = max(need, min(RESERVE_BYTES, self.segment_bytes - off))
             seg.reserved = off + n if reserve(seg.fd, off, n) else _NO_RESERVE
 
-    @staticmethod
-    def _head(key: bytes, offset: int, fmt: PageFormat, s: int) -> bytes:
-        """The head of the record of storage key ``key`` (UTF-8) at file ``offset``."""
-        pad = head_bytes(offset, len(key)) - _REC.size - len(key)
-        return (_REC.pack(_REC_MAGIC, _REC_VERSION, len(key), fmt.format_id, fmt.nbytes, s)
-                + key + bytes(pad))
-
     def put(self, keys: list[str], pages: PageBatch, fmt: PageFormat) -> int:
         """Append ``pages`` under ``keys`` and publish them; the bytes written (``OSError``
         when the batch could not be written: none of it is published)."""
         if len(keys) == 1:
             return self.put_one(keys[0], pages[0], fmt)
+        nbytes, fid = fmt.nbytes, fmt.format_id
         with self._wlock:
             seg = self._writable()
             bufs: list[Any] = []
             entries: list[bytes] = []
             start = off = flushed = seg.size
-            self._reserve(seg, len(keys) * fmt.nbytes)
-            step = max(1, _RUN_BYTES // max(1, fmt.nbytes))
+            self._reserve(seg, len(keys) * nbytes)
+            step = max(1, _RUN_BYTES // max(1, nbytes))
             try:
                 for c in range(0, len(keys), step):  # chunks: summed, then written, in cache
                     chunk = pages[c : c + step]
                     sums = sum64_many(chunk) if self.verify else [0] * len(chunk)
                     for key, page, s in zip(keys[c : c + step], chunk, sums):
-                        head = self._head(key.encode(), off, fmt, s)
-                        bufs.append(head)
                         bufs += page_views(page)
-                        rec = len(head) + fmt.nbytes
-                        entries.append(_entry(seg.name, off, rec, key))
-                        off += rec
+                        entries.append(_entry(seg.name, off, nbytes, key, format_id=fid, s=s))
+                        off += nbytes
                     _pwritev_all(seg.fd, bufs, flushed)
                     bufs, flushed = [], off
                 if self.fsync:
@@ -211,18 +205,17 @@ class SegmentStore:
         """:meth:`put` of one page: one checksum, one ``pwritev``, one log append."""
         with self._wlock:
             seg = self._writable()
-            off = seg.size
-            self._reserve(seg, fmt.nbytes)
-            head = self._head(key.encode(), off, fmt, sum64(page) if self.verify else 0)
-            rec = len(head) + fmt.nbytes
+            off, nbytes = seg.size, fmt.nbytes
+            self._reserve(seg, nbytes)
+            s = sum64(page) if self.verify else 0
             try:
-                _pwritev_all(seg.fd, [head, *page_views(page)], off)
+                _pwritev_all(seg.fd, page_views(page), off)
                 if self.fsync:
                     os.fdatasync(seg.fd)
             finally:
-                seg.size = off + rec  # a failed write leaves unindexed bytes: never reused
-            self._append_log(_entry(seg.name, off, rec, key))
-            return rec
+                seg.size = off + nbytes  # a failed write leaves unindexed bytes: never reused
+            self._append_log(_entry(seg.name, off, nbytes, key, format_id=fmt.format_id, s=s))
+            return nbytes
 
     # ------------------------------------------------------------------- index
     def _reset(self) -> None:
@@ -245,23 +238,25 @@ class SegmentStore:
         while pos + head <= n:
             magic, blen, crc = _ENT.unpack_from(data, pos)
             end = pos + head + blen
-            if magic == _ENT_MAGIC and end <= n:
-                body = data[pos + head : end]
-                if zlib.crc32(body) == crc:
-                    off, rec, slen = _BODY.unpack_from(body)
-                    seg = body[_BODY.size : _BODY.size + slen].decode()
-                    key = body[_BODY.size + slen :].decode()
-                    if key:
-                        m[key] = Location(seg, off, rec)
-                    elif seg:  # a tombstone: the segment was deleted
-                        self._drop(seg)
-                    else:  # the retirement entry
-                        return -1
-                    pos = end
-                    continue
-            elif magic == _ENT_MAGIC:
+            known = magic in (_ENT_MAGIC, _OLD_ENT_MAGIC)
+            if known and end > n:
                 break  # runs past the end: still being appended
-            nxt = data.find(_ENT_MAGIC, pos + 1)
+            if known and zlib.crc32(data[pos + head : end]) == crc:
+                pos = end
+                if magic == _OLD_ENT_MAGIC:  # version 3: its records are not read
+                    continue
+                body = data[end - blen : end]
+                off, nbytes, fid, s, slen = _BODY.unpack_from(body)
+                seg = body[_BODY.size : _BODY.size + slen].decode()
+                key = body[_BODY.size + slen :].decode()
+                if key:
+                    m[key] = Location(seg, off, nbytes, fid, s)
+                elif seg:  # a tombstone: the segment was deleted
+                    self._drop(seg)
+                else:  # the retirement entry
+                    return -1
+                continue
+            nxt = _next_entry(data, pos + 1)
             if nxt < 0:
                 break  # nothing valid after it yet: wait
             pos = nxt  # a torn entry followed by others: skip it
@@ -339,11 +334,6 @@ class SegmentStore:
             live = self._live({loc.segment for loc in locs if loc is not None})
         return [loc if loc is not None and loc.segment in live else None for loc in locs]
 
-    @staticmethod
-    def record_head_bytes(key: str, offset: int) -> int:
-        """Bytes of the record of ``key`` at file ``offset`` before its payload."""
-        return head_bytes(offset, len(key.encode()))
-
     def exists(self, keys: list[str]) -> list[bool]:
         return [loc is not None for loc in self.locations(keys)]
 
@@ -366,7 +356,7 @@ class SegmentStore:
             loc = self._map.get(key)
             if loc is None or not (loc.segment in self._fds or self._live({loc.segment})):
                 return False
-            ok = self._read_one(self._fds[loc.segment][0], key, loc, page, fmt)
+            ok = self._fits(loc, fmt) and self._read_one(self._fds[loc.segment][0], loc, page)
             if ok and self.touch_on_hit:
                 self._touch({loc.segment})
         return ok
@@ -381,28 +371,27 @@ class SegmentStore:
             locs = [self._map.get(k) for k in keys]
             live = self._live({loc.segment for loc in locs if loc is not None})
             out = [False] * len(keys)
-            limit = fmt.nbytes if fmt.nbytes >= _PAGE_RUN_BYTES else _RUN_BYTES
+            nbytes, fid = fmt.nbytes, fmt.format_id
+            limit = nbytes if nbytes >= _PAGE_RUN_BYTES else _RUN_BYTES
             i, n = 0, len(keys)
             while i < n:  # runs of adjacent records of one segment: one preadv each
                 loc = locs[i]
-                if loc is None or loc.segment not in live:
+                if loc is None or loc.segment not in live or not self._fits(loc, fmt):
                     i += 1
                     continue
-                j, end = i, loc.offset
-                bufs: list[Any] = []
-                heads: list[tuple[bytes, bytearray]] = []  # (storage key, head buffer)
-                while j < n:
+                bufs: list[Any] = page_views(plist[i])
+                run = [loc]
+                j, end = i + 1, loc.offset + nbytes
+                while j < n:  # the run grows by the records that follow it
                     nxt = locs[j]
                     if (nxt is None or nxt.segment != loc.segment or nxt.offset != end
-                            or len(bufs) + 1 + len(plist[j]) > _IOV_MAX
+                            or nxt.format_id != fid or nxt.nbytes != nbytes
+                            or len(bufs) + len(plist[j]) > _IOV_MAX
                             or end - loc.offset >= limit):
                         break
-                    kb = keys[j].encode()
-                    head = bytearray(head_bytes(end, len(kb)))
-                    heads.append((kb, head))
-                    bufs.append(head)
                     bufs += page_views(plist[j])
-                    end += nxt.nbytes
+                    run.append(nxt)
+                    end += nbytes
                     j += 1
                 fd = self._fds[loc.segment][0]
                 try:
@@ -410,49 +399,44 @@ class SegmentStore:
                 except OSError:
                     self._count(errors=1)
                     got = -1
-                sums: list[int | None] = [None] * (j - i)
-                if got == end - loc.offset and self.verify:
-                    sums = list(sum64_many(plist[i:j]))
-                for k in range(i, j):
-                    rec = locs[k]
-                    assert rec is not None  # in the run: found above
-                    if got == end - loc.offset:
-                        out[k] = self._verify(*heads[k - i], rec, plist[k], fmt,
-                                              got=sums[k - i])
-                    elif got >= 0:  # short: the file was cut; page by page
-                        out[k] = self._read_one(fd, keys[k], rec, plist[k], fmt)
+                if got == end - loc.offset:
+                    sums = sum64_many(plist[i:j]) if self.verify else [0] * (j - i)
+                    for k, rec in enumerate(run, i):
+                        out[k] = self._verify(rec, plist[k], sums[k - i])
+                elif got >= 0:  # short: the file was cut; page by page
+                    for k, rec in enumerate(run, i):
+                        out[k] = self._read_one(fd, rec, plist[k])
                 i = j
             if self.touch_on_hit:
                 self._touch({loc.segment for loc, ok in zip(locs, out) if ok and loc})
         return out
 
-    def _read_one(self, fd: int, key: str, loc: Location, page: Any, fmt: PageFormat) -> bool:
-        kb = key.encode()
-        head = bytearray(head_bytes(loc.offset, len(kb)))
-        bufs: list[Any] = [head, *page_views(page)]
+    def _fits(self, loc: Location, fmt: PageFormat) -> bool:
+        """Whether the record's entry names ``fmt`` (its format id and bytes): else a miss,
+        counted as rejected, without a read."""
+        if loc.format_id == fmt.format_id and loc.nbytes == fmt.nbytes:
+            return True
+        self._count(rejected=1)
+        return False
+
+    def _read_one(self, fd: int, loc: Location, page: Any) -> bool:
         try:
-            got = os.preadv(fd, bufs, loc.offset)
+            got = os.preadv(fd, page_views(page), loc.offset)
         except OSError:
             self._count(errors=1)
             return False
         if got != loc.nbytes:
             self._count(rejected=1)
             return False
-        return self._verify(kb, head, loc, page, fmt)
+        return self._verify(loc, page)
 
-    def _verify(self, kb: bytes, head: bytearray, loc: Location, page: Any,
-                fmt: PageFormat, *, got: int | None = None) -> bool:
-        """Check a record of storage key ``kb`` (UTF-8) read into ``head`` and ``page``
-        (``got``: the page's ``sum64`` when the caller computed it)."""
-        magic, version, klen, fid, nbytes, s = _REC.unpack_from(head)
-        ok = (magic == _REC_MAGIC and version == _REC_VERSION and klen == len(kb)
-              and head[_REC.size : _REC.size + klen] == kb and fid == fmt.format_id
-              and nbytes == fmt.nbytes and loc.nbytes == len(head) + nbytes)
-        if ok and self.verify and s != (sum64(page) if got is None else got):
-            ok = False
-        if not ok:
+    def _verify(self, loc: Location, page: Any, got: int | None = None) -> bool:
+        """Check the payload read into ``page`` against its entry's ``sum64`` (``got``: the
+        page's ``sum64`` when the caller computed it)."""
+        if self.verify and loc.sum64 != (sum64(page) if got is None else got):
             self._count(rejected=1)
-        return ok
+            return False
+        return True
 
     def _touch(self, names: set[str]) -> None:
         now = time.monotonic()
@@ -509,7 +493,8 @@ class SegmentStore:
         """Rewrite the log with the entries of live segments (caller holds ``_rlock``). Entries
         another process appends meanwhile are lost: those pages become misses."""
         keep = [(k, loc) for k, loc in self._map.items() if loc.segment not in self._dead]
-        parts = [_entry(loc.segment, loc.offset, loc.nbytes, key) for key, loc in keep]
+        parts = [_entry(loc.segment, loc.offset, loc.nbytes, key, format_id=loc.format_id,
+                        s=loc.sum64) for key, loc in keep]
         tmp = f"{self.root}.tmp-{uuid.uuid4().hex}"
         try:
             with open(tmp, "wb") as f:

@@ -192,8 +192,7 @@ class HiCacheFile(SGLangFiles, PageStorageBackend):
         loc = self._segments.locations([skey])[0]
         if loc is None:
             return None
-        head = self._segments.record_head_bytes(skey, loc.offset)
-        return self.storage_dir / loc.segment, loc.offset + head, loc.nbytes - head
+        return self.storage_dir / loc.segment, loc.offset, loc.nbytes
 
     def page_path(self, key: str) -> Path:
         """The file that holds caller key ``key``: its page file in the ``sglang`` scheme
