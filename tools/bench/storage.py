@@ -5,7 +5,7 @@ same run, plus the controller's prefetch throughput (``batch_exists`` + reserve 
 ``batch_get_v1`` + hand-off) with the simulator's model shape.
 
 The file backend writes into a fresh temporary directory; reads are served from the OS page
-cache right after the writes, so they measure the backend's own cost (header, CRC, syscalls),
+cache right after the writes, so they measure the backend's own cost (checks, checksum, syscalls),
 not a disk.
 
 The mooncake backend (``--mooncake``, on by default when its client is installed) runs against
@@ -19,7 +19,7 @@ the same keys, in the same run: ``set`` / ``get`` / ``exists`` at page sizes 16 
 of 1, 32 and 128 pages. SGLang's file backend is driven as SGLang's controller drives it (it has
 no v1 calls): ``get_data_page`` + ``batch_set``, ``get_dummy_flat_data_page`` + ``batch_get`` +
 ``set_from_flat_data_page``, ``batch_exists``. Ours is driven as SGLang's controller drives a
-``interface_v1`` backend: ``batch_set_v1`` / ``batch_get_v1`` (every read verified: header, size,
+``interface_v1`` backend: ``batch_set_v1`` / ``batch_get_v1`` (every read verified: format, size,
 checksum) / ``batch_exists``, in our key scheme and in the ``sglang`` scheme. Every ``set``
 repeat writes fresh keys (SGLang skips a key already present) into the directory as the earlier
 repeats left it, after untimed writes of at least 8 pages: the steady state of a serving engine,

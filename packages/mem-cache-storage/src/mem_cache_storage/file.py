@@ -8,9 +8,10 @@ publish protocol and the costs are in :mod:`mem_cache_storage._segments`. Guaran
   a reader sees a complete page or nothing; a writer killed mid-batch leaves unindexed bytes (a
   miss). Writes of one key by several writers leave one complete page (the last entry wins).
   ``fsync=True`` also flushes the records and the log.
-* **Verified reads**: the record's magic, version, key, format id, byte count and the
-  ``sum64`` checksum (:mod:`mem_cache_storage._sum64`) of the payload are checked; a torn,
-  truncated, foreign or corrupted record is a miss (counted in ``rejected``), never wrong data.
+* **Verified reads**: a record is checked against its index entry (format id and byte count
+  before the read, the payload's ``sum64`` checksum, :mod:`mem_cache_storage._sum64`, after it);
+  a torn, truncated, misplaced or corrupted record is a miss (counted in ``rejected``), never
+  wrong data.
 * **Capacity** (``capacity_bytes``, 0 = unlimited): when this process's estimate of the segment
   bytes passes the capacity, it deletes the least recently used *segments* (oldest modification
   time; a hit refreshes its segment's, at most once a second) down to 90% of the capacity.
