@@ -492,3 +492,31 @@ def test_version_3_entries_are_skipped_whole(tmp_path: Path, host: Any) -> None:
     assert [reader.exists(k) for k in keys] == [False, False, True]
     assert reader.batch_get_v1(keys[2:], dst) == [True] and _same(host, src, dst)
     assert segments._log_pos == log.stat().st_size
+
+
+def test_clear_without_write_access_to_the_log_still_clears(
+        tmp_path: Path, host: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``clear`` unlinks the log even when it may not append the retirement entry to it (a log
+    another user owns): the directory is emptied and a reader holding the old log sees misses
+    once it looks the path up again (``_RESTAT_S``, 0 here)."""
+    from mem_cache_storage import _segments
+
+    a = HiCacheFile(CFG, host, storage_dir=str(tmp_path))
+    b = HiCacheFile(CFG, host, storage_dir=str(tmp_path))
+    keys = _keys(2)
+    src, dst = host.alloc(2 * PS), host.alloc(2 * PS)
+    assert a.batch_set_v1(keys, src) == [True, True]
+    assert b.batch_get_v1(keys, dst) == [True, True]
+    real_open = os.open
+
+    def no_append(path: str, flags: int, *args: Any) -> int:
+        if str(path).endswith(INDEX_NAME) and flags & os.O_APPEND and not flags & os.O_CREAT:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(_segments.os, "open", no_append)
+    a.clear()
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    monkeypatch.setattr(_segments, "_RESTAT_S", 0.0)
+    assert b.batch_exists(keys) == 0 and b.batch_get_v1(keys, dst) == [False, False]

@@ -512,7 +512,7 @@ class SegmentStore:
         grow and starts over at its next call (see the module docstring)."""
         try:
             fd = os.open(self._log_path, os.O_WRONLY | os.O_APPEND)
-        except FileNotFoundError:
+        except OSError:  # no log, or not ours to write: readers notice within _RESTAT_S
             take_away()
             return
         try:
