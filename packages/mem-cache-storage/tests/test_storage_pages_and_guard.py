@@ -442,8 +442,8 @@ def test_one_page_set_that_fails_is_counted_once_and_publishes_nothing(
         keys = page_hashes(list(range(4 * PS)), PS)
         src, dst = host.alloc(PS), host.alloc(PS)
         assert st.batch_set_v1(keys[:1], src) == [True]
-        assert segments._seg is not None
-        end = segments._seg.size
+        (seg,) = segments._segs.values()
+        end = seg.size
 
         def disk_full(*_: object) -> None:
             raise OSError("disk full")
@@ -455,7 +455,7 @@ def test_one_page_set_that_fails_is_counted_once_and_publishes_nothing(
         assert (stats.set_ok, stats.set_failed, stats.errors) == (1, 1, 1)
         assert not caplog.records
         assert st.batch_exists(keys[1:2]) == 0
-        assert segments._seg.size == 2 * end  # the failed record's bytes: skipped
+        assert seg.size == 2 * end  # the failed record's bytes: skipped
         monkeypatch.undo()
 
         def broken(*_: object) -> int:

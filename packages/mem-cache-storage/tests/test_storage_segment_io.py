@@ -131,3 +131,37 @@ def test_without_a_reservation_the_writes_append(
     assert all(torch.equal(a, b) for a, b in zip(pages_of(host, src), pages_of(host, dst)))
     monkeypatch.setattr(segment_format, "_fallocate", False)  # no such call on this platform
     assert not reserve(0, 0, 4096)
+
+
+def test_each_record_size_has_its_own_segment(tmp_path: Path) -> None:
+    """Pages of two sizes written in turn (a hybrid model's KV pages and state pages) go to one
+    segment per size, so each size's pages still lie back to back, each at a multiple of its
+    size; both read back bit-exact, and ``close`` closes every open segment."""
+    import ctypes
+
+    from mem_cache_storage._page_format import PageFormat
+    from mem_cache_storage._segments import SegmentStore
+
+    counted: list[dict[str, int]] = []
+    st = SegmentStore(str(tmp_path), segment_bytes=1 << 20, fsync=False, verify=True,
+                      count=lambda **kw: counted.append(kw))
+    fmts = {4096: PageFormat("flat", "bf16", (4096,)), 1536: PageFormat("flat", "bf16", (1536,))}
+    data = {n: bytearray(torch.randint(0, 256, (6 * n,), dtype=torch.uint8).numpy())
+            for n in fmts}
+    base = {n: ctypes.addressof((ctypes.c_ubyte * len(b)).from_buffer(b)) for n, b in data.items()}
+    for i in range(6):
+        for n, fmt in fmts.items():
+            assert st.put_one(f"k{n}-{i}", ((base[n] + i * n, n),), fmt) == n
+    locs = {n: st.locations([f"k{n}-{i}" for i in range(6)]) for n in fmts}
+    for n, found in locs.items():
+        assert len({loc.segment for loc in found if loc}) == 1, n
+        assert [loc.offset if loc else -1 for loc in found] == [i * n for i in range(6)], n
+    assert locs[4096][0] and locs[1536][0] and locs[4096][0].segment != locs[1536][0].segment
+    for n, fmt in fmts.items():
+        back = bytearray(6 * n)
+        addr = ctypes.addressof((ctypes.c_ubyte * len(back)).from_buffer(back))
+        pages = [((addr + i * n, n),) for i in range(6)]
+        assert [st.get_one(f"k{n}-{i}", pages[i], fmt) for i in range(6)] == [True] * 6
+        assert back == data[n]
+    st.close()
+    assert not counted and not st._segs

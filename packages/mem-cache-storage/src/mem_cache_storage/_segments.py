@@ -114,7 +114,9 @@ class SegmentStore:
         self._token = f"{SEGMENT_PREFIX}{os.getpid():x}-{uuid.uuid4().hex[:12]}"
         self._serial = 0
         self._wlock = threading.Lock()
-        self._seg: _Segment | None = None
+        #: the segment each record size is appended to (one per size: records of one size lie
+        #: back to back, so each starts at a multiple of its size; see the format module)
+        self._segs: dict[int, _Segment] = {}
         self._wlog: tuple[int, int] | None = None  # (fd, inode) of the log, for appends
         self._wstat_at = 0.0
         self._rlock = threading.Lock()
@@ -128,18 +130,20 @@ class SegmentStore:
         self.touch_on_hit = False
 
     # ------------------------------------------------------------------ writes
-    def _writable(self) -> _Segment:
-        seg = self._seg
+    def _writable(self, nbytes: int) -> _Segment:
+        """The open segment for records of ``nbytes`` (a new one when it is full or was
+        deleted)."""
+        seg = self._segs.get(nbytes)
         if seg is not None and seg.size < self.segment_bytes and os.fstat(seg.fd).st_nlink:
             return seg
         if seg is not None:
             seg.close()
-            self._seg = None
+            del self._segs[nbytes]
         self._serial += 1
         name = f"{self._token}-{self._serial}{SEGMENT_SUFFIX}"
         fd = os.open(self.root + name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        self._seg = _Segment(fd, name)
-        return self._seg
+        seg = self._segs[nbytes] = _Segment(fd, name)
+        return seg
 
     def _append_log(self, data: bytes) -> None:
         now = time.monotonic()
@@ -178,7 +182,7 @@ class SegmentStore:
             return self.put_one(keys[0], pages[0], fmt)
         nbytes, fid = fmt.nbytes, fmt.format_id
         with self._wlock:
-            seg = self._writable()
+            seg = self._writable(nbytes)
             bufs: list[Any] = []
             entries: list[bytes] = []
             start = off = flushed = seg.size
@@ -204,7 +208,7 @@ class SegmentStore:
     def put_one(self, key: str, page: PageRanges, fmt: PageFormat) -> int:
         """:meth:`put` of one page: one checksum, one ``pwritev``, one log append."""
         with self._wlock:
-            seg = self._writable()
+            seg = self._writable(fmt.nbytes)
             off, nbytes = seg.size, fmt.nbytes
             self._reserve(seg, nbytes)
             s = sum64(page) if self.verify else 0
@@ -533,16 +537,16 @@ class SegmentStore:
             for _, name, _ in self.scan():
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(self.root + name)
-            if self._seg is not None:
-                os.close(self._seg.fd)
-                self._seg = None
+            for seg in self._segs.values():
+                os.close(seg.fd)
+            self._segs.clear()
             self._reset()
 
     def close(self) -> None:
         with self._wlock, self._rlock:
-            if self._seg is not None:
-                self._seg.close()
-                self._seg = None
+            for seg in self._segs.values():
+                seg.close()
+            self._segs.clear()
             if self._wlog is not None:
                 os.close(self._wlog[0])
                 self._wlog = None
