@@ -520,3 +520,32 @@ def test_clear_without_write_access_to_the_log_still_clears(
     assert sorted(p.name for p in tmp_path.iterdir()) == []
     monkeypatch.setattr(_segments, "_RESTAT_S", 0.0)
     assert b.batch_exists(keys) == 0 and b.batch_get_v1(keys, dst) == [False, False]
+
+
+def test_a_page_of_more_ranges_than_a_run_may_hold_is_read_alone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run always takes its first page, whatever its number of ranges: with the buffer limit
+    of a run (``_IOV_MAX``) below a page's 4 ranges (layer_first), each page is read by a
+    ``preadv`` of its own, bit-exact. A run that could not take its first page had read nothing
+    and looped forever."""
+    from mem_cache_storage import _segments
+
+    host = make_host("layer_first", size=64)
+    try:
+        st = HiCacheFile(CFG, host, storage_dir=str(tmp_path))
+        keys = _keys(3)
+        src, dst = host.alloc(3 * PS), host.alloc(3 * PS)
+        assert st.batch_set_v1(keys, src) == [True] * 3
+        monkeypatch.setattr(_segments, "_IOV_MAX", 2)
+        reads = [0]
+        preadv = os.preadv
+
+        def counted(*args: Any) -> int:
+            reads[0] += 1
+            return preadv(*args)
+
+        monkeypatch.setattr(_segments.os, "preadv", counted)
+        assert st.batch_get_v1(keys, dst) == [True] * 3 and _same(host, src, dst)
+        assert reads[0] == 3
+    finally:
+        host.close()

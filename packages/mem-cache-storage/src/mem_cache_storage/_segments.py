@@ -245,11 +245,11 @@ class SegmentStore:
             known = magic in (_ENT_MAGIC, _OLD_ENT_MAGIC)
             if known and end > n:
                 break  # runs past the end: still being appended
-            if known and zlib.crc32(data[pos + head : end]) == crc:
+            body = data[pos + head : end] if known else b""
+            if known and zlib.crc32(body) == crc:
                 pos = end
                 if magic == _OLD_ENT_MAGIC:  # version 3: its records are not read
                     continue
-                body = data[end - blen : end]
                 off, nbytes, fid, s, slen = _BODY.unpack_from(body)
                 seg = body[_BODY.size : _BODY.size + slen].decode()
                 key = body[_BODY.size + slen :].decode()
