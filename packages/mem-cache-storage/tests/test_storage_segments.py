@@ -57,6 +57,19 @@ def _location(st: HiCacheFile, key: str) -> Location:
     return loc
 
 
+def _count_preadv(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Count the store's ``preadv`` calls from now on (in the returned one-item list)."""
+    reads = [0]
+    preadv = os.preadv
+
+    def counted(*args: Any) -> int:
+        reads[0] += 1
+        return preadv(*args)
+
+    monkeypatch.setattr(os, "preadv", counted)
+    return reads
+
+
 def _record(st: HiCacheFile, key: str) -> tuple[str, int, int]:
     """(segment name, record offset, record bytes) of ``key``."""
     loc = _location(st, key)
@@ -281,14 +294,7 @@ def test_large_pages_are_read_one_per_preadv(tmp_path: Path, host: Any,
     src, dst = host.alloc(n * PS), host.alloc(n * PS)
     assert st.batch_set_v1(keys, src) == [True] * n
     page_bytes = st.get_stats().set_bytes // n
-    reads = [0]
-    preadv = os.preadv
-
-    def counted(*args: Any) -> int:
-        reads[0] += 1
-        return preadv(*args)
-
-    monkeypatch.setattr(_segments.os, "preadv", counted)
+    reads = _count_preadv(monkeypatch)
     for threshold, calls in ((page_bytes + 1, 1), (page_bytes, n)):
         monkeypatch.setattr(_segments, "_PAGE_RUN_BYTES", threshold)
         reads[0] = 0
@@ -537,14 +543,7 @@ def test_a_page_of_more_ranges_than_a_run_may_hold_is_read_alone(
         src, dst = host.alloc(3 * PS), host.alloc(3 * PS)
         assert st.batch_set_v1(keys, src) == [True] * 3
         monkeypatch.setattr(_segments, "_IOV_MAX", 2)
-        reads = [0]
-        preadv = os.preadv
-
-        def counted(*args: Any) -> int:
-            reads[0] += 1
-            return preadv(*args)
-
-        monkeypatch.setattr(_segments.os, "preadv", counted)
+        reads = _count_preadv(monkeypatch)
         assert st.batch_get_v1(keys, dst) == [True] * 3 and _same(host, src, dst)
         assert reads[0] == 3
     finally:
