@@ -33,7 +33,7 @@ kernel writes back the other's pages) and memory for all of the calls is written
 file and freed (:mod:`tools.bench.recycle`), for both sides alike: on a virtual machine whose host
 takes back free memory (this one), new memory costs about 10 us per 4 KiB page at first touch,
 and a row moving 64 MiB per call would time that instead of the backends (``--no-recycle``
-times the memory as the machine leaves it).
+skips the flush and the scratch write: it times the memory as the machine leaves it).
 :func:`sglang_file_rows` gives the same rows to ``python -m tools.bench.sglang`` (``--against
 sglang``), whose ``storage`` section they are.
 
@@ -478,8 +478,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set-into-empty", action="store_true",
                         help="side by side: empty the directory before each timed set")
     parser.add_argument("--no-recycle", action="store_true",
-                        help="side by side: no scratch write before each timed set and get "
-                             "(time them in memory as the machine leaves it)")
+                        help="side by side: no flush of dirty pages and no scratch write "
+                             "before each timed set and get (time them in memory as the "
+                             "machine leaves it)")
     parser.add_argument("--verbose", action="store_true",
                         help="show third-party logs (the Mooncake client's glog lines)")
     parser.add_argument("--threads", type=int, default=1,
